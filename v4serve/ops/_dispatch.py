@@ -1,0 +1,24 @@
+"""Shared argument checks for the ops' dispatching functions."""
+
+import torch
+
+IMPLS = ("auto", "torch", "triton")
+
+
+def use_triton(impl: str, *tensors: torch.Tensor) -> bool:
+    """True when the op should run its Triton kernel: `impl="triton"`, or `"auto"` on CUDA tensors."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "auto":
+        return all(t.is_cuda for t in tensors)
+    return impl == "triton"
+
+
+def check_16_byte_aligned(name: str, t: torch.Tensor) -> None:
+    """Pools are gathered with 16-byte loads: the base pointer and the row stride must allow it."""
+    row_bytes = t.stride(0) * t.element_size()
+    if t.data_ptr() % 16 or row_bytes % 16 or t.stride(-1) != 1:
+        raise ValueError(
+            f"{name} must be 16-byte aligned with contiguous rows (data_ptr % 16 = {t.data_ptr() % 16}, "
+            f"row stride {row_bytes} B, last-dim stride {t.stride(-1)})"
+        )

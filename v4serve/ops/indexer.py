@@ -1,0 +1,39 @@
+"""Lightning indexer of DeepSeek-V4: scores and top-k (math in indexer_reference.py)."""
+
+import torch
+
+from v4serve.ops._dispatch import use_triton
+from v4serve.ops.indexer_reference import index_scores_reference
+
+
+def index_scores(q, weights, k_pool, key_rows, n_visible, impl="auto") -> torch.Tensor:
+    """fp32 [B, S, T]: sum_h weights[b,s,h] * relu(q[b,s,h] . k_pool[key_rows[b,t]]), -inf where masked.
+
+    q [B, S, H, Dk]; weights [B, S, H] fp32 with every scale already applied; k_pool [N, Dk];
+    key_rows [B, T] int32 (-1 = hole); n_visible [B, S] int32 (keys t >= n_visible are masked).
+    """
+    B, S, H, Dk = q.shape
+    if weights.shape != (B, S, H):
+        raise ValueError(f"weights must be [{B}, {S}, {H}], got {tuple(weights.shape)}")
+    if k_pool.dim() != 2 or k_pool.shape[1] != Dk:
+        raise ValueError(f"k_pool must be [N, {Dk}], got {tuple(k_pool.shape)}")
+    if key_rows.dtype != torch.int32 or key_rows.dim() != 2 or key_rows.shape[0] != B:
+        raise ValueError(f"key_rows must be int32 [{B}, T], got {key_rows.dtype} {tuple(key_rows.shape)}")
+    if n_visible.dtype != torch.int32 or n_visible.shape != (B, S):
+        raise ValueError(f"n_visible must be int32 [{B}, {S}], got {n_visible.dtype} {tuple(n_visible.shape)}")
+    if use_triton(impl, q, weights, k_pool, key_rows, n_visible):
+        raise NotImplementedError("the Triton kernel lands in the next commit")
+    return index_scores_reference(q, weights, k_pool, key_rows, n_visible)
+
+
+def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """int32 [..., k]: columns of the k largest scores; -1 where the pick is -inf or k > T."""
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    T = scores.shape[-1]
+    picked = torch.full((*scores.shape[:-1], k), -1, dtype=torch.int32, device=scores.device)
+    if min(k, T) == 0:
+        return picked
+    values, columns = torch.topk(scores, min(k, T), dim=-1)
+    picked[..., : min(k, T)] = torch.where(torch.isneginf(values), -1, columns).to(torch.int32)
+    return picked

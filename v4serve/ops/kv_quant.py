@@ -1,0 +1,33 @@
+"""Row-format round trips: public entry points (math in kv_quant_reference.py)."""
+
+import torch
+
+from v4serve.formats import row_format
+from v4serve.ops._dispatch import use_triton
+from v4serve.ops.kv_quant_reference import (
+    fp4_e2m1_e4m3_round_trip,
+    fp4_e2m1_ue8m0_round_trip,
+    fp8_e4m3_ue8m0_round_trip,
+    hadamard,
+)
+
+__all__ = ["apply_kv_format", "hadamard"]
+
+
+def apply_kv_format(x: torch.Tensor, format_name: str, impl="auto") -> torch.Tensor:
+    """x [..., dim] -> the values a row of that format holds after storing x, in x.dtype.
+
+    `bf16` returns x unchanged. The indexer's fp4_e8m0_b32 expects x already rotated by `hadamard`.
+    """
+    fmt = row_format(format_name)
+    if fmt.name == "bf16":
+        return x
+    fmt.row_bytes(x.shape[-1])  # validates that the row fits the format
+    n_quant = x.shape[-1] - fmt.plain_tail
+    if use_triton(impl, x) and fmt.name != "fp4_e4m3_b16":
+        raise NotImplementedError("the Triton kernels land in the next commit")
+    if fmt.value_bits == 8:
+        return fp8_e4m3_ue8m0_round_trip(x, fmt.block, n_quant)
+    if fmt.name == "fp4_e8m0_b32":
+        return fp4_e2m1_ue8m0_round_trip(x, fmt.block)
+    return fp4_e2m1_e4m3_round_trip(x, fmt.block)
