@@ -1,9 +1,11 @@
-"""Lightning indexer of DeepSeek-V4: scores and top-k (math in indexer_reference.py)."""
+"""Lightning indexer of DeepSeek-V4: scores and top-k (math in indexer_reference.py,
+kernel in indexer_triton.py; bf16 q and keys on CUDA run the kernel)."""
 
 import torch
 
 from v4serve.ops._dispatch import use_triton
 from v4serve.ops.indexer_reference import index_scores_reference
+from v4serve.ops.indexer_triton import index_scores_triton
 
 
 def index_scores(q, weights, k_pool, key_rows, n_visible, impl="auto") -> torch.Tensor:
@@ -21,8 +23,11 @@ def index_scores(q, weights, k_pool, key_rows, n_visible, impl="auto") -> torch.
         raise ValueError(f"key_rows must be int32 [{B}, T], got {key_rows.dtype} {tuple(key_rows.shape)}")
     if n_visible.dtype != torch.int32 or n_visible.shape != (B, S):
         raise ValueError(f"n_visible must be int32 [{B}, {S}], got {n_visible.dtype} {tuple(n_visible.shape)}")
-    if use_triton(impl, q, weights, k_pool, key_rows, n_visible):
-        raise NotImplementedError("the Triton kernel lands in the next commit")
+    bf16 = q.dtype == k_pool.dtype == torch.bfloat16
+    if use_triton(impl, q, weights, k_pool, key_rows, n_visible) and (bf16 or impl == "triton"):
+        if not bf16:
+            raise ValueError(f"the Triton kernel takes bf16 q and k_pool, got {q.dtype} and {k_pool.dtype}")
+        return index_scores_triton(q, weights, k_pool, key_rows, n_visible)
     return index_scores_reference(q, weights, k_pool, key_rows, n_visible)
 
 

@@ -1,4 +1,7 @@
-"""Row-format round trips: public entry points (math in kv_quant_reference.py)."""
+"""Row-format round trips: public entry points (math in kv_quant_reference.py).
+
+The ue8m0 formats run a Triton kernel on CUDA (kv_quant_triton.py); fp4_e4m3_b16 and `hadamard`
+are torch only."""
 
 import torch
 
@@ -10,6 +13,7 @@ from v4serve.ops.kv_quant_reference import (
     fp8_e4m3_ue8m0_round_trip,
     hadamard,
 )
+from v4serve.ops.kv_quant_triton import ue8m0_round_trip_triton
 
 __all__ = ["apply_kv_format", "hadamard"]
 
@@ -25,7 +29,7 @@ def apply_kv_format(x: torch.Tensor, format_name: str, impl="auto") -> torch.Ten
     fmt.row_bytes(x.shape[-1])  # validates that the row fits the format
     n_quant = x.shape[-1] - fmt.plain_tail
     if use_triton(impl, x) and fmt.name != "fp4_e4m3_b16":
-        raise NotImplementedError("the Triton kernels land in the next commit")
+        return ue8m0_round_trip_triton(x, fmt.block, n_quant, fp4=fmt.value_bits == 4)
     if fmt.value_bits == 8:
         return fp8_e4m3_ue8m0_round_trip(x, fmt.block, n_quant)
     if fmt.name == "fp4_e8m0_b32":

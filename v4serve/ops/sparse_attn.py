@@ -1,13 +1,15 @@
 """Paged sparse attention of DeepSeek-V4: public entry point.
 
-Math: v4serve/ops/sparse_attn_reference.py. Kernels: sparse_attn_prefill.py (M > 1) and
-sparse_attn_decode.py (M == 1, split-K plus merge).
+Math: v4serve/ops/sparse_attn_reference.py. Kernels: prefill (M > 1) and decode
+(M == 1: split-K plus merge) in sparse_attn_triton.py. bf16 inputs on CUDA run
+the kernels; anything else runs the reference.
 """
 
 import torch
 
 from v4serve.ops._dispatch import use_triton
 from v4serve.ops.sparse_attn_reference import sparse_attn_paged_reference
+from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
 
 
 def _check_args(q, win_pool, cmp_pool, idx, n_window, sink, counts):
@@ -38,6 +40,9 @@ def sparse_attn_paged(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=
     Returns [B, M, H, D] in q.dtype; a query with no live column gets 0.
     """
     _check_args(q, win_pool, cmp_pool, idx, n_window, sink, counts)
-    if use_triton(impl, q, win_pool, cmp_pool, idx):
-        raise NotImplementedError("the Triton kernels land in the next commit")
+    bf16 = q.dtype == win_pool.dtype == torch.bfloat16
+    if use_triton(impl, q, win_pool, cmp_pool, idx) and (bf16 or impl == "triton"):
+        if not bf16:
+            raise ValueError(f"the Triton kernels take bf16 q and pools, got {q.dtype} and {win_pool.dtype}")
+        return sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts)
     return sparse_attn_paged_reference(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts)
