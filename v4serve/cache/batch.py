@@ -1,0 +1,49 @@
+"""The per-step object the model receives: which tokens, at which positions, and where their KV
+rows live. Built by `PagedKVCache.build_batch`; the model never looks anything up elsewhere.
+
+Window addressing. Each layer's window pool holds a ring of `W = sliding_window` rows per
+sequence slot (row `slot * W + position % W`) followed by a staging area with one row per token
+of the step. A step writes its fresh KV rows to staging, attends over `window_columns` (ring rows
+for positions before the chunk, staging rows for positions inside it), then copies each chunk's
+last W rows into the ring (`ring_src -> ring_dst`), where the next step finds them.
+
+Compressed addressing. Compressed row t of a sequence with ratio r lives at pool row
+`page_table[slot, t*r // W] * (W // r) + t % (W // r)`: pure arithmetic on the page table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SequenceChunk:
+    """One sequence's contiguous run of tokens in a step."""
+
+    slot: int  # the sequence's cache row: page-table row, window ring, compressor state
+    start: int  # position of the chunk's first token
+    length: int
+    offset: int  # index of the chunk's first token in the step's flat token list
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+@dataclass
+class ForwardBatch:
+    token_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    chunks: tuple[SequenceChunk, ...]
+    window_columns: torch.Tensor  # [T, W] int32 rows of the window pool (ring or staging), -1 = none
+    staging_rows: torch.Tensor  # [T] int64 window-pool row of each token's fresh KV row
+    ring_src: torch.Tensor  # [N] int64 staging rows copied to the ring after attention
+    ring_dst: torch.Tensor  # [N] int64
+    compressed_rows: dict[int, torch.Tensor]  # ratio -> [B, R] int32 pool row of compressed row t
+    logits_indices: torch.Tensor  # [N_out] int64 tokens whose next-token logits are wanted
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])

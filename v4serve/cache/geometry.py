@@ -1,0 +1,84 @@
+"""Pool geometry derived from the model config in one place, with the bytes each tier costs.
+
+Tiers, per layer:
+* window rows: `sliding_window` rows of `head_dim` per sequence (a ring; does not grow);
+* compressed rows (ratio r > 0): one `head_dim` row per r tokens of history, paged;
+* index keys (CSA layers): one `index_head_dim` row per r tokens, paged like the compressed rows;
+* compressor state (partial blocks, ratio r > 0): fp32 kv + score rows of the open block, plus
+  the previous block for overlapping (CSA) compressors, per sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from v4serve.config import CSA, ModelConfig
+
+
+@dataclass(frozen=True)
+class CompressorShape:
+    ratio: int
+    head_dim: int
+    overlap: bool
+
+    @property
+    def state_rows(self) -> int:
+        return (2 if self.overlap else 1) * self.ratio
+
+    @property
+    def state_width(self) -> int:
+        return (2 if self.overlap else 1) * self.head_dim
+
+
+@dataclass(frozen=True)
+class LayerGeometry:
+    ratio: int  # 0: window only
+    compressor: CompressorShape | None
+    indexer: CompressorShape | None
+
+
+@dataclass(frozen=True)
+class CacheGeometry:
+    page_size: int
+    head_dim: int
+    index_head_dim: int
+    layers: tuple[LayerGeometry, ...]
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> "CacheGeometry":
+        layers = []
+        for kind, ratio in zip(config.layer_types, config.compress_ratios):
+            overlap = kind == CSA
+            compressor = CompressorShape(ratio, config.head_dim, overlap) if ratio else None
+            indexer = CompressorShape(ratio, config.index_head_dim, True) if kind == CSA else None
+            layers.append(LayerGeometry(ratio, compressor, indexer))
+        return cls(config.sliding_window, config.head_dim, config.index_head_dim, tuple(layers))
+
+    @property
+    def ratios(self) -> tuple[int, ...]:
+        """The distinct compress ratios in use (each gets its own row addressing)."""
+        return tuple(sorted({g.ratio for g in self.layers if g.ratio}))
+
+    def bytes_per_token(self, kv_dtype: torch.dtype) -> float:
+        """Paged bytes per token of history: compressed rows plus index keys, all layers."""
+        size = torch.empty((), dtype=kv_dtype).element_size()
+        total = 0.0
+        for g in self.layers:
+            if g.ratio:
+                total += self.head_dim * size / g.ratio
+            if g.indexer:
+                total += self.index_head_dim * size / g.ratio
+        return total
+
+    def bytes_per_sequence(self, kv_dtype: torch.dtype) -> int:
+        """Fixed bytes per running sequence: the window ring and the compressor state."""
+        size = torch.empty((), dtype=kv_dtype).element_size()
+        total = 0
+        for g in self.layers:
+            total += self.page_size * self.head_dim * size
+            for c in (g.compressor, g.indexer):
+                if c is not None:
+                    total += 2 * c.state_rows * c.state_width * 4
+        return total

@@ -1,0 +1,149 @@
+"""Paged KV cache of a DeepSeek-V4 model: the pools, the page table, compressor state and the
+addressing of a step (see `cache/batch.py` for the layout)."""
+
+from __future__ import annotations
+
+import torch
+
+from v4serve.cache.allocator import PageAllocator
+from v4serve.cache.batch import ForwardBatch, SequenceChunk
+from v4serve.cache.geometry import CacheGeometry, CompressorShape
+
+# Pools are handed to Triton kernels that gather rows with 16-byte loads.
+_ALIGNMENT = 16
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    t = torch.zeros(shape, dtype=dtype, device=device)
+    if t.numel() and (t.data_ptr() % _ALIGNMENT or (t.stride(0) * t.element_size()) % _ALIGNMENT):
+        raise RuntimeError(f"pool of shape {shape} is not {_ALIGNMENT}-byte aligned")
+    return t
+
+
+class CompressorState:
+    """fp32 kv and score rows of each sequence's open block (and, for overlapping compressors,
+    of its previous complete block): `[slots, rows, width]`. For a sequence at position p, the
+    open block's rows sit at `(rows - ratio) + i` for i < p % ratio; with overlap, rows
+    `[0, ratio)` hold the last complete block (score -inf before the first one)."""
+
+    def __init__(self, shape: CompressorShape, max_seqs: int, device: torch.device | str):
+        self.shape = shape
+        self.kv = torch.zeros(max_seqs, shape.state_rows, shape.state_width, device=device)
+        self.score = torch.full_like(self.kv, float("-inf"))
+
+    def reset(self, slot: int) -> None:
+        self.kv[slot].zero_()
+        self.score[slot].fill_(float("-inf"))
+
+
+class PagedKVCache:
+    def __init__(
+        self,
+        geometry: CacheGeometry,
+        num_pages: int,
+        max_seqs: int,
+        max_step_tokens: int,
+        max_pages_per_seq: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        self.geometry = geometry
+        self.page_size = w = geometry.page_size
+        self.max_seqs = max_seqs
+        self.max_step_tokens = max_step_tokens
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.allocator = PageAllocator(num_pages)
+        self.page_table = torch.full((max_seqs, max_pages_per_seq), -1, dtype=torch.int64)
+        self._pages: dict[int, list[int]] = {}
+        self._free_slots = list(range(max_seqs - 1, -1, -1))
+        self.staging_base = max_seqs * w
+        self.window_pools = [
+            _zeros((self.staging_base + max_step_tokens, geometry.head_dim), dtype, device) for _ in geometry.layers
+        ]
+        self.compressed_pools: dict[int, torch.Tensor] = {}
+        self.index_pools: dict[int, torch.Tensor] = {}
+        self.compressor_states: dict[int, CompressorState] = {}
+        self.indexer_states: dict[int, CompressorState] = {}
+        for layer, g in enumerate(geometry.layers):
+            if g.compressor is not None:
+                rows = num_pages * w // g.ratio
+                self.compressed_pools[layer] = _zeros((rows, geometry.head_dim), dtype, device)
+                self.compressor_states[layer] = CompressorState(g.compressor, max_seqs, device)
+            if g.indexer is not None:
+                self.index_pools[layer] = _zeros((num_pages * w // g.ratio, geometry.index_head_dim), dtype, device)
+                self.indexer_states[layer] = CompressorState(g.indexer, max_seqs, device)
+
+    # ------------------------------------------------------------------ sequences and pages
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._free_slots)
+
+    def pages_needed(self, slot: int | None, num_tokens: int) -> int:
+        """Extra pages a sequence needs to hold `num_tokens` tokens of history."""
+        have = len(self._pages.get(slot, [])) if slot is not None else 0
+        return max(0, -(-num_tokens // self.page_size) - have)
+
+    def open_sequence(self) -> int:
+        if not self._free_slots:
+            raise RuntimeError("no free sequence slot")
+        slot = self._free_slots.pop()
+        self._pages[slot] = []
+        for state in (*self.compressor_states.values(), *self.indexer_states.values()):
+            state.reset(slot)
+        return slot
+
+    def reserve(self, slot: int, num_tokens: int) -> None:
+        """Make sure the slot's page table covers positions [0, num_tokens)."""
+        if num_tokens > self.page_table.shape[1] * self.page_size:
+            raise ValueError(f"{num_tokens} tokens exceed the cache's maximum sequence length")
+        pages = self._pages[slot]
+        new = self.allocator.allocate(self.pages_needed(slot, num_tokens))
+        self.page_table[slot, len(pages):len(pages) + len(new)] = torch.tensor(new, dtype=torch.int64)
+        pages.extend(new)
+
+    def close_sequence(self, slot: int) -> None:
+        """Free the slot and its pages at once (finished, aborted or preempted)."""
+        self.allocator.free(self._pages.pop(slot))
+        self.page_table[slot].fill_(-1)
+        self._free_slots.append(slot)
+
+    # ------------------------------------------------------------------ step addressing
+    def build_batch(
+        self, chunks: list[SequenceChunk], token_ids: list[int], logits_indices: list[int]
+    ) -> ForwardBatch:
+        w = self.page_size
+        positions = torch.cat([torch.arange(c.start, c.end) for c in chunks])
+        columns, ring_src, ring_dst = [], [], []
+        for c in chunks:
+            pos = torch.arange(c.start, c.end)
+            window = pos[:, None] - w + 1 + torch.arange(w)[None, :]  # [L, W] positions
+            staged = self.staging_base + c.offset + (window - c.start)
+            ringed = c.slot * w + window % w
+            col = torch.where(window >= c.start, staged, ringed)
+            columns.append(torch.where(window >= 0, col, -1))
+            kept = torch.arange(max(c.start, c.end - w), c.end)
+            ring_src.append(self.staging_base + c.offset + (kept - c.start))
+            ring_dst.append(c.slot * w + kept % w)
+        compressed_rows = {}
+        for r in self.geometry.ratios:
+            n_rows = max(c.end // r for c in chunks)
+            t = torch.arange(n_rows)
+            rows = []
+            for c in chunks:
+                page = self.page_table[c.slot, (t * r) // w]
+                row = page * (w // r) + t % (w // r)
+                rows.append(torch.where((page >= 0) & (t < c.end // r), row, -1))
+            compressed_rows[r] = torch.stack(rows).to(torch.int32)
+        dev = self.device
+        return ForwardBatch(
+            token_ids=torch.tensor(token_ids, dtype=torch.int64, device=dev),
+            positions=positions.to(dev),
+            chunks=tuple(chunks),
+            window_columns=torch.cat(columns).to(device=dev, dtype=torch.int32),
+            staging_rows=(self.staging_base + torch.arange(len(token_ids))).to(dev),
+            ring_src=torch.cat(ring_src).to(dev),
+            ring_dst=torch.cat(ring_dst).to(dev),
+            compressed_rows={r: v.to(dev) for r, v in compressed_rows.items()},
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
+        )

@@ -1,0 +1,120 @@
+"""Every Triton kernel the codegen check compiles: one ``KernelSpec`` entry per kernel.
+
+To add a kernel, append one entry to ``KERNELS`` (see docs/codegen.md):
+
+- ``fn``: where the ``@triton.jit`` function lives, ``"module:name"``;
+- ``types`` of its runtime arguments, and which of them are ``aligned`` (16-byte-aligned
+  pointers, integer strides that are multiples of 16), exactly as the wrapper launches it;
+- ``constexprs``, ``num_warps`` and ``num_stages`` of the production tile configuration;
+- ``expect``: the load width of its KV gathers, a register bound, whether it has a ``tl.dot``.
+
+Tile configurations are copied from the launching wrapper; each entry says which one.
+"""
+from .spec import Expect, KernelSpec
+
+_CANARY = "v4serve.codegen.samples"
+_OPS = "v4serve.ops"
+
+_SPARSE_ATTN_TYPES = dict(
+    q_ptr="*bf16", win_ptr="*bf16", cmp_ptr="*bf16", idx_ptr="*i32", counts_ptr="*i32",
+    sink_ptr="*fp32", H="i32", D="i32", C="i32", n_window="i32", cols_per_split="i32",
+    qk_scale_log2="fp32", **dict.fromkeys(
+        ("stride_qt", "stride_qh", "stride_pool", "stride_it", "stride_ot", "stride_os",
+         "stride_oh", "stride_mt", "stride_ms"), "i32"))
+# Every pointer (pools asserted 16-byte aligned, the rest fresh allocations) and every integer
+# that is a multiple of 16 at the DeepSeek-V4 shapes (H 64, D 512, C 640, n_window 128).
+_SPARSE_ATTN_ALIGNED = (
+    "q_ptr", "win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "sink_ptr", "out_ptr", "m_ptr", "l_ptr",
+    "H", "D", "C", "n_window", "cols_per_split", "stride_qt", "stride_qh", "stride_pool",
+    "stride_it", "stride_ot", "stride_os", "stride_oh", "stride_mt", "stride_ms")
+_GATED_POOL_TYPES = dict(kv_ptr="*fp32", score_ptr="*fp32", out_ptr="*bf16", R="i32", D="i32",
+                         stride_kb="i32", stride_kr="i32", stride_sb="i32", stride_sr="i32",
+                         stride_ob="i32")
+_GATED_POOL_ALIGNED = ("kv_ptr", "score_ptr", "out_ptr", "D", "stride_kb", "stride_kr",
+                       "stride_sb", "stride_sr", "stride_ob")
+
+KERNELS: tuple[KernelSpec, ...] = (
+    # ---- canaries: fixed copies of the production access patterns (samples.py) ----
+    KernelSpec(
+        "canary.gather_rows", f"{_CANARY}:_gather_rows_kernel",
+        types=dict(src_ptr="*bf16", idx_ptr="*i32", out_ptr="*bf16", num_rows="i32",
+                   stride_src="i32", stride_out="i32"),
+        aligned=("src_ptr", "idx_ptr", "out_ptr", "stride_src", "stride_out"),
+        constexprs=dict(BLOCK_M=32, D=512), num_warps=4, num_stages=1,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"^\s*x = tl\.load", max_regs=128),
+    ),
+    KernelSpec(
+        "canary.window_gather", f"{_CANARY}:_window_gather_kernel",
+        types=dict(win_ptr="*bf16", cmp_ptr="*bf16", idx_ptr="*i32", out_ptr="*bf16",
+                   n_window="i32", stride_row="i32"),
+        aligned=("win_ptr", "cmp_ptr", "idx_ptr", "out_ptr", "stride_row"),
+        constexprs=dict(BLOCK_N=32, D=512), num_warps=4, num_stages=1,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=128),
+    ),
+    KernelSpec(
+        "canary.word_gather", f"{_CANARY}:_word_gather_kernel",
+        types=dict(pool_ptr="*i32", idx_ptr="*i32", out_ptr="*i32", stride_row_words="i32"),
+        aligned=("pool_ptr", "idx_ptr", "out_ptr"),  # stride 17 words: 4-byte aligned only
+        constexprs=dict(BLOCK_N=64, WORDS=17, WORDS_POW2=32), num_warps=4, num_stages=1,
+        expect=Expect(kv_load_bytes=4, kv_lines=r"words = tl\.load", max_regs=128),
+    ),
+    KernelSpec(
+        "canary.score_tile", f"{_CANARY}:_score_tile_kernel",
+        types=dict(q_ptr="*bf16", k_ptr="*bf16", out_ptr="*fp32", num_keys="i32",
+                   stride_q="i32", stride_k="i32"),
+        aligned=("q_ptr", "k_ptr", "out_ptr", "stride_q", "stride_k"),
+        constexprs=dict(BLOCK_M=64, BLOCK_N=64, D=512, BLOCK_D=64), num_warps=4, num_stages=2,
+        expect=Expect(kv_load_bytes=16, max_regs=168, tensor_cores=True),
+    ),
+    # ---- sparse attention (ops/sparse_attn_triton.py), DeepSeek-V4: H 64, D 512, window 128,
+    # top-k 512 -> C = 640 columns; tiles PREFILL_CONFIG / DECODE_CONFIG of that file ----
+    KernelSpec(
+        "sparse_attn.prefill", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
+        types=dict(_SPARSE_ATTN_TYPES, out_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16"),
+        aligned=_SPARSE_ATTN_ALIGNED,
+        constexprs=dict(HAS_COUNTS=False, SPLIT=False, BLOCK_H=64, BLOCK_T=32, BLOCK_D=512),
+        num_warps=8, num_stages=2,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
+    ),
+    KernelSpec(
+        "sparse_attn.decode", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
+        types=dict(_SPARSE_ATTN_TYPES, out_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
+        aligned=_SPARSE_ATTN_ALIGNED,
+        constexprs=dict(HAS_COUNTS=True, SPLIT=True, BLOCK_H=16, BLOCK_T=32, BLOCK_D=512),
+        num_warps=4, num_stages=2,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
+    ),
+    KernelSpec(  # grid (T, H); 640 columns / COLS_PER_SPLIT 64 = 10 splits -> BLOCK_S 16
+        "sparse_attn.merge", f"{_OPS}.sparse_attn_triton:_sparse_attn_merge_kernel",
+        types=dict(part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32", sink_ptr="*fp32", out_ptr="*bf16",
+                   H="i32", D="i32", n_splits="i32", **dict.fromkeys(
+                       ("stride_pt", "stride_ps", "stride_ph", "stride_mt", "stride_ms",
+                        "stride_ot", "stride_oh"), "i32")),
+        aligned=("part_ptr", "m_ptr", "l_ptr", "sink_ptr", "out_ptr", "H", "D", "stride_pt",
+                 "stride_ps", "stride_ph", "stride_mt", "stride_ms", "stride_ot", "stride_oh"),
+        constexprs=dict(BLOCK_S=16, BLOCK_D=512), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"part = tl\.load", max_regs=128),
+    ),
+    # ---- gated pool (ops/gated_pool_triton.py): fp32 compressor state -> bf16, D 512, B 1;
+    # tiles from tile_config(B, R, D); unit stride along D is specialized by the JIT ----
+    KernelSpec(  # tile_config(1, 8, 512): [8, 16] tile, one fp32 per thread -> 4-byte loads
+        "gated_pool.r8", f"{_OPS}.gated_pool_triton:_gated_pool_kernel",
+        types=_GATED_POOL_TYPES, aligned=_GATED_POOL_ALIGNED,
+        constexprs=dict(stride_kd=1, stride_sd=1, BLOCK_R=8, BLOCK_D=16), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=4, max_regs=64),
+    ),
+    KernelSpec(  # tile_config(1, 128, 512): [128, 16] tile
+        "gated_pool.r128", f"{_OPS}.gated_pool_triton:_gated_pool_kernel",
+        types=_GATED_POOL_TYPES, aligned=(*_GATED_POOL_ALIGNED, "R"),
+        constexprs=dict(stride_kd=1, stride_sd=1, BLOCK_R=128, BLOCK_D=16), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, max_regs=128),
+    ),
+)
+
+
+def by_name() -> dict[str, KernelSpec]:
+    names = [k.name for k in KERNELS]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise ValueError(f"duplicate registry names: {sorted(dupes)}")
+    return {k.name: k for k in KERNELS}

@@ -1,0 +1,142 @@
+"""``v4serve kernels report``: compile every registered kernel for each arch and report its code.
+
+    python -m v4serve.codegen [--arch 80,90,100,120] [--json PATH] [--check] [-k REGEX]
+
+Prints one table row per (kernel, arch), then, with ``--check``, one line per broken
+expectation, then one JSON record as the last line of stdout. Exit status 1 when ``--check``
+finds a violation or a kernel fails to compile for an arch this Triton supports.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import triton
+
+from . import check, toolchain
+from .registry import KERNELS
+from .spec import DEFAULT_ARCHS, KernelSpec
+
+_UNSUPPORTED: dict[int, str | None] = {}
+
+
+def _arch_reason(arch: int) -> str | None:
+    if arch not in _UNSUPPORTED:
+        _UNSUPPORTED[arch] = toolchain.arch_unsupported(arch)
+    return _UNSUPPORTED[arch]
+
+
+def run_one(spec: KernelSpec, arch: int) -> dict:
+    """Measure one (kernel, arch): status ``ok``, ``error`` (kernel fails) or ``unsupported``."""
+    row = {"kernel": spec.name, "arch": arch}
+    if (reason := _arch_reason(arch)) is not None:
+        return {**row, "status": "unsupported", "error": reason}
+    try:
+        return {**row, "status": "ok", **toolchain.measure(spec, arch)}
+    except Exception as e:  # noqa: BLE001 - one kernel failing must not hide the others
+        return {**row, "status": "error", "error": toolchain.first_line(e)}
+
+
+def collect(specs: list[KernelSpec], archs: list[int], jobs: int) -> list[dict]:
+    """Run every (kernel, arch) pair, in parallel worker processes when ``jobs > 1``."""
+    pairs = [(s, a) for s in specs for a in archs if s.archs is None or a in s.archs]
+    if jobs <= 1:
+        return [run_one(s, a) for s, a in pairs]
+    # NOTE: fork before this process compiles anything; each worker owns its MLIR contexts.
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(run_one, *zip(*pairs)))
+
+
+def add_violations(rows: list[dict], specs: dict[str, KernelSpec]) -> None:
+    for row in rows:
+        if row["status"] == "ok":
+            row["violations"] = check.violations(specs[row["kernel"]].expect, row["arch"], row)
+        elif row["status"] == "error":
+            row["violations"] = [f"does not compile: {row['error']}"]
+        else:
+            row["violations"] = []
+
+
+_COLUMNS = ("kernel", "sm", "regs", "spill", "smem", "ld1", "ld2", "ld4", "ld8", "ld16",
+            "cp.async", "tensor core", "sass", "check")
+
+
+def _cells(row: dict) -> list[str]:
+    head = [row["kernel"], str(row["arch"])]
+    if row["status"] != "ok":
+        note = "arch unsupported" if row["status"] == "unsupported" else "compile error"
+        return head + ["-"] * (len(_COLUMNS) - 3) + [note]
+    loads = row["loads"]
+    cp = " ".join(f"{n}x{k[2:]}B" for k, n in loads.items() if k.startswith("cp")) or "0"
+    tc = " ".join(f"{op} {n}" for op, n in sorted(row["tensor_cores"].items())) or "-"
+    spill = row["local_bytes"] or row["local_ops"]
+    return head + [str(row["regs"]), str(spill), str(row["shared"])] \
+        + [str(loads.get(f"ld{w}", 0)) for w in (1, 2, 4, 8, 16)] \
+        + [cp, tc, str(row["sass_insts"]), "FAIL" if row["violations"] else "ok"]
+
+
+def format_table(rows: list[dict]) -> str:
+    """A plain-text table (also valid Markdown) with one line per (kernel, arch)."""
+    table = [list(_COLUMNS)] + [_cells(r) for r in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(_COLUMNS))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in table]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def _parse_args(argv):
+    p = argparse.ArgumentParser(prog="v4serve kernels report", description=__doc__.split("\n")[0])
+    p.add_argument("--arch", default=",".join(map(str, DEFAULT_ARCHS)),
+                   help="comma-separated SM versions (default: %(default)s)")
+    p.add_argument("--json", metavar="PATH", help="also write the JSON record to PATH")
+    p.add_argument("--check", action="store_true", help="exit 1 if an expectation is broken")
+    p.add_argument("-k", "--kernel", default="", help="only kernels whose name matches REGEX")
+    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _parse_args(argv)
+    # The interpreter would hand us wrappers instead of JIT functions; 3.9 warns without this.
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    start = time.perf_counter()
+    archs = [int(a.strip().removeprefix("sm_")) for a in args.arch.split(",") if a.strip()]
+    specs = {s.name: s for s in KERNELS if re.search(args.kernel, s.name)}
+    rows = collect(list(specs.values()), archs, args.jobs)
+    add_violations(rows, specs)
+    version = triton.__version__
+    print(f"triton {version}: " + ", ".join(f"sm_{a} {toolchain.ptxas_version(a)}" for a in archs))
+    print(format_table(rows))
+    for r in rows:
+        if r["status"] == "unsupported":
+            print(f"NOTE {r['kernel']} sm_{r['arch']} triton {version}: arch unsupported ({r['error']})")
+        for v in r["violations"] if args.check else ():
+            print(f"FAIL {r['kernel']} sm_{r['arch']} triton {version}: {v}")
+    record = _record(rows, archs, time.perf_counter() - start)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+    print(json.dumps(record, separators=(",", ":")))
+    return 1 if args.check and record["violations"] else 0
+
+
+def _record(rows: list[dict], archs: list[int], seconds: float) -> dict:
+    kept = [{k: v for k, v in r.items() if k != "load_sites"} for r in rows]
+    return {
+        "triton": triton.__version__,
+        "ptxas": {str(a): toolchain.ptxas_version(a) for a in archs},
+        "kernels": kept,
+        "violations": sum(len(r["violations"]) for r in rows),
+        "seconds": round(seconds, 2),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

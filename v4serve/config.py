@@ -1,0 +1,411 @@
+"""Model configuration: one frozen, validated dataclass built from a checkpoint's `config.json`.
+
+Three spellings of the same DeepSeek-V4 geometry are accepted:
+
+* transformers' (`layer_types`, `compress_rates`, `mlp_layer_types`, nested `rope_parameters`,
+  `partial_rotary_factor`), as `DeepseekV4Config.save_pretrained` writes it;
+* the official checkpoint's (`compress_ratios`, `num_hash_layers`, `qk_rope_head_dim`,
+  `rope_scaling`);
+* the reference `inference/config.json` short names (`dim`, `n_layers`, `n_heads`, ...), used
+  when that file sits next to `config.json`.
+
+Everything is resolved here, once: the rest of the engine reads plain per-layer tuples
+(`compress_ratios`, `layer_types`, `mlp_layer_types`) and never looks at raw JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SLIDING = "sliding_attention"
+CSA = "compressed_sparse_attention"  # ratio-4 compressor with overlap + lightning indexer
+HCA = "heavily_compressed_attention"  # ratio-128 compressor, every compressed row visible
+LAYER_TYPES = (SLIDING, CSA, HCA)
+MLP_LAYER_TYPES = ("hash_moe", "moe")
+_RATIO_TO_LAYER_TYPE = {0: SLIDING, 4: CSA, 128: HCA}
+
+# Short names of the reference `inference/config.json` -> our field names.
+_INFERENCE_SHORT_NAMES = {
+    "vocab_size": "vocab_size",
+    "dim": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "head_dim": "head_dim",
+    "rope_head_dim": "qk_rope_head_dim",
+    "q_lora_rank": "q_lora_rank",
+    "o_lora_rank": "o_lora_rank",
+    "o_groups": "o_groups",
+    "window_size": "sliding_window",
+    "moe_inter_dim": "moe_intermediate_size",
+    "n_routed_experts": "n_routed_experts",
+    "n_shared_experts": "n_shared_experts",
+    "n_activated_experts": "num_experts_per_tok",
+    "score_func": "scoring_func",
+    "route_scale": "routed_scaling_factor",
+    "n_hash_layers": "num_hash_layers",
+    "swiglu_limit": "swiglu_limit",
+    "norm_eps": "rms_norm_eps",
+    "rope_theta": "rope_theta",
+    "compress_rope_theta": "compress_rope_theta",
+    "compress_ratios": "compress_ratios",
+    "index_n_heads": "index_n_heads",
+    "index_head_dim": "index_head_dim",
+    "index_topk": "index_topk",
+    "hc_mult": "hc_mult",
+    "hc_sinkhorn_iters": "hc_sinkhorn_iters",
+    "hc_eps": "hc_eps",
+    "rope_factor": "rope_factor",
+    "original_seq_len": "original_max_position_embeddings",
+    "beta_fast": "beta_fast",
+    "beta_slow": "beta_slow",
+}
+
+
+class ConfigError(ValueError):
+    """A config.json field is missing, has the wrong type or contradicts another field."""
+
+
+@dataclass(frozen=True)
+class YarnScaling:
+    """YaRN frequency interpolation of the compressed layers' RoPE (no attention mscale in V4)."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Geometry of a DeepSeek-V4 model. Construct with `from_pretrained`, `from_dict` or a preset."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    head_dim: int
+    qk_rope_head_dim: int
+    q_lora_rank: int
+    o_lora_rank: int
+    o_groups: int
+    sliding_window: int
+    layer_types: tuple[str, ...]
+    compress_ratios: tuple[int, ...]
+    mlp_layer_types: tuple[str, ...]
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+    n_routed_experts: int
+    n_shared_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    routed_scaling_factor: float
+    scoring_func: str = "sqrtsoftplus"
+    norm_topk_prob: bool = True
+    swiglu_limit: float = 10.0
+    hc_mult: int = 4
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    compress_rope_theta: float = 160000.0
+    compress_yarn: YarnScaling | None = None
+    max_position_embeddings: int = 1048576
+    bos_token_id: int = 0
+    eos_token_ids: tuple[int, ...] = (1,)
+    tie_word_embeddings: bool = False
+    model_type: str = "deepseek_v4"
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    # ------------------------------------------------------------------ derived geometry
+    @property
+    def page_size(self) -> int:
+        """Tokens per KV page; equal to the attention window (DESIGN.md: page = window)."""
+        return self.sliding_window
+
+    @property
+    def compressed_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, r in enumerate(self.compress_ratios) if r > 0)
+
+    @property
+    def indexed_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == CSA)
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self) -> None:
+        positive = (
+            "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
+            "qk_rope_head_dim", "q_lora_rank", "o_lora_rank", "o_groups", "sliding_window",
+            "index_n_heads", "index_head_dim", "index_topk", "n_routed_experts",
+            "num_experts_per_tok", "moe_intermediate_size", "hc_mult", "hc_sinkhorn_iters",
+            "max_position_embeddings",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"config field `{name}` must be a positive integer, got {value!r}")
+        n = self.num_hidden_layers
+        for name in ("layer_types", "compress_ratios", "mlp_layer_types"):
+            if len(getattr(self, name)) != n:
+                raise ConfigError(
+                    f"config field `{name}` has {len(getattr(self, name))} entries but "
+                    f"`num_hidden_layers` is {n}"
+                )
+        for i, (kind, ratio) in enumerate(zip(self.layer_types, self.compress_ratios)):
+            if kind not in LAYER_TYPES:
+                raise ConfigError(f"config field `layer_types[{i}]` = {kind!r} is not one of {LAYER_TYPES}")
+            if (kind == SLIDING) != (ratio == 0):
+                raise ConfigError(f"layer {i}: type {kind!r} is inconsistent with compress ratio {ratio}")
+            if ratio < 0 or (ratio > 0 and self.page_size % ratio):
+                raise ConfigError(
+                    f"layer {i}: compress ratio {ratio} must divide `sliding_window` "
+                    f"({self.sliding_window}), the KV page size"
+                )
+        for i, kind in enumerate(self.mlp_layer_types):
+            if kind not in MLP_LAYER_TYPES:
+                raise ConfigError(f"config field `mlp_layer_types[{i}]` = {kind!r} is not one of {MLP_LAYER_TYPES}")
+        if self.qk_rope_head_dim > self.head_dim or self.qk_rope_head_dim % 2:
+            raise ConfigError(
+                f"config field `qk_rope_head_dim` ({self.qk_rope_head_dim}) must be even and <= "
+                f"`head_dim` ({self.head_dim})"
+            )
+        if self.qk_rope_head_dim > self.index_head_dim and self.indexed_layers:
+            raise ConfigError("config field `index_head_dim` must be >= `qk_rope_head_dim`")
+        if self.num_attention_heads % self.o_groups:
+            raise ConfigError(
+                f"config field `o_groups` ({self.o_groups}) must divide `num_attention_heads` "
+                f"({self.num_attention_heads})"
+            )
+        if self.num_experts_per_tok > self.n_routed_experts:
+            raise ConfigError("config field `num_experts_per_tok` exceeds `n_routed_experts`")
+        if self.scoring_func not in ("sqrtsoftplus", "softmax", "sigmoid"):
+            raise ConfigError(f"config field `scoring_func` = {self.scoring_func!r} is not supported")
+        if not self.eos_token_ids:
+            raise ConfigError("config field `eos_token_id` is empty")
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "ModelConfig":
+        """Read `config.json` (and `inference/config.json` when present) from a checkpoint folder."""
+        path = Path(path)
+        config_file = path / "config.json" if path.is_dir() else path
+        if not config_file.is_file():
+            raise FileNotFoundError(f"no config.json in {path}")
+        try:
+            raw = json.loads(config_file.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{config_file} is not valid JSON: {e}") from e
+        inference = config_file.parent / "inference" / "config.json"
+        if inference.is_file():
+            short = json.loads(inference.read_text())
+            raw = {**{_INFERENCE_SHORT_NAMES[k]: v for k, v in short.items() if k in _INFERENCE_SHORT_NAMES}, **raw}
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
+        """Resolve the transformers / official / short spellings into one validated config."""
+        raw = dict(raw)
+        if "text_config" in raw:
+            raise ConfigError("multimodal (`text_config`) checkpoints such as DeepSeek-V4.1 are not supported yet")
+        model_type = raw.get("model_type", "deepseek_v4")
+        if model_type != "deepseek_v4":
+            raise ConfigError(f"config field `model_type` = {model_type!r}; only 'deepseek_v4' is supported")
+
+        def need(name: str) -> Any:
+            if name not in raw or raw[name] is None:
+                raise ConfigError(f"config.json is missing the required field `{name}`")
+            return raw[name]
+
+        n_layers = need("num_hidden_layers")
+        if not isinstance(n_layers, int):
+            raise ConfigError(f"config field `num_hidden_layers` must be an integer, got {n_layers!r}")
+        layer_types, ratios = _resolve_layer_types(raw, n_layers)
+        head_dim = need("head_dim")
+        rope_dim = raw.get("qk_rope_head_dim")
+        if rope_dim is None:
+            factor = raw.get("partial_rotary_factor")
+            rope_dim = int(head_dim * factor) if factor else 64
+        rope_theta, compress_theta, yarn = _resolve_rope(raw)
+        eos = raw.get("eos_token_id", 1)
+        eos_ids = tuple(eos) if isinstance(eos, list) else (eos,)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(
+            vocab_size=need("vocab_size"),
+            hidden_size=need("hidden_size"),
+            num_hidden_layers=n_layers,
+            num_attention_heads=need("num_attention_heads"),
+            head_dim=head_dim,
+            qk_rope_head_dim=int(rope_dim),
+            q_lora_rank=need("q_lora_rank"),
+            o_lora_rank=need("o_lora_rank"),
+            o_groups=need("o_groups"),
+            sliding_window=raw.get("sliding_window", 128),
+            layer_types=layer_types,
+            compress_ratios=ratios,
+            mlp_layer_types=_resolve_mlp_layer_types(raw, n_layers),
+            index_n_heads=raw.get("index_n_heads", 64),
+            index_head_dim=raw.get("index_head_dim", 128),
+            index_topk=raw.get("index_topk", 512),
+            n_routed_experts=need("n_routed_experts"),
+            n_shared_experts=raw.get("n_shared_experts", 1),
+            num_experts_per_tok=need("num_experts_per_tok"),
+            moe_intermediate_size=need("moe_intermediate_size"),
+            routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)),
+            scoring_func=raw.get("scoring_func", "sqrtsoftplus"),
+            norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+            swiglu_limit=float(raw.get("swiglu_limit", 10.0)),
+            hc_mult=raw.get("hc_mult", 4),
+            hc_sinkhorn_iters=raw.get("hc_sinkhorn_iters", 20),
+            hc_eps=float(raw.get("hc_eps", 1e-6)),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            compress_rope_theta=compress_theta,
+            compress_yarn=yarn,
+            max_position_embeddings=raw.get("max_position_embeddings", 1048576),
+            bos_token_id=raw.get("bos_token_id", 0) if raw.get("bos_token_id") is not None else 0,
+            eos_token_ids=eos_ids,
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            extra={k: v for k, v in raw.items() if k not in known},
+        )
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The config in transformers' spelling (what `save_pretrained` would write)."""
+        rates = {t: r for t, r in zip(self.layer_types, self.compress_ratios) if r > 0}
+        compress = {"rope_type": "default", "rope_theta": self.compress_rope_theta,
+                    "partial_rotary_factor": self.qk_rope_head_dim / self.head_dim}
+        if self.compress_yarn is not None:
+            y = self.compress_yarn
+            compress.update(rope_type="yarn", factor=y.factor, beta_fast=y.beta_fast, beta_slow=y.beta_slow,
+                            original_max_position_embeddings=y.original_max_position_embeddings,
+                            attention_factor=1.0)
+        return {
+            "model_type": "deepseek_v4",
+            "architectures": ["DeepseekV4ForCausalLM"],
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": 1,
+            "head_dim": self.head_dim,
+            "partial_rotary_factor": self.qk_rope_head_dim / self.head_dim,
+            "q_lora_rank": self.q_lora_rank,
+            "o_lora_rank": self.o_lora_rank,
+            "o_groups": self.o_groups,
+            "sliding_window": self.sliding_window,
+            "layer_types": list(self.layer_types),
+            "compress_rates": {CSA: rates.get(CSA, 4), HCA: rates.get(HCA, 128)},
+            "mlp_layer_types": list(self.mlp_layer_types),
+            "index_n_heads": self.index_n_heads,
+            "index_head_dim": self.index_head_dim,
+            "index_topk": self.index_topk,
+            "n_routed_experts": self.n_routed_experts,
+            "n_shared_experts": self.n_shared_experts,
+            "num_experts_per_tok": self.num_experts_per_tok,
+            "moe_intermediate_size": self.moe_intermediate_size,
+            "routed_scaling_factor": self.routed_scaling_factor,
+            "scoring_func": self.scoring_func,
+            "norm_topk_prob": self.norm_topk_prob,
+            "swiglu_limit": self.swiglu_limit,
+            "hc_mult": self.hc_mult,
+            "hc_sinkhorn_iters": self.hc_sinkhorn_iters,
+            "hc_eps": self.hc_eps,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "compress_rope_theta": self.compress_rope_theta,
+            "rope_parameters": {
+                "main": {"rope_type": "default", "rope_theta": self.rope_theta,
+                         "partial_rotary_factor": self.qk_rope_head_dim / self.head_dim},
+                "compress": compress,
+            },
+            "max_position_embeddings": self.max_position_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else list(self.eos_token_ids),
+            "tie_word_embeddings": self.tie_word_embeddings,
+        }
+
+
+def _resolve_layer_types(raw: dict[str, Any], n: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Per-layer attention type and compress ratio from `layer_types`+`compress_rates` or legacy
+    `compress_ratios` (one trailing entry per MTP layer is dropped)."""
+    if raw.get("layer_types") is not None:
+        types = raw["layer_types"]
+        if not isinstance(types, list) or len(types) < n:
+            raise ConfigError(f"config field `layer_types` must list {n} layer types, got {types!r}")
+        types = tuple(types[:n])
+        rates = {CSA: 4, HCA: 128, **(raw.get("compress_rates") or {})}
+        for t in types:
+            if t not in LAYER_TYPES:
+                raise ConfigError(f"config field `layer_types` has unknown entry {t!r}; expected one of {LAYER_TYPES}")
+        ratios = tuple(0 if t == SLIDING else int(rates[t]) for t in types)
+        return types, ratios
+    if raw.get("compress_ratios") is not None:
+        ratios = raw["compress_ratios"]
+        if not isinstance(ratios, list) or len(ratios) < n:
+            raise ConfigError(f"config field `compress_ratios` must have at least {n} entries, got {ratios!r}")
+        ratios = tuple(int(r) for r in ratios[:n])
+        bad = [r for r in ratios if r not in _RATIO_TO_LAYER_TYPE]
+        if bad:
+            raise ConfigError(f"config field `compress_ratios` has ratios {bad}; legacy configs allow 0, 4 and 128")
+        return tuple(_RATIO_TO_LAYER_TYPE[r] for r in ratios), ratios
+    raise ConfigError("config.json is missing the required field `layer_types` (or legacy `compress_ratios`)")
+
+
+def _resolve_mlp_layer_types(raw: dict[str, Any], n: int) -> tuple[str, ...]:
+    if raw.get("mlp_layer_types") is not None:
+        types = raw["mlp_layer_types"]
+        if not isinstance(types, list) or len(types) < n:
+            raise ConfigError(f"config field `mlp_layer_types` must list {n} entries, got {types!r}")
+        return tuple(types[:n])
+    n_hash = raw.get("num_hash_layers", 3)
+    return tuple("hash_moe" if i < n_hash else "moe" for i in range(n))
+
+
+def _resolve_rope(raw: dict[str, Any]) -> tuple[float, float, YarnScaling | None]:
+    """(plain theta, compressed-layer theta, YaRN of the compressed layers) from nested
+    `rope_parameters` (transformers) or flat `rope_theta`/`compress_rope_theta`/`rope_scaling`."""
+    params = raw.get("rope_parameters") or {}
+    if isinstance(params.get("main"), dict) and isinstance(params.get("compress"), dict):
+        main, compress = params["main"], params["compress"]
+        rope_theta = float(main.get("rope_theta", raw.get("rope_theta", 10000.0)))
+        compress_theta = float(compress.get("rope_theta", raw.get("compress_rope_theta", 160000.0)))
+        scaling = compress if compress.get("rope_type", compress.get("type")) == "yarn" else None
+    else:
+        rope_theta = float(raw.get("rope_theta", 10000.0))
+        compress_theta = float(raw.get("compress_rope_theta", 160000.0))
+        scaling = raw.get("rope_scaling") or (params if params.get("rope_type") == "yarn" else None)
+        if scaling is None and raw.get("rope_factor"):
+            scaling = {"type": "yarn", "factor": raw["rope_factor"],
+                       "original_max_position_embeddings": raw.get("original_max_position_embeddings"),
+                       "beta_fast": raw.get("beta_fast", 32), "beta_slow": raw.get("beta_slow", 1)}
+    if not scaling:
+        return rope_theta, compress_theta, None
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "yarn":
+        raise ConfigError(f"config field `rope_scaling.type` = {kind!r}; only 'yarn' is supported")
+    original = scaling.get("original_max_position_embeddings")
+    factor = scaling.get("factor")
+    if original is None:
+        raise ConfigError("config field `rope_scaling.original_max_position_embeddings` is required for YaRN")
+    if factor is None:
+        factor = raw.get("max_position_embeddings", 1048576) / original
+    if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
+        raise ConfigError(f"config field `rope_scaling.factor` must be a positive number, got {factor!r}")
+    yarn = YarnScaling(
+        factor=float(factor),
+        original_max_position_embeddings=int(original),
+        beta_fast=float(scaling.get("beta_fast") or 32),
+        beta_slow=float(scaling.get("beta_slow") or 1),
+    )
+    return rope_theta, compress_theta, yarn

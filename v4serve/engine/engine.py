@@ -1,0 +1,228 @@
+"""The engine: owns the model, the KV cache, the scheduler and the tokenizer, and runs steps.
+
+`LLM` (offline) and the HTTP server both drive it: `add_request`, then `step()` until
+`has_unfinished()` is false; each step returns the requests it advanced.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
+from v4serve.config import ModelConfig
+from v4serve.engine.outputs import CompletionOutput, RequestOutput
+from v4serve.engine.request import Request, Status
+from v4serve.engine.sampler import position_logprobs, sample
+from v4serve.engine.sampling_params import SamplingParams
+from v4serve.engine.scheduler import ScheduledChunk, Scheduler
+from v4serve.model.loader import build_model
+from v4serve.tokenizer import Tokenizer
+from v4serve.presets import is_preset
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    model: str
+    device: str | None = None  # default: cuda when present
+    dtype: str | torch.dtype | None = None  # default: bfloat16 on cuda, float32 on cpu
+    kv_format: str | None = None  # default: bf16 rows (what transformers computes)
+    max_model_len: int | None = None  # default: min(max_position_embeddings, 8192)
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 512
+    num_kv_pages: int | None = None  # default: enough for max_num_seqs sequences of max_model_len
+    hf_overrides: dict[str, Any] | None = None
+    seed: int = 0
+    progress: bool = True
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+class Engine:
+    def __init__(self, args: EngineArgs):
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = resolve_dtype(args.dtype, device)
+        if args.kv_format not in (None, "bf16"):
+            raise ValueError(f"kv_format {args.kv_format!r} is not supported yet; use 'bf16'")
+        self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress)
+        self.config = config
+        self.tokenizer = Tokenizer.for_model(None if is_preset(args.model) else args.model)
+        self.device = device
+        self.max_model_len = args.max_model_len or min(config.max_position_embeddings, 8192)
+        if self.max_model_len > config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) exceeds the model's max_position_embeddings "
+                f"({config.max_position_embeddings})"
+            )
+        pages_per_seq = -(-self.max_model_len // config.page_size)
+        self.cache = PagedKVCache(
+            CacheGeometry.from_config(config),
+            num_pages=args.num_kv_pages or args.max_num_seqs * pages_per_seq,
+            max_seqs=args.max_num_seqs,
+            max_step_tokens=args.max_num_batched_tokens,
+            max_pages_per_seq=pages_per_seq,
+            dtype=dtype,
+            device=device,
+        )
+        self.scheduler = Scheduler(self.cache, args.max_num_seqs, args.max_num_batched_tokens)
+        self._seeds = torch.Generator().manual_seed(args.seed)
+        self._arrivals = itertools.count()
+        self._requests: dict[str, Request] = {}
+
+    # ------------------------------------------------------------------ requests
+    def validate_prompt(self, prompt_token_ids: list[int]) -> None:
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.config.vocab_size
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(prompt_token_ids)} tokens; the maximum model length is "
+                f"{self.max_model_len} (prompt plus at least one generated token)"
+            )
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None
+    ) -> None:
+        self.validate_prompt(prompt_token_ids)
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seeds))
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            arrival=next(self._arrivals),
+            prompt=prompt,
+            generator=torch.Generator(device=self.device).manual_seed(seed),
+        )
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs.append(None)  # nothing scores the first prompt token
+        self._requests[request_id] = request
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (client gone); its slot and pages are freed at once."""
+        request = self._requests.pop(request_id, None)
+        if request is not None and request.status is not Status.FINISHED:
+            request.finish_reason = "abort"
+            self.scheduler.finish(request)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> list[RequestOutput]:
+        """Run one batch; return the outputs of the requests that produced a token or finished."""
+        plan = self.scheduler.schedule()
+        if not plan:
+            return []
+        chunks, token_ids, logits_rows = [], [], []
+        for chunk in plan:
+            offset = len(token_ids)
+            request = chunk.request
+            chunks.append(SequenceChunk(request.slot, chunk.start, chunk.length, offset))
+            token_ids.extend(request.all_token_ids[chunk.start:chunk.end])
+            logits_rows.extend(offset + i for i in self._logit_positions(chunk))
+        batch = self.cache.build_batch(chunks, token_ids, logits_rows)
+        logits = self.model(batch, self.cache)
+        updated, row = [], 0
+        for chunk in plan:
+            positions = self._logit_positions(chunk)
+            rows = logits[row:row + len(positions)]
+            row += len(positions)
+            chunk.request.num_computed = chunk.end
+            if self._advance(chunk, positions, rows):
+                updated.append(chunk.request)
+        return [self._output(r) for r in updated]
+
+    def _logit_positions(self, chunk: ScheduledChunk) -> list[int]:
+        """Chunk-relative positions whose logits are needed: prompt positions whose next prompt token
+        still lacks its logprob, and the sequence's last token when the chunk reaches it."""
+        request = chunk.request
+        wanted = []
+        if request.wants_prompt_logprobs:
+            first = len(request.prompt_logprobs) - 1  # logits at position i score prompt token i + 1
+            wanted = list(range(max(chunk.start, first), min(chunk.end, len(request.prompt_token_ids) - 1)))
+        if chunk.end == request.num_tokens:
+            wanted.append(chunk.end - 1)
+        return [p - chunk.start for p in wanted]
+
+    def _advance(self, chunk: ScheduledChunk, positions: list[int], logits: torch.Tensor) -> bool:
+        request = chunk.request
+        logprobs = torch.log_softmax(logits, dim=-1)
+        decode = self.tokenizer.id_to_token
+        for i, pos in enumerate(positions):
+            scored = chunk.start + pos + 1
+            if scored < len(request.prompt_token_ids) and scored == len(request.prompt_logprobs):
+                token = request.prompt_token_ids[scored]
+                request.prompt_logprobs.append(
+                    position_logprobs(logprobs[i], token, request.params.prompt_logprobs, decode)
+                )
+        if chunk.end != request.num_tokens:
+            return False  # mid-prompt chunk: nothing to sample yet
+        token = sample(logits[-1], request.params, request.generator)
+        request.output_token_ids.append(token)
+        request.cumulative_logprob += float(logprobs[-1, token])
+        if request.params.logprobs is not None:
+            request.output_logprobs.append(position_logprobs(logprobs[-1], token, request.params.logprobs, decode))
+        self._check_stop(request, token)
+        if request.finish_reason is not None:
+            self.scheduler.finish(request)
+            self._requests.pop(request.request_id, None)
+        return True
+
+    def _check_stop(self, request: Request, token: int) -> None:
+        params = request.params
+        n_out = len(request.output_token_ids)
+        request.text = self.tokenizer.decode(request.output_token_ids, params.skip_special_tokens)
+        if n_out >= params.min_tokens:
+            if not params.ignore_eos and token in self.config.eos_token_ids:
+                request.finish_reason, request.stop_reason = "stop", None
+                return
+            if token in params.stop_token_ids:
+                request.finish_reason, request.stop_reason = "stop", token
+                return
+            for stop in params.stop:
+                at = request.text.find(stop)
+                if at >= 0:
+                    request.text = request.text[:at]
+                    request.finish_reason, request.stop_reason = "stop", stop
+                    return
+        if (params.max_tokens is not None and n_out >= params.max_tokens) or request.num_tokens >= self.max_model_len:
+            request.finish_reason = "length"
+
+    def _output(self, request: Request) -> RequestOutput:
+        completion = CompletionOutput(
+            index=0,
+            text=request.text,
+            token_ids=list(request.output_token_ids),
+            cumulative_logprob=request.cumulative_logprob,
+            logprobs=list(request.output_logprobs) if request.params.logprobs is not None else None,
+            finish_reason=request.finish_reason,
+            stop_reason=request.stop_reason,
+        )
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=list(request.prompt_token_ids),
+            prompt_logprobs=list(request.prompt_logprobs) if request.params.prompt_logprobs is not None else None,
+            outputs=[completion],
+            finished=request.finish_reason is not None,
+        )

@@ -1,0 +1,111 @@
+"""Continuous batching: which requests run in the next step, and how many of their tokens.
+
+Each step has a token budget. Running requests go first, in arrival order (a decoding request
+needs one token, a request still prefilling gets the next chunk of its prompt); then waiting
+requests are admitted in arrival order while a sequence slot, budget and KV pages remain.
+When pages run out, the most recently arrived running request is preempted: its slot and pages
+are freed at once and it waits again, to be recomputed from its prompt and the tokens it has
+generated so far (nothing is lost). A request is never admitted ahead of an earlier one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from v4serve.cache import OutOfPages, PagedKVCache
+from v4serve.engine.request import Request, Status
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    request: Request
+    start: int  # first position computed in this step
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+class Scheduler:
+    def __init__(self, cache: PagedKVCache, max_num_seqs: int, max_num_batched_tokens: int):
+        if max_num_batched_tokens < max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs ({max_num_seqs})"
+            )
+        self.cache = cache
+        self.max_num_seqs = min(max_num_seqs, cache.max_seqs)
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, request: Request) -> None:
+        """Remove a finished or aborted request and free its slot and pages at once."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        if request.slot is not None:
+            self.cache.close_sequence(request.slot)
+            request.slot = None
+        request.status = Status.FINISHED
+
+    def schedule(self) -> list[ScheduledChunk]:
+        budget = self.max_num_batched_tokens
+        plan: list[ScheduledChunk] = []
+        # In arrival order, so a preemption victim (the latest arrival) is never already planned.
+        self.running.sort(key=lambda r: r.arrival)
+        for request in list(self.running):
+            if budget == 0:
+                break
+            if request not in self.running:  # preempted while making room for an earlier request
+                continue
+            length = min(request.num_tokens - request.num_computed, budget)
+            if not self._reserve(request, request.num_computed + length):
+                continue
+            plan.append(ScheduledChunk(request, request.num_computed, length))
+            budget -= length
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.cache.num_free_slots:
+            request = self.waiting[0]
+            length = min(request.num_tokens, budget)
+            if self.cache.pages_needed(None, length) > self.cache.allocator.num_free:
+                break
+            self.waiting.popleft()
+            request.slot = self.cache.open_sequence()
+            request.status = Status.RUNNING
+            request.num_computed = 0
+            self.cache.reserve(request.slot, length)
+            self.running.append(request)
+            plan.append(ScheduledChunk(request, 0, length))
+            budget -= length
+        return plan
+
+    def _reserve(self, request: Request, num_tokens: int) -> bool:
+        """Pages for `num_tokens`; preempt later arrivals (or this request, if it is the latest) when short."""
+        while True:
+            try:
+                self.cache.reserve(request.slot, num_tokens)
+                return True
+            except OutOfPages:
+                victim = max(self.running, key=lambda r: r.arrival)
+                self._preempt(victim)
+                if victim is request:
+                    return False
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.cache.close_sequence(request.slot)
+        request.slot = None
+        request.num_computed = 0
+        request.status = Status.WAITING
+        request.num_preemptions += 1
+        # Back to the queue in arrival order, ahead of anything that arrived later.
+        position = sum(1 for r in self.waiting if r.arrival < request.arrival)
+        self.waiting.insert(position, request)

@@ -1,0 +1,1 @@
+"""DeepSeek-V4 modules and weight loading."""

@@ -1,0 +1,93 @@
+"""DeepSeek-V4 attention, shared by sliding (ratio 0), CSA (ratio 4) and HCA (ratio 128) layers.
+
+    qr = q_a_norm(x Wq_a^T)                              low-rank q, reused by the indexer
+    q  = rms(qr Wq_b^T per head)                         weightless per-head RMS
+    kv = kv_norm(x Wkv^T)                                one latent per token: K = V
+    rope(q), rope(kv) on the last rope channels at the token position (layer's table)
+    o_h = sum_i e^(l_i - m) kv_i / (sum_i e^(l_i - m) + e^(sink_h - m)),  l_i = q_h . kv_i / sqrt(D)
+    over the window rows (positions p-W+1..p) and the layer's compressed rows:
+      HCA: every complete row t < (p+1)//ratio;  CSA: the indexer's top-k of those.
+    o  = inverse rope(o) at p;  out = Wo_b concat_g(Wo_a[g] o_g)   (grouped low-rank output)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from v4serve.cache import ForwardBatch, PagedKVCache
+from v4serve.config import CSA, ModelConfig
+from v4serve.model.compressor import Compressor
+from v4serve.model.indexer import Indexer
+from v4serve.model.norm import RMSNorm, rms_normalize
+from v4serve.model.rope import RopeTables, apply_rope
+from v4serve.ops.sparse_attn import sparse_attn_paged
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.ratio = config.compress_ratios[layer]
+        self.n_heads = h = config.num_attention_heads
+        self.head_dim = d = config.head_dim
+        self.window = config.sliding_window
+        self.o_groups = config.o_groups
+        self.eps = config.rms_norm_eps
+        self.q_a_proj = nn.Linear(config.hidden_size, config.q_lora_rank, bias=False)
+        self.q_a_norm = RMSNorm(config.q_lora_rank, config.rms_norm_eps)
+        self.q_b_proj = nn.Linear(config.q_lora_rank, h * d, bias=False)
+        self.kv_proj = nn.Linear(config.hidden_size, d, bias=False)
+        self.kv_norm = RMSNorm(d, config.rms_norm_eps)
+        # Grouped output projection: group g maps its heads' h*d/G channels to o_lora_rank.
+        self.o_a_proj = nn.Linear(h * d // config.o_groups, config.o_groups * config.o_lora_rank, bias=False)
+        self.o_b_proj = nn.Linear(config.o_groups * config.o_lora_rank, config.hidden_size, bias=False)
+        self.sinks = nn.Parameter(torch.zeros(h, dtype=torch.float32))
+        self.compressor = None
+        if self.ratio:
+            is_csa = config.layer_types[layer] == CSA
+            self.compressor = Compressor(
+                config, d, self.ratio, overlap=is_csa, indexer=Indexer(config, self.ratio) if is_csa else None
+            )
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, rope: RopeTables) -> torch.Tensor:
+        t = x.shape[0]
+        inv_freq = rope.for_ratio(self.ratio)
+        qr = self.q_a_norm(self.q_a_proj(x))
+        q = rms_normalize(self.q_b_proj(qr).view(t, self.n_heads, self.head_dim), self.eps)
+        q = apply_rope(q, batch.positions, inv_freq)
+        kv = apply_rope(self.kv_norm(self.kv_proj(x)), batch.positions, inv_freq)
+
+        win_pool = cache.window_pools[self.layer]
+        win_pool[batch.staging_rows] = kv.to(win_pool.dtype)
+        cmp_pool, cmp_columns, counts = win_pool, batch.window_columns[:, :0], None
+        if self.compressor is not None:
+            cmp_pool = cache.compressed_pools[self.layer]
+            self.compressor.compress(x, batch, cache.compressor_states[self.layer], cmp_pool, inv_freq)
+            if self.compressor.indexer is not None:
+                cmp_columns = self.compressor.indexer.select(self.layer, x, qr, batch, cache, inv_freq)
+            else:
+                cmp_columns, counts = self._visible_rows(batch)
+        columns = torch.cat((batch.window_columns, cmp_columns), dim=1)
+        o = sparse_attn_paged(
+            q.to(win_pool.dtype)[None], win_pool, cmp_pool, columns[None], self.window, self.sinks,
+            self.head_dim**-0.5, counts=None if counts is None else counts[None],
+        )[0]
+        win_pool[batch.ring_dst] = win_pool[batch.ring_src]
+
+        o = apply_rope(o.to(x.dtype), batch.positions, inv_freq, inverse=True)
+        groups = o.reshape(t, self.o_groups, -1)  # [T, G, H*D/G]
+        w_a = self.o_a_proj.weight.view(self.o_groups, -1, groups.shape[-1])  # [G, o_rank, H*D/G]
+        z = torch.einsum("tgi,goi->tgo", groups, w_a)
+        return self.o_b_proj(z.flatten(1))
+
+    def _visible_rows(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """HCA: every complete compressed row, t < (p + 1) // ratio -> ([T, R] pool rows, [T] counts)."""
+        rows_of = batch.compressed_rows[self.ratio]
+        chunk_of_token = torch.cat(
+            [torch.full((c.length,), b, dtype=torch.long) for b, c in enumerate(batch.chunks)]
+        ).to(rows_of.device)
+        counts = ((batch.positions + 1) // self.ratio).to(torch.int32)
+        t = torch.arange(rows_of.shape[1], device=rows_of.device)
+        columns = torch.where(t[None, :] < counts[:, None], rows_of[chunk_of_token], -1)
+        return columns.to(torch.int32), counts

@@ -1,0 +1,64 @@
+"""Lightning indexer of CSA layers: picks, per query, the compressed rows it attends to.
+
+It owns a compressor of its own (overlap, head dim `index_head_dim`) whose rows are the index
+keys, a query projection from the attention's low-rank q, and per-head weights:
+
+    q_i[p, h] = rope(wq_b qr_p)[h]                         (compressed-layer RoPE table, position p)
+    w[p, h]   = (x_p Ww^T)[h] * index_head_dim^-0.5 * index_n_heads^-0.5
+    score[p, t] = sum_h w[p, h] * relu(q_i[p, h] . k_t)     over t < (p + 1) // ratio
+    selected(p) = top-min(index_topk, rows) of score[p, :]   (-1 where fewer rows are visible)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from v4serve.cache import ForwardBatch, PagedKVCache
+from v4serve.config import ModelConfig
+from v4serve.model.compressor import Compressor
+from v4serve.model.rope import apply_rope
+from v4serve.ops.indexer import index_scores, select_topk
+
+
+class IndexScorer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.weights_proj = nn.Linear(config.hidden_size, config.index_n_heads, bias=False, dtype=torch.float32)
+
+
+class Indexer(Compressor):
+    def __init__(self, config: ModelConfig, ratio: int):
+        super().__init__(config, config.index_head_dim, ratio, overlap=True)
+        self.n_heads = config.index_n_heads
+        self.topk = config.index_topk
+        self.weight_scale = config.index_head_dim**-0.5 * config.index_n_heads**-0.5
+        self.q_b_proj = nn.Linear(config.q_lora_rank, config.index_n_heads * config.index_head_dim, bias=False)
+        self.scorer = IndexScorer(config)
+
+    def select(
+        self, layer: int, x: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache,
+        inv_freq: torch.Tensor,
+    ) -> torch.Tensor:
+        """Index the step's new blocks, then return [T, K] compressed-pool rows per token (-1 = none)."""
+        pool = cache.index_pools[layer]
+        self.compress(x, batch, cache.indexer_states[layer], pool, inv_freq)
+        q = apply_rope(self.q_b_proj(qr).unflatten(-1, (self.n_heads, self.head_dim)), batch.positions, inv_freq)
+        q = q.to(pool.dtype)
+        weights = F.linear(x.float(), self.scorer.weights_proj.weight) * self.weight_scale
+        rows_of = batch.compressed_rows[self.ratio]
+        k = min(self.topk, rows_of.shape[1])
+        selected = torch.full((batch.num_tokens, k), -1, dtype=torch.int32, device=x.device)
+        for b, c in enumerate(batch.chunks):
+            n_rows = c.end // self.ratio
+            if n_rows == 0 or k == 0:
+                continue
+            span = slice(c.offset, c.offset + c.length)
+            key_rows = rows_of[b:b + 1, :n_rows]
+            visible = ((batch.positions[span] + 1) // self.ratio).to(torch.int32)[None]
+            scores = index_scores(q[None, span], weights[None, span], pool, key_rows, visible)
+            picks = select_topk(scores, k)[0].long()  # [L, k] compressed row ids, -1 = none
+            rows = key_rows[0, picks.clamp(min=0)]
+            selected[span] = torch.where(picks >= 0, rows, -1)
+        return selected

@@ -1,0 +1,78 @@
+"""Manifold-constrained hyper-connections (mHC): the residual stream is `hc_mult` parallel streams.
+
+For one token with streams X [n, D] (n = hc_mult), each sublayer (attention, MoE) owns
+`fn [(2+n)n, nD]`, `base [(2+n)n]`, `scale [3]`, and computes in float32:
+
+    m      = (fn @ flatten(X)) * rsqrt(mean(flatten(X)^2) + rms_norm_eps)
+    pre_j  = sigmoid(scale0 m[j] + base[j]) + hc_eps                  (collapse weights)
+    post_j = 2 sigmoid(scale1 m[n+j] + base[n+j])                     (expand weights)
+    C      = softmax_rows(scale2 m[2n:] + base[2n:]) + hc_eps, then column-normalised,
+             then (hc_sinkhorn_iters - 1) rounds of row / column normalisation (Sinkhorn)
+
+The sublayer f sees `y = sum_j pre_j X_j`; the new streams are `X'_k = post_k f(y) + sum_j C[j,k] X_j`.
+The head collapses the final streams with its own `pre` (`hc_head_fn [n, nD]`, no post / comb).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from v4serve.config import ModelConfig
+from v4serve.model.norm import rms_normalize
+
+
+class HyperConnection(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        n = config.hc_mult
+        self.hc_mult = n
+        self.sinkhorn_iters = config.hc_sinkhorn_iters
+        self.hc_eps = config.hc_eps
+        self.rms_eps = config.rms_norm_eps
+        self.fn = nn.Parameter(torch.zeros((2 + n) * n, n * config.hidden_size, dtype=torch.float32))
+        self.base = nn.Parameter(torch.zeros((2 + n) * n, dtype=torch.float32))
+        self.scale = nn.Parameter(torch.ones(3, dtype=torch.float32))
+
+    def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """streams [T, n, D] -> (collapsed [T, D] in streams.dtype, post [T, n], comb [T, n, n]) fp32."""
+        n = self.hc_mult
+        mixes = F.linear(rms_normalize(streams.flatten(1).float(), self.rms_eps), self.fn)
+        pre_logits, post_logits, comb_logits = mixes.split([n, n, n * n], dim=-1)
+        pre_base, post_base, comb_base = self.base.split([n, n, n * n])
+        pre = torch.sigmoid(pre_logits * self.scale[0] + pre_base) + self.hc_eps
+        post = 2 * torch.sigmoid(post_logits * self.scale[1] + post_base)
+        comb = comb_logits.unflatten(-1, (n, n)) * self.scale[2] + comb_base.view(n, n)
+        comb = torch.softmax(comb, dim=-1) + self.hc_eps
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)
+        for _ in range(self.sinkhorn_iters - 1):
+            comb = comb / (comb.sum(dim=-1, keepdim=True) + self.hc_eps)
+            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)
+        collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
+        return collapsed, post, comb
+
+    @staticmethod
+    def expand(output: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+        """X'_k = post_k * output + sum_j comb[j, k] X_j  ->  [T, n, D] in streams.dtype."""
+        dtype = streams.dtype
+        mixed = torch.matmul(comb.to(dtype).transpose(-1, -2), streams)
+        return post.to(dtype).unsqueeze(-1) * output.unsqueeze(-2) + mixed
+
+
+class HyperHead(nn.Module):
+    """Final collapse of the streams before the model's norm and head."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        n = config.hc_mult
+        self.hc_eps = config.hc_eps
+        self.rms_eps = config.rms_norm_eps
+        self.hc_fn = nn.Parameter(torch.zeros(n, n * config.hidden_size, dtype=torch.float32))
+        self.hc_base = nn.Parameter(torch.zeros(n, dtype=torch.float32))
+        self.hc_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
+
+    def forward(self, streams: torch.Tensor) -> torch.Tensor:
+        mixes = F.linear(rms_normalize(streams.flatten(1).float(), self.rms_eps), self.hc_fn)
+        pre = torch.sigmoid(mixes * self.hc_scale + self.hc_base) + self.hc_eps
+        return (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)

@@ -1,0 +1,116 @@
+"""Built-in model presets: configs with random weights (from a fixed seed) and no checkpoint.
+
+* `tiny`: every layer type (sliding, CSA, HCA) and both MoE routings (hash, score), small enough
+  to load and generate in a few seconds on a CPU. Used by the demo and the tests.
+* `deepseek-v4-flash`, `deepseek-v4-pro`: the full published shapes, for GPU benchmarks
+  (random weights; pass `hf_overrides={"num_hidden_layers": 8}` to cut the depth).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from v4serve.config import CSA, HCA, SLIDING, ModelConfig
+
+_YARN = {"type": "yarn", "factor": 16, "beta_fast": 32, "beta_slow": 1,
+         "original_max_position_embeddings": 65536}
+
+_COMMON_V4: dict[str, Any] = {
+    "model_type": "deepseek_v4",
+    "vocab_size": 129280,
+    "head_dim": 512,
+    "qk_rope_head_dim": 64,
+    "num_key_value_heads": 1,
+    "sliding_window": 128,
+    "index_n_heads": 64,
+    "index_head_dim": 128,
+    "num_experts_per_tok": 6,
+    "n_shared_experts": 1,
+    "scoring_func": "sqrtsoftplus",
+    "num_hash_layers": 3,
+    "swiglu_limit": 10.0,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "compress_rope_theta": 160000.0,
+    "rope_scaling": _YARN,
+    "max_position_embeddings": 1048576,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {
+        **_COMMON_V4,
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "head_dim": 64,
+        "qk_rope_head_dim": 16,
+        "q_lora_rank": 32,
+        "o_lora_rank": 32,
+        "o_groups": 2,
+        "sliding_window": 32,
+        "layer_types": [SLIDING, CSA, HCA, CSA],
+        "compress_rates": {CSA: 4, HCA: 16},
+        "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"],
+        "index_n_heads": 4,
+        "index_head_dim": 32,
+        "index_topk": 8,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "routed_scaling_factor": 1.5,
+        "rope_scaling": {**_YARN, "original_max_position_embeddings": 64},
+        "max_position_embeddings": 4096,
+    },
+    "deepseek-v4-flash": {
+        **_COMMON_V4,
+        "hidden_size": 4096,
+        "num_hidden_layers": 43,
+        "num_attention_heads": 64,
+        "q_lora_rank": 1024,
+        "o_lora_rank": 1024,
+        "o_groups": 8,
+        "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0],
+        "index_topk": 512,
+        "n_routed_experts": 256,
+        "moe_intermediate_size": 2048,
+        "routed_scaling_factor": 1.5,
+    },
+    "deepseek-v4-pro": {
+        **_COMMON_V4,
+        "hidden_size": 7168,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "q_lora_rank": 1536,
+        "o_lora_rank": 1024,
+        "o_groups": 16,
+        "compress_ratios": [128, 128] + [4, 128] * 29 + [4, 0],
+        "index_topk": 1024,
+        "n_routed_experts": 384,
+        "moe_intermediate_size": 3072,
+        "routed_scaling_factor": 2.5,
+    },
+}
+
+PRESET_SEED = 0
+
+
+def is_preset(name: str) -> bool:
+    return name in PRESETS
+
+
+def preset_config(name: str, overrides: dict[str, Any] | None = None) -> ModelConfig:
+    """The config of a preset, with `overrides` (config.json field names) applied before validation."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; available presets: {', '.join(PRESETS)}")
+    raw = {**PRESETS[name], **(overrides or {})}
+    n = raw["num_hidden_layers"]
+    # Per-layer lists longer than the (possibly overridden) depth are cut to it.
+    for key in ("layer_types", "mlp_layer_types", "compress_ratios"):
+        if key in raw and isinstance(raw[key], list) and len(raw[key]) > n:
+            raw[key] = raw[key][:n]
+    return ModelConfig.from_dict(raw)
