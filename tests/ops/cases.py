@@ -1,0 +1,24 @@
+"""Random inputs shaped like the cache hands them to the kernels (shared by CPU and GPU tests)."""
+
+import torch
+
+
+def sparse_attn_inputs(B, M, H, D, n_window, K, *, device="cpu", row_offset=16, hole_fraction=0.2, seed=0):
+    """bf16 q and pools (pool views start `row_offset` rows into a larger buffer), idx with holes."""
+    g = torch.Generator().manual_seed(seed)
+    n_win, n_cmp = max(n_window, 1) * 2, max(K, 1) * 2
+    buf = torch.randn(row_offset + n_win + n_cmp + 8, D, generator=g).bfloat16()
+    win_pool = buf[row_offset : row_offset + n_win]
+    cmp_pool = buf[row_offset + n_win : row_offset + n_win + n_cmp]
+    q = torch.randn(B, M, H, D, generator=g).bfloat16()
+    idx = torch.cat([torch.randint(0, n_win, (B, M, n_window), generator=g),
+                     torch.randint(0, n_cmp, (B, M, K), generator=g)], -1)
+    idx = torch.where(torch.rand(idx.shape, generator=g) < hole_fraction, -1, idx).to(torch.int32)
+    sink = torch.randn(H, generator=g)
+    counts = torch.randint(0, K + 1, (B, M), generator=g).to(torch.int32)
+    to = lambda t: t.to(device)  # noqa: E731
+    return to(q), to(win_pool), to(cmp_pool), to(idx), to(sink), to(counts)
+
+
+def rel_err(out, ref):
+    return float((out.double() - ref.double()).norm() / ref.double().norm().clamp(min=1e-30))

@@ -1,0 +1,140 @@
+"""`v4serve bench kernels`: time every op at the PR's shapes on the GPU.
+
+Each shape is timed with triton.testing.do_bench_cudagraph (median), in two interleaved passes
+over the shape list; the better median is reported. Inputs are L2-hot there (the graph replays
+one input set). The L2-cold figure replays one graph that runs the op over enough rotating input
+sets to overflow the 60 MB L2, divided by the number of sets. Per shape the table gives µs, the
+bytes and FLOPs the op must move (each input row read once, the output written once), the
+achieved TB/s and TFLOP/s, the fraction of the H200 floor (4.3 TB/s copy, 790 TFLOP/s bf16
+MMA, measured), the PR's H100 time and our target, and the sha256 of the output. One JSON line
+follows the table.
+"""
+
+import argparse
+import hashlib
+import json
+import sys
+
+import torch
+import triton
+from triton.testing import do_bench_cudagraph
+
+from v4serve.bench.shapes import (
+    HEAD_DIM,
+    HEADS,
+    PR_NEW38_US,
+    TARGET_US,
+    all_shapes,
+    gated_pool_case,
+    sparse_decode_case,
+    sparse_prefill_case,
+)
+from v4serve.ops.gated_pool import gated_pool
+from v4serve.ops.sparse_attn import sparse_attn_paged
+from v4serve.ops.sparse_attn_reference import live_columns
+
+H200_TBPS, H200_TFLOPS = 4.3, 790.0
+L2_BYTES = 60 << 20
+MAX_COLD_SETS = 256  # the tiniest shapes rotate through 256 sets, which still fit in L2
+
+
+def _sparse_work(case):
+    live = live_columns(case.idx, 128, case.counts)
+    pairs = int(live.sum())
+    rows = int(torch.unique(torch.cat([case.idx[..., :128][live[..., :128]],
+                                       case.idx[..., 128:][live[..., 128:]] + case.win_pool.shape[0]])).numel())
+    io = 2 * case.q.numel() * case.q.element_size() + case.idx.numel() * 4
+    return io + rows * HEAD_DIM * 2, 4 * HEADS * HEAD_DIM * pairs
+
+
+def build(kind, args, device, seed=0):
+    """-> (fn, bytes, flops, bytes of one input set)."""
+    if kind == "gated_pool":
+        kv, score = gated_pool_case(*args, device=device, seed=seed)
+        B, R, D = args
+        return (lambda: gated_pool(kv, score)), 2 * kv.numel() * 4 + B * D * 4, 3 * B * R * D, 2 * kv.numel() * 4
+    case = (sparse_prefill_case if kind == "prefill" else sparse_decode_case)(*args, device=device, seed=seed)
+    nbytes, flops = _sparse_work(case)
+    return (lambda: sparse_attn_paged(*case.args())), nbytes, flops, nbytes
+
+
+def time_hot(fn):
+    return do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
+
+
+def time_cold(kind, args, device, set_bytes):
+    n_sets = max(2, min(MAX_COLD_SETS, -(-3 * L2_BYTES // set_bytes)))
+    fns = [build(kind, args, device, seed=s)[0] for s in range(n_sets)]
+    return do_bench_cudagraph(lambda: [f() for f in fns], rep=100, return_mode="median") * 1e3 / n_sets
+
+
+def sha256(t: torch.Tensor) -> str:
+    raw = t.detach().contiguous().cpu().view(torch.uint8) if t.dtype != torch.uint8 else t.cpu()
+    return hashlib.sha256(raw.numpy().tobytes()).hexdigest()[:16]
+
+
+def run(names, cold: bool, device="cuda"):
+    shapes = all_shapes()
+    built = {n: build(*shapes[n], device) for n in names}
+    best = {n: float("inf") for n in names}
+    for _ in range(2):
+        for n in names:
+            best[n] = min(best[n], time_hot(built[n][0]))
+    rows = []
+    for n in names:
+        fn, nbytes, flops, set_bytes = built[n]
+        us = best[n]
+        floor_us = max(nbytes / (H200_TBPS * 1e6), flops / (H200_TFLOPS * 1e6))
+        kind = shapes[n][0]
+        rows.append(dict(
+            shape=n, us=round(us, 2),
+            cold_us=round(time_cold(kind, shapes[n][1], device, set_bytes), 2) if cold and kind != "prefill" else None,
+            bytes=nbytes, flops=flops, tbps=round(nbytes / us / 1e6, 3), tflops=round(flops / us / 1e6, 1),
+            floor_frac=round(floor_us / us, 3), pr_h100_us=PR_NEW38_US[n], speedup_vs_pr=round(PR_NEW38_US[n] / us, 2),
+            target_us=TARGET_US.get(n), sha256=sha256(fn()),
+        ))
+        del built[n]
+        torch.cuda.empty_cache()
+    return rows
+
+
+def verdict(row) -> str:
+    pr, us, target = row["pr_h100_us"], row["us"], row["target_us"]
+    ok = us <= pr and (pr <= 5 or us <= pr / 2) and (target is None or us <= target)
+    return "ok" if ok else "MISS"
+
+
+def print_table(rows, out=sys.stdout):
+    head = f"{'shape':34s} {'µs':>9s} {'cold µs':>8s} {'TB/s':>6s} {'TF/s':>6s} {'floor':>6s} {'PR H100':>8s} {'x PR':>6s} {'target':>7s}  {'':4s} sha256"
+    print(head, file=out)
+    for r in rows:
+        cold = f"{r['cold_us']:8.2f}" if r["cold_us"] is not None else f"{'-':>8s}"
+        target = f"{r['target_us']:7.1f}" if r["target_us"] else f"{'-':>7s}"
+        print(f"{r['shape']:34s} {r['us']:9.2f} {cold} {r['tbps']:6.2f} {r['tflops']:6.1f} {r['floor_frac']:6.3f} "
+              f"{r['pr_h100_us']:8.2f} {r['speedup_vs_pr']:6.2f} {target}  {verdict(r):4s} {r['sha256']}", file=out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="v4serve bench kernels", description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="substring filter on shape names, e.g. 'decode'")
+    parser.add_argument("--no-cold", action="store_true", help="skip the L2-cold figures")
+    parser.add_argument("--json", default=None, help="also write the JSON line to this file")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("v4serve bench kernels needs a CUDA GPU", file=sys.stderr)
+        return 2
+    names = [n for n in all_shapes() if args.only in n]
+    rows = run(names, cold=not args.no_cold)
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    print_table(rows)
+    line = json.dumps(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                           rows=rows))
+    print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
