@@ -32,13 +32,16 @@ def index_scores(q, weights, k_pool, key_rows, n_visible, impl="auto") -> torch.
 
 
 def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """int32 [..., k]: columns of the k largest scores; -1 where the pick is -inf or k > T."""
+    """int32 [..., k]: columns of the k largest scores, largest first; -1 where the pick is -inf or
+    k > T. Equal scores go to the lower column, so the pick does not depend on T or the backend
+    (random weights make exact ties common: a key whose every head has relu(q.k) = 0 scores 0)."""
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
     T = scores.shape[-1]
     picked = torch.full((*scores.shape[:-1], k), -1, dtype=torch.int32, device=scores.device)
     if min(k, T) == 0:
         return picked
-    values, columns = torch.topk(scores, min(k, T), dim=-1)
+    values, columns = torch.sort(scores, dim=-1, descending=True, stable=True)
+    values, columns = values[..., : min(k, T)], columns[..., : min(k, T)]
     picked[..., : min(k, T)] = torch.where(torch.isneginf(values), -1, columns).to(torch.int32)
     return picked

@@ -25,8 +25,18 @@ import triton.language as tl
 
 from v4serve.ops._dispatch import check_16_byte_aligned
 
-PREFILL_CONFIG = dict(BLOCK_H=64, BLOCK_T=32, num_warps=8, num_stages=2)
-DECODE_CONFIG = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=64, num_warps=4, num_stages=2)
+# Production tiles (H200 sweep, docs/performance.md). Prefill: all 64 heads of a token share each
+# gathered [64, 512] KV tile. Decode: 16 heads per program, and splits of 32 columns when few
+# query tokens run (B = 1: 80 programs for 640 columns), 64 when many.
+PREFILL_CONFIG = dict(BLOCK_H=64, BLOCK_T=64, num_warps=8, num_stages=2)
+DECODE_CONFIG_FEW_TOKENS = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=32, num_warps=4, num_stages=2)
+DECODE_CONFIG_MANY_TOKENS = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=64, num_warps=4, num_stages=2)
+FEW_DECODE_TOKENS = 2
+
+
+def decode_config(n_tokens: int) -> dict:
+    """The production decode tiles for a step of `n_tokens` query tokens (B at M = 1)."""
+    return DECODE_CONFIG_FEW_TOKENS if n_tokens <= FEW_DECODE_TOKENS else DECODE_CONFIG_MANY_TOKENS
 LOG2E = 1.4426950408889634
 
 
@@ -110,9 +120,9 @@ def _sparse_attn_merge_kernel(
     tl.store(out_ptr + tok * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dims < D)
 
 
-def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None,
-                             prefill_config=None, decode_config=None):
-    """Launch the kernels; q [B, M, H, D] and both pools bf16. Configs default to the production ones."""
+def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, tile_config=None):
+    """Launch the kernels; q [B, M, H, D] and both pools bf16. tile_config defaults to the production one
+    (PREFILL_CONFIG when M > 1, decode_config(B) when M == 1)."""
     B, M, H, D = q.shape
     C = idx.shape[2]
     check_16_byte_aligned("win_pool", win_pool)
@@ -138,7 +148,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     qk_scale_log2 = float(scale) * LOG2E
     common = (win, cmp, it, ct, sink)
     if M > 1:
-        cfg = dict(PREFILL_CONFIG if prefill_config is None else prefill_config)
+        cfg = dict(PREFILL_CONFIG if tile_config is None else tile_config)
         grid = (T, triton.cdiv(H, cfg["BLOCK_H"]), 1)
         _sparse_attn_kernel[grid](
             qt, *common, out, out, out,
@@ -148,7 +158,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
             HAS_COUNTS=counts is not None, SPLIT=False, BLOCK_D=BLOCK_D, **cfg,
         )
         return out.reshape(B, M, H, D)
-    cfg = dict(DECODE_CONFIG if decode_config is None else decode_config)
+    cfg = dict(decode_config(T) if tile_config is None else tile_config)
     cols_per_split = cfg.pop("COLS_PER_SPLIT")
     n_splits = max(1, triton.cdiv(C, cols_per_split))
     part = torch.empty(T, n_splits, H, D, dtype=torch.float32, device=q.device)
