@@ -8,7 +8,9 @@ have no cuobjdump, or a ptxas too old for the PTX that newer Tritons emit).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import os
 import re
 import subprocess
@@ -52,7 +54,9 @@ def compile_spec(spec: KernelSpec, arch: int):
     src = ASTSource(fn=fn, signature=spec.signature(fn.arg_names), constexprs=spec.constexprs,
                     attrs=attrs)
     options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    # NOTE: on a ptxas failure Triton prints the whole PTX to stdout; the exception says enough.
+    with contextlib.redirect_stdout(io.StringIO()):
+        return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def cuobjdump(cubin: bytes) -> tuple[str, str]:
@@ -116,5 +120,8 @@ def arch_unsupported(arch: int) -> str | None:
 
 
 def first_line(e: BaseException) -> str:
-    lines = [s for s in str(e).splitlines() if s.strip()]
-    return f"{type(e).__name__}: {lines[0][:200] if lines else ''}"
+    """The informative line of a compiler error (ptxas's ``fatal`` line when there is one)."""
+    lines = [s.strip() for s in str(e).splitlines() if s.strip().strip("=")]
+    fatal = [s for s in lines if re.search(r"fatal|error\b", s, re.I) and "Internal Triton" not in s]
+    line = (fatal or lines or [""])[0]
+    return f"{type(e).__name__}: {line[:200]}"

@@ -35,6 +35,7 @@ OFFICIAL_LAYER_NAMES = {
     "attn.wq_b.weight": "self_attn.q_b_proj.weight",
     "attn.wkv.weight": "self_attn.kv_proj.weight",
     "attn.kv_norm.weight": "self_attn.kv_norm.weight",
+    "attn.norm.weight": "self_attn.kv_norm.weight",  # how transformers' save_pretrained spells it
     "attn.wo_a.weight": "self_attn.o_a_proj.weight",
     "attn.wo_b.weight": "self_attn.o_b_proj.weight",
     "attn.attn_sink": "self_attn.sinks",
@@ -93,7 +94,9 @@ def official_expert_target(layer: int, expert: int, which: str, intermediate: in
 
 
 def official_target(name: str, config: ModelConfig) -> Target | None:
-    """Map an official checkpoint name onto our parameter; None if it is not an official name."""
+    """Map an official checkpoint name onto our parameter; None if it is not an official name.
+    transformers' `save_pretrained` writes official per-layer names under a `model.` prefix."""
+    name = name.removeprefix("model.")
     if name in OFFICIAL_TOP_NAMES:
         return Target(OFFICIAL_TOP_NAMES[name])
     m = _OFFICIAL_EXPERT.match(name)
