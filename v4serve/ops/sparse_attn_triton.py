@@ -25,18 +25,18 @@ import triton.language as tl
 
 from v4serve.ops._dispatch import check_16_byte_aligned
 
-# Production tiles (H200 sweep, docs/performance.md). Prefill: all 64 heads of a token share each
-# gathered [64, 512] KV tile. Decode: 16 heads per program, and splits of 32 columns when few
-# query tokens run (B = 1: 80 programs for 640 columns), 64 when many.
-PREFILL_CONFIG = dict(BLOCK_H=64, BLOCK_T=64, num_warps=8, num_stages=2)
-DECODE_CONFIG_FEW_TOKENS = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=32, num_warps=4, num_stages=2)
-DECODE_CONFIG_MANY_TOKENS = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=64, num_warps=4, num_stages=2)
-FEW_DECODE_TOKENS = 2
+# Production tiles (H200 sweeps, docs/performance.md). Prefill: all 64 heads of a token share each
+# gathered [64, 512] KV tile. Decode: 16 heads per program; splits of 32 columns while the step
+# has at most 1024 (token, column) pairs (B1 r4: 80 programs for 640 columns), 64 beyond.
+PREFILL_CONFIG = dict(BLOCK_H=64, BLOCK_T=64, num_warps=8, num_stages=1)
+DECODE_CONFIG_SMALL = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=32, num_warps=4, num_stages=2)
+DECODE_CONFIG_LARGE = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=64, num_warps=4, num_stages=2)
+SMALL_DECODE_PAIRS = 1024
 
 
-def decode_config(n_tokens: int) -> dict:
-    """The production decode tiles for a step of `n_tokens` query tokens (B at M = 1)."""
-    return DECODE_CONFIG_FEW_TOKENS if n_tokens <= FEW_DECODE_TOKENS else DECODE_CONFIG_MANY_TOKENS
+def decode_config(n_tokens: int, n_columns: int) -> dict:
+    """The production decode tiles for `n_tokens` query tokens (B at M = 1) over `n_columns` columns."""
+    return DECODE_CONFIG_SMALL if n_tokens * n_columns <= SMALL_DECODE_PAIRS else DECODE_CONFIG_LARGE
 LOG2E = 1.4426950408889634
 
 
@@ -122,7 +122,7 @@ def _sparse_attn_merge_kernel(
 
 def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, tile_config=None):
     """Launch the kernels; q [B, M, H, D] and both pools bf16. tile_config defaults to the production one
-    (PREFILL_CONFIG when M > 1, decode_config(B) when M == 1)."""
+    (PREFILL_CONFIG when M > 1, decode_config(B, C) when M == 1)."""
     B, M, H, D = q.shape
     C = idx.shape[2]
     check_16_byte_aligned("win_pool", win_pool)
@@ -158,7 +158,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
             HAS_COUNTS=counts is not None, SPLIT=False, BLOCK_D=BLOCK_D, **cfg,
         )
         return out.reshape(B, M, H, D)
-    cfg = dict(decode_config(T) if tile_config is None else tile_config)
+    cfg = dict(decode_config(T, C) if tile_config is None else tile_config)
     cols_per_split = cfg.pop("COLS_PER_SPLIT")
     n_splits = max(1, triton.cdiv(C, cols_per_split))
     part = torch.empty(T, n_splits, H, D, dtype=torch.float32, device=q.device)
