@@ -27,6 +27,16 @@ _SPARSE_ATTN_ALIGNED = (
     "q_ptr", "win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "sink_ptr", "out_ptr", "m_ptr", "l_ptr",
     "H", "D", "C", "n_window", "cols_per_split", "stride_qt", "stride_qh", "stride_pool",
     "stride_it", "stride_ot", "stride_os", "stride_oh", "stride_mt", "stride_ms")
+_MERGE_TYPES = dict(
+    part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32", sink_ptr="*fp32", out_ptr="*bf16", H="i32",
+    D="i32", n_splits="i32", **dict.fromkeys(
+        ("stride_pt", "stride_ps", "stride_ph", "stride_mt", "stride_ms", "stride_ot", "stride_oh"),
+        "i32"))
+_MERGE_ALIGNED = ("part_ptr", "m_ptr", "l_ptr", "sink_ptr", "out_ptr", "H", "D", "stride_pt",
+                  "stride_ps", "stride_ph", "stride_mt", "stride_ms", "stride_ot", "stride_oh")
+_KV_QUANT_TYPES = dict(x_ptr="*bf16", out_ptr="*bf16", n_rows="i32", D="i32", N_QUANT="i32",
+                       stride_x="i32", stride_o="i32")
+_KV_QUANT_ALIGNED = ("x_ptr", "out_ptr", "D", "N_QUANT", "stride_x", "stride_o")
 _GATED_POOL_TYPES = dict(kv_ptr="*fp32", score_ptr="*fp32", out_ptr="*bf16", R="i32", D="i32",
                          stride_kb="i32", stride_kr="i32", stride_sb="i32", stride_sr="i32",
                          stride_ob="i32")
@@ -67,16 +77,16 @@ KERNELS: tuple[KernelSpec, ...] = (
         expect=Expect(kv_load_bytes=16, max_regs=168, tensor_cores=True),
     ),
     # ---- sparse attention (ops/sparse_attn_triton.py), DeepSeek-V4: H 64, D 512, window 128,
-    # top-k 512 -> C = 640 columns; tiles PREFILL_CONFIG / DECODE_CONFIG of that file ----
+    # top-k 512 -> C = 640 columns; PREFILL_CONFIG and decode_config(n_tokens) of that file ----
     KernelSpec(
         "sparse_attn.prefill", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
         types=dict(_SPARSE_ATTN_TYPES, out_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16"),
         aligned=_SPARSE_ATTN_ALIGNED,
-        constexprs=dict(HAS_COUNTS=False, SPLIT=False, BLOCK_H=64, BLOCK_T=32, BLOCK_D=512),
+        constexprs=dict(HAS_COUNTS=False, SPLIT=False, BLOCK_H=64, BLOCK_T=64, BLOCK_D=512),
         num_warps=8, num_stages=2,
         expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
     ),
-    KernelSpec(
+    KernelSpec(  # both decode configs (32 or 64 columns per split) compile to this kernel
         "sparse_attn.decode", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
         types=dict(_SPARSE_ATTN_TYPES, out_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
         aligned=_SPARSE_ATTN_ALIGNED,
@@ -84,30 +94,65 @@ KERNELS: tuple[KernelSpec, ...] = (
         num_warps=4, num_stages=2,
         expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
     ),
-    KernelSpec(  # grid (T, H); 640 columns / COLS_PER_SPLIT 64 = 10 splits -> BLOCK_S 16
-        "sparse_attn.merge", f"{_OPS}.sparse_attn_triton:_sparse_attn_merge_kernel",
-        types=dict(part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32", sink_ptr="*fp32", out_ptr="*bf16",
-                   H="i32", D="i32", n_splits="i32", **dict.fromkeys(
-                       ("stride_pt", "stride_ps", "stride_ph", "stride_mt", "stride_ms",
-                        "stride_ot", "stride_oh"), "i32")),
-        aligned=("part_ptr", "m_ptr", "l_ptr", "sink_ptr", "out_ptr", "H", "D", "stride_pt",
-                 "stride_ps", "stride_ph", "stride_mt", "stride_ms", "stride_ot", "stride_oh"),
+    KernelSpec(  # B <= 2: 640 columns / 32 per split = 20 splits -> BLOCK_S 32; the [32, 512]
+        # fp32 tile alone is 128 registers per thread
+        "sparse_attn.merge_s32", f"{_OPS}.sparse_attn_triton:_sparse_attn_merge_kernel",
+        types=_MERGE_TYPES, aligned=_MERGE_ALIGNED,
+        constexprs=dict(BLOCK_S=32, BLOCK_D=512), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"part = tl\.load", max_regs=192),
+    ),
+    KernelSpec(  # B > 2: 640 columns / 64 per split = 10 splits -> BLOCK_S 16
+        "sparse_attn.merge_s16", f"{_OPS}.sparse_attn_triton:_sparse_attn_merge_kernel",
+        types=_MERGE_TYPES, aligned=_MERGE_ALIGNED,
         constexprs=dict(BLOCK_S=16, BLOCK_D=512), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"part = tl\.load", max_regs=128),
     ),
-    # ---- gated pool (ops/gated_pool_triton.py): fp32 compressor state -> bf16, D 512, B 1;
-    # tiles from tile_config(B, R, D); unit stride along D is specialized by the JIT ----
-    KernelSpec(  # tile_config(1, 8, 512): [8, 16] tile, one fp32 per thread -> 4-byte loads
+    # ---- gated pool (ops/gated_pool_triton.py): fp32 compressor state -> bf16, B 1, D 512,
+    # tiles from tile_config(B, R, D); the JIT specializes the unit stride along D ----
+    KernelSpec(  # tile_config(1, 8, 512): [8, 8] tile on one warp -> 2 fp32 per thread
         "gated_pool.r8", f"{_OPS}.gated_pool_triton:_gated_pool_kernel",
         types=_GATED_POOL_TYPES, aligned=_GATED_POOL_ALIGNED,
-        constexprs=dict(stride_kd=1, stride_sd=1, BLOCK_R=8, BLOCK_D=16), num_warps=4, num_stages=3,
+        constexprs=dict(stride_kd=1, stride_sd=1, BLOCK_R=8, BLOCK_D=8), num_warps=1, num_stages=3,
+        expect=Expect(kv_load_bytes=8, max_regs=64),
+    ),
+    KernelSpec(  # tile_config(1, 2, 512): V4.1 ratio 2, [2, 8] tile on one warp
+        "gated_pool.r2", f"{_OPS}.gated_pool_triton:_gated_pool_kernel",
+        types=_GATED_POOL_TYPES, aligned=_GATED_POOL_ALIGNED,
+        constexprs=dict(stride_kd=1, stride_sd=1, BLOCK_R=2, BLOCK_D=8), num_warps=1, num_stages=3,
         expect=Expect(kv_load_bytes=4, max_regs=64),
     ),
-    KernelSpec(  # tile_config(1, 128, 512): [128, 16] tile
+    KernelSpec(  # tile_config(1, 128, 512): [128, 8] tile, 4 warps
         "gated_pool.r128", f"{_OPS}.gated_pool_triton:_gated_pool_kernel",
         types=_GATED_POOL_TYPES, aligned=(*_GATED_POOL_ALIGNED, "R"),
-        constexprs=dict(stride_kd=1, stride_sd=1, BLOCK_R=128, BLOCK_D=16), num_warps=4, num_stages=3,
+        constexprs=dict(stride_kd=1, stride_sd=1, BLOCK_R=128, BLOCK_D=8), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, max_regs=128),
+    ),
+    # ---- indexer scores (ops/indexer_triton.py), DeepSeek-V4: 64 index heads, head_dim 128,
+    # bf16 key pool; INDEX_CONFIG of that file. T and the strides over T are not multiples of 16 ----
+    KernelSpec(
+        "indexer.scores", f"{_OPS}.indexer_triton:_index_scores_kernel",
+        types=dict(q_ptr="*bf16", w_ptr="*fp32", k_ptr="*bf16", rows_ptr="*i32", n_visible_ptr="*i32",
+                   out_ptr="*fp32", H="i32", Dk="i32", T="i32", **dict.fromkeys(
+                       ("stride_qb", "stride_qs", "stride_qh", "stride_wb", "stride_ws", "stride_k",
+                        "stride_rb", "stride_nb", "stride_ob", "stride_os"), "i32")),
+        aligned=("q_ptr", "w_ptr", "k_ptr", "rows_ptr", "n_visible_ptr", "out_ptr", "H", "Dk",
+                 "stride_qb", "stride_qs", "stride_qh", "stride_wb", "stride_ws", "stride_k"),
+        constexprs=dict(BLOCK_H=64, BLOCK_T=64, BLOCK_D=128), num_warps=4, num_stages=2,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"k = tl\.load", max_regs=255, tensor_cores=True),
+    ),
+    # ---- ue8m0 round trips (ops/kv_quant_triton.py): bf16 rows, BLOCK_ROWS 16, 4 warps ----
+    KernelSpec(  # V4 reference KV: fp8 e4m3, scale per 64 on the 448 non-rope channels of 512
+        "kv_quant.fp8_b64", f"{_OPS}.kv_quant_triton:_ue8m0_round_trip_kernel",
+        types=_KV_QUANT_TYPES, aligned=_KV_QUANT_ALIGNED,
+        constexprs=dict(QMAX=448.0, FLOOR=1e-4, MANT_BITS=3, MIN_EXP=-6, BLOCK=64, BLOCK_ROWS=16),
+        num_warps=4, num_stages=3, expect=Expect(kv_load_bytes=16, max_regs=128),
+    ),
+    KernelSpec(  # fp4 e2m1, scale per 32: [16, 32] bf16 tile -> 4 values (8 B) per thread
+        "kv_quant.fp4_b32", f"{_OPS}.kv_quant_triton:_ue8m0_round_trip_kernel",
+        types=_KV_QUANT_TYPES, aligned=_KV_QUANT_ALIGNED,
+        constexprs=dict(QMAX=6.0, FLOOR=6.0 * 2.0**-126, MANT_BITS=1, MIN_EXP=0, BLOCK=32,
+                        BLOCK_ROWS=16),
+        num_warps=4, num_stages=3, expect=Expect(kv_load_bytes=8, max_regs=128),
     ),
 )
 

@@ -11,7 +11,7 @@ import torch
 from v4serve.config import ModelConfig
 from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
 from v4serve.model.weights import load_weights
-from v4serve.presets import PRESET_SEED, is_preset, preset_config
+from v4serve.presets import PRESET_SEED, PRESETS, is_preset, preset_config
 
 # Parameters the reference keeps in fp32 whatever the model dtype (mHC, sinks, compressor and
 # indexer-weight projections, gate biases): name fragments.
@@ -26,7 +26,9 @@ def resolve_config(model: str, overrides: dict[str, Any] | None = None) -> Model
         return preset_config(model, overrides)
     path = Path(model)
     if not path.exists():
-        raise ValueError(f"model {model!r} is neither a preset nor an existing checkpoint folder")
+        raise ValueError(
+            f"model {model!r} is neither a preset ({', '.join(PRESETS)}) nor an existing checkpoint folder"
+        )
     config = ModelConfig.from_pretrained(path)
     return config.replace(**overrides) if overrides else config
 
