@@ -43,6 +43,7 @@ class ForwardBatch:
     ring_dst: torch.Tensor  # [N] int64
     compressed_rows: dict[int, torch.Tensor]  # ratio -> [B, R] int32 pool row of compressed row t
     logits_indices: torch.Tensor  # [N_out] int64 tokens whose next-token logits are wanted
+    kernels: str = "auto"  # ops implementation: "auto" (Triton on CUDA), "torch" or "triton"
 
     @property
     def num_tokens(self) -> int:

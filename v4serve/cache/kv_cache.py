@@ -110,7 +110,7 @@ class PagedKVCache:
 
     # ------------------------------------------------------------------ step addressing
     def build_batch(
-        self, chunks: list[SequenceChunk], token_ids: list[int], logits_indices: list[int]
+        self, chunks: list[SequenceChunk], token_ids: list[int], logits_indices: list[int], kernels: str = "auto"
     ) -> ForwardBatch:
         w = self.page_size
         positions = torch.cat([torch.arange(c.start, c.end) for c in chunks])
@@ -146,4 +146,5 @@ class PagedKVCache:
             ring_dst=torch.cat(ring_dst).to(dev),
             compressed_rows={r: v.to(dev) for r, v in compressed_rows.items()},
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
+            kernels=kernels,
         )

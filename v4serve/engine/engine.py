@@ -38,6 +38,7 @@ class EngineArgs:
     max_num_batched_tokens: int = 512
     num_kv_pages: int | None = None  # default: enough for max_num_seqs sequences of max_model_len
     hf_overrides: dict[str, Any] | None = None
+    kernels: str = "auto"  # "auto": Triton kernels on CUDA, torch references on CPU; or "torch" / "triton"
     seed: int = 0
     progress: bool = True
 
@@ -62,6 +63,9 @@ class Engine:
         self.config = config
         self.tokenizer = Tokenizer.for_model(None if is_preset(args.model) else args.model)
         self.device = device
+        if args.kernels not in ("auto", "torch", "triton"):
+            raise ValueError(f"kernels must be 'auto', 'torch' or 'triton', got {args.kernels!r}")
+        self.kernels = args.kernels
         self.max_model_len = args.max_model_len or min(config.max_position_embeddings, 8192)
         if self.max_model_len > config.max_position_embeddings:
             raise ValueError(
@@ -140,7 +144,7 @@ class Engine:
             chunks.append(SequenceChunk(request.slot, chunk.start, chunk.length, offset))
             token_ids.extend(request.all_token_ids[chunk.start:chunk.end])
             logits_rows.extend(offset + i for i in self._logit_positions(chunk))
-        batch = self.cache.build_batch(chunks, token_ids, logits_rows)
+        batch = self.cache.build_batch(chunks, token_ids, logits_rows, self.kernels)
         logits = self.model(batch, self.cache)
         updated, row = [], 0
         for chunk in plan:

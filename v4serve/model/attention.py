@@ -71,7 +71,7 @@ class Attention(nn.Module):
         columns = torch.cat((batch.window_columns, cmp_columns), dim=1)
         o = sparse_attn_paged(
             q.to(win_pool.dtype)[None], win_pool, cmp_pool, columns[None], self.window, self.sinks,
-            self.head_dim**-0.5, counts=None if counts is None else counts[None],
+            self.head_dim**-0.5, counts=None if counts is None else counts[None], impl=batch.kernels,
         )[0]
         win_pool[batch.ring_dst] = win_pool[batch.ring_src]
 

@@ -57,7 +57,7 @@ class Compressor(nn.Module):
             span = slice(c.offset, c.offset + c.length)
             in_block = (batch.positions[span] % self.ratio).long()
             rows, first_group = self._pool_chunk(
-                kv_all[span], score_all[span] + self.position_bias[in_block], state, c.slot, c.start
+                kv_all[span], score_all[span] + self.position_bias[in_block], state, c.slot, c.start, batch.kernels
             )
             if rows is None:
                 continue
@@ -66,7 +66,7 @@ class Compressor(nn.Module):
             pool[rows_of[b, groups].long()] = rows
 
     def _pool_chunk(
-        self, kv: torch.Tensor, score: torch.Tensor, state: CompressorState, slot: int, start: int
+        self, kv: torch.Tensor, score: torch.Tensor, state: CompressorState, slot: int, start: int, kernels: str
     ) -> tuple[torch.Tensor | None, int]:
         """(pooled rows [n, head_dim] fp32 of the blocks completed in this chunk, first group id)."""
         r, d = self.ratio, self.head_dim
@@ -88,7 +88,7 @@ class Compressor(nn.Module):
                 state.kv[slot, :r], state.score[slot, :r] = blocks_kv[-1], blocks_score[-1]
             else:
                 pool_kv, pool_score = blocks_kv, blocks_score
-            pooled = gated_pool(pool_kv, pool_score, out_dtype=torch.float32)
+            pooled = gated_pool(pool_kv, pool_score, out_dtype=torch.float32, impl=kernels)
         rest = kv.shape[0] - done
         state.kv[slot, base:base + rest] = kv[done:]
         state.score[slot, base:base + rest] = score[done:]
