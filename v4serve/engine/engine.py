@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
+from v4serve.cache.budget import KVBudget, budget_for_pages, free_gpu_memory, solve_kv_budget
 from v4serve.config import ModelConfig
 from v4serve.engine.outputs import CompletionOutput, RequestOutput
 from v4serve.engine.request import Request, Status
@@ -36,7 +37,8 @@ class EngineArgs:
     max_model_len: int | None = None  # default: min(max_position_embeddings, 8192)
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 512
-    num_kv_pages: int | None = None  # default: enough for max_num_seqs sequences of max_model_len
+    num_kv_pages: int | None = None  # default: from kv_cache_memory, else free GPU memory, else full length
+    kv_cache_memory: int | None = None  # bytes for the KV cache (all tiers); solved into pages
     hf_overrides: dict[str, Any] | None = None
     kernels: str = "auto"  # "auto": Triton kernels on CUDA, torch references on CPU; or "torch" / "triton"
     seed: int = 0
@@ -51,6 +53,16 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if dtype not in _DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
     return _DTYPES[dtype]
+
+
+def _kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, device: torch.device,
+               pages_per_seq: int) -> KVBudget:
+    """Pages: given, or solved from the byte budget (given, or free GPU memory), or full length."""
+    shape = (args.max_num_seqs, pages_per_seq, args.max_num_batched_tokens)
+    if args.num_kv_pages is None and (args.kv_cache_memory is not None or device.type == "cuda"):
+        memory = args.kv_cache_memory if args.kv_cache_memory is not None else free_gpu_memory(device)
+        return solve_kv_budget(geometry, dtype, memory, *shape)
+    return budget_for_pages(geometry, dtype, args.num_kv_pages or args.max_num_seqs * pages_per_seq, *shape)
 
 
 class Engine:
@@ -73,9 +85,10 @@ class Engine:
                 f"({config.max_position_embeddings})"
             )
         pages_per_seq = -(-self.max_model_len // config.page_size)
+        self.kv_budget = _kv_budget(args, CacheGeometry.from_config(config), dtype, device, pages_per_seq)
         self.cache = PagedKVCache(
             CacheGeometry.from_config(config),
-            num_pages=args.num_kv_pages or args.max_num_seqs * pages_per_seq,
+            num_pages=self.kv_budget.num_pages,
             max_seqs=args.max_num_seqs,
             max_step_tokens=args.max_num_batched_tokens,
             max_pages_per_seq=pages_per_seq,

@@ -1,0 +1,143 @@
+"""The KV memory budget: how many pages a byte budget buys, and what each tier costs.
+
+Paged tiers (compressed rows, index keys) cost bytes per token of history; fixed tiers (the
+window ring, the compressor state) cost bytes per running sequence whatever its length; the
+staging rows cost bytes per token of a step. The solver subtracts the fixed costs from the
+budget and spends the rest on pages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from v4serve.cache.geometry import CacheGeometry
+
+# Share of free GPU memory the KV cache may take when no explicit budget is given.
+GPU_MEMORY_FRACTION = 0.85
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    """The solved budget; every byte count is exact for the pools `PagedKVCache` allocates."""
+
+    num_pages: int
+    page_size: int  # tokens per page
+    max_num_seqs: int
+    max_pages_per_seq: int
+    tier_bytes_per_token: dict[str, float]  # paged tiers
+    tier_bytes_per_sequence: dict[str, int]  # fixed tiers, per running sequence
+    staging_bytes: int  # per-step rows, fixed
+
+    @property
+    def bytes_per_token(self) -> float:
+        return sum(self.tier_bytes_per_token.values())
+
+    @property
+    def bytes_per_sequence(self) -> int:
+        return sum(self.tier_bytes_per_sequence.values())
+
+    @property
+    def total_bytes(self) -> int:
+        paged = self.bytes_per_token * self.page_size * self.num_pages
+        return int(paged) + self.bytes_per_sequence * self.max_num_seqs + self.staging_bytes
+
+    @property
+    def full_length_sequences(self) -> int:
+        """Sequences of the maximum length that fit in the pages at once."""
+        return self.num_pages // self.max_pages_per_seq
+
+    def describe(self) -> list[str]:
+        """Human-readable lines for the server's start-up banner."""
+        lines = ["KV cache budget:"]
+        for tier, b in self.tier_bytes_per_token.items():
+            lines.append(f"  {tier:<22} {b:>12.1f} bytes/token")
+        for tier, b in self.tier_bytes_per_sequence.items():
+            lines.append(f"  {tier:<22} {b:>12d} bytes/sequence")
+        lines.append(f"  {'staging rows':<22} {self.staging_bytes:>12d} bytes")
+        lines.append(
+            f"  {self.num_pages} pages of {self.page_size} tokens ({self.num_pages * self.page_size} tokens, "
+            f"{self.total_bytes / 2**20:.1f} MiB); {self.max_num_seqs} sequence slots; "
+            f"{self.full_length_sequences} sequences of the maximum length fit at once"
+        )
+        return lines
+
+
+def tier_costs(geometry: CacheGeometry, kv_dtype: torch.dtype) -> tuple[dict[str, float], dict[str, int], int]:
+    """(paged bytes per token, fixed bytes per sequence, staging bytes per step token) by tier."""
+    size = torch.empty((), dtype=kv_dtype).element_size()
+    per_token = {"compressed rows": 0.0, "index keys": 0.0}
+    per_seq = {"window ring": 0, "compressor state": 0}
+    for g in geometry.layers:
+        per_seq["window ring"] += geometry.page_size * geometry.head_dim * size
+        if g.ratio:
+            per_token["compressed rows"] += geometry.head_dim * size / g.ratio
+        if g.indexer:
+            per_token["index keys"] += geometry.index_head_dim * size / g.ratio
+        for c in (g.compressor, g.indexer):
+            if c is not None:
+                per_seq["compressor state"] += 2 * c.state_rows * c.state_width * 4  # fp32 kv + score
+    staging = len(geometry.layers) * geometry.head_dim * size
+    return per_token, per_seq, staging
+
+
+def solve_kv_budget(
+    geometry: CacheGeometry,
+    kv_dtype: torch.dtype,
+    memory_bytes: int,
+    max_num_seqs: int,
+    max_pages_per_seq: int,
+    max_step_tokens: int,
+) -> KVBudget:
+    """Pages that `memory_bytes` buys after the fixed costs of `max_num_seqs` sequences.
+
+    Never more pages than `max_num_seqs` full-length sequences can use. Raises ValueError when
+    the budget does not cover the fixed costs plus one page."""
+    per_token, per_seq, staging_per_token = tier_costs(geometry, kv_dtype)
+    fixed = max_num_seqs * sum(per_seq.values()) + max_step_tokens * staging_per_token
+    page_bytes = sum(per_token.values()) * geometry.page_size
+    left = memory_bytes - fixed
+    num_pages = int(left // page_bytes) if page_bytes else max_num_seqs * max_pages_per_seq
+    num_pages = min(num_pages, max_num_seqs * max_pages_per_seq)
+    if num_pages < 1:
+        raise ValueError(
+            f"kv_cache_memory: {memory_bytes} bytes do not cover the fixed KV costs ({fixed} bytes for "
+            f"{max_num_seqs} sequences) plus one page ({page_bytes:.0f} bytes)"
+        )
+    return KVBudget(num_pages, geometry.page_size, max_num_seqs, max_pages_per_seq, per_token, per_seq,
+                    max_step_tokens * staging_per_token)
+
+
+def budget_for_pages(
+    geometry: CacheGeometry, kv_dtype: torch.dtype, num_pages: int, max_num_seqs: int, max_pages_per_seq: int,
+    max_step_tokens: int,
+) -> KVBudget:
+    """The budget of a given page count (to describe a cache sized by pages, not bytes)."""
+    per_token, per_seq, staging_per_token = tier_costs(geometry, kv_dtype)
+    return KVBudget(num_pages, geometry.page_size, max_num_seqs, max_pages_per_seq, per_token, per_seq,
+                    max_step_tokens * staging_per_token)
+
+
+def free_gpu_memory(device: torch.device) -> int:
+    """Bytes of the device's free memory the KV cache may use."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free * GPU_MEMORY_FRACTION)
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from `123`, `512MiB`, `2GiB`, `1.5GB`, `64k` (binary units for *iB and bare letters)."""
+    if isinstance(text, int):
+        return text
+    units = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+             "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+    s = text.strip().lower()
+    number = s.rstrip("abgikmt")
+    unit = s[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value < 0:
+        raise ValueError(f"{text!r} is not a size such as 2GiB, 512MiB or 1073741824")
+    return int(value * units[unit])
