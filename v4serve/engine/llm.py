@@ -82,6 +82,28 @@ class LLM:
         return results
 
 
+    def chat(
+        self,
+        messages: list[dict] | Sequence[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        tools: list[dict] | None = None,
+        thinking: bool = False,
+        reasoning_effort: str | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Answer one conversation (a list of OpenAI-shaped messages) or several.
+
+        The prompt is `v4serve.chat.encode_messages` in chat mode, or thinking mode when
+        `thinking`; parse each output's text with `v4serve.chat.parse_completion(text,
+        "thinking" if thinking else "chat")` to get reasoning, content and tool calls."""
+        from v4serve.chat import encode_messages
+
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        mode = "thinking" if thinking else "chat"
+        prompts = [encode_messages(c, mode, reasoning_effort=reasoning_effort, tools=tools) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+
 def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
     from dataclasses import replace
 
