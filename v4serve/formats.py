@@ -42,3 +42,33 @@ def row_format(name: str) -> RowFormat:
     if name not in ROW_FORMATS:
         raise ValueError(f"unknown row format {name!r}; known: {sorted(ROW_FORMATS)}")
     return ROW_FORMATS[name]
+
+
+@dataclass(frozen=True)
+class CacheFormat:
+    """What a KV cache stores: the row format of window and compressed KV rows, and the one
+    indexer queries and keys are rounded through after a Hadamard rotation (None: as computed)."""
+
+    name: str
+    kv_rows: str
+    index_rows: str | None
+
+
+CACHE_FORMATS = {
+    f.name: f
+    for f in (
+        # What transformers computes: rows kept as the model computes them.
+        CacheFormat("bf16", "bf16", None),
+        # The official DeepSeek-V4 numerics: fp8 KV with ue8m0 scales per 64 (rope tail in bf16),
+        # indexer q and keys rotated by a Hadamard transform and rounded to fp4 with ue8m0 per 32.
+        CacheFormat("reference", "fp8_e8m0_b64_rope64", "fp4_e8m0_b32"),
+    )
+}
+
+
+def cache_format(name: str | None) -> CacheFormat:
+    if name is None:
+        return CACHE_FORMATS["bf16"]
+    if name not in CACHE_FORMATS:
+        raise ValueError(f"kv_format {name!r} is not one of {sorted(CACHE_FORMATS)}")
+    return CACHE_FORMATS[name]

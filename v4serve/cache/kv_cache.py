@@ -8,6 +8,7 @@ import torch
 from v4serve.cache.allocator import PageAllocator
 from v4serve.cache.batch import ForwardBatch, SequenceChunk
 from v4serve.cache.geometry import CacheGeometry, CompressorShape
+from v4serve.formats import CACHE_FORMATS, CacheFormat
 
 # Pools are handed to Triton kernels that gather rows with 16-byte loads.
 _ALIGNMENT = 16
@@ -46,8 +47,10 @@ class PagedKVCache:
         max_pages_per_seq: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        kv_format: CacheFormat = CACHE_FORMATS["bf16"],
     ):
         self.geometry = geometry
+        self.kv_format = kv_format
         self.page_size = w = geometry.page_size
         self.max_seqs = max_seqs
         self.max_step_tokens = max_step_tokens

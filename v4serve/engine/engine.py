@@ -15,6 +15,7 @@ import torch
 from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
 from v4serve.cache.budget import KVBudget, budget_for_pages, free_gpu_memory, solve_kv_budget
 from v4serve.config import ModelConfig
+from v4serve.formats import cache_format
 from v4serve.engine.outputs import CompletionOutput, RequestOutput
 from v4serve.engine.request import Request, Status
 from v4serve.engine.sampler import position_logprobs, sample
@@ -33,7 +34,7 @@ class EngineArgs:
     model: str
     device: str | None = None  # default: cuda when present
     dtype: str | torch.dtype | None = None  # default: bfloat16 on cuda, float32 on cpu
-    kv_format: str | None = None  # default: bf16 rows (what transformers computes)
+    kv_format: str | None = None  # "bf16" (default: what transformers computes) or "reference" (official numerics)
     max_model_len: int | None = None  # default: min(max_position_embeddings, 8192)
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 512
@@ -69,8 +70,7 @@ class Engine:
     def __init__(self, args: EngineArgs):
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = resolve_dtype(args.dtype, device)
-        if args.kv_format not in (None, "bf16"):
-            raise ValueError(f"kv_format {args.kv_format!r} is not supported yet; use 'bf16'")
+        kv_format = cache_format(args.kv_format)
         self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress)
         self.config = config
         self.tokenizer = Tokenizer.for_model(None if is_preset(args.model) else args.model)
@@ -94,6 +94,7 @@ class Engine:
             max_pages_per_seq=pages_per_seq,
             dtype=dtype,
             device=device,
+            kv_format=kv_format,
         )
         self.scheduler = Scheduler(self.cache, args.max_num_seqs, args.max_num_batched_tokens)
         self._seeds = torch.Generator().manual_seed(args.seed)

@@ -21,6 +21,7 @@ from v4serve.model.compressor import Compressor
 from v4serve.model.indexer import Indexer
 from v4serve.model.norm import RMSNorm, rms_normalize
 from v4serve.model.rope import RopeTables, apply_rope
+from v4serve.ops.kv_quant import apply_kv_format
 from v4serve.ops.sparse_attn import sparse_attn_paged
 
 
@@ -57,13 +58,16 @@ class Attention(nn.Module):
         q = rms_normalize(self.q_b_proj(qr).view(t, self.n_heads, self.head_dim), self.eps)
         q = apply_rope(q, batch.positions, inv_freq)
         kv = apply_rope(self.kv_norm(self.kv_proj(x)), batch.positions, inv_freq)
+        kv = apply_kv_format(kv, cache.kv_format.kv_rows, impl=batch.kernels)
 
         win_pool = cache.window_pools[self.layer]
         win_pool[batch.staging_rows] = kv.to(win_pool.dtype)
         cmp_pool, cmp_columns, counts = win_pool, batch.window_columns[:, :0], None
         if self.compressor is not None:
             cmp_pool = cache.compressed_pools[self.layer]
-            self.compressor.compress(x, batch, cache.compressor_states[self.layer], cmp_pool, inv_freq)
+            self.compressor.compress(
+                x, batch, cache.compressor_states[self.layer], cmp_pool, inv_freq, cache.kv_format.kv_rows
+            )
             if self.compressor.indexer is not None:
                 cmp_columns = self.compressor.indexer.select(self.layer, x, qr, batch, cache, inv_freq)
             else:

@@ -27,6 +27,7 @@ from v4serve.config import ModelConfig
 from v4serve.model.norm import RMSNorm
 from v4serve.model.rope import apply_rope
 from v4serve.ops.gated_pool import gated_pool
+from v4serve.ops.kv_quant import apply_kv_format
 
 
 class Compressor(nn.Module):
@@ -47,9 +48,11 @@ class Compressor(nn.Module):
         self.indexer = indexer
 
     def compress(
-        self, x: torch.Tensor, batch: ForwardBatch, state: CompressorState, pool: torch.Tensor, inv_freq: torch.Tensor
+        self, x: torch.Tensor, batch: ForwardBatch, state: CompressorState, pool: torch.Tensor, inv_freq: torch.Tensor,
+        row_format: str | None,
     ) -> None:
-        """Pool every block the step completes and write its row to `pool` (rows from `batch`)."""
+        """Pool every block the step completes and write its row to `pool` (rows from `batch`),
+        rounded through `row_format` (the indexer passes None and rounds its keys itself)."""
         kv_all = F.linear(x.float(), self.kv_proj.weight)
         score_all = F.linear(x.float(), self.gate_proj.weight)
         rows_of = batch.compressed_rows[self.ratio]
@@ -63,7 +66,11 @@ class Compressor(nn.Module):
                 continue
             groups = torch.arange(first_group, first_group + rows.shape[0], device=rows.device)
             rows = apply_rope(self.kv_norm(rows.to(pool.dtype)), groups * self.ratio, inv_freq)
-            pool[rows_of[b, groups].long()] = rows
+            pool[rows_of[b, groups].long()] = self.finish_rows(rows, row_format, batch.kernels)
+
+    def finish_rows(self, rows: torch.Tensor, row_format: str | None, kernels: str) -> torch.Tensor:
+        """Round rows to what the cache stores."""
+        return rows if row_format is None else apply_kv_format(rows, row_format, impl=kernels)
 
     def _pool_chunk(
         self, kv: torch.Tensor, score: torch.Tensor, state: CompressorState, slot: int, start: int, kernels: str

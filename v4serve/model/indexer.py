@@ -20,6 +20,7 @@ from v4serve.config import ModelConfig
 from v4serve.model.compressor import Compressor
 from v4serve.model.rope import apply_rope
 from v4serve.ops.indexer import index_scores, select_topk
+from v4serve.ops.kv_quant import apply_kv_format, hadamard
 
 
 class IndexScorer(nn.Module):
@@ -37,15 +38,23 @@ class Indexer(Compressor):
         self.q_b_proj = nn.Linear(config.q_lora_rank, config.index_n_heads * config.index_head_dim, bias=False)
         self.scorer = IndexScorer(config)
 
+    def finish_rows(self, rows: torch.Tensor, row_format: str | None, kernels: str) -> torch.Tensor:
+        """Index queries and keys: Hadamard-rotated, then rounded, when the cache format says so
+        (the rotation cancels in q . k; it spreads outliers before the fp4 rounding)."""
+        if row_format is None:
+            return rows
+        return apply_kv_format(hadamard(rows), row_format, impl=kernels)
+
     def select(
         self, layer: int, x: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache,
         inv_freq: torch.Tensor,
     ) -> torch.Tensor:
         """Index the step's new blocks, then return [T, K] compressed-pool rows per token (-1 = none)."""
         pool = cache.index_pools[layer]
-        self.compress(x, batch, cache.indexer_states[layer], pool, inv_freq)
+        index_format = cache.kv_format.index_rows
+        self.compress(x, batch, cache.indexer_states[layer], pool, inv_freq, index_format)
         q = apply_rope(self.q_b_proj(qr).unflatten(-1, (self.n_heads, self.head_dim)), batch.positions, inv_freq)
-        q = q.to(pool.dtype)
+        q = self.finish_rows(q.to(pool.dtype), index_format, batch.kernels)
         weights = F.linear(x.float(), self.scorer.weights_proj.weight) * self.weight_scale
         rows_of = batch.compressed_rows[self.ratio]
         k = min(self.topk, rows_of.shape[1])
