@@ -129,33 +129,34 @@ def load_weights(model: torch.nn.Module, path: str | Path, config: ModelConfig, 
     loaded: dict[str, set] = {name: set() for name in params}
     unexpected, bad_shape, unsupported = [], [], []
     files = checkpoint_files(path)
-    with tqdm(total=len(files), desc="Loading weights", unit="file", disable=not progress) as bar:
-        for file in files:
-            with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():
-                    if _IGNORED.match(key):
-                        continue
-                    target = Target(key) if key in params else official_target(key, config)
-                    if target is None or target.name not in params:
-                        unexpected.append(key)
-                        continue
-                    dtype = f.get_slice(key).get_dtype()
-                    if dtype in _UNSUPPORTED_DTYPES:
-                        unsupported.append(f"{key} ({dtype})")
-                        continue
-                    dest = params[target.name]
-                    if target.expert is not None:
-                        dest = dest[target.expert]
-                    if target.rows is not None:
-                        dest = dest[target.rows]
-                    tensor = f.get_tensor(key)
-                    if tuple(tensor.shape) != tuple(dest.shape):
-                        bad_shape.append(f"{key}: checkpoint {tuple(tensor.shape)}, model {tuple(dest.shape)}")
-                        continue
-                    with torch.no_grad():
-                        dest.copy_(tensor.to(dest.dtype))
-                    loaded[target.name].add((target.expert, None if target.rows is None else target.rows.start))
-            bar.update(1)
+    handles = [safe_open(str(file), framework="pt") for file in files]
+    total = sum(len(list(f.keys())) for f in handles)
+    with tqdm(total=total, desc="Loading weights", unit="tensor", disable=not progress) as bar:
+        for f in handles:
+            for key in f.keys():
+                bar.update(1)
+                if _IGNORED.match(key):
+                    continue
+                target = Target(key) if key in params else official_target(key, config)
+                if target is None or target.name not in params:
+                    unexpected.append(key)
+                    continue
+                dtype = f.get_slice(key).get_dtype()
+                if dtype in _UNSUPPORTED_DTYPES:
+                    unsupported.append(f"{key} ({dtype})")
+                    continue
+                dest = params[target.name]
+                if target.expert is not None:
+                    dest = dest[target.expert]
+                if target.rows is not None:
+                    dest = dest[target.rows]
+                tensor = f.get_tensor(key)
+                if tuple(tensor.shape) != tuple(dest.shape):
+                    bad_shape.append(f"{key}: checkpoint {tuple(tensor.shape)}, model {tuple(dest.shape)}")
+                    continue
+                with torch.no_grad():
+                    dest.copy_(tensor.to(dest.dtype))
+                loaded[target.name].add((target.expert, None if target.rows is None else target.rows.start))
     if unsupported:
         raise WeightsError(
             "quantized (FP8/FP4) checkpoint tensors are not supported yet; dequantize to bf16 first. "
