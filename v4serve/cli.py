@@ -43,16 +43,23 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=None)
     gen.set_defaults(run=_generate)
 
-    bench = commands.add_parser("bench", help="benchmarks: `bench kernels`")
-    bench.add_argument("what", choices=["kernels"])
+    serve = commands.add_parser("serve", add_help=False,
+                                help="OpenAI-compatible HTTP server (`v4serve serve --help` for its options)")
+    serve.set_defaults(run=lambda a: _delegate("v4serve.server.serve", []))
+
+    bench = commands.add_parser("bench", help="benchmarks: `bench kernels`, `bench serve` (load on a running server)")
+    bench.add_argument("what", choices=["kernels", "serve"])
     bench.add_argument("rest", nargs=argparse.REMAINDER)
-    bench.set_defaults(run=lambda a: _delegate("v4serve.bench.kernels", a.rest))
+    bench.set_defaults(run=lambda a: _delegate(f"v4serve.bench.{a.what}", a.rest))
 
     kernels = commands.add_parser("kernels", help="`kernels report`: compile-only codegen report of every Triton kernel")
     kernels.add_argument("what", choices=["report"])
     kernels.add_argument("rest", nargs=argparse.REMAINDER)
     kernels.set_defaults(run=lambda a: _delegate("v4serve.codegen", a.rest))
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # its options live with the server (imported only when serving)
+        return _delegate("v4serve.server.serve", argv[1:])
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -1,0 +1,116 @@
+"""`POST /v1/chat/completions`: messages encoded in the DeepSeek-V4 chat format; the completion
+parsed back into `reasoning_content`, `content` and `tool_calls`, whole or as streamed deltas.
+
+A tool-call block that does not parse comes back as plain content (status 200): the model's
+mistake is the client's data, not a server error.
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import Request as HTTPRequest
+
+from v4serve.chat import StreamingParser, encode_messages, parse_completion
+from v4serve.engine import RequestOutput
+from v4serve.server import sse
+from v4serve.server.context import ServingContext
+from v4serve.server.errors import APIError
+from v4serve.server.protocol import ChatRequest, parse_chat_request
+from v4serve.server.responses import IncrementalText, new_id, now, usage
+from v4serve.server.serving import Generation, check_prompt, final_or_disconnect, sampling_params
+
+
+async def create_chat_completion(ctx: ServingContext, body: dict, http: HTTPRequest) -> Response:
+    req = parse_chat_request(body)
+    ctx.check_model(req.model)
+    prompt = _encode(req)
+    ids = ctx.tokenizer.encode(prompt)
+    check_prompt(ids, ctx.vocab_size, ctx.max_model_len, "messages")
+    params = sampling_params(req.sampling, len(ids), ctx.max_model_len, req.logprobs)
+    request_id = new_id("chatcmpl")
+    generation = Generation(ctx.engine_loop, request_id, [ids], [params], req.sampling.n)
+    generation.start()
+    if req.sampling.stream:
+        return StreamingResponse(_stream(ctx, req, generation, request_id), media_type=sse.MEDIA_TYPE,
+                                 headers=sse.HEADERS)
+    outputs = await final_or_disconnect(generation, http)
+    if outputs is None:
+        return Response(status_code=499)
+    return JSONResponse({
+        "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name,
+        "choices": [_choice(ctx, req, index, out) for index, out in enumerate(outputs)],
+        "usage": usage(outputs, 1),
+    })
+
+
+def _encode(req: ChatRequest) -> str:
+    try:
+        return encode_messages(req.messages, req.thinking_mode, reasoning_effort=req.reasoning_effort,
+                               tools=req.tools)
+    except ValueError as e:  # the chat package names the field: "messages[2].content: missing"
+        message = str(e)
+        field = message.split(":", 1)[0] if ":" in message else "messages"
+        raise APIError(message, param=field) from None
+
+
+def _tool_names(req: ChatRequest) -> set[str]:
+    """Tools the model may call; an empty set turns every tool-call block into content."""
+    if not req.parse_tools:
+        return set()
+    return {t["function"]["name"] for t in req.tools}
+
+
+def _choice(ctx: ServingContext, req: ChatRequest, index: int, out: RequestOutput) -> dict:
+    c = out.outputs[0]
+    parsed = parse_completion(c.text, req.thinking_mode, _tool_names(req))
+    logprobs = None
+    if req.logprobs is not None:
+        logprobs = ctx.logprobs.chat(c.logprobs, c.token_ids, req.logprobs)
+    reason = "tool_calls" if parsed.tool_calls else c.finish_reason
+    return {"index": index, "message": parsed.to_message(), "logprobs": logprobs, "finish_reason": reason}
+
+
+async def _stream(ctx: ServingContext, req: ChatRequest, generation: Generation,
+                  request_id: str) -> AsyncIterator[str]:
+    head = {"id": request_id, "object": "chat.completion.chunk", "created": now(), "model": ctx.model_name}
+    n = len(generation.choices)
+    texts = [IncrementalText(req.sampling.stop) for _ in range(n)]
+    parsers = [StreamingParser(req.thinking_mode, _tool_names(req)) for _ in range(n)]
+    called = [False] * n
+    num_sent = [0] * n
+    last: dict[int, RequestOutput] = {}
+
+    def chunk(index: int, delta: dict, logprobs=None, finish_reason=None) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return sse.event({**head, "choices": [choice]})
+
+    try:
+        for index in range(n):
+            yield chunk(index, {"role": "assistant", "content": ""})
+        async for index, out in generation.updates():
+            last[index] = out
+            c = out.outputs[0]
+            deltas = parsers[index].feed(texts[index].update(c.text, out.finished))
+            if out.finished:
+                deltas += parsers[index].finish()[0]
+            called[index] |= any("tool_calls" in d for d in deltas)
+            logprobs = None
+            if req.logprobs is not None and len(c.token_ids) > num_sent[index]:
+                logprobs = ctx.logprobs.chat(c.logprobs[num_sent[index]:], c.token_ids[num_sent[index]:],
+                                             req.logprobs)
+            num_sent[index] = len(c.token_ids)
+            for delta in deltas or ([{}] if logprobs else []):
+                yield chunk(index, delta, logprobs)
+                logprobs = None
+            if out.finished:
+                yield chunk(index, {}, finish_reason="tool_calls" if called[index] else c.finish_reason)
+        if req.sampling.include_usage:
+            yield sse.event({**head, "choices": [], "usage": usage([last[i] for i in range(n)], 1)})
+    except APIError as e:
+        yield sse.event(e.body())
+    finally:
+        generation.abort()
+    yield sse.DONE
+

@@ -1,0 +1,82 @@
+"""`POST /v1/completions`: text (or token-id) prompts in, completions out, whole or streamed."""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import Request as HTTPRequest
+
+from v4serve.engine import RequestOutput
+from v4serve.server import sse
+from v4serve.server.context import ServingContext
+from v4serve.server.errors import APIError
+from v4serve.server.protocol import CompletionRequest, parse_completion_request
+from v4serve.server.responses import IncrementalText, new_id, now, usage
+from v4serve.server.serving import Generation, check_prompt, final_or_disconnect, sampling_params
+
+
+async def create_completion(ctx: ServingContext, body: dict, http: HTTPRequest) -> Response:
+    req = parse_completion_request(body)
+    ctx.check_model(req.model)
+    prompts = []
+    for i, prompt in enumerate(req.prompts):
+        ids = ctx.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        check_prompt(ids, ctx.vocab_size, ctx.max_model_len, "prompt" if len(req.prompts) == 1 else f"prompt[{i}]")
+        prompts.append(ids)
+    params = [sampling_params(req.sampling, len(ids), ctx.max_model_len, req.logprobs) for ids in prompts]
+    request_id = new_id("cmpl")
+    generation = Generation(ctx.engine_loop, request_id, prompts, params, req.sampling.n)
+    generation.start()
+    if req.sampling.stream:
+        return StreamingResponse(_stream(ctx, req, generation, request_id), media_type=sse.MEDIA_TYPE,
+                                 headers=sse.HEADERS)
+    outputs = await final_or_disconnect(generation, http)
+    if outputs is None:
+        return Response(status_code=499)
+    choices = [_choice(ctx, req, index, out) for index, out in enumerate(outputs)]
+    return JSONResponse({
+        "id": request_id, "object": "text_completion", "created": now(), "model": ctx.model_name,
+        "choices": choices, "usage": usage(outputs, req.sampling.n),
+    })
+
+
+def _choice(ctx: ServingContext, req: CompletionRequest, index: int, out: RequestOutput) -> dict:
+    c = out.outputs[0]
+    logprobs = None
+    if req.logprobs is not None:
+        logprobs = ctx.logprobs.completions(c.logprobs, c.token_ids, req.logprobs, offset=0)
+    return {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason}
+
+
+async def _stream(ctx: ServingContext, req: CompletionRequest, generation: Generation,
+                  request_id: str) -> AsyncIterator[str]:
+    created = now()
+    head = {"id": request_id, "object": "text_completion", "created": created, "model": ctx.model_name}
+    texts = [IncrementalText(req.sampling.stop) for _ in generation.choices]
+    num_sent = [0] * len(generation.choices)
+    last: dict[int, RequestOutput] = {}
+    try:
+        async for index, out in generation.updates():
+            last[index] = out
+            c = out.outputs[0]
+            offset = len(texts[index].sent)
+            delta = texts[index].update(c.text, out.finished)
+            new_ids = c.token_ids[num_sent[index]:]
+            logprobs = None
+            if req.logprobs is not None and new_ids:
+                logprobs = ctx.logprobs.completions(c.logprobs[num_sent[index]:], new_ids, req.logprobs, offset)
+            num_sent[index] = len(c.token_ids)
+            if delta or logprobs or out.finished:
+                choice = {"index": index, "text": delta, "logprobs": logprobs,
+                          "finish_reason": c.finish_reason if out.finished else None}
+                yield sse.event({**head, "choices": [choice]})
+        if req.sampling.include_usage:
+            outputs = [last[i] for i in range(len(generation.choices))]
+            yield sse.event({**head, "choices": [], "usage": usage(outputs, req.sampling.n)})
+    except APIError as e:
+        yield sse.event(e.body())
+    finally:
+        generation.abort()  # no-op unless the client left or the stream failed
+    yield sse.DONE

@@ -1,0 +1,254 @@
+"""Request bodies of `/v1/completions` and `/v1/chat/completions`: parsed and checked field by field.
+
+Every error is an `APIError` whose message starts with the field's name and whose `param` is
+that name, so a client sees exactly what to fix. Fields this server does not know are ignored
+(OpenAI clients send extras); fields it knows but cannot honour are refused, not ignored.
+Checks that need the prompt (its length against the context) happen later, in `sampling`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from v4serve.server.errors import APIError, bad_field
+
+MAX_BODY_BYTES = 8 * 2**20  # default request body limit
+MAX_LOGPROBS = 20  # top logprobs per position
+MAX_N = 16  # choices per request
+MAX_STOP = 16  # stop strings per request
+REASONING_EFFORTS = {"low": "high", "medium": "high", "high": "high", "max": "max"}
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """A JSON object from raw request bytes (strict UTF-8)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(f"body: not valid UTF-8 (byte {e.start})", param="body") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise APIError(f"body: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})", param="body") from None
+    if not isinstance(body, dict):
+        raise APIError("body: expected a JSON object", param="body")
+    return body
+
+
+class Fields:
+    """Typed access to a body's optional fields; each getter checks and names the field."""
+
+    def __init__(self, body: dict[str, Any]):
+        self.body = body
+
+    def get(self, name: str, default: Any = None) -> Any:
+        value = self.body.get(name)
+        return default if value is None else value
+
+    def integer(self, name: str, default: int | None, lo: int | None = None, hi: int | None = None) -> int | None:
+        value = self.get(name, default)
+        if value is None:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise bad_field(name, f"expected an integer, got {_kind(value)}")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise bad_field(name, f"must be in [{lo}, {hi}], got {value}" if hi is not None else f"must be >= {lo}, got {value}")
+        return value
+
+    def number(self, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+        value = self.get(name, default)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+            raise bad_field(name, f"expected a number, got {_kind(value)}")
+        if value > hi or value < lo or (lo_open and value == lo):
+            raise bad_field(name, f"must be in {'(' if lo_open else '['}{lo}, {hi}], got {value}")
+        return float(value)
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.get(name, default)
+        if not isinstance(value, bool):
+            raise bad_field(name, f"expected true or false, got {_kind(value)}")
+        return value
+
+    def string(self, name: str, default: str | None = None) -> str | None:
+        value = self.get(name, default)
+        if value is not None and not isinstance(value, str):
+            raise bad_field(name, f"expected a string, got {_kind(value)}")
+        return value
+
+    def obj(self, name: str) -> dict[str, Any]:
+        value = self.get(name, {})
+        if not isinstance(value, dict):
+            raise bad_field(name, f"expected an object, got {_kind(value)}")
+        return value
+
+    def unsupported(self, name: str, allowed: Any) -> None:
+        """Refuse a field unless it is absent or has its neutral value."""
+        value = self.body.get(name)
+        if value is not None and value != allowed:
+            raise bad_field(name, f"is not supported by this server (only {json.dumps(allowed)})")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling fields common to both endpoints, before the prompt is known."""
+
+    max_tokens: int | None  # None: fill the context
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: list[str]
+    n: int
+    ignore_eos: bool
+    min_tokens: int
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    model: str | None
+    prompts: list[str | list[int]]
+    sampling: Sampling
+    logprobs: int | None
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str | None
+    messages: list[Any]
+    tools: list[Any] | None
+    parse_tools: bool  # tool_choice != "none"
+    thinking_mode: str  # "chat" | "thinking"
+    reasoning_effort: str | None
+    sampling: Sampling
+    logprobs: int | None  # None: no logprobs; k: top-k alternatives per token
+
+
+def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
+    f = Fields(body)
+    for name, neutral in (("echo", False), ("suffix", None), ("best_of", 1)):
+        f.unsupported(name, neutral)
+    return CompletionRequest(
+        model=f.string("model"),
+        prompts=_prompts(body.get("prompt")),
+        sampling=_sampling(f, default_max_tokens=16),
+        logprobs=f.integer("logprobs", None, 0, MAX_LOGPROBS),
+    )
+
+
+def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
+    f = Fields(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_field("messages", "expected a non-empty list of messages")
+    tool_choice = f.get("tool_choice", "auto")
+    if tool_choice not in ("auto", "none"):
+        raise bad_field("tool_choice", f"only 'auto' and 'none' are supported, got {json.dumps(tool_choice)}")
+    tools = f.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise bad_field("tools", f"expected a list of tools, got {_kind(tools)}")
+    response_format = f.obj("response_format")
+    if response_format.get("type", "text") != "text":
+        raise bad_field("response_format.type", "only 'text' is supported")
+    want_logprobs = f.boolean("logprobs", False)
+    top_logprobs = f.integer("top_logprobs", 0, 0, MAX_LOGPROBS)
+    if top_logprobs and not want_logprobs:
+        raise bad_field("top_logprobs", "needs logprobs: true")
+    effort = f.string("reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise bad_field("reasoning_effort", f"expected one of {', '.join(REASONING_EFFORTS)}, got {effort!r}")
+    use_tools = bool(tools) and tool_choice != "none"
+    return ChatRequest(
+        model=f.string("model"),
+        messages=messages,
+        tools=tools if use_tools else None,
+        parse_tools=use_tools,
+        thinking_mode="thinking" if _thinking(f) else "chat",
+        reasoning_effort=REASONING_EFFORTS.get(effort) if effort else None,
+        sampling=_sampling(f, default_max_tokens=None),
+        logprobs=top_logprobs if want_logprobs else None,
+    )
+
+
+def _thinking(f: Fields) -> bool:
+    """DeepSeek's `thinking: {"type": ...}` or the `chat_template_kwargs.thinking` switch."""
+    thinking = f.obj("thinking")
+    kind = thinking.get("type", "disabled")
+    if kind not in ("enabled", "disabled"):
+        raise bad_field("thinking.type", f"expected 'enabled' or 'disabled', got {json.dumps(kind)}")
+    kwargs = f.obj("chat_template_kwargs")
+    switch = kwargs.get("thinking", kwargs.get("enable_thinking"))
+    if switch is not None and not isinstance(switch, bool):
+        raise bad_field("chat_template_kwargs.thinking", f"expected true or false, got {_kind(switch)}")
+    return bool(switch) if switch is not None else kind == "enabled"
+
+
+def _sampling(f: Fields, default_max_tokens: int | None) -> Sampling:
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+        f.unsupported(name, 1.0 if name == "repetition_penalty" else 0)
+    f.unsupported("logit_bias", {})
+    max_tokens = f.integer("max_completion_tokens", None, 1)
+    if max_tokens is None:
+        max_tokens = f.integer("max_tokens", default_max_tokens, 1)
+    stream = f.boolean("stream", False)
+    options = f.obj("stream_options")
+    if options and not stream:
+        raise bad_field("stream_options", "is only allowed with stream: true")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise bad_field("stream_options.include_usage", f"expected true or false, got {_kind(include_usage)}")
+    min_tokens = f.integer("min_tokens", 0, 0)
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise bad_field("min_tokens", f"({min_tokens}) exceeds max_tokens ({max_tokens})")
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=f.number("temperature", 1.0, 0.0, 2.0),
+        top_p=f.number("top_p", 1.0, 0.0, 1.0, lo_open=True),
+        top_k=f.integer("top_k", -1, -1),
+        seed=f.integer("seed", None),
+        stop=_stop(f.get("stop")),
+        n=f.integer("n", 1, 1, MAX_N),
+        ignore_eos=f.boolean("ignore_eos", False),
+        min_tokens=min_tokens,
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def _stop(value: Any) -> list[str]:
+    stops = [] if value is None else [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise bad_field("stop", "expected a non-empty string or a list of non-empty strings")
+    if len(stops) > MAX_STOP:
+        raise bad_field("stop", f"at most {MAX_STOP} stop strings, got {len(stops)}")
+    return stops
+
+
+def _prompts(value: Any) -> list[str | list[int]]:
+    """OpenAI's prompt forms: a string, a list of strings, token ids, or a list of token-id lists."""
+    if isinstance(value, str):
+        prompts = [value]
+    elif isinstance(value, list) and value and all(_is_token(t) for t in value):
+        prompts = [value]
+    elif isinstance(value, list) and value:
+        prompts = value
+    else:
+        raise bad_field("prompt", "expected a non-empty string, list of strings, or list of token ids")
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if not p:
+                raise bad_field(f"prompt[{i}]" if len(prompts) > 1 else "prompt", "must not be empty")
+        elif not (isinstance(p, list) and p and all(_is_token(t) for t in p)):
+            raise bad_field(f"prompt[{i}]", "expected a non-empty string or a non-empty list of token ids")
+    return prompts
+
+
+def _is_token(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), json.dumps(value) if isinstance(value, (int, float)) else type(value).__name__)

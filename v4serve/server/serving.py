@@ -1,0 +1,118 @@
+"""The bridge between one API request and the engine loop.
+
+An API request becomes one engine request per (prompt, choice): `Generation` submits them,
+receives their outputs on an asyncio queue (fed from the engine thread), and aborts whatever is
+unfinished when the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import AsyncIterator
+
+from starlette.requests import Request as HTTPRequest
+
+from v4serve.engine import RequestOutput, SamplingParams
+from v4serve.server.engine_loop import EngineLoop
+from v4serve.server.errors import APIError, bad_field, server_error
+from v4serve.server.protocol import Sampling
+
+
+def check_prompt(token_ids: list[int], vocab_size: int, max_model_len: int, param: str) -> None:
+    bad = [t for t in token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise bad_field(param, f"token ids must be in [0, {vocab_size}), got {bad[:5]}")
+    if len(token_ids) >= max_model_len:
+        raise APIError(
+            f"{param}: the prompt has {len(token_ids)} tokens, but this model's context is {max_model_len} tokens "
+            f"(prompt plus at least one generated token)", param=param, code="context_length_exceeded")
+
+
+def sampling_params(s: Sampling, prompt_len: int, max_model_len: int, logprobs: int | None) -> SamplingParams:
+    """Engine parameters for one prompt; `max_tokens` must fit in the context left by the prompt."""
+    room = max_model_len - prompt_len
+    max_tokens = room if s.max_tokens is None else s.max_tokens
+    if max_tokens > room:
+        raise APIError(
+            f"max_tokens: {max_tokens} tokens do not fit: the prompt has {prompt_len} tokens and this model's "
+            f"context is {max_model_len} tokens, so at most {room} can be generated",
+            param="max_tokens", code="context_length_exceeded")
+    return SamplingParams(
+        n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=max_tokens,
+        min_tokens=min(s.min_tokens, max_tokens), stop=list(s.stop), ignore_eos=s.ignore_eos, seed=s.seed,
+        logprobs=logprobs,
+    )
+
+
+class Generation:
+    """Engine requests `{request_id}-{choice}`: choice c is prompt c // n, sample c % n."""
+
+    def __init__(self, engine_loop: EngineLoop, request_id: str, prompts: list[list[int]],
+                 params: list[SamplingParams], n: int):
+        self._engine_loop = engine_loop
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[tuple[int, RequestOutput | Exception]] = asyncio.Queue()
+        self.choices: list[tuple[str, list[int], SamplingParams]] = []
+        for p, (prompt, sp) in enumerate(zip(prompts, params)):
+            for i in range(n):
+                seeded = sp if sp.seed is None or i == 0 else replace(sp, seed=sp.seed + i)
+                self.choices.append((f"{request_id}-{p * n + i}", prompt, seeded))
+        self._open = set(range(len(self.choices)))
+
+    def start(self) -> None:
+        for index, (engine_id, prompt, params) in enumerate(self.choices):
+            self._engine_loop.submit(engine_id, prompt, params, self._sink(index))
+
+    def _sink(self, index: int):
+        def deliver(item: RequestOutput | Exception) -> None:  # runs on the engine thread
+            try:
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, item))
+            except RuntimeError:  # the event loop is closed: nobody is listening any more
+                pass
+
+        return deliver
+
+    async def updates(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(choice index, latest output) as the engine produces them, until every choice finished."""
+        while self._open:
+            index, item = await self._queue.get()
+            if isinstance(item, Exception):
+                self.abort()
+                if isinstance(item, ValueError):
+                    raise APIError(str(item)) from item
+                raise server_error(f"the engine failed: {item}") from item
+            if item.finished:
+                self._open.discard(index)
+            yield index, item
+
+    async def final(self) -> list[RequestOutput]:
+        last: dict[int, RequestOutput] = {}
+        async for index, out in self.updates():
+            last[index] = out
+        return [last[i] for i in range(len(self.choices))]
+
+    def abort(self) -> None:
+        for index in self._open:
+            self._engine_loop.abort(self.choices[index][0])
+        self._open.clear()
+
+
+async def wait_disconnect(request: HTTPRequest) -> None:
+    """Returns when the client disconnects (call only after the body has been read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def final_or_disconnect(generation: Generation, request: HTTPRequest) -> list[RequestOutput] | None:
+    """The final outputs, or None (after aborting) if the client left first."""
+    result = asyncio.ensure_future(generation.final())
+    gone = asyncio.ensure_future(wait_disconnect(request))
+    try:
+        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not result.done():
+            result.cancel()
+            generation.abort()
+    return result.result() if result.done() and not result.cancelled() else None
