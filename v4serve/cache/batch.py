@@ -7,6 +7,9 @@ of the step. A step writes its fresh KV rows to staging, attends over `window_co
 for positions before the chunk, staging rows for positions inside it), then copies each chunk's
 last W rows into the ring (`ring_src -> ring_dst`), where the next step finds them.
 
+Decode steps (one token per sequence) skip the staging area: the token's row goes straight to
+its ring slot, whose previous row is already out of the window.
+
 Compressed addressing. Compressed row t of a sequence with ratio r lives at pool row
 `page_table[slot, t*r // W] * (W // r) + t % (W // r)`: pure arithmetic on the page table.
 """
@@ -43,7 +46,12 @@ class ForwardBatch:
     ring_dst: torch.Tensor  # [N] int64
     compressed_rows: dict[int, torch.Tensor]  # ratio -> [B, R] int32 pool row of compressed row t
     logits_indices: torch.Tensor  # [N_out] int64 tokens whose next-token logits are wanted
+    token_chunk: torch.Tensor  # [T] int64 index of each token's chunk
+    slots: torch.Tensor  # [B] int64 cache slot of each chunk
     kernels: str = "auto"  # ops implementation: "auto" (Triton on CUDA), "torch" or "triton"
+    # One token per chunk, addressed on the device (`build_decode_batch`): `chunks` is empty and
+    # layers take their vectorised, host-free path.
+    is_decode: bool = False
 
     @property
     def num_tokens(self) -> int:

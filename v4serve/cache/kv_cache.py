@@ -1,5 +1,12 @@
 """Paged KV cache of a DeepSeek-V4 model: the pools, the page table, compressor state and the
-addressing of a step (see `cache/batch.py` for the layout)."""
+addressing of a step (see `cache/batch.py` for the layout).
+
+Two extra rows keep decode steps free of host decisions, so they can run as CUDA graphs:
+* a padding slot (`padding_slot`, never handed out) that the graph runner gives the rows it pads
+  a batch with: their window, state and compressed writes land in memory nobody reads;
+* a scratch row at the end of each compressed / index pool, where a decode step writes the
+  pooled row of every sequence whose block did not complete this step.
+"""
 
 from __future__ import annotations
 
@@ -57,10 +64,14 @@ class PagedKVCache:
         self.dtype = dtype
         self.device = torch.device(device)
         self.allocator = PageAllocator(num_pages)
-        self.page_table = torch.full((max_seqs, max_pages_per_seq), -1, dtype=torch.int64)
+        self.padding_slot = max_seqs
+        slots = max_seqs + 1
+        self.page_table = torch.full((slots, max_pages_per_seq), -1, dtype=torch.int64)
+        # The page table as decode steps read it, on the device (the same tensor on the CPU).
+        self.device_page_table = self.page_table.to(self.device)
         self._pages: dict[int, list[int]] = {}
         self._free_slots = list(range(max_seqs - 1, -1, -1))
-        self.staging_base = max_seqs * w
+        self.staging_base = slots * w
         self.window_pools = [
             _zeros((self.staging_base + max_step_tokens, geometry.head_dim), dtype, device) for _ in geometry.layers
         ]
@@ -69,13 +80,13 @@ class PagedKVCache:
         self.compressor_states: dict[int, CompressorState] = {}
         self.indexer_states: dict[int, CompressorState] = {}
         for layer, g in enumerate(geometry.layers):
+            rows = num_pages * w // g.ratio + 1 if g.ratio else 0  # + the scratch row
             if g.compressor is not None:
-                rows = num_pages * w // g.ratio
                 self.compressed_pools[layer] = _zeros((rows, geometry.head_dim), dtype, device)
-                self.compressor_states[layer] = CompressorState(g.compressor, max_seqs, device)
+                self.compressor_states[layer] = CompressorState(g.compressor, slots, device)
             if g.indexer is not None:
-                self.index_pools[layer] = _zeros((num_pages * w // g.ratio, geometry.index_head_dim), dtype, device)
-                self.indexer_states[layer] = CompressorState(g.indexer, max_seqs, device)
+                self.index_pools[layer] = _zeros((rows, geometry.index_head_dim), dtype, device)
+                self.indexer_states[layer] = CompressorState(g.indexer, slots, device)
 
     # ------------------------------------------------------------------ sequences and pages
     @property
@@ -102,14 +113,21 @@ class PagedKVCache:
             raise ValueError(f"{num_tokens} tokens exceed the cache's maximum sequence length")
         pages = self._pages[slot]
         new = self.allocator.allocate(self.pages_needed(slot, num_tokens))
-        self.page_table[slot, len(pages):len(pages) + len(new)] = torch.tensor(new, dtype=torch.int64)
+        if new:
+            self.page_table[slot, len(pages):len(pages) + len(new)] = torch.tensor(new, dtype=torch.int64)
+            self._sync_page_table(slot)
         pages.extend(new)
 
     def close_sequence(self, slot: int) -> None:
         """Free the slot and its pages at once (finished, aborted or preempted)."""
         self.allocator.free(self._pages.pop(slot))
         self.page_table[slot].fill_(-1)
+        self._sync_page_table(slot)
         self._free_slots.append(slot)
+
+    def _sync_page_table(self, slot: int) -> None:
+        if self.device_page_table is not self.page_table:
+            self.device_page_table[slot].copy_(self.page_table[slot], non_blocking=True)
 
     # ------------------------------------------------------------------ step addressing
     def build_batch(
@@ -139,6 +157,7 @@ class PagedKVCache:
                 rows.append(torch.where((page >= 0) & (t < c.end // r), row, -1))
             compressed_rows[r] = torch.stack(rows).to(torch.int32)
         dev = self.device
+        token_chunk = torch.cat([torch.full((c.length,), b, dtype=torch.int64) for b, c in enumerate(chunks)])
         return ForwardBatch(
             token_ids=torch.tensor(token_ids, dtype=torch.int64, device=dev),
             positions=positions.to(dev),
@@ -149,5 +168,41 @@ class PagedKVCache:
             ring_dst=torch.cat(ring_dst).to(dev),
             compressed_rows={r: v.to(dev) for r, v in compressed_rows.items()},
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
+            token_chunk=token_chunk.to(dev),
+            slots=torch.tensor([c.slot for c in chunks], dtype=torch.int64, device=dev),
             kernels=kernels,
+        )
+
+    def build_decode_batch(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kernels: str = "auto"
+    ) -> ForwardBatch:
+        """One token per sequence, addressed on the device from device tensors (no host work, no
+        host sync: the CUDA-graph runner captures this). The token's KV row goes straight to its
+        ring slot (position % W): for a single token that slot holds a row already out of its window."""
+        w = self.page_size
+        window = positions[:, None] - w + 1 + torch.arange(w, device=positions.device)
+        ring = slots[:, None] * w + window % w
+        compressed_rows = {}
+        table = self.device_page_table[slots]  # [B, max_pages]
+        for r in self.geometry.ratios:
+            t = torch.arange(table.shape[1] * w // r, device=positions.device)
+            page = table[:, (t * r) // w]
+            compressed_rows[r] = torch.where(page >= 0, page * (w // r) + t % (w // r), -1).to(torch.int32)
+        n = token_ids.shape[0]
+        empty = torch.empty(0, dtype=torch.int64, device=positions.device)
+        every = torch.arange(n, device=positions.device)
+        return ForwardBatch(
+            token_ids=token_ids,
+            positions=positions,
+            chunks=(),
+            window_columns=torch.where(window >= 0, ring, -1).to(torch.int32),
+            staging_rows=slots * w + positions % w,
+            ring_src=empty,
+            ring_dst=empty,
+            compressed_rows=compressed_rows,
+            logits_indices=every,
+            token_chunk=every,
+            slots=slots,
+            kernels=kernels,
+            is_decode=True,
         )

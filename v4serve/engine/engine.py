@@ -16,6 +16,7 @@ from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
 from v4serve.cache.budget import KVBudget, budget_for_pages, free_gpu_memory, solve_kv_budget
 from v4serve.config import ModelConfig
 from v4serve.formats import cache_format
+from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.engine.outputs import CompletionOutput, RequestOutput
 from v4serve.engine.request import Request, Status
 from v4serve.engine.sampler import position_logprobs, sample
@@ -42,6 +43,7 @@ class EngineArgs:
     kv_cache_memory: int | None = None  # bytes for the KV cache (all tiers); solved into pages
     hf_overrides: dict[str, Any] | None = None
     kernels: str = "auto"  # "auto": Triton kernels on CUDA, torch references on CPU; or "torch" / "triton"
+    cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (on CUDA)
     seed: int = 0
     progress: bool = True
 
@@ -97,6 +99,10 @@ class Engine:
             kv_format=kv_format,
         )
         self.scheduler = Scheduler(self.cache, args.max_num_seqs, args.max_num_batched_tokens)
+        self.decode_runner = DecodeRunner(
+            self.model, self.cache, args.max_num_seqs, self.kernels,
+            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs,
+        )
         self._seeds = torch.Generator().manual_seed(args.seed)
         self._arrivals = itertools.count()
         self._requests: dict[str, Request] = {}
@@ -151,22 +157,32 @@ class Engine:
         plan = self.scheduler.schedule()
         if not plan:
             return []
-        chunks, token_ids, logits_rows = [], [], []
-        for chunk in plan:
-            offset = len(token_ids)
-            request = chunk.request
-            chunks.append(SequenceChunk(request.slot, chunk.start, chunk.length, offset))
-            token_ids.extend(request.all_token_ids[chunk.start:chunk.end])
-            logits_rows.extend(offset + i for i in self._logit_positions(chunk))
-        batch = self.cache.build_batch(chunks, token_ids, logits_rows, self.kernels)
-        logits = self.model(batch, self.cache)
-        updated, row = [], 0
-        for chunk in plan:
-            positions = self._logit_positions(chunk)
-            rows = logits[row:row + len(positions)]
-            row += len(positions)
+        wanted = [self._logit_positions(chunk) for chunk in plan]
+        if all(chunk.length == 1 for chunk in plan):
+            # One token per sequence: the device-addressed (CUDA-graph) path, logits for every row.
+            requests = [chunk.request for chunk in plan]
+            logits = self.decode_runner.run(
+                [r.all_token_ids[c.start] for r, c in zip(requests, plan)],
+                [c.start for c in plan],
+                [r.slot for r in requests],
+            )
+            rows = [logits[b:b + len(w)] for b, w in enumerate(wanted)]
+        else:
+            chunks, token_ids, logits_rows = [], [], []
+            for chunk, positions in zip(plan, wanted):
+                offset = len(token_ids)
+                request = chunk.request
+                chunks.append(SequenceChunk(request.slot, chunk.start, chunk.length, offset))
+                token_ids.extend(request.all_token_ids[chunk.start:chunk.end])
+                logits_rows.extend(offset + i for i in positions)
+            batch = self.cache.build_batch(chunks, token_ids, logits_rows, self.kernels)
+            logits = self.model(batch, self.cache)
+            bounds = torch.tensor([0] + [len(w) for w in wanted]).cumsum(0).tolist()
+            rows = [logits[a:b] for a, b in zip(bounds, bounds[1:])]
+        updated = []
+        for chunk, positions, chunk_logits in zip(plan, wanted, rows):
             chunk.request.num_computed = chunk.end
-            if self._advance(chunk, positions, rows):
+            if self._advance(chunk, positions, chunk_logits):
                 updated.append(chunk.request)
         return [self._output(r) for r in updated]
 

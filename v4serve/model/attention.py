@@ -88,10 +88,7 @@ class Attention(nn.Module):
     def _visible_rows(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """HCA: every complete compressed row, t < (p + 1) // ratio -> ([T, R] pool rows, [T] counts)."""
         rows_of = batch.compressed_rows[self.ratio]
-        chunk_of_token = torch.cat(
-            [torch.full((c.length,), b, dtype=torch.long) for b, c in enumerate(batch.chunks)]
-        ).to(rows_of.device)
         counts = ((batch.positions + 1) // self.ratio).to(torch.int32)
         t = torch.arange(rows_of.shape[1], device=rows_of.device)
-        columns = torch.where(t[None, :] < counts[:, None], rows_of[chunk_of_token], -1)
+        columns = torch.where(t[None, :] < counts[:, None], rows_of[batch.token_chunk], -1)
         return columns.to(torch.int32), counts

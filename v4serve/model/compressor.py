@@ -55,6 +55,9 @@ class Compressor(nn.Module):
         rounded through `row_format` (the indexer passes None and rounds its keys itself)."""
         kv_all = F.linear(x.float(), self.kv_proj.weight)
         score_all = F.linear(x.float(), self.gate_proj.weight)
+        if batch.is_decode:
+            self._compress_decode(kv_all, score_all, batch, state, pool, inv_freq, row_format)
+            return
         rows_of = batch.compressed_rows[self.ratio]
         for b, c in enumerate(batch.chunks):
             span = slice(c.offset, c.offset + c.length)
@@ -67,6 +70,35 @@ class Compressor(nn.Module):
             groups = torch.arange(first_group, first_group + rows.shape[0], device=rows.device)
             rows = apply_rope(self.kv_norm(rows.to(pool.dtype)), groups * self.ratio, inv_freq)
             pool[rows_of[b, groups].long()] = self.finish_rows(rows, row_format, batch.kernels)
+
+    def _compress_decode(
+        self, kv: torch.Tensor, score: torch.Tensor, batch: ForwardBatch, state: CompressorState,
+        pool: torch.Tensor, inv_freq: torch.Tensor, row_format: str | None,
+    ) -> None:
+        """One token per sequence, no host decisions: every sequence records its token in the open
+        block and pools it; sequences whose block did not complete write to the pool's scratch row."""
+        r, d = self.ratio, self.head_dim
+        p, slots = batch.positions, batch.slots
+        base = state.kv.shape[1] - r
+        state.kv[slots, base + p % r] = kv
+        state.score[slots, base + p % r] = score + self.position_bias[p % r]
+        open_kv, open_score = state.kv[slots, base:], state.score[slots, base:]  # [B, r, width]
+        complete = (p + 1) % r == 0
+        if self.overlap:
+            prev_kv, prev_score = state.kv[slots, :r], state.score[slots, :r]
+            pool_kv = torch.cat((prev_kv[..., :d], open_kv[..., d:]), dim=1)
+            pool_score = torch.cat((prev_score[..., :d], open_score[..., d:]), dim=1)
+            keep = complete[:, None, None]
+            state.kv[slots, :r] = torch.where(keep, open_kv, prev_kv)  # the block becomes "previous"
+            state.score[slots, :r] = torch.where(keep, open_score, prev_score)
+        else:
+            pool_kv, pool_score = open_kv, open_score
+        rows = gated_pool(pool_kv, pool_score, out_dtype=torch.float32, impl=batch.kernels)
+        rows = apply_rope(self.kv_norm(rows.to(pool.dtype)), p + 1 - r, inv_freq)
+        group = ((p + 1) // r - 1).clamp(min=0)
+        target = batch.compressed_rows[r].gather(1, group[:, None])[:, 0].long()
+        scratch = pool.shape[0] - 1
+        pool[torch.where(complete & (target >= 0), target, scratch)] = self.finish_rows(rows, row_format, batch.kernels)
 
     def finish_rows(self, rows: torch.Tensor, row_format: str | None, kernels: str) -> torch.Tensor:
         """Round rows to what the cache stores."""

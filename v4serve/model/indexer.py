@@ -58,6 +58,11 @@ class Indexer(Compressor):
         weights = F.linear(x.float(), self.scorer.weights_proj.weight) * self.weight_scale
         rows_of = batch.compressed_rows[self.ratio]
         k = min(self.topk, rows_of.shape[1])
+        if batch.is_decode:  # one query per sequence: one call over every sequence's rows
+            visible = ((batch.positions + 1) // self.ratio).to(torch.int32)[:, None]
+            scores = index_scores(q[:, None], weights[:, None], pool, rows_of, visible, impl=batch.kernels)
+            picks = select_topk(scores, k)[:, 0].long()
+            return torch.where(picks >= 0, rows_of.gather(1, picks.clamp(min=0)), -1).to(torch.int32)
         selected = torch.full((batch.num_tokens, k), -1, dtype=torch.int32, device=x.device)
         for b, c in enumerate(batch.chunks):
             n_rows = c.end // self.ratio

@@ -67,24 +67,22 @@ class RoutedExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.zeros(e, d, i))
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Token-grouped loop over the experts that received tokens (a selection may repeat an
-        expert: hash tables can; each pick contributes)."""
-        out = torch.zeros_like(x)
-        flat_experts = experts.flatten()
-        order = torch.argsort(flat_experts, stable=True)
-        counts = torch.bincount(flat_experts, minlength=self.gate_up_proj.shape[0]).tolist()
-        token_of_pick = order // experts.shape[1]
-        weight_of_pick = weights.flatten()[order]
-        start = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            tokens = token_of_pick[start:start + count]
-            gate, up = F.linear(x[tokens], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            y = F.linear(clamped_swiglu(gate, up, self.limit), self.down_proj[expert])
-            out.index_add_(0, tokens, (y * weight_of_pick[start:start + count, None]).to(x.dtype))
-            start += count
-        return out
+        """Picks sorted by expert, two grouped GEMMs, then each token sums its k weighted picks.
+        No host synchronisation (group sizes stay on the device), so decode can be graph-captured.
+        A selection may repeat an expert (hash tables can): each pick contributes."""
+        t, k = experts.shape
+        flat = experts.flatten()
+        order = torch.argsort(flat, stable=True)
+        sizes = torch.zeros(self.gate_up_proj.shape[0], dtype=torch.int32, device=x.device)
+        sizes.scatter_add_(0, flat.int(), torch.ones_like(flat, dtype=torch.int32))
+        ends = sizes.cumsum(0, dtype=torch.int32)
+        picked = x[order // k]
+        gate, up = torch._grouped_mm(picked, self.gate_up_proj.transpose(1, 2), offs=ends).chunk(2, dim=-1)
+        y = torch._grouped_mm(clamped_swiglu(gate, up, self.limit).to(x.dtype), self.down_proj.transpose(1, 2), offs=ends)
+        y = y * weights.flatten()[order, None]
+        unsorted = torch.empty_like(y)
+        unsorted[order] = y
+        return unsorted.view(t, k, -1).sum(dim=1).to(x.dtype)
 
 
 class SharedExpert(nn.Module):

@@ -1,0 +1,75 @@
+"""Decode steps (one token per sequence): addressed on the device and, on CUDA, replayed as
+captured CUDA graphs.
+
+Graphs are captured once per batch size of a ladder (1, 2, 4, 8, ... up to `max_num_seqs`); a
+step of n sequences replays the smallest graph with room for n, its extra rows pointed at the
+cache's padding slot. A step's inputs are three small host-to-device copies into the graph's
+static buffers; everything else (window and compressed addressing, compressor state, indexer
+top-k, MoE grouping) is computed on the device inside the graph, with no host synchronisation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from v4serve.cache import PagedKVCache
+from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
+
+
+def batch_size_ladder(max_batch: int) -> list[int]:
+    sizes, size = [], 1
+    while size < max_batch:
+        sizes.append(size)
+        size *= 2
+    return sizes + [max_batch]
+
+
+class DecodeRunner:
+    def __init__(self, model: DeepseekV4ForCausalLM, cache: PagedKVCache, max_batch: int, kernels: str,
+                 use_cuda_graphs: bool):
+        self.model = model
+        self.cache = cache
+        self.kernels = kernels
+        self.ladder = batch_size_ladder(max_batch)
+        device = cache.device
+        self._tokens = torch.zeros(max_batch, dtype=torch.int64, device=device)
+        self._positions = torch.zeros(max_batch, dtype=torch.int64, device=device)
+        self._slots = torch.full((max_batch,), cache.padding_slot, dtype=torch.int64, device=device)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        if use_cuda_graphs:
+            self._capture()
+
+    def _forward(self, n: int) -> torch.Tensor:
+        batch = self.cache.build_decode_batch(self._tokens[:n], self._positions[:n], self._slots[:n], self.kernels)
+        return self.model(batch, self.cache)
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        for n in reversed(self.ladder):  # largest first: smaller graphs reuse its memory
+            self._forward(n)  # warm up: Triton compiles, allocator settles (padding slot only)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits = self._forward(n)
+            self._graphs[n] = (graph, logits)
+
+    @torch.inference_mode()
+    def run(self, token_ids: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
+        """Logits [len(token_ids), vocab] for one token per sequence."""
+        n = len(token_ids)
+        size = next((s for s in self.ladder if s >= n), None)
+        if size is None:
+            raise ValueError(f"decode batch of {n} exceeds the runner's maximum of {self.ladder[-1]}")
+        graphed = size in self._graphs
+        if not graphed:
+            size = n
+        pad = size - n
+        self._tokens[:size].copy_(torch.tensor(token_ids + [0] * pad), non_blocking=True)
+        self._positions[:size].copy_(torch.tensor(positions + [0] * pad), non_blocking=True)
+        self._slots[:size].copy_(torch.tensor(slots + [self.cache.padding_slot] * pad), non_blocking=True)
+        if not graphed:
+            return self._forward(size)
+        graph, logits = self._graphs[size]
+        graph.replay()
+        return logits[:n]
