@@ -16,7 +16,7 @@ LOGITS = PROBS.log()
 
 def _draws(params: SamplingParams, n: int = 400) -> set[int]:
     gen = torch.Generator().manual_seed(0)
-    return {sample(LOGITS, params, gen) for _ in range(n)}
+    return {int(sample(LOGITS, params, gen)) for _ in range(n)}
 
 
 def test_greedy_takes_the_argmax():
@@ -32,7 +32,7 @@ def test_top_k_and_top_p_restrict_the_support():
 
 def test_temperature_sharpens():
     gen = torch.Generator().manual_seed(0)
-    cold = [sample(LOGITS, SamplingParams(temperature=0.05), gen) for _ in range(200)]
+    cold = [int(sample(LOGITS, SamplingParams(temperature=0.05), gen)) for _ in range(200)]
     assert cold.count(0) > 190
 
 
@@ -42,3 +42,18 @@ def test_position_logprobs_ranks():
     assert sorted(out) == [0, 1, 3]
     assert out[3].rank == 4 and math.isclose(out[3].logprob, math.log(0.1), abs_tol=1e-6)
     assert out[0].rank == 1 and out[0].decoded_token == "0"
+
+
+def test_sample_batch_mixes_greedy_and_seeded_rows():
+    from v4serve.engine.sampler import sample_batch
+
+    logits = torch.stack([LOGITS, LOGITS.flip(0), LOGITS])
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0), SamplingParams(seed=4)]
+
+    def seeded():
+        return torch.Generator().manual_seed(4)
+
+    tokens = sample_batch(logits, params, [None, None, seeded()])
+    assert tokens[:2].tolist() == [0, 9]
+    alone = sample_batch(logits[2:], params[2:], [seeded()])
+    assert tokens[2] == alone[0]  # a seeded row draws the same token whatever shares its batch

@@ -19,7 +19,7 @@ from v4serve.formats import cache_format
 from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.engine.outputs import CompletionOutput, RequestOutput
 from v4serve.engine.request import Request, Status
-from v4serve.engine.sampler import position_logprobs, sample
+from v4serve.engine.sampler import position_logprobs, sample_batch
 from v4serve.engine.sampling_params import SamplingParams
 from v4serve.engine.scheduler import ScheduledChunk, Scheduler
 from v4serve.model.loader import build_model
@@ -179,10 +179,22 @@ class Engine:
             logits = self.model(batch, self.cache)
             bounds = torch.tensor([0] + [len(w) for w in wanted]).cumsum(0).tolist()
             rows = [logits[a:b] for a, b in zip(bounds, bounds[1:])]
+        # Chunks that reach their sequence's end sample a token: all at once, one host sync.
+        ending = [i for i, chunk in enumerate(plan) if chunk.end == chunk.request.num_tokens]
+        tokens, token_logprobs = {}, {}
+        if ending:
+            last = torch.stack([rows[i][-1] for i in ending])
+            sampled = sample_batch(last, [plan[i].request.params for i in ending],
+                                   [plan[i].request.generator for i in ending])
+            chosen = torch.log_softmax(last, dim=-1).gather(1, sampled[:, None])[:, 0]
+            for i, token, logprob in zip(ending, sampled.tolist(), chosen.tolist()):
+                tokens[i], token_logprobs[i] = token, logprob
         updated = []
-        for chunk, positions, chunk_logits in zip(plan, wanted, rows):
+        for i, (chunk, positions, chunk_logits) in enumerate(zip(plan, wanted, rows)):
             chunk.request.num_computed = chunk.end
-            if self._advance(chunk, positions, chunk_logits):
+            self._record_prompt_logprobs(chunk, positions, chunk_logits)
+            if i in tokens:
+                self._append_token(chunk.request, tokens[i], token_logprobs[i], chunk_logits[-1])
                 updated.append(chunk.request)
         return [self._output(r) for r in updated]
 
@@ -198,29 +210,30 @@ class Engine:
             wanted.append(chunk.end - 1)
         return [p - chunk.start for p in wanted]
 
-    def _advance(self, chunk: ScheduledChunk, positions: list[int], logits: torch.Tensor) -> bool:
+    def _record_prompt_logprobs(self, chunk: ScheduledChunk, positions: list[int], logits: torch.Tensor) -> None:
         request = chunk.request
+        if not request.wants_prompt_logprobs:
+            return
         logprobs = torch.log_softmax(logits, dim=-1)
-        decode = self.tokenizer.id_to_token
         for i, pos in enumerate(positions):
             scored = chunk.start + pos + 1
             if scored < len(request.prompt_token_ids) and scored == len(request.prompt_logprobs):
                 token = request.prompt_token_ids[scored]
                 request.prompt_logprobs.append(
-                    position_logprobs(logprobs[i], token, request.params.prompt_logprobs, decode)
+                    position_logprobs(logprobs[i], token, request.params.prompt_logprobs, self.tokenizer.id_to_token)
                 )
-        if chunk.end != request.num_tokens:
-            return False  # mid-prompt chunk: nothing to sample yet
-        token = sample(logits[-1], request.params, request.generator)
+
+    def _append_token(self, request: Request, token: int, logprob: float, logits: torch.Tensor) -> None:
         request.output_token_ids.append(token)
-        request.cumulative_logprob += float(logprobs[-1, token])
+        request.cumulative_logprob += logprob
         if request.params.logprobs is not None:
-            request.output_logprobs.append(position_logprobs(logprobs[-1], token, request.params.logprobs, decode))
+            request.output_logprobs.append(position_logprobs(
+                torch.log_softmax(logits, dim=-1), token, request.params.logprobs, self.tokenizer.id_to_token
+            ))
         self._check_stop(request, token)
         if request.finish_reason is not None:
             self.scheduler.finish(request)
             self._requests.pop(request.request_id, None)
-        return True
 
     def _check_stop(self, request: Request, token: int) -> None:
         params = request.params

@@ -12,10 +12,23 @@ from v4serve.engine.outputs import Logprob, PositionLogprobs
 from v4serve.engine.sampling_params import SamplingParams
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token from one row of fp32 logits [V]."""
+def sample_batch(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """One token per row of fp32 logits [N, V], on their device: int64 [N]. Greedy rows take the
+    argmax in one op; sampled rows draw with their own request's generator (seeded requests
+    reproduce whatever else is in the batch)."""
+    tokens = torch.argmax(logits, dim=-1)
+    for i, (p, g) in enumerate(zip(params, generators)):
+        if not p.greedy:
+            tokens[i] = sample(logits[i], p, g)
+    return tokens
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """One token from one row of fp32 logits [V], as a 0-d tensor on their device."""
     if params.greedy:
-        return int(torch.argmax(logits))
+        return torch.argmax(logits)
     scaled = logits / params.temperature
     if params.top_k > 0 and params.top_k < scaled.numel():
         kth = torch.topk(scaled, params.top_k).values[-1]
@@ -27,7 +40,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         drop = (probs.cumsum(-1) - probs) >= params.top_p
         scaled = scaled.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
     probs = torch.softmax(scaled, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return torch.multinomial(probs, 1, generator=generator)[0]
 
 
 def position_logprobs(
