@@ -1,0 +1,138 @@
+"""Engine benchmark on a GPU: TTFT of a long prompt, time per output token (TPOT) at several
+concurrencies, and how busy the GPU is during one decode step.
+
+    python -m v4serve.bench.engine --model deepseek-v4-flash --hf-overrides '{"num_hidden_layers": 8}'
+
+TTFT: one request alone, from `add_request` to its first token (prefill in one step). TPOT: N
+requests with short prompts decode together; the median wall time of the steps in which every
+request decodes (each replays a captured CUDA graph) is the time per output token. GPU busy
+fraction: a profiler trace of decode steps; the union of kernel intervals over the step's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from v4serve.engine import Engine, EngineArgs, SamplingParams
+
+
+def _run_until_first_token(engine: Engine, rid: str, prompt: list[int], params: SamplingParams) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    engine.add_request(rid, prompt, params)
+    while True:
+        outs = engine.step()
+        if any(o.request_id == rid and o.outputs[0].token_ids for o in outs):
+            torch.cuda.synchronize()
+            return time.perf_counter() - start
+
+
+def _drain(engine: Engine) -> None:
+    while engine.has_unfinished():
+        engine.step()
+
+
+def measure_ttft(engine: Engine, prompt_len: int, repeats: int) -> list[float]:
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    gen = torch.Generator().manual_seed(0)
+    times = []
+    for i in range(repeats + 1):  # the first run compiles kernels
+        prompt = torch.randint(10, 1000, (prompt_len,), generator=gen).tolist()
+        t = _run_until_first_token(engine, f"ttft{i}", prompt, params)
+        _drain(engine)
+        if i:
+            times.append(t)
+    return times
+
+
+def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: int) -> dict:
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    gen = torch.Generator().manual_seed(concurrency)
+    for i in range(concurrency):
+        engine.add_request(f"c{concurrency}-{i}", torch.randint(10, 1000, (prompt_len,), generator=gen).tolist(), params)
+    step_times, tokens = [], 0
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        pure_decode = all(r.num_computed == r.num_tokens - 1 for r in engine.scheduler.running) and not engine.scheduler.waiting
+        t0 = time.perf_counter()
+        outs = engine.step()
+        torch.cuda.synchronize()
+        if pure_decode and len(outs) == concurrency:
+            step_times.append(time.perf_counter() - t0)
+        tokens += len(outs)
+    total = time.perf_counter() - start
+    return {"concurrency": concurrency, "tpot_ms": 1e3 * statistics.median(step_times),
+            "tpot_p90_ms": 1e3 * sorted(step_times)[int(0.9 * (len(step_times) - 1))],
+            "decode_steps": len(step_times), "output_tok_s": tokens / total}
+
+
+def gpu_busy_fraction(engine: Engine, concurrency: int, steps: int = 5) -> dict:
+    """Kernel-time union over wall time for `steps` decode steps (after warm-up)."""
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
+    for i in range(concurrency):
+        engine.add_request(f"prof{i}", list(range(10, 74)), params)
+    while any(r.num_computed < r.num_tokens - 1 for r in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    intervals = sorted(
+        (e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA"
+    )
+    busy, end = 0.0, -1.0
+    for a, b in intervals:
+        if b <= end:
+            continue
+        busy += b - max(a, end)
+        end = b
+    _drain(engine)
+    busy_s = busy / 1e6
+    return {"concurrency": concurrency, "steps": steps, "wall_ms_per_step": 1e3 * wall / steps,
+            "gpu_busy_ms_per_step": 1e3 * busy_s / steps, "idle_fraction": 1 - busy_s / wall}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="v4serve bench engine")
+    parser.add_argument("--model", default="deepseek-v4-flash")
+    parser.add_argument("--hf-overrides", type=json.loads, default={"num_hidden_layers": 8})
+    parser.add_argument("--prompt-len", type=int, default=2048)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    args = parser.parse_args(argv)
+    engine = Engine(EngineArgs(
+        model=args.model, hf_overrides=args.hf_overrides, max_model_len=args.max_model_len,
+        max_num_seqs=max(args.concurrency), max_num_batched_tokens=args.prompt_len,
+    ))
+    result = {"model": args.model, "overrides": args.hf_overrides, "gpu": torch.cuda.get_device_name(),
+              "kv_pages": engine.cache.allocator.num_pages}
+    ttft = measure_ttft(engine, args.prompt_len, repeats=3)
+    result["ttft_ms"] = [round(1e3 * t, 2) for t in ttft]
+    result["tpot"] = [measure_tpot(engine, c, 128, args.output_len) for c in args.concurrency]
+    result["profile"] = [gpu_busy_fraction(engine, c) for c in (1, max(args.concurrency))]
+    print(f"TTFT {args.prompt_len}-token prompt: median {statistics.median(result['ttft_ms']):.1f} ms")
+    print(f"{'concurrency':>11} {'TPOT ms':>8} {'p90 ms':>8} {'out tok/s':>10}")
+    for row in result["tpot"]:
+        print(f"{row['concurrency']:>11} {row['tpot_ms']:>8.2f} {row['tpot_p90_ms']:>8.2f} {row['output_tok_s']:>10.1f}")
+    for row in result["profile"]:
+        print(f"decode step @{row['concurrency']}: wall {row['wall_ms_per_step']:.2f} ms, GPU busy "
+              f"{row['gpu_busy_ms_per_step']:.2f} ms, idle {100 * row['idle_fraction']:.1f}%")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
