@@ -21,14 +21,19 @@ import torch
 from v4serve.engine import Engine, EngineArgs, SamplingParams
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _run_until_first_token(engine: Engine, rid: str, prompt: list[int], params: SamplingParams) -> float:
-    torch.cuda.synchronize()
+    _sync()
     start = time.perf_counter()
     engine.add_request(rid, prompt, params)
     while True:
         outs = engine.step()
         if any(o.request_id == rid and o.outputs[0].token_ids for o in outs):
-            torch.cuda.synchronize()
+            _sync()
             return time.perf_counter() - start
 
 
@@ -61,11 +66,13 @@ def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: 
         pure_decode = all(r.num_computed == r.num_tokens - 1 for r in engine.scheduler.running) and not engine.scheduler.waiting
         t0 = time.perf_counter()
         outs = engine.step()
-        torch.cuda.synchronize()
+        _sync()
         if pure_decode and len(outs) == concurrency:
             step_times.append(time.perf_counter() - t0)
         tokens += len(outs)
     total = time.perf_counter() - start
+    if not step_times:
+        raise RuntimeError(f"no step had all {concurrency} requests decoding; raise --output-len")
     return {"concurrency": concurrency, "tpot_ms": 1e3 * statistics.median(step_times),
             "tpot_p90_ms": 1e3 * sorted(step_times)[int(0.9 * (len(step_times) - 1))],
             "decode_steps": len(step_times), "output_tok_s": tokens / total}
@@ -80,14 +87,14 @@ def gpu_busy_fraction(engine: Engine, concurrency: int, steps: int = 5) -> dict:
         engine.step()
     for _ in range(3):
         engine.step()
-    torch.cuda.synchronize()
+    _sync()
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):
             engine.step()
-        torch.cuda.synchronize()
+        _sync()
         wall = time.perf_counter() - t0
     intervals = sorted(
         (e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA"
@@ -117,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         model=args.model, hf_overrides=args.hf_overrides, max_model_len=args.max_model_len,
         max_num_seqs=max(args.concurrency), max_num_batched_tokens=args.prompt_len,
     ))
-    result = {"model": args.model, "overrides": args.hf_overrides, "gpu": torch.cuda.get_device_name(),
+    result = {"model": args.model, "overrides": args.hf_overrides, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "kv_pages": engine.cache.allocator.num_pages}
     ttft = measure_ttft(engine, args.prompt_len, repeats=3)
     result["ttft_ms"] = [round(1e3 * t, 2) for t in ttft]
