@@ -66,8 +66,9 @@ def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: i
             t.fill_(1.0)
         elif name.endswith(("base", "hc_base", "sinks", "position_bias", "e_score_correction_bias")):
             t.zero_()
-        else:
-            t.copy_(torch.randn(t.shape, generator=gen, device=device, dtype=torch.float32).mul_(0.02))
+        else:  # slice by slice: a stacked expert tensor's fp32 temporary would not fit beside the model
+            for part in (t if t.dim() == 3 else [t]):
+                part.copy_(torch.randn(part.shape, generator=gen, device=device, dtype=torch.float32).mul_(0.02))
 
 
 def save_pretrained(net: DeepseekV4ForCausalLM, config: ModelConfig, path: str | Path) -> None:
