@@ -46,7 +46,7 @@ class ServerProcess:
     def metrics(self) -> dict[str, float]:
         """The unlabelled samples of /metrics."""
         text = httpx.get(self.url + "/metrics", timeout=10).text
-        return {m[1]: float(m[2]) for m in re.finditer(r"^([a-z_]+) ([0-9.e+-]+)$", text, re.M)}
+        return {m[1]: float(m[2]) for m in re.finditer(r"^([a-z0-9_]+) ([0-9.e+-]+)$", text, re.M)}
 
     def stop(self, timeout: float = 30) -> int:
         if self.proc.poll() is None:
