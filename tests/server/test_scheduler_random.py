@@ -1,0 +1,121 @@
+"""Scheduler and page allocator under random load, without a model or a server.
+
+A driver plays the engine: it admits requests at random times, advances every scheduled chunk,
+appends a token when a chunk reaches its sequence's end, finishes requests at their length and
+aborts some at random. The cache is small, so requests grow into preemption. After every step:
+each page is either free or held by exactly one running sequence, each request is in exactly one
+place, and at the end every request finished and every page is free.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from v4serve.cache import CacheGeometry, OutOfPages, PageAllocator, PagedKVCache
+from v4serve.engine.request import Request, Status
+from v4serve.engine.sampling_params import SamplingParams
+from v4serve.engine.scheduler import Scheduler
+from v4serve.presets import preset_config
+
+NUM_PAGES, PAGES_PER_SEQ, MAX_SEQS, STEP_TOKENS = 12, 6, 4, 64
+
+
+def make_scheduler() -> Scheduler:
+    geometry = CacheGeometry.from_config(preset_config("tiny"))
+    cache = PagedKVCache(geometry, NUM_PAGES, MAX_SEQS, STEP_TOKENS, PAGES_PER_SEQ, torch.float32, "cpu")
+    return Scheduler(cache, MAX_SEQS, STEP_TOKENS)
+
+
+def check_invariants(scheduler: Scheduler, requests: list[Request], finished: set[str]) -> None:
+    cache = scheduler.cache
+    held = cache.page_table[cache.page_table >= 0].tolist()
+    free = cache.allocator.num_free
+    assert len(held) == len(set(held)), "a page is held twice"
+    assert len(held) + free == NUM_PAGES, "pages leaked or double-freed"
+    assert cache.allocator.num_used == len(held)
+    running, waiting = {r.request_id for r in scheduler.running}, {r.request_id for r in scheduler.waiting}
+    for r in requests:
+        places = (r.request_id in running) + (r.request_id in waiting) + (r.request_id in finished)
+        assert places == 1, f"{r.request_id} is in {places} places"
+        assert (r.slot is not None) == (r.request_id in running)
+    slots = [r.slot for r in scheduler.running]
+    assert len(slots) == len(set(slots)) and len(slots) <= MAX_SEQS
+    assert [r.arrival for r in scheduler.waiting] == sorted(r.arrival for r in scheduler.waiting)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_admit_grow_preempt_abort_finish(seed):
+    rng = random.Random(seed)
+    scheduler = make_scheduler()
+    requests: list[Request] = []
+    finished: set[str] = set()
+    preemptions = 0
+    for step in range(3000):
+        if len(requests) < 40 and rng.random() < 0.3:
+            prompt = [rng.randrange(1000) for _ in range(rng.randint(1, 100))]
+            max_tokens = rng.randint(1, PAGES_PER_SEQ * 32 - len(prompt))
+            request = Request(f"r{len(requests)}", prompt, SamplingParams(max_tokens=max_tokens), len(requests))
+            requests.append(request)
+            scheduler.add(request)
+        live = [r for r in requests if r.request_id not in finished]
+        if live and rng.random() < 0.02:
+            victim = rng.choice(live)
+            scheduler.finish(victim)
+            finished.add(victim.request_id)
+        for chunk in scheduler.schedule():
+            request = chunk.request
+            assert chunk.start == request.num_computed and chunk.length > 0
+            request.num_computed = chunk.end
+            if chunk.end == request.num_tokens:
+                request.output_token_ids.append(rng.randrange(1000))
+                if len(request.output_token_ids) == request.params.max_tokens:
+                    scheduler.finish(request)
+                    finished.add(request.request_id)
+        check_invariants(scheduler, requests, finished)
+        if len(requests) == 40 and not scheduler.has_unfinished():
+            break
+    preemptions = sum(r.num_preemptions for r in requests)
+    assert not scheduler.has_unfinished(), "requests are stuck"
+    assert len(finished) == len(requests) == 40
+    assert scheduler.cache.allocator.num_free == NUM_PAGES
+    assert all(r.status is Status.FINISHED for r in requests)
+    assert preemptions > 0, "the load never forced a preemption: the test does not cover it"
+
+
+def test_preempted_request_resumes_with_its_tokens():
+    scheduler = make_scheduler()
+    long_ones = [Request(f"r{i}", [7] * 150, SamplingParams(max_tokens=40), i) for i in range(3)]
+    for r in long_ones:
+        scheduler.add(r)
+    while scheduler.has_unfinished():
+        for chunk in scheduler.schedule():
+            r = chunk.request
+            r.num_computed = chunk.end
+            if chunk.end == r.num_tokens:
+                r.output_token_ids.append(len(r.output_token_ids))
+                if len(r.output_token_ids) == 40:
+                    scheduler.finish(r)
+    assert any(r.num_preemptions for r in long_ones)
+    assert all(r.output_token_ids == list(range(40)) for r in long_ones)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_allocator_conserves_pages(seed):
+    rng = random.Random(seed)
+    allocator = PageAllocator(50)
+    held: list[list[int]] = []
+    for _ in range(2000):
+        if held and rng.random() < 0.45:
+            allocator.free(held.pop(rng.randrange(len(held))))
+        else:
+            n = rng.randint(0, 8)
+            try:
+                held.append(allocator.allocate(n))
+            except OutOfPages:
+                assert n > allocator.num_free
+        flat = [p for pages in held for p in pages]
+        assert len(flat) == len(set(flat)) and allocator.num_free + len(flat) == 50
+        assert all(0 <= p < 50 for p in flat)
