@@ -71,7 +71,7 @@ class EngineLoop:
         def add() -> None:
             try:
                 self._engine.add_request(request_id, prompt_token_ids, params)
-            except ValueError as e:
+            except Exception as e:  # ValueError: bad request; anything else: a bug, this request only
                 sink(e)
                 return
             self._tracked[request_id] = _Tracked(sink, len(prompt_token_ids), submitted)
@@ -97,6 +97,12 @@ class EngineLoop:
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self.snapshot = self._snapshot(alive=False)
+
+    def _serve(self) -> None:
         self.snapshot = self._snapshot(alive=True)
         while True:
             with self._cond:
@@ -108,7 +114,6 @@ class EngineLoop:
                 command()
             if stopping:
                 self._fail_all(RuntimeError("the server shut down before the request finished"))
-                self.snapshot = self._snapshot(alive=False)
                 return
             if self._engine.has_unfinished():
                 self._step()

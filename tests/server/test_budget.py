@@ -1,0 +1,53 @@
+"""The KV budget the server prints at start: tier costs and the pages a byte budget buys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from v4serve.cache import CacheGeometry
+from v4serve.cache.budget import parse_size, solve_kv_budget
+from v4serve.presets import preset_config
+
+
+@pytest.fixture(scope="module")
+def geometry() -> CacheGeometry:
+    return CacheGeometry.from_config(preset_config("tiny"))
+
+
+def test_tier_costs_match_the_geometry(geometry):
+    budget = solve_kv_budget(geometry, torch.float32, 2**30, 8, 128, 512)
+    assert budget.bytes_per_token == pytest.approx(geometry.bytes_per_token(torch.float32))
+    assert budget.bytes_per_sequence == geometry.bytes_per_sequence(torch.float32)
+    assert budget.num_pages == 8 * 128  # a large budget is capped at max_num_seqs full-length sequences
+
+
+def test_pages_fill_the_budget_exactly(geometry):
+    memory = 3 * 2**20
+    budget = solve_kv_budget(geometry, torch.float32, memory, 8, 128, 512)
+    page_bytes = budget.bytes_per_token * budget.page_size
+    assert budget.total_bytes <= memory < budget.total_bytes + page_bytes
+    assert budget.full_length_sequences == budget.num_pages // 128
+    assert any("bytes/token" in line for line in budget.describe())
+
+
+def test_too_small_a_budget_names_the_option(geometry):
+    with pytest.raises(ValueError, match="kv_cache_memory"):
+        solve_kv_budget(geometry, torch.float32, 1000, 8, 128, 512)
+
+
+@pytest.mark.parametrize("text,value", [("2GiB", 2 * 2**30), ("512MiB", 512 * 2**20), ("1.5GB", 1_500_000_000),
+                                        ("4096", 4096), ("64k", 65536)])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-1GiB", "2XB"])
+def test_parse_size_refuses_nonsense(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_server_prints_the_budget(server):
+    log = server.log()
+    assert "KV cache budget" in log and "bytes/token" in log and "pages of" in log
