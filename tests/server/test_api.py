@@ -167,3 +167,18 @@ def test_client_sees_openai_errors(client):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-4o", messages=CHAT, max_tokens=3)
     assert e.value.param == "model" and e.value.code == "model_not_found"
+
+
+def test_non_streamed_client_that_gives_up_frees_pages(server):
+    body = {"model": "tiny", "prompt": "Another long story.", "max_tokens": 3000, "ignore_eos": True}
+    before = server.metrics()["v4serve_generation_tokens_total"]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=1.5))
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        m = server.metrics()
+        if m["v4serve_kv_pages_used"] == 0 and m["v4serve_num_requests_running"] == 0:
+            break
+        time.sleep(0.1)
+    assert m["v4serve_kv_pages_used"] == 0 and m["v4serve_num_requests_running"] == 0
+    assert 0 < m["v4serve_generation_tokens_total"] - before < 1000  # it ran, and stopped early

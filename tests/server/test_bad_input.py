@@ -66,7 +66,8 @@ def _check(response: httpx.Response, status: int, param: str, code: str | None) 
 
 def test_bad_inputs_while_a_good_request_runs(server):
     max_tokens = 60
-    expected = LLM("tiny", device="cpu").generate(["A good request"], SamplingParams(temperature=0, max_tokens=max_tokens))
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    expected = LLM("tiny", device="cpu").generate(["A good request"], params)
     good: dict = {}
     started = threading.Event()
 

@@ -26,7 +26,8 @@ class Histogram:
 
     def render(self, name: str) -> list[str]:
         lines = [f'{name}_bucket{{le="{b}"}} {c}' for b, c in zip(self.buckets, self.counts)]
-        return lines + [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.sum}", f"{name}_count {self.count}"]
+        lines.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
+        return lines + [f"{name}_sum {self.sum}", f"{name}_count {self.count}"]
 
 
 class Metrics:

@@ -53,7 +53,8 @@ class Fields:
         if not isinstance(value, int) or isinstance(value, bool):
             raise bad_field(name, f"expected an integer, got {_kind(value)}")
         if (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise bad_field(name, f"must be in [{lo}, {hi}], got {value}" if hi is not None else f"must be >= {lo}, got {value}")
+            rule = f"must be in [{lo}, {hi}]" if hi is not None else f"must be >= {lo}"
+            raise bad_field(name, f"{rule}, got {value}")
         return value
 
     def number(self, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
