@@ -1,7 +1,6 @@
 """Compare one kernel's measurements on one arch with the expectations of its registry entry."""
 from __future__ import annotations
 
-import linecache
 import os
 import re
 from collections import Counter
@@ -43,7 +42,7 @@ def _load_violations(expect: Expect, sites: list) -> list[str]:
                    f"(global loads: {_widths(sites)})")
     if expect.kv_lines:
         pattern = re.compile(expect.kv_lines)
-        on_kv = [s for s in sites if pattern.search(linecache.getline(s[2], s[3]))]
+        on_kv = [s for s in sites if pattern.search(s[4])]
         if not on_kv:
             out.append(f"no global load compiled from a source line matching kv_lines={expect.kv_lines!r}")
         short = [s for s in on_kv if s[1] < want]
@@ -54,7 +53,7 @@ def _load_violations(expect: Expect, sites: list) -> list[str]:
 
 def _describe(sites: list) -> str:
     """``"128 x 2-byte ld.global at sparse_attn.py:57"`` for the most frequent offenders."""
-    where = Counter((kind, nbytes, os.path.basename(f), line) for kind, nbytes, f, line in sites)
+    where = Counter((kind, nbytes, os.path.basename(f), line) for kind, nbytes, f, line, _ in sites)
     parts = [f"{n} x {nbytes}-byte {'ld.global' if kind == 'ld' else kind}"
              + (f" at {f}:{line}" if line else "")
              for (kind, nbytes, f, line), n in where.most_common(3)]
@@ -63,5 +62,5 @@ def _describe(sites: list) -> str:
 
 
 def _widths(sites: list) -> str:
-    hist = Counter(nbytes for _, nbytes, _, _ in sites)
+    hist = Counter(s[1] for s in sites)
     return ", ".join(f"{n} x {b} B" for b, n in sorted(hist.items())) or "none"

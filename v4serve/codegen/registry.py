@@ -17,16 +17,17 @@ _OPS = "v4serve.ops"
 
 _SPARSE_ATTN_TYPES = dict(
     q_ptr="*bf16", win_ptr="*bf16", cmp_ptr="*bf16", idx_ptr="*i32", counts_ptr="*i32",
-    sink_ptr="*fp32", H="i32", D="i32", C="i32", n_window="i32", cols_per_split="i32",
-    qk_scale_log2="fp32", **dict.fromkeys(
-        ("stride_qt", "stride_qh", "stride_pool", "stride_it", "stride_ot", "stride_os",
-         "stride_oh", "stride_mt", "stride_ms"), "i32"))
+    sink_ptr="*fp32", out_ptr="*bf16", ticket_ptr="*i32", H="i32", D="i32", C="i32",
+    n_window="i32", cols_per_split="i32", n_splits="i32", qk_scale_log2="fp32", **dict.fromkeys(
+        ("stride_qt", "stride_qh", "stride_pool", "stride_it", "stride_ot", "stride_oh",
+         "stride_pt", "stride_ps", "stride_ph", "stride_mt", "stride_ms"), "i32"))
 # Every pointer (pools asserted 16-byte aligned, the rest fresh allocations) and every integer
 # that is a multiple of 16 at the DeepSeek-V4 shapes (H 64, D 512, C 640, n_window 128).
 _SPARSE_ATTN_ALIGNED = (
-    "q_ptr", "win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "sink_ptr", "out_ptr", "m_ptr", "l_ptr",
-    "H", "D", "C", "n_window", "cols_per_split", "stride_qt", "stride_qh", "stride_pool",
-    "stride_it", "stride_ot", "stride_os", "stride_oh", "stride_mt", "stride_ms")
+    "q_ptr", "win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "sink_ptr", "out_ptr", "part_ptr",
+    "m_ptr", "l_ptr", "ticket_ptr", "H", "D", "C", "n_window", "cols_per_split", "stride_qt",
+    "stride_qh", "stride_pool", "stride_it", "stride_ot", "stride_oh", "stride_pt", "stride_ps",
+    "stride_ph", "stride_mt", "stride_ms")
 _MERGE_TYPES = dict(
     part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32", sink_ptr="*fp32", out_ptr="*bf16", H="i32",
     D="i32", n_splits="i32", **dict.fromkeys(
@@ -51,7 +52,7 @@ KERNELS: tuple[KernelSpec, ...] = (
                    stride_src="i32", stride_out="i32"),
         aligned=("src_ptr", "idx_ptr", "out_ptr", "stride_src", "stride_out"),
         constexprs=dict(BLOCK_M=32, D=512), num_warps=4, num_stages=1,
-        expect=Expect(kv_load_bytes=16, kv_lines=r"^\s*x = tl\.load", max_regs=128),
+        expect=Expect(kv_load_bytes=16, kv_lines=r"^x = tl\.load", max_regs=128),
     ),
     KernelSpec(
         "canary.window_gather", f"{_CANARY}:_window_gather_kernel",
@@ -77,21 +78,50 @@ KERNELS: tuple[KernelSpec, ...] = (
         expect=Expect(kv_load_bytes=16, max_regs=168, tensor_cores=True),
     ),
     # ---- sparse attention (ops/sparse_attn_triton.py), DeepSeek-V4: H 64, D 512, window 128,
-    # top-k 512 -> C = 640 columns; PREFILL_CONFIG and decode_config(n_tokens) of that file ----
-    KernelSpec(
+    # top-k 512 -> C = 640 columns; PREFILL_CONFIG and decode_config(n_tokens, n_columns) ----
+    KernelSpec(  # PREFILL_CONFIG (sm_90, sm_100: 1 stage)
         "sparse_attn.prefill", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
-        types=dict(_SPARSE_ATTN_TYPES, out_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16"),
+        types=dict(_SPARSE_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16"),
         aligned=_SPARSE_ATTN_ALIGNED,
-        constexprs=dict(HAS_COUNTS=False, SPLIT=False, BLOCK_H=64, BLOCK_T=64, BLOCK_D=512),
-        num_warps=8, num_stages=2,
+        constexprs=dict(HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=64, BLOCK_T=64,
+                        BLOCK_D=512),
+        num_warps=8, num_stages=1, archs=(90, 100),
         expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
     ),
-    KernelSpec(  # both decode configs (32 or 64 columns per split) compile to this kernel
-        "sparse_attn.decode", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
-        types=dict(_SPARSE_ATTN_TYPES, out_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
+    KernelSpec(  # PREFILL_CONFIG_SM80 (2 stages fit its shared memory)
+        "sparse_attn.prefill_2stage", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
+        types=dict(_SPARSE_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16"),
         aligned=_SPARSE_ATTN_ALIGNED,
-        constexprs=dict(HAS_COUNTS=True, SPLIT=True, BLOCK_H=16, BLOCK_T=32, BLOCK_D=512),
+        constexprs=dict(HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=64, BLOCK_T=64,
+                        BLOCK_D=512),
+        num_warps=8, num_stages=2, archs=(80,),
+        expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
+    ),
+    KernelSpec(  # PREFILL_CONFIG_SMALL_SMEM (sm_120: 32 heads x 32 columns)
+        "sparse_attn.prefill_t32", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
+        types=dict(_SPARSE_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16"),
+        aligned=_SPARSE_ATTN_ALIGNED,
+        constexprs=dict(HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=32, BLOCK_T=32,
+                        BLOCK_D=512),
+        num_warps=4, num_stages=1, archs=(120,),
+        expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
+    ),
+    KernelSpec(  # DECODE_CONFIG_SMALL / _LARGE (32 or 64 columns per split, merge kernel after)
+        "sparse_attn.decode", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
+        types=dict(_SPARSE_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
+        aligned=_SPARSE_ATTN_ALIGNED,
+        constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=16, BLOCK_T=32,
+                        BLOCK_D=512),
         num_warps=4, num_stages=2,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
+    ),
+    KernelSpec(  # the same with PDL=True (production on sm_90+: griddepcontrol needs sm_90)
+        "sparse_attn.decode_pdl", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
+        types=dict(_SPARSE_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
+        aligned=_SPARSE_ATTN_ALIGNED,
+        constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=16, BLOCK_T=32,
+                        BLOCK_D=512, PDL=True),
+        num_warps=4, num_stages=2, archs=(90, 100, 120),
         expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
     ),
     KernelSpec(  # B <= 2: 640 columns / 32 per split = 20 splits -> BLOCK_S 32; the [32, 512]
@@ -99,6 +129,12 @@ KERNELS: tuple[KernelSpec, ...] = (
         "sparse_attn.merge_s32", f"{_OPS}.sparse_attn_triton:_sparse_attn_merge_kernel",
         types=_MERGE_TYPES, aligned=_MERGE_ALIGNED,
         constexprs=dict(BLOCK_S=32, BLOCK_D=512), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"part = tl\.load", max_regs=192),
+    ),
+    KernelSpec(  # merge_s32 with PDL=True (launched with launch_pdl on sm_90+)
+        "sparse_attn.merge_s32_pdl", f"{_OPS}.sparse_attn_triton:_sparse_attn_merge_kernel",
+        types=_MERGE_TYPES, aligned=_MERGE_ALIGNED,
+        constexprs=dict(BLOCK_S=32, BLOCK_D=512, PDL=True), archs=(90, 100, 120), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"part = tl\.load", max_regs=192),
     ),
     KernelSpec(  # B > 2: 640 columns / 64 per split = 10 splits -> BLOCK_S 16

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import io
+import linecache
 import os
 import re
 import subprocess
@@ -80,6 +82,7 @@ def _run(cmd: list[str]) -> str:
 def measure(spec: KernelSpec, arch: int) -> dict:
     """Compile and measure one kernel for one arch; a plain dict (it crosses processes)."""
     ck = compile_spec(spec, arch)
+    fn_file = inspect.getsourcefile(spec.load_fn().fn)
     ptx = ck.asm["ptx"]
     res, sass = cuobjdump(ck.asm["cubin"])
     usage = parse.resource_usage(res)
@@ -91,12 +94,20 @@ def measure(spec: KernelSpec, arch: int) -> dict:
         "local_ops": parse.sass_local_memory_ops(ops),
         "shared": ck.metadata.shared,
         "loads": parse.load_histogram(loads),
-        "load_sites": [(ld.kind, ld.nbytes, ld.file, ld.line) for ld in loads],
+        "load_sites": [(ld.kind, ld.nbytes, ld.file, ld.line, _source_line(fn_file, ld))
+                       for ld in loads],
         "tma": parse.ptx_uses_tma(ptx),
         "tensor_cores": parse.sass_tensor_core_ops(ops),
         "ptx_mma": parse.ptx_tensor_core_ops(ptx),
         "sass_insts": parse.sass_instruction_count(ops),
     }
+
+
+def _source_line(fn_file: str, ld: parse.Load) -> str:
+    """Text of the load's source line. NOTE: a cached compile keeps the path it was first built
+    from (another checkout), so a path with the kernel file's name reads the kernel file."""
+    path = fn_file if os.path.basename(ld.file) == os.path.basename(fn_file) else ld.file
+    return linecache.getline(path, ld.line).strip() if ld.line else ""
 
 
 @triton.jit

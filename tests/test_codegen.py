@@ -1,0 +1,96 @@
+"""The compile-only codegen check (v4serve.codegen) catches what it is for.
+
+The proof: an unhinted per-column window/compressed gather, ``tl.where(is_win, win_ptr, cmp_ptr)``
+with no ``tl.multiple_of``, compiles to 2-byte loads under Triton >= 3.8 and to 16-byte loads
+under 3.6; the check must fail on the first and pass on the second. The kernel lives here, not
+in the production registry. scripts/codegen_check.sh runs this file in each Triton venv.
+"""
+import json
+
+import pytest
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+from v4serve.codegen import check, toolchain
+from v4serve.codegen.registry import KERNELS, by_name
+from v4serve.codegen.report import main
+from v4serve.codegen.spec import Expect, KernelSpec
+
+TRITON = tuple(int(p) for p in triton.__version__.split(".")[:2])
+
+
+def _window_gather_unhinted(win_ptr, cmp_ptr, idx_ptr, out_ptr, n_window, stride_row,
+                            BLOCK_N: tl.constexpr, D: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    idx = tl.load(idx_ptr + cols)
+    base = tl.where(cols < n_window, win_ptr, cmp_ptr)  # no tl.multiple_of: the regression
+    d = tl.arange(0, D)
+    kv = tl.load(base[:, None] + idx[:, None] * stride_row + d[None, :], mask=(idx >= 0)[:, None], other=0.0)
+    tl.store(out_ptr + cols[:, None] * D + d[None, :], kv)
+
+
+# NOTE: wrapped by hand, not with @triton.jit, so it stays compilable under TRITON_INTERPRET=1.
+UNHINTED = KernelSpec(
+    "test.window_gather_unhinted", JITFunction(_window_gather_unhinted),
+    types=dict(win_ptr="*bf16", cmp_ptr="*bf16", idx_ptr="*i32", out_ptr="*bf16", n_window="i32",
+               stride_row="i32"),
+    aligned=("win_ptr", "cmp_ptr", "idx_ptr", "out_ptr", "stride_row"),
+    constexprs=dict(BLOCK_N=32, D=512), num_warps=4, num_stages=1,
+    expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255),
+)
+
+
+@pytest.mark.parametrize("arch", [90, 120])
+def test_unhinted_where_gather_loses_16_byte_loads_from_triton_3_8(arch):
+    m = toolchain.measure(UNHINTED, arch)
+    found = check.violations(UNHINTED.expect, arch, m)
+    if TRITON >= (3, 8):
+        # [32, 512] bf16 over 128 threads: 256 B per thread, as 128 x 2 B instead of 16 x 16 B.
+        assert m["loads"].get("ld2") == 128 and "ld16" not in m["loads"]
+        assert any("KV gather must use 16-byte loads; found 128 x 2-byte ld.global" in v for v in found)
+    else:
+        assert m["loads"].get("ld16") == 16 and "ld2" not in m["loads"]
+        assert found == []
+
+
+def test_check_message_names_kernel_arch_version(capsys):
+    rc = main(["--arch", "90", "--check", "-j", "1"], kernels=(UNHINTED,))
+    out = capsys.readouterr().out.splitlines()
+    record = json.loads(out[-1])
+    assert record["triton"] == triton.__version__ and record["kernels"][0]["arch"] == 90
+    fails = [line for line in out if line.startswith("FAIL ")]
+    if TRITON >= (3, 8):
+        assert rc == 1 and record["violations"] > 0
+        assert fails and fails[0].startswith(f"FAIL test.window_gather_unhinted sm_90 triton {triton.__version__}: ")
+        assert "2-byte" in fails[0]
+    else:
+        assert rc == 0 and fails == []
+
+
+def test_hinted_canary_keeps_16_byte_loads():
+    spec = by_name()["canary.window_gather"]
+    m = toolchain.measure(spec, 90)
+    assert m["loads"].get("ld16") == 16 and "ld2" not in m["loads"]
+    assert check.violations(spec.expect, 90, m) == []
+
+
+def test_unsupported_arch_is_reported_not_raised(capsys):
+    rc = main(["--arch", "999", "--check", "-k", "canary.gather_rows", "-j", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "arch unsupported" in out
+
+
+def test_registry_entries_match_their_kernels():
+    assert len(by_name()) == len(KERNELS)
+    for spec in KERNELS:
+        fn = spec.load_fn()
+        sig = spec.signature(fn.arg_names)
+        assert sig.keys() == set(fn.arg_names), spec.name
+        assert spec.num_warps in (1, 2, 4, 8, 16), spec.name
+
+
+def test_registry_entry_mismatch_is_a_clear_error():
+    bad = KernelSpec("bad", UNHINTED.fn, types={"win_ptr": "*bf16"}, constexprs={"nope": 1})
+    with pytest.raises(ValueError, match="registry entry does not match"):
+        bad.signature(bad.load_fn().arg_names)
