@@ -47,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
                                 help="OpenAI-compatible HTTP server (`v4serve serve --help` for its options)")
     serve.set_defaults(run=lambda a: _delegate("v4serve.server.serve", []))
 
-    bench = commands.add_parser("bench", help="benchmarks: `bench kernels`, `bench serve` (load on a running server)")
-    bench.add_argument("what", choices=["kernels", "serve"])
+    bench = commands.add_parser(
+        "bench", help="benchmarks: `bench kernels`, `bench engine` (TTFT/TPOT offline), `bench serve` (load on a server)"
+    )
+    bench.add_argument("what", choices=["kernels", "engine", "serve"])
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(run=lambda a: _delegate(f"v4serve.bench.{a.what}", a.rest))
 
