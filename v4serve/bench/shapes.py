@@ -126,6 +126,29 @@ def gated_pool_case(B: int, R: int, D: int, device, seed: int = 0):
     return (torch.randn(B, R, D, generator=g, device=device), torch.randn(B, R, D, generator=g, device=device))
 
 
+def indexer_case(B: int, S: int, start: int, device, seed: int = 0, ratio: int = 4, heads: int = 64, dim: int = 128):
+    """V4 indexer scores for S query tokens per request at positions start.. (decode: S = 1):
+    64 index heads x 128, bf16 keys of the (start + S) // ratio compressed rows, each query seeing
+    (p + 1) // ratio of them; weights fp32 with the scales folded in, as the model passes them."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    T = (start + S) // ratio
+    pos = torch.arange(start, start + S, device=device)
+    k_pool = torch.randn(B * T + 64, dim, generator=g, device=device).bfloat16()
+    key_rows = torch.randperm(B * T + 64, generator=g, device=device)[: B * T].view(B, T).to(torch.int32)
+    return (
+        torch.randn(B, S, heads, dim, generator=g, device=device).bfloat16(),
+        torch.randn(B, S, heads, generator=g, device=device) * (dim**-0.5 * heads**-0.5),
+        k_pool,
+        key_rows,
+        ((pos + 1) // ratio).to(torch.int32)[None].expand(B, S).contiguous(),
+    )
+
+
+def quant_case(rows: int, D: int, device, seed: int = 0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(rows, D, generator=g, device=device).bfloat16()
+
+
 def all_shapes():
     """name -> (kind, builder args)."""
     shapes = {
@@ -142,4 +165,13 @@ def all_shapes():
         for R in (8, 128):
             for D in (128, 512):
                 shapes[f"gated_pool B{B} R{R} D{D}"] = ("gated_pool", (B, R, D))
+    # V4 indexer (64 heads x 128, ratio 4): decode at pos 32767 scores all 8192 compressed rows
+    shapes["indexer scores decode B1 pos32767"] = ("indexer", (1, 1, 32767))
+    shapes["indexer scores decode B8 pos32767"] = ("indexer", (8, 1, 32767))
+    shapes["indexer scores prefill S2048"] = ("indexer", (1, 2048, 0))
+    shapes["indexer scores prefill S2048@28672"] = ("indexer", (1, 2048, 28672))
+    # KV row round trips (a decode step's B rows; a prefill chunk's rows)
+    for fmt, D in (("fp8_e8m0_b64_rope64", 512), ("fp4_e8m0_b32", 128)):
+        for rows in (8, 8192):
+            shapes[f"kv round trip {fmt} R{rows} D{D}"] = ("quant", (fmt, rows, D))
     return shapes
