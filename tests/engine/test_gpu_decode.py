@@ -17,7 +17,7 @@ def test_graph_replay_matches_eager_decoding():
     runs = {}
     for graphs in (True, False):
         llm = LLM("tiny", device="cuda", dtype="bfloat16", max_num_seqs=4, cuda_graphs=graphs, progress=False)
-        assert bool(llm.engine.decode_runner._graphs) == graphs
+        assert llm.engine.decode_runner.uses_cuda_graphs == graphs
         runs[graphs] = llm.generate(prompt_token_ids=prompts, sampling_params=params)
     for a, b in zip(runs[True], runs[False]):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids

@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         max_num_seqs=max(args.concurrency), max_num_batched_tokens=args.prompt_len,
     ))
     result = {"model": args.model, "overrides": args.hf_overrides, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "kv_pages": engine.cache.allocator.num_pages}
+              "kv_pages": engine.cache.allocator.num_pages, "cuda_graphs": engine.decode_runner.uses_cuda_graphs}
+    print(f"decode CUDA graphs: {result['cuda_graphs']}, KV pages: {result['kv_pages']}")
     ttft = measure_ttft(engine, args.prompt_len, repeats=3)
     result["ttft_ms"] = [round(1e3 * t, 2) for t in ttft]
     result["tpot"] = [measure_tpot(engine, c, 128, args.output_len) for c in args.concurrency]

@@ -190,6 +190,17 @@ KERNELS: tuple[KernelSpec, ...] = (
                         BLOCK_ROWS=16),
         num_warps=4, num_stages=3, expect=Expect(kv_load_bytes=8, max_regs=128),
     ),
+    # ---- MoE grouped matmul (ops/grouped_matmul_triton.py): bf16 activations and expert weights,
+    # GROUPED_MATMUL_CONFIG; the gathered activation rows and the weight rows are 16-byte aligned ----
+    KernelSpec(
+        "moe.grouped_matmul", f"{_OPS}.grouped_matmul_triton:_grouped_matmul_kernel",
+        types=dict(x_ptr="*bf16", w_ptr="*bf16", rows_ptr="*i64", ends_ptr="*i32", y_ptr="*bf16", N="i32",
+                   K="i32", stride_x="i32", stride_we="i32", stride_wn="i32", stride_y="i32"),
+        aligned=("x_ptr", "w_ptr", "rows_ptr", "ends_ptr", "y_ptr", "N", "K", "stride_x", "stride_we",
+                 "stride_wn", "stride_y"),
+        constexprs=dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, max_regs=200, tensor_cores=True),
+    ),
 )
 
 

@@ -10,10 +10,15 @@ top-k, MoE grouping) is computed on the device inside the graph, with no host sy
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from v4serve.cache import PagedKVCache
 from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
+
+
+logger = logging.getLogger(__name__)
 
 
 def batch_size_ladder(max_batch: int) -> list[int]:
@@ -37,7 +42,15 @@ class DecodeRunner:
         self._slots = torch.full((max_batch,), cache.padding_slot, dtype=torch.int64, device=device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         if use_cuda_graphs:
-            self._capture()
+            try:
+                self._capture()
+            except RuntimeError as e:  # an op that cannot be captured: decode stays correct, only slower
+                self._graphs.clear()
+                logger.warning("CUDA-graph capture failed, decoding eagerly: %s", e)
+
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        return bool(self._graphs)
 
     def _forward(self, n: int) -> torch.Tensor:
         batch = self.cache.build_decode_batch(self._tokens[:n], self._positions[:n], self._slots[:n], self.kernels)

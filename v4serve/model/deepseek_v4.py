@@ -40,7 +40,7 @@ class DecoderLayer(nn.Module):
         out = self.self_attn(self.input_layernorm(y), batch, cache, rope)
         streams = HyperConnection.expand(out, streams, post, comb)
         y, post, comb = self.ffn_hc(streams)
-        out = self.mlp(self.post_attention_layernorm(y), batch.token_ids)
+        out = self.mlp(self.post_attention_layernorm(y), batch.token_ids, batch.kernels)
         return HyperConnection.expand(out, streams, post, comb)
 
 

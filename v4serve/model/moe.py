@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from v4serve.config import ModelConfig
+from v4serve.ops.grouped_matmul import grouped_matmul
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
@@ -66,8 +67,8 @@ class RoutedExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.zeros(e, 2 * i, d))
         self.down_proj = nn.Parameter(torch.zeros(e, d, i))
 
-    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Picks sorted by expert, two grouped GEMMs, then each token sums its k weighted picks.
+    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, kernels: str) -> torch.Tensor:
+        """Picks sorted by expert, two grouped matmuls, then each token sums its k weighted picks.
         No host synchronisation (group sizes stay on the device), so decode can be graph-captured.
         A selection may repeat an expert (hash tables can): each pick contributes."""
         t, k = experts.shape
@@ -76,9 +77,10 @@ class RoutedExperts(nn.Module):
         sizes = torch.zeros(self.gate_up_proj.shape[0], dtype=torch.int32, device=x.device)
         sizes.scatter_add_(0, flat.int(), torch.ones_like(flat, dtype=torch.int32))
         ends = sizes.cumsum(0, dtype=torch.int32)
-        picked = x[order // k]
-        gate, up = torch._grouped_mm(picked, self.gate_up_proj.transpose(1, 2), offs=ends).chunk(2, dim=-1)
-        y = torch._grouped_mm(clamped_swiglu(gate, up, self.limit).to(x.dtype), self.down_proj.transpose(1, 2), offs=ends)
+        gate, up = grouped_matmul(x, self.gate_up_proj, order // k, ends, impl=kernels).chunk(2, dim=-1)
+        hidden = clamped_swiglu(gate, up, self.limit).to(x.dtype)
+        every = torch.arange(hidden.shape[0], device=x.device)
+        y = grouped_matmul(hidden, self.down_proj, every, ends, impl=kernels)
         y = y * weights.flatten()[order, None]
         unsorted = torch.empty_like(y)
         unsorted[order] = y
@@ -105,6 +107,6 @@ class MoE(nn.Module):
         self.experts = RoutedExperts(config)
         self.shared_experts = SharedExpert(config)
 
-    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, kernels: str = "auto") -> torch.Tensor:
         experts, weights = self.gate(x, token_ids)
-        return self.experts(x, experts, weights) + self.shared_experts(x)
+        return self.experts(x, experts, weights, kernels) + self.shared_experts(x)
