@@ -9,6 +9,6 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/.gpu_deps${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())' | tee "$OUT/engine_env.txt"
-timeout ${TEST_LIMIT:-150} $PY -m pytest -m gpu tests/engine/test_gpu_decode.py -q -p no:cacheprovider 2>&1 \
+timeout ${TEST_LIMIT:-150} $PY -m pytest -m gpu tests/engine/test_gpu_decode.py tests/ops/test_grouped_matmul.py -q -p no:cacheprovider 2>&1 \
   | tee "$OUT/pytest_engine.log" | tail -n 25
 timeout ${BENCH_LIMIT:-400} $PY -m v4serve.bench.engine ${ENGINE_ARGS:-} 2>&1 | tee "$OUT/bench_engine.log" | tail -n 40

@@ -129,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"decode CUDA graphs: {result['cuda_graphs']}, KV pages: {result['kv_pages']}")
     ttft = measure_ttft(engine, args.prompt_len, repeats=3)
     result["ttft_ms"] = [round(1e3 * t, 2) for t in ttft]
-    result["tpot"] = [measure_tpot(engine, c, 128, args.output_len) for c in args.concurrency]
+    print("ttft_ms", result["ttft_ms"], flush=True)
+    result["tpot"] = []
+    for c in args.concurrency:
+        result["tpot"].append(measure_tpot(engine, c, 128, args.output_len))
+        print("tpot", result["tpot"][-1], flush=True)
     result["profile"] = [gpu_busy_fraction(engine, c) for c in (1, max(args.concurrency))]
     print(f"TTFT {args.prompt_len}-token prompt: median {statistics.median(result['ttft_ms']):.1f} ms")
     print(f"{'concurrency':>11} {'TPOT ms':>8} {'p90 ms':>8} {'out tok/s':>10}")
