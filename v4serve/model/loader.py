@@ -41,10 +41,10 @@ def build_model(
     config = resolve_config(model, overrides)
     with torch.device("meta"):
         net = DeepseekV4ForCausalLM(config)
-    net.to_empty(device=device)
-    for name, p in net.named_parameters():
+    for name, p in net.named_parameters():  # still on "meta": costs no memory
         if p.is_floating_point() and not any(frag in name for frag in FP32_PARAMETERS):
             p.data = p.data.to(dtype)
+    net.to_empty(device=device)
     if is_preset(model):
         init_random_weights(net, config, seed=PRESET_SEED)
     else:
