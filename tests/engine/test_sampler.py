@@ -57,3 +57,21 @@ def test_sample_batch_mixes_greedy_and_seeded_rows():
     assert tokens[:2].tolist() == [0, 9]
     alone = sample_batch(logits[2:], params[2:], [seeded()])
     assert tokens[2] == alone[0]  # a seeded row draws the same token whatever shares its batch
+
+
+def test_incremental_detokenizer_matches_a_full_decode():
+    from v4serve.engine.detokenizer import IncrementalDetokenizer
+    from v4serve.tokenizer import Tokenizer
+
+    tok = Tokenizer.for_model(None)
+    text = "Grüße, 世界! 🙂🚀 naïve café — ∑x² <｜User｜> done"
+    ids = tok.encode(text)
+    for skip in (True, False):
+        detok = IncrementalDetokenizer(tok, skip)
+        pieces = [detok.append(t) for t in ids] + [detok.flush()]
+        assert "".join(pieces) == detok.text == tok.decode(ids, skip)
+    # A lone lead byte of a multi-byte character is held back until the request flushes.
+    byte_tokens = [t for t in range(tok.vocab_size) if tok.decode([t]) == "\ufffd"][:1]
+    detok = IncrementalDetokenizer(tok, True)
+    assert detok.append(byte_tokens[0]) == ""
+    assert detok.flush() == "\ufffd"

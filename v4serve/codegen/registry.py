@@ -10,6 +10,8 @@ To add a kernel, append one entry to ``KERNELS`` (see docs/codegen.md):
 
 Tile configurations are copied from the launching wrapper; each entry says which one.
 """
+from v4serve.ops.sparse_attn_triton import PREFILL_CONFIGS
+
 from .spec import Expect, KernelSpec
 
 _CANARY = "v4serve.codegen.samples"
@@ -79,32 +81,17 @@ KERNELS: tuple[KernelSpec, ...] = (
     ),
     # ---- sparse attention (ops/sparse_attn_triton.py), DeepSeek-V4: H 64, D 512, window 128,
     # top-k 512 -> C = 640 columns; PREFILL_CONFIG and decode_config(n_tokens, n_columns) ----
-    KernelSpec(  # PREFILL_CONFIG (sm_90, sm_100: 1 stage)
-        "sparse_attn.prefill", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
-        types=dict(_SPARSE_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16"),
-        aligned=_SPARSE_ATTN_ALIGNED,
-        constexprs=dict(HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=64, BLOCK_T=64,
-                        BLOCK_D=512, PDL=False),
-        num_warps=8, num_stages=1, archs=(90, 100),
-        expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
-    ),
-    KernelSpec(  # PREFILL_CONFIG_SM80 (2 stages fit its shared memory)
-        "sparse_attn.prefill_2stage", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
-        types=dict(_SPARSE_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16"),
-        aligned=_SPARSE_ATTN_ALIGNED,
-        constexprs=dict(HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=64, BLOCK_T=64,
-                        BLOCK_D=512, PDL=False),
-        num_warps=8, num_stages=2, archs=(80,),
-        expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
-    ),
-    KernelSpec(  # PREFILL_CONFIG_SMALL_SMEM (sm_120: 32 heads x 32 columns)
-        "sparse_attn.prefill_t32", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
-        types=dict(_SPARSE_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16"),
-        aligned=_SPARSE_ATTN_ALIGNED,
-        constexprs=dict(HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=32, BLOCK_T=32,
-                        BLOCK_D=512, PDL=False),
-        num_warps=4, num_stages=1, archs=(120,),
-        expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
+    *(
+        KernelSpec(  # PREFILL_CONFIGS[arch]
+            f"sparse_attn.prefill_sm{arch}", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
+            types=dict(_SPARSE_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16"),
+            aligned=_SPARSE_ATTN_ALIGNED,
+            constexprs=dict(HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=cfg["BLOCK_H"],
+                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=(arch,),
+            expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
+        )
+        for arch, cfg in PREFILL_CONFIGS.items()
     ),
     KernelSpec(  # DECODE_CONFIG_SMALL / _LARGE (32 or 64 columns per split, merge kernel after)
         "sparse_attn.decode", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",

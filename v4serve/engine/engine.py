@@ -17,6 +17,7 @@ from v4serve.cache.budget import KVBudget, budget_for_pages, free_gpu_memory, so
 from v4serve.config import ModelConfig
 from v4serve.formats import cache_format
 from v4serve.engine.decode_runner import DecodeRunner
+from v4serve.engine.detokenizer import IncrementalDetokenizer
 from v4serve.engine.outputs import CompletionOutput, RequestOutput
 from v4serve.engine.request import Request, Status
 from v4serve.engine.sampler import position_logprobs, sample_batch
@@ -135,6 +136,7 @@ class Engine:
             arrival=next(self._arrivals),
             prompt=prompt,
             generator=torch.Generator(device=self.device).manual_seed(seed),
+            detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
         )
         if params.prompt_logprobs is not None:
             request.prompt_logprobs.append(None)  # nothing scores the first prompt token
@@ -162,11 +164,12 @@ class Engine:
             # One token per sequence: the device-addressed (CUDA-graph) path, logits for every row.
             requests = [chunk.request for chunk in plan]
             logits = self.decode_runner.run(
-                [r.all_token_ids[c.start] for r, c in zip(requests, plan)],
+                [r.token_at(c.start) for r, c in zip(requests, plan)],
                 [c.start for c in plan],
                 [r.slot for r in requests],
             )
             rows = [logits[b:b + len(w)] for b, w in enumerate(wanted)]
+            last_rows = list(range(len(plan)))
         else:
             chunks, token_ids, logits_rows = [], [], []
             for chunk, positions in zip(plan, wanted):
@@ -179,14 +182,16 @@ class Engine:
             logits = self.model(batch, self.cache)
             bounds = torch.tensor([0] + [len(w) for w in wanted]).cumsum(0).tolist()
             rows = [logits[a:b] for a, b in zip(bounds, bounds[1:])]
+            last_rows = [b - 1 for b in bounds[1:]]
         # Chunks that reach their sequence's end sample a token: all at once, one host sync.
         ending = [i for i, chunk in enumerate(plan) if chunk.end == chunk.request.num_tokens]
         tokens, token_logprobs = {}, {}
         if ending:
-            last = torch.stack([rows[i][-1] for i in ending])
+            picks = [last_rows[i] for i in ending]
+            last = logits if picks == list(range(logits.shape[0])) else logits[picks]
             sampled = sample_batch(last, [plan[i].request.params for i in ending],
                                    [plan[i].request.generator for i in ending])
-            chosen = torch.log_softmax(last, dim=-1).gather(1, sampled[:, None])[:, 0]
+            chosen = last.gather(1, sampled[:, None])[:, 0] - torch.logsumexp(last, dim=-1)
             for i, token, logprob in zip(ending, sampled.tolist(), chosen.tolist()):
                 tokens[i], token_logprobs[i] = token, logprob
         updated = []
@@ -238,22 +243,32 @@ class Engine:
     def _check_stop(self, request: Request, token: int) -> None:
         params = request.params
         n_out = len(request.output_token_ids)
-        request.text = self.tokenizer.decode(request.output_token_ids, params.skip_special_tokens)
+        new_text = request.detokenizer.append(token)
         if n_out >= params.min_tokens:
             if not params.ignore_eos and token in self.config.eos_token_ids:
                 request.finish_reason, request.stop_reason = "stop", None
-                return
-            if token in params.stop_token_ids:
+            elif token in params.stop_token_ids:
                 request.finish_reason, request.stop_reason = "stop", token
-                return
-            for stop in params.stop:
-                at = request.text.find(stop)
-                if at >= 0:
-                    request.text = request.text[:at]
-                    request.finish_reason, request.stop_reason = "stop", stop
-                    return
-        if (params.max_tokens is not None and n_out >= params.max_tokens) or request.num_tokens >= self.max_model_len:
+            else:
+                self._check_stop_strings(request, len(new_text))
+        if request.finish_reason is None and (
+            (params.max_tokens is not None and n_out >= params.max_tokens) or request.num_tokens >= self.max_model_len
+        ):
             request.finish_reason = "length"
+        if request.finish_reason is not None and request.stop_reason not in params.stop:
+            request.detokenizer.flush()
+        request.text = request.text if request.stop_reason in params.stop else request.detokenizer.text
+
+    @staticmethod
+    def _check_stop_strings(request: Request, new_chars: int) -> None:
+        """A stop string ends the text (excluded from it); only the new text can complete one."""
+        text = request.detokenizer.text
+        for stop in request.params.stop:
+            at = text.find(stop, max(0, len(text) - new_chars - len(stop) + 1))
+            if at >= 0:
+                request.text = text[:at]
+                request.finish_reason, request.stop_reason = "stop", stop
+                return
 
     def _output(self, request: Request) -> RequestOutput:
         completion = CompletionOutput(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from v4serve.engine.detokenizer import IncrementalDetokenizer
 from v4serve.engine.outputs import PositionLogprobs
 from v4serve.engine.sampling_params import SamplingParams
 
@@ -35,11 +36,16 @@ class Request:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     text: str = ""
+    detokenizer: IncrementalDetokenizer | None = None
     num_preemptions: int = 0
 
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def token_at(self, position: int) -> int:
+        n_prompt = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < n_prompt else self.output_token_ids[position - n_prompt]
 
     @property
     def num_tokens(self) -> int:

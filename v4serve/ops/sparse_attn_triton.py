@@ -38,12 +38,22 @@ from v4serve.ops._dispatch import check_16_byte_aligned
 # launch overlaps the split kernel. Also available by tile_config, and measured slower on the H200
 # (a program's serial tile steps cost ~2 µs each): COLS_PER_SPLIT None (one program per
 # (token, head block) walks every column) and MERGE "fused" (the last split program merges).
-# Prefill runs 1 stage on sm_90 / sm_100 (227 KB of shared memory); on sm_80 Triton lays the
-# 1-stage kernel out in 192 KB, over its 163 KB, so it takes 2 stages (136 KB); sm_86 / sm_89 /
-# sm_120 (99 KB) take 32 heads x 32 columns (codegen check).
+# Prefill tiles per GPU architecture (compute capability major*10 + minor). sm_90 (the one timed)
+# gathers each [64, 512] KV tile once for all 64 heads, 1 stage in its 227 KB of shared memory;
+# Triton 3.9's ptxas (13.4) spills that tile's accumulator (288 B, codegen check), so under 3.9
+# sm_90 takes 32 heads. Elsewhere 32 heads x 64 columns with 8 warps fit the registers without
+# spilling under Triton 3.6, 3.8 and 3.9 (sm_80: 2 stages in 100 KB); sm_86 / sm_89 / sm_120
+# (99 KB) take 32 x 32. Only sm_90 under 3.6 has been timed (docs/performance.md).
 PREFILL_CONFIG = dict(BLOCK_H=64, BLOCK_T=64, num_warps=8, num_stages=1)
-PREFILL_CONFIG_SM80 = dict(PREFILL_CONFIG, num_stages=2)
-PREFILL_CONFIG_SMALL_SMEM = dict(BLOCK_H=32, BLOCK_T=32, num_warps=4, num_stages=1)
+PREFILL_CONFIG_H32 = dict(BLOCK_H=32, BLOCK_T=64, num_warps=8, num_stages=1)
+PREFILL_CONFIG_SMALL_SMEM = dict(BLOCK_H=32, BLOCK_T=32, num_warps=8, num_stages=1)
+_TRITON_AT_LEAST_3_9 = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 9)
+PREFILL_CONFIGS = {
+    80: dict(PREFILL_CONFIG_H32, num_stages=2),
+    90: PREFILL_CONFIG_H32 if _TRITON_AT_LEAST_3_9 else PREFILL_CONFIG,
+    100: PREFILL_CONFIG_H32,
+    120: PREFILL_CONFIG_SMALL_SMEM,
+}
 DECODE_CONFIG_SMALL = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=32, MERGE="kernel", PDL=True, num_warps=4,
                            num_stages=2)
 DECODE_CONFIG_LARGE = dict(DECODE_CONFIG_SMALL, COLS_PER_SPLIT=64)
@@ -54,10 +64,10 @@ def prefill_config(device: torch.device) -> dict:
     """The production prefill tiles for the GPU `device` is on."""
     if device.type != "cuda":
         return PREFILL_CONFIG
-    cc = torch.cuda.get_device_capability(device)
-    if cc[0] in (9, 10):
-        return PREFILL_CONFIG
-    return PREFILL_CONFIG_SM80 if cc == (8, 0) else PREFILL_CONFIG_SMALL_SMEM
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) == (8, 0) or major in (9, 10):
+        return PREFILL_CONFIGS[major * 10]
+    return PREFILL_CONFIGS[120]  # sm_86, sm_89, sm_12x: 99 KB of shared memory per block
 
 
 def decode_config(n_tokens: int, n_columns: int) -> dict:
