@@ -111,6 +111,25 @@ def gpu_busy_fraction(engine: Engine, concurrency: int, steps: int = 20) -> dict
             "gpu_busy_ms_per_step": 1e3 * busy_s / steps, "idle_fraction": 1 - busy_s / wall}
 
 
+def host_profile(engine: Engine, concurrency: int, steps: int = 20, top: int = 15) -> None:
+    """Where the host spends a decode step: cProfile of `steps` steps, top functions by own time."""
+    import cProfile
+    import pstats
+
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
+    for i in range(concurrency):
+        engine.add_request(f"host{i}", list(range(10, 138)), params)
+    while any(r.num_computed < r.num_tokens - 1 for r in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        engine.step()
+    profiler.disable()
+    _drain(engine)
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="v4serve bench engine")
     parser.add_argument("--model", default="deepseek-v4-flash")
@@ -119,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--host-profile", action="store_true", help="only profile the host side of decode steps")
     args = parser.parse_args(argv)
     engine = Engine(EngineArgs(
         model=args.model, hf_overrides=args.hf_overrides, max_model_len=args.max_model_len,
@@ -127,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     result = {"model": args.model, "overrides": args.hf_overrides, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "kv_pages": engine.cache.allocator.num_pages, "cuda_graphs": engine.decode_runner.uses_cuda_graphs}
     print(f"decode CUDA graphs: {result['cuda_graphs']}, KV pages: {result['kv_pages']}")
+    if args.host_profile:
+        for c in args.concurrency:
+            host_profile(engine, c)
+        return 0
     ttft = measure_ttft(engine, args.prompt_len, repeats=3)
     result["ttft_ms"] = [round(1e3 * t, 2) for t in ttft]
     print("ttft_ms", result["ttft_ms"], flush=True)
