@@ -22,7 +22,7 @@ def _naive(x, weight, rows, ends):
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
-@pytest.mark.parametrize("sizes, n, k", [([3, 0, 5, 1], 48, 64), ([0, 17, 0, 2, 20], 80, 96), ([1], 16, 32)])
+@pytest.mark.parametrize("sizes, n, k", [([3, 0, 5, 1], 48, 64), ([0, 17, 0, 2, 40], 80, 96), ([1], 16, 32), ([0, 0, 33], 16, 32)])
 def test_matches_a_loop_over_picks(impl, sizes, n, k):
     x, weight, rows, ends = _case(sizes, n, k)
     got = grouped_matmul(x, weight, rows, ends, impl=impl)
