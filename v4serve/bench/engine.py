@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         result["tpot"].append(measure_tpot(engine, c, 128, args.output_len))
         print("tpot", result["tpot"][-1], flush=True)
     result["profile"] = [gpu_busy_fraction(engine, c) for c in (1, max(args.concurrency))]
+    result["decode_continuations"] = engine.decode_continuations
     print(f"TTFT {args.prompt_len}-token prompt: median {statistics.median(result['ttft_ms']):.1f} ms")
     print(f"{'concurrency':>11} {'TPOT ms':>8} {'p90 ms':>8} {'out tok/s':>10}")
     for row in result["tpot"]:

@@ -40,6 +40,11 @@ class DecodeRunner:
         self._tokens = torch.zeros(max_batch, dtype=torch.int64, device=device)
         self._positions = torch.zeros(max_batch, dtype=torch.int64, device=device)
         self._slots = torch.full((max_batch,), cache.padding_slot, dtype=torch.int64, device=device)
+        # Host staging of a step's [tokens | positions | slots], pinned so the copies are truly
+        # asynchronous, and doubled: a step is written while the previous one may still be copying.
+        pinned = device.type == "cuda"
+        self._staging = [torch.zeros(3, max_batch, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        self._step = 0
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         if use_cuda_graphs:
             try:
@@ -68,9 +73,10 @@ class DecodeRunner:
             self._graphs[n] = (graph, logits)
 
     @torch.inference_mode()
-    def run(self, token_ids: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
-        """Logits [len(token_ids), vocab] for one token per sequence."""
-        n = len(token_ids)
+    def run(self, token_ids: list[int] | torch.Tensor, positions: list[int], slots: list[int]) -> torch.Tensor:
+        """Logits [n, vocab] for one token per sequence. `token_ids` may already be on the device (the
+        tokens the previous step sampled): then no host value is needed to launch this step."""
+        n = len(positions)
         size = next((s for s in self.ladder if s >= n), None)
         if size is None:
             raise ValueError(f"decode batch of {n} exceeds the runner's maximum of {self.ladder[-1]}")
@@ -78,9 +84,18 @@ class DecodeRunner:
         if not graphed:
             size = n
         pad = size - n
-        self._tokens[:size].copy_(torch.tensor(token_ids + [0] * pad), non_blocking=True)
-        self._positions[:size].copy_(torch.tensor(positions + [0] * pad), non_blocking=True)
-        self._slots[:size].copy_(torch.tensor(slots + [self.cache.padding_slot] * pad), non_blocking=True)
+        staging = self._staging[self._step % 2]
+        self._step += 1
+        staging[1, :size] = torch.tensor(positions + [0] * pad)
+        staging[2, :size] = torch.tensor(slots + [self.cache.padding_slot] * pad)
+        if isinstance(token_ids, torch.Tensor):
+            self._tokens[:n].copy_(token_ids)
+            self._tokens[n:size].zero_()
+        else:
+            staging[0, :size] = torch.tensor(token_ids + [0] * pad)
+            self._tokens[:size].copy_(staging[0, :size], non_blocking=True)
+        self._positions[:size].copy_(staging[1, :size], non_blocking=True)
+        self._slots[:size].copy_(staging[2, :size], non_blocking=True)
         if not graphed:
             return self._forward(size)
         graph, logits = self._graphs[size]

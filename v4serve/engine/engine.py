@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
+from v4serve.cache import CacheGeometry, OutOfPages, PagedKVCache, SequenceChunk
 from v4serve.cache.budget import KVBudget, budget_for_pages, free_gpu_memory, solve_kv_budget
 from v4serve.config import ModelConfig
 from v4serve.formats import cache_format
@@ -26,6 +26,21 @@ from v4serve.engine.scheduler import ScheduledChunk, Scheduler
 from v4serve.model.loader import build_model
 from v4serve.tokenizer import Tokenizer
 from v4serve.presets import is_preset
+
+@dataclass
+class StepInFlight:
+    """A launched step: its plan, the logits rows it will read, and its sampled tokens on the way to
+    the host (`host`: [2, n] token ids and their logprobs, ready once `done` has fired)."""
+
+    plan: list[ScheduledChunk]
+    wanted: list[list[int]]
+    rows: list[torch.Tensor]
+    ending: list[int]
+    decode: bool
+    sampled: torch.Tensor | None = None
+    host: torch.Tensor | None = None
+    done: torch.cuda.Event | None = None
+
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -45,6 +60,7 @@ class EngineArgs:
     hf_overrides: dict[str, Any] | None = None
     kernels: str = "auto"  # "auto": Triton kernels on CUDA, torch references on CPU; or "torch" / "triton"
     cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (on CUDA)
+    overlap_decode: bool = True  # launch decode step N+1 before reading step N's tokens
     seed: int = 0
     progress: bool = True
 
@@ -107,6 +123,9 @@ class Engine:
         self._seeds = torch.Generator().manual_seed(args.seed)
         self._arrivals = itertools.count()
         self._requests: dict[str, Request] = {}
+        self._in_flight: StepInFlight | None = None  # a launched decode step whose tokens are not yet read
+        self.overlap_decode = args.overlap_decode
+        self.decode_continuations = 0  # decode steps launched before their predecessor's tokens were read
 
     # ------------------------------------------------------------------ requests
     def validate_prompt(self, prompt_token_ids: list[int]) -> None:
@@ -151,56 +170,121 @@ class Engine:
             self.scheduler.finish(request)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:
-        """Run one batch; return the outputs of the requests that produced a token or finished."""
+        """Advance every running request by one step; return the outputs of the requests that got a
+        token or finished.
+
+        Pure decode steps overlap the host with the GPU: a step is launched and left in flight;
+        the next call launches its continuation (fed the sampled tokens on the device) before it
+        waits for the step's tokens and does their bookkeeping, so the GPU always has the next
+        step queued. A request that finishes (or is aborted) meanwhile has its extra row
+        discarded; the GPU's stream order keeps that row's cache writes ahead of any later reuse
+        of its slot and pages."""
+        previous, self._in_flight = self._in_flight, None
+        if previous is not None and self._can_continue(previous):
+            self._in_flight = self._launch_continuation(previous)
+            if self._in_flight is not None:
+                self.decode_continuations += 1
+                return self._complete(previous)
+        outputs = self._complete(previous) if previous is not None else []
         plan = self.scheduler.schedule()
-        if not plan:
-            return []
-        wanted = [self._logit_positions(chunk) for chunk in plan]
-        if all(chunk.length == 1 for chunk in plan):
+        if plan:
+            launched = self._launch(plan)
+            if launched.decode and self.overlap_decode:
+                self._in_flight = launched
+            else:
+                outputs += self._complete(launched)
+        return outputs
+
+    def _launch(self, plan: list[ScheduledChunk], token_ids: torch.Tensor | None = None) -> StepInFlight:
+        """Enqueue a step's forward and sampling on the device; nothing waits for the GPU here.
+        `token_ids` (on the device) feeds a decode continuation, whose requests all sample."""
+        wanted = [[0] for _ in plan] if token_ids is not None else [self._logit_positions(c) for c in plan]
+        decode = all(chunk.length == 1 for chunk in plan)
+        if decode:
             # One token per sequence: the device-addressed (CUDA-graph) path, logits for every row.
-            requests = [chunk.request for chunk in plan]
             logits = self.decode_runner.run(
-                [r.token_at(c.start) for r, c in zip(requests, plan)],
+                token_ids if token_ids is not None else [c.request.token_at(c.start) for c in plan],
                 [c.start for c in plan],
-                [r.slot for r in requests],
+                [c.request.slot for c in plan],
             )
             rows = [logits[b:b + len(w)] for b, w in enumerate(wanted)]
             last_rows = list(range(len(plan)))
         else:
-            chunks, token_ids, logits_rows = [], [], []
+            chunks, tokens, logits_rows = [], [], []
             for chunk, positions in zip(plan, wanted):
-                offset = len(token_ids)
-                request = chunk.request
-                chunks.append(SequenceChunk(request.slot, chunk.start, chunk.length, offset))
-                token_ids.extend(request.all_token_ids[chunk.start:chunk.end])
+                offset = len(tokens)
+                chunks.append(SequenceChunk(chunk.request.slot, chunk.start, chunk.length, offset))
+                tokens.extend(chunk.request.all_token_ids[chunk.start:chunk.end])
                 logits_rows.extend(offset + i for i in positions)
-            batch = self.cache.build_batch(chunks, token_ids, logits_rows, self.kernels)
-            logits = self.model(batch, self.cache)
+            logits = self.model(self.cache.build_batch(chunks, tokens, logits_rows, self.kernels), self.cache)
             bounds = torch.tensor([0] + [len(w) for w in wanted]).cumsum(0).tolist()
             rows = [logits[a:b] for a, b in zip(bounds, bounds[1:])]
             last_rows = [b - 1 for b in bounds[1:]]
-        # Chunks that reach their sequence's end sample a token: all at once, one host sync.
-        ending = [i for i, chunk in enumerate(plan) if chunk.end == chunk.request.num_tokens]
-        tokens, token_logprobs = {}, {}
+        # Chunks that reach their sequence's end sample a token, all at once, on the device.
+        ending = list(range(len(plan))) if token_ids is not None else [
+            i for i, chunk in enumerate(plan) if chunk.end == chunk.request.num_tokens
+        ]
+        step = StepInFlight(plan, wanted, rows, ending, decode)
         if ending:
             picks = [last_rows[i] for i in ending]
             last = logits if picks == list(range(logits.shape[0])) else logits[picks]
-            sampled = sample_batch(last, [plan[i].request.params for i in ending],
-                                   [plan[i].request.generator for i in ending])
-            chosen = last.gather(1, sampled[:, None])[:, 0] - torch.logsumexp(last, dim=-1)
-            for i, token, logprob in zip(ending, sampled.tolist(), chosen.tolist()):
-                tokens[i], token_logprobs[i] = token, logprob
+            step.sampled = sample_batch(last, [plan[i].request.params for i in ending],
+                                        [plan[i].request.generator for i in ending])
+            chosen = last.gather(1, step.sampled[:, None])[:, 0] - torch.logsumexp(last, dim=-1)
+            step.host = torch.empty(2, len(ending), dtype=torch.float64, pin_memory=self.device.type == "cuda")
+            step.host.copy_(torch.stack((step.sampled.double(), chosen.double())), non_blocking=True)
+            if self.device.type == "cuda":
+                step.done = torch.cuda.Event()
+                step.done.record()
+        return step
+
+    def _can_continue(self, step: StepInFlight) -> bool:
+        """A decode step may be followed before its tokens are known when nothing else waits, every
+        running request is in it, and none needs its logits on the host (top-N logprobs)."""
+        if not self.overlap_decode or not step.decode or self.scheduler.waiting:
+            return False
+        if len(self.scheduler.running) != len(step.plan):
+            return False
+        for chunk in step.plan:
+            request = chunk.request
+            if request.status is not Status.RUNNING or request.params.logprobs is not None:
+                return False
+            if request.wants_prompt_logprobs or chunk.start + 2 > self.max_model_len:
+                return False
+        return True
+
+    def _launch_continuation(self, step: StepInFlight) -> StepInFlight | None:
+        """The next decode step of the same requests, or None when pages run short (the scheduler,
+        which may preempt, then plans the step once the tokens are known)."""
+        plan = [ScheduledChunk(c.request, c.start + 1, 1) for c in step.plan]
+        try:
+            for chunk in plan:
+                self.cache.reserve(chunk.request.slot, chunk.end)
+        except OutOfPages:
+            return None
+        return self._launch(plan, token_ids=step.sampled)
+
+    def _complete(self, step: StepInFlight) -> list[RequestOutput]:
+        """Wait for a step's tokens (one sync), then record them; rows of requests that finished or
+        were aborted since the launch are dropped."""
+        if step.done is not None:
+            step.done.synchronize()
+        sampled = dict(zip(step.ending, zip(*step.host.tolist()))) if step.ending else {}
         updated = []
-        for i, (chunk, positions, chunk_logits) in enumerate(zip(plan, wanted, rows)):
-            chunk.request.num_computed = chunk.end
+        for i, (chunk, positions, chunk_logits) in enumerate(zip(step.plan, step.wanted, step.rows)):
+            request = chunk.request
+            if request.status is not Status.RUNNING:
+                continue
+            request.num_computed = chunk.end
             self._record_prompt_logprobs(chunk, positions, chunk_logits)
-            if i in tokens:
-                self._append_token(chunk.request, tokens[i], token_logprobs[i], chunk_logits[-1])
-                updated.append(chunk.request)
+            if i in sampled:
+                token, logprob = sampled[i]
+                self._append_token(request, int(token), logprob, chunk_logits[-1])
+                updated.append(request)
         return [self._output(r) for r in updated]
 
     def _logit_positions(self, chunk: ScheduledChunk) -> list[int]:
