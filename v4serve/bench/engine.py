@@ -81,8 +81,9 @@ def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: 
 def gpu_busy_fraction(engine: Engine, concurrency: int, steps: int = 20) -> dict:
     """Kernel-time union over wall time for `steps` decode steps (after warm-up)."""
     params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
-    for i in range(concurrency):
-        engine.add_request(f"prof{i}", list(range(10, 74)), params)
+    gen = torch.Generator().manual_seed(100 + concurrency)
+    for i in range(concurrency):  # distinct prompts: the requests route to different experts
+        engine.add_request(f"prof{i}", torch.randint(10, 1000, (64,), generator=gen).tolist(), params)
     while any(r.num_computed < r.num_tokens - 1 for r in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
     for _ in range(3):
@@ -117,8 +118,9 @@ def host_profile(engine: Engine, concurrency: int, steps: int = 20, top: int = 1
     import pstats
 
     params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
+    gen = torch.Generator().manual_seed(200 + concurrency)
     for i in range(concurrency):
-        engine.add_request(f"host{i}", list(range(10, 138)), params)
+        engine.add_request(f"host{i}", torch.randint(10, 1000, (128,), generator=gen).tolist(), params)
     while any(r.num_computed < r.num_tokens - 1 for r in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
     profiler = cProfile.Profile()
@@ -139,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--host-profile", action="store_true", help="only profile the host side of decode steps")
+    parser.add_argument("--profile-only", action="store_true", help="only the GPU-busy profile of decode steps")
     args = parser.parse_args(argv)
     engine = Engine(EngineArgs(
         model=args.model, hf_overrides=args.hf_overrides, max_model_len=args.max_model_len,
@@ -150,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.host_profile:
         for c in args.concurrency:
             host_profile(engine, c)
+        return 0
+    if args.profile_only:
+        for c in args.concurrency:
+            print(gpu_busy_fraction(engine, c))
         return 0
     ttft = measure_ttft(engine, args.prompt_len, repeats=3)
     result["ttft_ms"] = [round(1e3 * t, 2) for t in ttft]
