@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.requests import Request as HTTPRequest
 
 from v4serve.chat import StreamingParser, encode_messages, parse_completion
@@ -19,7 +19,7 @@ from v4serve.server.context import ServingContext
 from v4serve.server.errors import APIError
 from v4serve.server.protocol import ChatRequest, parse_chat_request
 from v4serve.server.responses import IncrementalText, new_id, now, usage
-from v4serve.server.serving import Generation, check_prompt, final_or_disconnect, sampling_params
+from v4serve.server.serving import Generation, check_prompt, respond, sampling_params
 
 
 async def create_chat_completion(ctx: ServingContext, body: dict, http: HTTPRequest) -> Response:
@@ -31,14 +31,8 @@ async def create_chat_completion(ctx: ServingContext, body: dict, http: HTTPRequ
     params = sampling_params(req.sampling, len(ids), ctx.max_model_len, req.logprobs)
     request_id = new_id("chatcmpl")
     generation = Generation(ctx.engine_loop, request_id, [ids], [params], req.sampling.n)
-    generation.start()
-    if req.sampling.stream:
-        return StreamingResponse(_stream(ctx, req, generation, request_id), media_type=sse.MEDIA_TYPE,
-                                 headers=sse.HEADERS)
-    outputs = await final_or_disconnect(generation, http)
-    if outputs is None:
-        return Response(status_code=499)
-    return JSONResponse({
+    stream = _stream(ctx, req, generation, request_id) if req.sampling.stream else None
+    return await respond(generation, http, stream, lambda outputs: {
         "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name,
         "choices": [_choice(ctx, req, index, out) for index, out in enumerate(outputs)],
         "usage": usage(outputs, 1),

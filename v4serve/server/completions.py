@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.requests import Request as HTTPRequest
 
 from v4serve.engine import RequestOutput
@@ -13,7 +13,7 @@ from v4serve.server.context import ServingContext
 from v4serve.server.errors import APIError
 from v4serve.server.protocol import CompletionRequest, parse_completion_request
 from v4serve.server.responses import IncrementalText, new_id, now, usage
-from v4serve.server.serving import Generation, check_prompt, final_or_disconnect, sampling_params
+from v4serve.server.serving import Generation, check_prompt, respond, sampling_params
 
 
 async def create_completion(ctx: ServingContext, body: dict, http: HTTPRequest) -> Response:
@@ -27,17 +27,11 @@ async def create_completion(ctx: ServingContext, body: dict, http: HTTPRequest) 
     params = [sampling_params(req.sampling, len(ids), ctx.max_model_len, req.logprobs) for ids in prompts]
     request_id = new_id("cmpl")
     generation = Generation(ctx.engine_loop, request_id, prompts, params, req.sampling.n)
-    generation.start()
-    if req.sampling.stream:
-        return StreamingResponse(_stream(ctx, req, generation, request_id), media_type=sse.MEDIA_TYPE,
-                                 headers=sse.HEADERS)
-    outputs = await final_or_disconnect(generation, http)
-    if outputs is None:
-        return Response(status_code=499)
-    choices = [_choice(ctx, req, index, out) for index, out in enumerate(outputs)]
-    return JSONResponse({
+    stream = _stream(ctx, req, generation, request_id) if req.sampling.stream else None
+    return await respond(generation, http, stream, lambda outputs: {
         "id": request_id, "object": "text_completion", "created": now(), "model": ctx.model_name,
-        "choices": choices, "usage": usage(outputs, req.sampling.n),
+        "choices": [_choice(ctx, req, index, out) for index, out in enumerate(outputs)],
+        "usage": usage(outputs, req.sampling.n),
     })
 
 

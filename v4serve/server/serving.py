@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from v4serve.engine import RequestOutput, SamplingParams
+from v4serve.server import sse
 from v4serve.server.engine_loop import EngineLoop
 from v4serve.server.errors import APIError, bad_field, server_error
 from v4serve.server.protocol import Sampling
@@ -116,3 +118,18 @@ async def final_or_disconnect(generation: Generation, request: HTTPRequest) -> l
             result.cancel()
             generation.abort()
     return result.result() if result.done() and not result.cancelled() else None
+
+
+async def respond(
+    generation: Generation, http: HTTPRequest, stream: AsyncIterator[str] | None,
+    body: Callable[[list[RequestOutput]], dict],
+) -> Response:
+    """Start a generation, then stream it (`stream` given) or answer with `body(outputs)` once it
+    finishes; a client gone before that gets nothing (499) and its requests are aborted."""
+    generation.start()
+    if stream is not None:
+        return StreamingResponse(stream, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+    outputs = await final_or_disconnect(generation, http)
+    if outputs is None:
+        return Response(status_code=499)
+    return JSONResponse(body(outputs))
