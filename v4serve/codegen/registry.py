@@ -177,6 +177,16 @@ KERNELS: tuple[KernelSpec, ...] = (
                         BLOCK_ROWS=16),
         num_warps=4, num_stages=3, expect=Expect(kv_load_bytes=8, max_regs=128),
     ),
+    # ---- mHC coefficients (ops/hc_coefficients_triton.py): V4's 4 streams, 20 Sinkhorn rounds,
+    # HC_CONFIG; no row gather, no dot ----
+    KernelSpec(
+        "mhc.coefficients", f"{_OPS}.hc_coefficients_triton:_hc_coefficients_kernel",
+        types=dict(mix_ptr="*fp32", row_scale_ptr="*fp32", base_ptr="*fp32", scale_ptr="*fp32", pre_ptr="*fp32",
+                   post_ptr="*fp32", comb_ptr="*fp32", T="i32", stride_m="i32"),
+        aligned=("mix_ptr", "row_scale_ptr", "base_ptr", "scale_ptr", "pre_ptr", "post_ptr", "comb_ptr"),
+        constexprs=dict(N=4, ITERS=20, EPS=1e-6, BLOCK_T=32), num_warps=4, num_stages=3,
+        expect=Expect(max_regs=128),
+    ),
     # ---- MoE grouped matmul (ops/grouped_matmul_triton.py): bf16 activations and expert weights,
     # GROUPED_MATMUL_CONFIG; the gathered activation rows and the weight rows are 16-byte aligned ----
     KernelSpec(

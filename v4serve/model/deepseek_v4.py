@@ -36,10 +36,10 @@ class DecoderLayer(nn.Module):
     def forward(
         self, streams: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, rope: RopeTables
     ) -> torch.Tensor:
-        y, post, comb = self.attn_hc(streams)
+        y, post, comb = self.attn_hc(streams, batch.kernels)
         out = self.self_attn(self.input_layernorm(y), batch, cache, rope)
         streams = HyperConnection.expand(out, streams, post, comb)
-        y, post, comb = self.ffn_hc(streams)
+        y, post, comb = self.ffn_hc(streams, batch.kernels)
         out = self.mlp(self.post_attention_layernorm(y), batch.token_ids, batch.kernels)
         return HyperConnection.expand(out, streams, post, comb)
 

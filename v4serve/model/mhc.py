@@ -21,6 +21,7 @@ from torch import nn
 
 from v4serve.config import ModelConfig
 from v4serve.model.norm import rms_normalize
+from v4serve.ops.hc_coefficients import hc_coefficients
 
 
 class HyperConnection(nn.Module):
@@ -35,20 +36,16 @@ class HyperConnection(nn.Module):
         self.base = nn.Parameter(torch.zeros((2 + n) * n, dtype=torch.float32))
         self.scale = nn.Parameter(torch.ones(3, dtype=torch.float32))
 
-    def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """streams [T, n, D] -> (collapsed [T, D] in streams.dtype, post [T, n], comb [T, n, n]) fp32."""
-        n = self.hc_mult
-        mixes = F.linear(rms_normalize(streams.flatten(1).float(), self.rms_eps), self.fn)
-        pre_logits, post_logits, comb_logits = mixes.split([n, n, n * n], dim=-1)
-        pre_base, post_base, comb_base = self.base.split([n, n, n * n])
-        pre = torch.sigmoid(pre_logits * self.scale[0] + pre_base) + self.hc_eps
-        post = 2 * torch.sigmoid(post_logits * self.scale[1] + post_base)
-        comb = comb_logits.unflatten(-1, (n, n)) * self.scale[2] + comb_base.view(n, n)
-        comb = torch.softmax(comb, dim=-1) + self.hc_eps
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)
-        for _ in range(self.sinkhorn_iters - 1):
-            comb = comb / (comb.sum(dim=-1, keepdim=True) + self.hc_eps)
-            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.hc_eps)
+    def forward(self, streams: torch.Tensor, kernels: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """streams [T, n, D] -> (collapsed [T, D] in streams.dtype, post [T, n], comb [T, n, n]) fp32.
+        The RMS factor is applied to the mixes (a per-token scalar commutes with fn), and the
+        coefficients, Sinkhorn included, are one op (`ops/hc_coefficients.py`)."""
+        flat = streams.flatten(1).float()
+        row_scale = torch.rsqrt(flat.square().mean(-1) + self.rms_eps)
+        pre, post, comb = hc_coefficients(
+            F.linear(flat, self.fn), row_scale, self.base, self.scale, self.hc_mult, self.sinkhorn_iters,
+            self.hc_eps, impl=kernels,
+        )
         collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
         return collapsed, post, comb
 

@@ -1,0 +1,60 @@
+"""Triton kernel of the mHC coefficients (math in hc_coefficients_reference.py).
+
+One program per BLOCK_T tokens; each token's pre [n], post [n] and n x n mixing matrix C live in
+registers through the softmax and all Sinkhorn rounds, so a sublayer's coefficients are one
+launch instead of ~90 small ones (the 19 Sinkhorn rounds alone are 76 in torch).
+
+Layouts: mixes [T, (2+n)n] fp32 (row stride `stride_m`), row_scale [T], base [(2+n)n], scale [3];
+outputs pre [T, n], post [T, n], comb [T, n, n], fp32, contiguous. n is a power of two (4 in V4).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+HC_CONFIG = dict(BLOCK_T=32, num_warps=4)
+
+
+@triton.jit
+def _hc_coefficients_kernel(
+    mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, stride_m,
+    N: tl.constexpr, ITERS: tl.constexpr, EPS: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = t < T
+    j = tl.arange(0, N)
+    rs = tl.load(row_scale_ptr + t, mask=t_ok, other=0.0)
+    s0 = tl.load(scale_ptr)
+    s1 = tl.load(scale_ptr + 1)
+    s2 = tl.load(scale_ptr + 2)
+    row = mix_ptr + t.to(tl.int64)[:, None] * stride_m
+    pre = tl.load(row + j[None, :], mask=t_ok[:, None], other=0.0) * rs[:, None]
+    pre = tl.sigmoid(pre * s0 + tl.load(base_ptr + j)[None, :]) + EPS
+    post = tl.load(row + N + j[None, :], mask=t_ok[:, None], other=0.0) * rs[:, None]
+    post = 2.0 * tl.sigmoid(post * s1 + tl.load(base_ptr + N + j)[None, :])
+    jk = j[:, None] * N + j[None, :]  # [N, N] offsets of C[j, k]
+    c = tl.load(row[:, :, None] + 2 * N + jk[None, :, :], mask=t_ok[:, None, None], other=0.0)
+    c = c * rs[:, None, None] * s2 + tl.load(base_ptr + 2 * N + jk)[None, :, :]
+    c = tl.exp(c - tl.max(c, axis=2)[:, :, None])
+    c = c / tl.sum(c, axis=2)[:, :, None] + EPS
+    c = c / (tl.sum(c, axis=1)[:, None, :] + EPS)
+    for _ in tl.static_range(ITERS - 1):
+        c = c / (tl.sum(c, axis=2)[:, :, None] + EPS)
+        c = c / (tl.sum(c, axis=1)[:, None, :] + EPS)
+    out = t.to(tl.int64)[:, None] * N + j[None, :]
+    tl.store(pre_ptr + out, pre, mask=t_ok[:, None])
+    tl.store(post_ptr + out, post, mask=t_ok[:, None])
+    tl.store(comb_ptr + t.to(tl.int64)[:, None, None] * (N * N) + jk[None, :, :], c, mask=t_ok[:, None, None])
+
+
+def hc_coefficients_triton(mixes, row_scale, base, scale, n: int, iters: int, eps: float):
+    t = mixes.shape[0]
+    pre = torch.empty(t, n, dtype=torch.float32, device=mixes.device)
+    post = torch.empty_like(pre)
+    comb = torch.empty(t, n, n, dtype=torch.float32, device=mixes.device)
+    cfg = HC_CONFIG
+    _hc_coefficients_kernel[(triton.cdiv(t, cfg["BLOCK_T"]),)](
+        mixes, row_scale, base, scale, pre, post, comb, t, mixes.stride(0),
+        N=n, ITERS=iters, EPS=eps, BLOCK_T=cfg["BLOCK_T"], num_warps=cfg["num_warps"],
+    )
+    return pre, post, comb
