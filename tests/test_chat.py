@@ -21,8 +21,7 @@ from v4serve.chat.tokens import (
 
 _VECTOR_DIRS = [
     os.environ.get("V4SERVE_CHAT_VECTORS", ""),
-    Path(__file__).resolve().parents[1] / "shared/reference/chat-encoding",
-    "/work/shared/reference/chat-encoding",
+    Path(__file__).resolve().parent / "data/chat_encoding",
 ]
 CASES = [1, 2, 3]
 
@@ -32,7 +31,7 @@ def load_case(n: int) -> tuple[list[dict], str]:
     folder = next((Path(d) for d in _VECTOR_DIRS if d and Path(d, "case_1.input.json").exists()),
                   None)
     if folder is None:
-        pytest.skip("chat-encoding vectors not found; set V4SERVE_CHAT_VECTORS")
+        raise FileNotFoundError("chat-encoding vectors not found in tests/data/chat_encoding")
     data = json.loads((folder / f"case_{n}.input.json").read_text(encoding="utf-8"))
     expected = (folder / f"case_{n}.expected.txt").read_text(encoding="utf-8")
     if isinstance(data, dict):
