@@ -51,3 +51,18 @@ def test_overlap_is_invisible(abort_after):
     else:
         assert "1" not in serial and "1" not in overlapped
         assert serial == overlapped
+
+
+def test_one_token_prefill_chunks_are_not_continued():
+    """With a budget of one token, prompts advance one token per step through the decode path but
+    sample nothing until their last token: such steps must not be continued."""
+    runs = {}
+    for overlap in (False, True):
+        engine = Engine(EngineArgs(model="tiny", device="cpu", max_num_seqs=1, max_num_batched_tokens=1,
+                                   overlap_decode=overlap, progress=False))
+        engine.add_request("a", PROMPTS[1][:12], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.finished:
+                    runs[overlap] = out.outputs[0].token_ids
+    assert runs[True] == runs[False] and len(runs[True]) == 8

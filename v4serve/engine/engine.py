@@ -244,11 +244,12 @@ class Engine:
 
     def _can_continue(self, step: StepInFlight) -> bool:
         """A decode step may be followed before its tokens are known when nothing else waits, every
-        running request is in it, and none needs its logits on the host (top-N logprobs)."""
+        running request is in it and sampled in it, and none needs its logits on the host (top-N
+        logprobs)."""
         if not self.overlap_decode or not step.decode or self.scheduler.waiting:
             return False
-        if len(self.scheduler.running) != len(step.plan):
-            return False
+        if len(self.scheduler.running) != len(step.plan) or len(step.ending) != len(step.plan):
+            return False  # someone else runs, or a one-token prefill chunk has no sampled token to feed
         for chunk in step.plan:
             request = chunk.request
             if request.status is not Status.RUNNING or request.params.logprobs is not None:
