@@ -8,7 +8,7 @@ import threading
 
 import httpx
 
-from conftest import launch, tiny_server_args
+from server_harness import launch, tiny_server_args
 
 
 def test_sigterm_drains_in_flight_requests(tmp_path):

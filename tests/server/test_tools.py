@@ -7,7 +7,7 @@ import json
 import pytest
 from openai import OpenAI
 
-from conftest import WEATHER_CALL
+from server_harness import WEATHER_CALL
 
 TOOLS = [{
     "type": "function",

@@ -18,7 +18,9 @@ from v4serve.config import ModelConfig
 from v4serve.formats import cache_format
 from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.engine.detokenizer import IncrementalDetokenizer
-from v4serve.engine.outputs import CompletionOutput, RequestOutput
+from v4serve.engine.outputs import RequestOutput
+from v4serve.engine.request_output import request_output
+from v4serve.engine.stopping import update_after_token
 from v4serve.engine.request import Request, Status
 from v4serve.engine.sampler import position_logprobs, sample_batch
 from v4serve.engine.sampling_params import SamplingParams
@@ -286,7 +288,7 @@ class Engine:
                 token, logprob = sampled[i]
                 self._append_token(request, int(token), logprob, chunk_logits[-1])
                 updated.append(request)
-        return [self._output(r) for r in updated]
+        return [request_output(r) for r in updated]
 
     def _logit_positions(self, chunk: ScheduledChunk) -> list[int]:
         """Chunk-relative positions whose logits are needed: prompt positions whose next prompt token
@@ -320,56 +322,7 @@ class Engine:
             request.output_logprobs.append(position_logprobs(
                 torch.log_softmax(logits, dim=-1), token, request.params.logprobs, self.tokenizer.id_to_token
             ))
-        self._check_stop(request, token)
+        update_after_token(request, token, self.config.eos_token_ids, self.max_model_len)
         if request.finish_reason is not None:
             self.scheduler.finish(request)
             self._requests.pop(request.request_id, None)
-
-    def _check_stop(self, request: Request, token: int) -> None:
-        params = request.params
-        n_out = len(request.output_token_ids)
-        new_text = request.detokenizer.append(token)
-        if n_out >= params.min_tokens:
-            if not params.ignore_eos and token in self.config.eos_token_ids:
-                request.finish_reason, request.stop_reason = "stop", None
-            elif token in params.stop_token_ids:
-                request.finish_reason, request.stop_reason = "stop", token
-            else:
-                self._check_stop_strings(request, len(new_text))
-        if request.finish_reason is None and (
-            (params.max_tokens is not None and n_out >= params.max_tokens) or request.num_tokens >= self.max_model_len
-        ):
-            request.finish_reason = "length"
-        if request.finish_reason is not None and request.stop_reason not in params.stop:
-            request.detokenizer.flush()
-        request.text = request.text if request.stop_reason in params.stop else request.detokenizer.text
-
-    @staticmethod
-    def _check_stop_strings(request: Request, new_chars: int) -> None:
-        """A stop string ends the text (excluded from it); only the new text can complete one."""
-        text = request.detokenizer.text
-        for stop in request.params.stop:
-            at = text.find(stop, max(0, len(text) - new_chars - len(stop) + 1))
-            if at >= 0:
-                request.text = text[:at]
-                request.finish_reason, request.stop_reason = "stop", stop
-                return
-
-    def _output(self, request: Request) -> RequestOutput:
-        completion = CompletionOutput(
-            index=0,
-            text=request.text,
-            token_ids=list(request.output_token_ids),
-            cumulative_logprob=request.cumulative_logprob,
-            logprobs=list(request.output_logprobs) if request.params.logprobs is not None else None,
-            finish_reason=request.finish_reason,
-            stop_reason=request.stop_reason,
-        )
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=list(request.prompt_token_ids),
-            prompt_logprobs=list(request.prompt_logprobs) if request.params.prompt_logprobs is not None else None,
-            outputs=[completion],
-            finished=request.finish_reason is not None,
-        )
