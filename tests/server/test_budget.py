@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from v4serve.cache import CacheGeometry
+from v4serve.cache import CacheGeometry, PagedKVCache
 from v4serve.cache.budget import parse_size, solve_kv_budget
 from v4serve.presets import preset_config
 
@@ -15,11 +15,18 @@ def geometry() -> CacheGeometry:
     return CacheGeometry.from_config(preset_config("tiny"))
 
 
-def test_tier_costs_match_the_geometry(geometry):
+def test_budget_counts_every_byte_the_cache_allocates(geometry):
+    budget = solve_kv_budget(geometry, torch.float32, 3 * 2**20, 8, 128, 512)
+    cache = PagedKVCache(geometry, budget.num_pages, 8, 512, 128, torch.float32, "cpu")
+    pools = [*cache.window_pools, *cache.compressed_pools.values(), *cache.index_pools.values()]
+    states = [t for s in (*cache.compressor_states.values(), *cache.indexer_states.values()) for t in (s.kv, s.score)]
+    allocated = sum(t.numel() * t.element_size() for t in pools + states)
+    assert allocated == budget.total_bytes
+
+
+def test_a_large_budget_is_capped_at_full_length_sequences(geometry):
     budget = solve_kv_budget(geometry, torch.float32, 2**30, 8, 128, 512)
-    assert budget.bytes_per_token == pytest.approx(geometry.bytes_per_token(torch.float32))
-    assert budget.bytes_per_sequence == geometry.bytes_per_sequence(torch.float32)
-    assert budget.num_pages == 8 * 128  # a large budget is capped at max_num_seqs full-length sequences
+    assert budget.num_pages == 8 * 128
 
 
 def test_pages_fill_the_budget_exactly(geometry):

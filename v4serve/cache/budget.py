@@ -29,6 +29,7 @@ class KVBudget:
     tier_bytes_per_token: dict[str, float]  # paged tiers
     tier_bytes_per_sequence: dict[str, int]  # fixed tiers, per running sequence
     staging_bytes: int  # per-step rows, fixed
+    reserved_bytes: int  # decode's padding slot and the pools' scratch rows (kv_cache.py), fixed
 
     @property
     def bytes_per_token(self) -> float:
@@ -41,7 +42,7 @@ class KVBudget:
     @property
     def total_bytes(self) -> int:
         paged = self.bytes_per_token * self.page_size * self.num_pages
-        return int(paged) + self.bytes_per_sequence * self.max_num_seqs + self.staging_bytes
+        return int(paged) + self.bytes_per_sequence * self.max_num_seqs + self.staging_bytes + self.reserved_bytes
 
     @property
     def full_length_sequences(self) -> int:
@@ -64,8 +65,9 @@ class KVBudget:
         return lines
 
 
-def tier_costs(geometry: CacheGeometry, kv_dtype: torch.dtype) -> tuple[dict[str, float], dict[str, int], int]:
-    """(paged bytes per token, fixed bytes per sequence, staging bytes per step token) by tier."""
+def tier_costs(geometry: CacheGeometry, kv_dtype: torch.dtype) -> tuple[dict[str, float], dict[str, int], int, int]:
+    """(paged bytes per token, fixed bytes per sequence, staging bytes per step token) by tier, and
+    the reserved bytes: one padding slot's fixed tiers plus one scratch row per paged pool."""
     size = torch.empty((), dtype=kv_dtype).element_size()
     per_token = {"compressed rows": 0.0, "index keys": 0.0}
     per_seq = {"window ring": 0, "compressor state": 0}
@@ -79,7 +81,11 @@ def tier_costs(geometry: CacheGeometry, kv_dtype: torch.dtype) -> tuple[dict[str
             if c is not None:
                 per_seq["compressor state"] += 2 * c.state_rows * c.state_width * 4  # fp32 kv + score
     staging = len(geometry.layers) * geometry.head_dim * size
-    return per_token, per_seq, staging
+    scratch = sum(
+        (geometry.head_dim * size if g.ratio else 0) + (geometry.index_head_dim * size if g.indexer else 0)
+        for g in geometry.layers
+    )
+    return per_token, per_seq, staging, sum(per_seq.values()) + scratch
 
 
 def solve_kv_budget(
@@ -94,8 +100,8 @@ def solve_kv_budget(
 
     Never more pages than `max_num_seqs` full-length sequences can use. Raises ValueError when
     the budget does not cover the fixed costs plus one page."""
-    per_token, per_seq, staging_per_token = tier_costs(geometry, kv_dtype)
-    fixed = max_num_seqs * sum(per_seq.values()) + max_step_tokens * staging_per_token
+    per_token, per_seq, staging_per_token, reserved = tier_costs(geometry, kv_dtype)
+    fixed = max_num_seqs * sum(per_seq.values()) + max_step_tokens * staging_per_token + reserved
     page_bytes = sum(per_token.values()) * geometry.page_size
     left = memory_bytes - fixed
     num_pages = int(left // page_bytes) if page_bytes else max_num_seqs * max_pages_per_seq
@@ -106,7 +112,7 @@ def solve_kv_budget(
             f"{max_num_seqs} sequences) plus one page ({page_bytes:.0f} bytes)"
         )
     return KVBudget(num_pages, geometry.page_size, max_num_seqs, max_pages_per_seq, per_token, per_seq,
-                    max_step_tokens * staging_per_token)
+                    max_step_tokens * staging_per_token, reserved)
 
 
 def budget_for_pages(
@@ -114,9 +120,9 @@ def budget_for_pages(
     max_step_tokens: int,
 ) -> KVBudget:
     """The budget of a given page count (to describe a cache sized by pages, not bytes)."""
-    per_token, per_seq, staging_per_token = tier_costs(geometry, kv_dtype)
+    per_token, per_seq, staging_per_token, reserved = tier_costs(geometry, kv_dtype)
     return KVBudget(num_pages, geometry.page_size, max_num_seqs, max_pages_per_seq, per_token, per_seq,
-                    max_step_tokens * staging_per_token)
+                    max_step_tokens * staging_per_token, reserved)
 
 
 def free_gpu_memory(device: torch.device) -> int:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from v4serve.config import CSA, ModelConfig
 
 
@@ -60,25 +58,3 @@ class CacheGeometry:
     def ratios(self) -> tuple[int, ...]:
         """The distinct compress ratios in use (each gets its own row addressing)."""
         return tuple(sorted({g.ratio for g in self.layers if g.ratio}))
-
-    def bytes_per_token(self, kv_dtype: torch.dtype) -> float:
-        """Paged bytes per token of history: compressed rows plus index keys, all layers."""
-        size = torch.empty((), dtype=kv_dtype).element_size()
-        total = 0.0
-        for g in self.layers:
-            if g.ratio:
-                total += self.head_dim * size / g.ratio
-            if g.indexer:
-                total += self.index_head_dim * size / g.ratio
-        return total
-
-    def bytes_per_sequence(self, kv_dtype: torch.dtype) -> int:
-        """Fixed bytes per running sequence: the window ring and the compressor state."""
-        size = torch.empty((), dtype=kv_dtype).element_size()
-        total = 0
-        for g in self.layers:
-            total += self.page_size * self.head_dim * size
-            for c in (g.compressor, g.indexer):
-                if c is not None:
-                    total += 2 * c.state_rows * c.state_width * 4
-        return total
