@@ -19,7 +19,7 @@ def test_budget_counts_every_byte_the_cache_allocates(geometry):
     budget = solve_kv_budget(geometry, torch.float32, 3 * 2**20, 8, 128, 512)
     cache = PagedKVCache(geometry, budget.num_pages, 8, 512, 128, torch.float32, "cpu")
     pools = [*cache.window_pools, *cache.compressed_pools.values(), *cache.index_pools.values()]
-    states = [t for s in (*cache.compressor_states.values(), *cache.indexer_states.values()) for t in (s.kv, s.score)]
+    states = [t for s in (*cache.compressor_states.values(), *cache.indexer_states.values()) for t in s.tensors()]
     allocated = sum(t.numel() * t.element_size() for t in pools + states)
     assert allocated == budget.total_bytes
 

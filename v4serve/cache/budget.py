@@ -79,7 +79,7 @@ def tier_costs(geometry: CacheGeometry, kv_dtype: torch.dtype) -> tuple[dict[str
             per_token["index keys"] += geometry.index_head_dim * size / g.ratio
         for c in (g.compressor, g.indexer):
             if c is not None:
-                per_seq["compressor state"] += 2 * c.state_rows * c.state_width * 4  # fp32 kv + score
+                per_seq["compressor state"] += c.state_bytes
     staging = len(geometry.layers) * geometry.head_dim * size
     scratch = sum(
         (geometry.head_dim * size if g.ratio else 0) + (geometry.index_head_dim * size if g.indexer else 0)

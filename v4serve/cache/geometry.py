@@ -4,8 +4,9 @@ Tiers, per layer:
 * window rows: `sliding_window` rows of `head_dim` per sequence (a ring; does not grow);
 * compressed rows (ratio r > 0): one `head_dim` row per r tokens of history, paged;
 * index keys (CSA layers): one `index_head_dim` row per r tokens, paged like the compressed rows;
-* compressor state (partial blocks, ratio r > 0): fp32 kv + score rows of the open block, plus
-  the previous block for overlapping (CSA) compressors, per sequence.
+* compressor state (partial blocks, ratio r > 0), per sequence: fp32 kv + score rows of the open
+  and the previous block for overlapping (CSA) compressors; an online softmax of the open block
+  (three vectors) for the others.
 """
 
 from __future__ import annotations
@@ -23,11 +24,19 @@ class CompressorShape:
 
     @property
     def state_rows(self) -> int:
-        return (2 if self.overlap else 1) * self.ratio
+        return 2 * self.ratio
 
     @property
     def state_width(self) -> int:
-        return (2 if self.overlap else 1) * self.head_dim
+        return 2 * self.head_dim
+
+    @property
+    def state_bytes(self) -> int:
+        """Per sequence: the raw fp32 kv + score rows of two blocks with overlap, else three fp32
+        vectors of an online softmax (kv_cache.CompressorState / OnlinePoolState)."""
+        if self.overlap:
+            return 2 * self.state_rows * self.state_width * 4
+        return 3 * self.head_dim * 4
 
 
 @dataclass(frozen=True)

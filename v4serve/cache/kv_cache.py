@@ -29,19 +29,45 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | st
 
 
 class CompressorState:
-    """fp32 kv and score rows of each sequence's open block (and, for overlapping compressors,
-    of its previous complete block): `[slots, rows, width]`. For a sequence at position p, the
-    open block's rows sit at `(rows - ratio) + i` for i < p % ratio; with overlap, rows
-    `[0, ratio)` hold the last complete block (score -inf before the first one)."""
+    """An overlapping compressor's rows: fp32 kv and score of each sequence's open block and of its
+    previous complete block, `[slots, 2 * ratio, 2 * head_dim]`. For a sequence at position p, the
+    open block's rows sit at `ratio + i` for i < p % ratio; rows `[0, ratio)` hold the last
+    complete block (score -inf before the first one)."""
 
     def __init__(self, shape: CompressorShape, max_seqs: int, device: torch.device | str):
-        self.shape = shape
         self.kv = torch.zeros(max_seqs, shape.state_rows, shape.state_width, device=device)
         self.score = torch.full_like(self.kv, float("-inf"))
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.kv, self.score
 
     def reset(self, slot: int) -> None:
         self.kv[slot].zero_()
         self.score[slot].fill_(float("-inf"))
+
+
+class OnlinePoolState:
+    """A non-overlapping compressor's open block, folded in as its tokens arrive (online softmax,
+    fp32, `[slots, head_dim]` each): per channel the running maximum of the scores, the sum of
+    exp(score - max), and the sum of exp(score - max) * kv. A complete block's row is acc / sum.
+    For ratio 128 this is 3 vectors per sequence instead of 2 x 128 rows."""
+
+    def __init__(self, shape: CompressorShape, max_seqs: int, device: torch.device | str):
+        self.max = torch.full((max_seqs, shape.head_dim), float("-inf"), device=device)
+        self.sum = torch.zeros(max_seqs, shape.head_dim, device=device)
+        self.acc = torch.zeros(max_seqs, shape.head_dim, device=device)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.max, self.sum, self.acc
+
+    def reset(self, slot: int) -> None:
+        self.max[slot].fill_(float("-inf"))
+        self.sum[slot].zero_()
+        self.acc[slot].zero_()
+
+
+def compressor_state(shape: CompressorShape, max_seqs: int, device: torch.device | str):
+    return (CompressorState if shape.overlap else OnlinePoolState)(shape, max_seqs, device)
 
 
 class PagedKVCache:
@@ -77,16 +103,16 @@ class PagedKVCache:
         ]
         self.compressed_pools: dict[int, torch.Tensor] = {}
         self.index_pools: dict[int, torch.Tensor] = {}
-        self.compressor_states: dict[int, CompressorState] = {}
-        self.indexer_states: dict[int, CompressorState] = {}
+        self.compressor_states: dict[int, CompressorState | OnlinePoolState] = {}
+        self.indexer_states: dict[int, CompressorState | OnlinePoolState] = {}
         for layer, g in enumerate(geometry.layers):
             rows = num_pages * w // g.ratio + 1 if g.ratio else 0  # + the scratch row
             if g.compressor is not None:
                 self.compressed_pools[layer] = _zeros((rows, geometry.head_dim), dtype, device)
-                self.compressor_states[layer] = CompressorState(g.compressor, slots, device)
+                self.compressor_states[layer] = compressor_state(g.compressor, slots, device)
             if g.indexer is not None:
                 self.index_pools[layer] = _zeros((rows, geometry.index_head_dim), dtype, device)
-                self.indexer_states[layer] = CompressorState(g.indexer, slots, device)
+                self.indexer_states[layer] = compressor_state(g.indexer, slots, device)
 
     # ------------------------------------------------------------------ sequences and pages
     @property

@@ -10,9 +10,10 @@ per-channel softmax-gated pool:
 then `kv_norm` (RMSNorm), then RoPE on the last rope channels at the block's START position
 g*ratio with the compressed-layer table. Row g exists once token g*ratio + ratio - 1 is seen.
 
-State between steps (`cache.kv_cache.CompressorState`): the open block's projected rows, and for
-overlap the previous complete block's, so chunked prefill and decode pool exactly what one
-full-sequence pass would.
+State between steps: with overlap (`cache.kv_cache.CompressorState`) the open block's projected
+rows and the previous complete block's; without (`OnlinePoolState`) an online softmax of the open
+block (running max, sum, weighted sum per channel), exact up to fp32 rounding. Blocks wholly
+inside one prefill chunk are pooled at once.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from v4serve.cache import ForwardBatch
-from v4serve.cache.kv_cache import CompressorState
+from v4serve.cache.kv_cache import CompressorState, OnlinePoolState
 from v4serve.config import ModelConfig
 from v4serve.model.norm import RMSNorm
 from v4serve.model.rope import apply_rope
@@ -48,7 +49,8 @@ class Compressor(nn.Module):
         self.indexer = indexer
 
     def compress(
-        self, x: torch.Tensor, batch: ForwardBatch, state: CompressorState, pool: torch.Tensor, inv_freq: torch.Tensor,
+        self, x: torch.Tensor, batch: ForwardBatch, state: CompressorState | OnlinePoolState, pool: torch.Tensor,
+        inv_freq: torch.Tensor,
         row_format: str | None,
     ) -> None:
         """Pool every block the step completes and write its row to `pool` (rows from `batch`),
@@ -72,28 +74,33 @@ class Compressor(nn.Module):
             pool[rows_of[b, groups].long()] = self.finish_rows(rows, row_format, batch.kernels)
 
     def _compress_decode(
-        self, kv: torch.Tensor, score: torch.Tensor, batch: ForwardBatch, state: CompressorState,
+        self, kv: torch.Tensor, score: torch.Tensor, batch: ForwardBatch, state: CompressorState | OnlinePoolState,
         pool: torch.Tensor, inv_freq: torch.Tensor, row_format: str | None,
     ) -> None:
         """One token per sequence, no host decisions: every sequence records its token in the open
         block and pools it; sequences whose block did not complete write to the pool's scratch row."""
         r, d = self.ratio, self.head_dim
         p, slots = batch.positions, batch.slots
-        base = state.kv.shape[1] - r
-        state.kv[slots, base + p % r] = kv
-        state.score[slots, base + p % r] = score + self.position_bias[p % r]
-        open_kv, open_score = state.kv[slots, base:], state.score[slots, base:]  # [B, r, width]
+        score = score + self.position_bias[p % r]
         complete = (p + 1) % r == 0
         if self.overlap:
+            state.kv[slots, r + p % r] = kv
+            state.score[slots, r + p % r] = score
+            open_kv, open_score = state.kv[slots, r:], state.score[slots, r:]  # [B, r, 2d]
             prev_kv, prev_score = state.kv[slots, :r], state.score[slots, :r]
             pool_kv = torch.cat((prev_kv[..., :d], open_kv[..., d:]), dim=1)
             pool_score = torch.cat((prev_score[..., :d], open_score[..., d:]), dim=1)
             keep = complete[:, None, None]
             state.kv[slots, :r] = torch.where(keep, open_kv, prev_kv)  # the block becomes "previous"
             state.score[slots, :r] = torch.where(keep, open_score, prev_score)
+            rows = gated_pool(pool_kv, pool_score, out_dtype=torch.float32, impl=batch.kernels)
         else:
-            pool_kv, pool_score = open_kv, open_score
-        rows = gated_pool(pool_kv, pool_score, out_dtype=torch.float32, impl=batch.kernels)
+            m, total, acc = fold_online(state.max[slots], state.sum[slots], state.acc[slots], kv[:, None], score[:, None])
+            rows = acc / total
+            done = complete[:, None]
+            state.max[slots] = torch.where(done, float("-inf"), m)  # a complete block starts over
+            state.sum[slots] = torch.where(done, 0.0, total)
+            state.acc[slots] = torch.where(done, 0.0, acc)
         rows = apply_rope(self.kv_norm(rows.to(pool.dtype)), p + 1 - r, inv_freq)
         group = ((p + 1) // r - 1).clamp(min=0)
         target = batch.compressed_rows[r].gather(1, group[:, None])[:, 0].long()
@@ -105,30 +112,73 @@ class Compressor(nn.Module):
         return rows if row_format is None else apply_kv_format(rows, row_format, impl=kernels)
 
     def _pool_chunk(
-        self, kv: torch.Tensor, score: torch.Tensor, state: CompressorState, slot: int, start: int, kernels: str
+        self, kv: torch.Tensor, score: torch.Tensor, state: CompressorState | OnlinePoolState, slot: int,
+        start: int, kernels: str,
     ) -> tuple[torch.Tensor | None, int]:
         """(pooled rows [n, head_dim] fp32 of the blocks completed in this chunk, first group id)."""
+        if self.overlap:
+            return self._pool_chunk_overlap(kv, score, state, slot, start, kernels)
+        return self._pool_chunk_online(kv, score, state, slot, start, kernels)
+
+    def _pool_chunk_overlap(
+        self, kv: torch.Tensor, score: torch.Tensor, state: CompressorState, slot: int, start: int, kernels: str
+    ) -> tuple[torch.Tensor | None, int]:
         r, d = self.ratio, self.head_dim
         open_rows = start % r
-        base = state.kv.shape[1] - r  # where the open block's rows start in the state
-        kv = torch.cat((state.kv[slot, base:base + open_rows], kv))  # positions [start - open_rows, end)
-        score = torch.cat((state.score[slot, base:base + open_rows], score))
+        kv = torch.cat((state.kv[slot, r:r + open_rows], kv))  # positions [start - open_rows, end)
+        score = torch.cat((state.score[slot, r:r + open_rows], score))
         n_blocks = kv.shape[0] // r
         done = n_blocks * r
         width = kv.shape[-1]
-        blocks_kv, blocks_score = kv[:done].view(n_blocks, r, width), score[:done].view(n_blocks, r, width)
         pooled = None
         if n_blocks:
-            if self.overlap:
-                prev_kv = torch.cat((state.kv[slot, None, :r], blocks_kv[:-1]))[..., :d]
-                prev_score = torch.cat((state.score[slot, None, :r], blocks_score[:-1]))[..., :d]
-                pool_kv = torch.cat((prev_kv, blocks_kv[..., d:]), dim=1)  # [n, 2r, d]
-                pool_score = torch.cat((prev_score, blocks_score[..., d:]), dim=1)
-                state.kv[slot, :r], state.score[slot, :r] = blocks_kv[-1], blocks_score[-1]
-            else:
-                pool_kv, pool_score = blocks_kv, blocks_score
+            blocks_kv, blocks_score = kv[:done].view(n_blocks, r, width), score[:done].view(n_blocks, r, width)
+            prev_kv = torch.cat((state.kv[slot, None, :r], blocks_kv[:-1]))[..., :d]
+            prev_score = torch.cat((state.score[slot, None, :r], blocks_score[:-1]))[..., :d]
+            pool_kv = torch.cat((prev_kv, blocks_kv[..., d:]), dim=1)  # [n, 2r, d]
+            pool_score = torch.cat((prev_score, blocks_score[..., d:]), dim=1)
+            state.kv[slot, :r], state.score[slot, :r] = blocks_kv[-1], blocks_score[-1]
             pooled = gated_pool(pool_kv, pool_score, out_dtype=torch.float32, impl=kernels)
         rest = kv.shape[0] - done
-        state.kv[slot, base:base + rest] = kv[done:]
-        state.score[slot, base:base + rest] = score[done:]
+        state.kv[slot, r:r + rest] = kv[done:]
+        state.score[slot, r:r + rest] = score[done:]
         return pooled, (start - open_rows) // r
+
+    def _pool_chunk_online(
+        self, kv: torch.Tensor, score: torch.Tensor, state: OnlinePoolState, slot: int, start: int, kernels: str
+    ) -> tuple[torch.Tensor | None, int]:
+        """The open block takes the chunk's first tokens (folded in; pooled if they complete it),
+        whole blocks inside the chunk are pooled at once, the trailing partial block is folded."""
+        r = self.ratio
+        head = min(kv.shape[0], (r - start % r) % r)
+        rows = []
+        if head:
+            m, total, acc = fold_online(state.max[slot], state.sum[slot], state.acc[slot], kv[:head], score[:head])
+            if (start + head) % r == 0:
+                rows.append((acc / total)[None])
+                state.reset(slot)
+            else:
+                state.max[slot], state.sum[slot], state.acc[slot] = m, total, acc
+        first_group = start // r if head and (start + head) % r == 0 else (start + head) // r
+        kv, score = kv[head:], score[head:]
+        n_blocks = kv.shape[0] // r
+        done = n_blocks * r
+        if n_blocks:
+            width = kv.shape[-1]
+            rows.append(gated_pool(kv[:done].view(n_blocks, r, width), score[:done].view(n_blocks, r, width),
+                                   out_dtype=torch.float32, impl=kernels))
+        if done < kv.shape[0]:  # the open block at the chunk's end; the state is empty at a boundary
+            folded = fold_online(state.max[slot], state.sum[slot], state.acc[slot], kv[done:], score[done:])
+            state.max[slot], state.sum[slot], state.acc[slot] = folded
+        return (torch.cat(rows) if rows else None), first_group
+
+
+def fold_online(
+    running_max: torch.Tensor, total: torch.Tensor, acc: torch.Tensor, kv: torch.Tensor, score: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fold rows kv, score [..., n, w] into an online softmax pool (running max, sum of exp(score -
+    max), sum of exp(score - max) * kv; each [..., w]); the pooled row is acc / total."""
+    new_max = torch.maximum(running_max, score.amax(dim=-2))
+    rescale = torch.exp(running_max - new_max)
+    weight = torch.exp(score - new_max.unsqueeze(-2))
+    return new_max, total * rescale + weight.sum(dim=-2), acc * rescale + (weight * kv).sum(dim=-2)
