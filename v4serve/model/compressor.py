@@ -50,11 +50,11 @@ class Compressor(nn.Module):
 
     def compress(
         self, x: torch.Tensor, batch: ForwardBatch, state: CompressorState | OnlinePoolState, pool: torch.Tensor,
-        inv_freq: torch.Tensor,
-        row_format: str | None,
+        inv_freq: torch.Tensor, row_format: str | None,
     ) -> None:
         """Pool every block the step completes and write its row to `pool` (rows from `batch`),
-        rounded through `row_format` (the indexer passes None and rounds its keys itself)."""
+        made what the cache stores by `finish_rows` (rounded through `row_format`; the indexer's
+        override also rotates its keys)."""
         kv_all = F.linear(x.float(), self.kv_proj.weight)
         score_all = F.linear(x.float(), self.gate_proj.weight)
         if batch.is_decode:
