@@ -70,6 +70,9 @@ class Attention(nn.Module):
             )
             if self.compressor.indexer is not None:
                 cmp_columns = self.compressor.indexer.select(self.layer, x, qr, batch, cache, inv_freq)
+                # Picks come best first with the holes last, so the kernel can stop at the visible ones.
+                visible = (batch.positions + 1) // self.ratio
+                counts = visible.clamp(max=cmp_columns.shape[1]).to(torch.int32)
             else:
                 cmp_columns, counts = self._visible_rows(batch)
         columns = torch.cat((batch.window_columns, cmp_columns), dim=1)
