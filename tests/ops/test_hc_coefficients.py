@@ -61,3 +61,13 @@ def test_bad_arguments_are_named():
         hc_coefficients(mixes[:, :-1], row_scale, base, scale, n=4, iters=20, eps=1e-6)
     with pytest.raises(ValueError, match="power of two"):
         hc_coefficients(mixes[:, :15], row_scale, base[:15], scale, n=3, iters=20, eps=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_kernel_on_gpu():
+    args = [a.cuda() for a in _inputs(4096, seed=9)]
+    want = hc_coefficients(*args, n=4, iters=20, eps=1e-6, impl="torch")
+    got = hc_coefficients(*args, n=4, iters=20, eps=1e-6, impl="triton")
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
