@@ -43,8 +43,8 @@ def _prompts(n_tokens: list[int], vocab: int, seed: int) -> list[list[int]]:
 
 
 def _run(model: str, kernels: str, prompts, budget: int, overrides=None, decode_steps: int = 8, dtype="bfloat16"):
-    # cuda_graphs=False: this compares the ops; graph capture of decode is tested on its own (and at
-    # 4a1aaec it fails on the H200: torch._grouped_mm in model/moe.py copies from the host while capturing).
+    # cuda_graphs=False: this compares the ops; graph replay against eager decoding is
+    # tests/engine/test_gpu_decode.py.
     llm = LLM(model, device=DEVICE, dtype=dtype, kernels=kernels, hf_overrides=overrides, cuda_graphs=False,
               max_num_seqs=len(prompts), max_num_batched_tokens=budget, max_model_len=4096, progress=False)
     params = SamplingParams(temperature=0.0, max_tokens=decode_steps, ignore_eos=True, prompt_logprobs=1, logprobs=1)
