@@ -132,10 +132,6 @@ class ModelConfig:
         return self.sliding_window
 
     @property
-    def compressed_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, r in enumerate(self.compress_ratios) if r > 0)
-
-    @property
     def indexed_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.layer_types) if t == CSA)
 
