@@ -97,19 +97,38 @@ def gpu_busy_fraction(engine: Engine, concurrency: int, steps: int = 20) -> dict
             engine.step()
         _sync()
         wall = time.perf_counter() - t0
-    intervals = sorted(
-        (e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA"
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end, e.name) for e in prof.events() if e.device_type.name == "CUDA"
     )
-    busy, end = 0.0, -1.0
-    for a, b in intervals:
+    busy, end, gaps = 0.0, -1.0, []
+    for a, b, _ in kernels:
         if b <= end:
             continue
+        if end >= 0 and a > end:
+            gaps.append(a - end)
         busy += b - max(a, end)
         end = b
     _drain(engine)
     busy_s = busy / 1e6
+    small_gaps = [g for g in gaps if g < 20.0]  # µs: launch gaps inside a graph, not host waits
     return {"concurrency": concurrency, "steps": steps, "wall_ms_per_step": 1e3 * wall / steps,
-            "gpu_busy_ms_per_step": 1e3 * busy_s / steps, "idle_fraction": 1 - busy_s / wall}
+            "gpu_busy_ms_per_step": 1e3 * busy_s / steps, "idle_fraction": 1 - busy_s / wall,
+            "kernels_per_step": len(kernels) / steps,
+            "gap_ms_per_step_under_20us": sum(small_gaps) / 1e3 / steps,
+            "gap_ms_per_step_over_20us": (sum(gaps) - sum(small_gaps)) / 1e3 / steps,
+            "top_kernels": _top_kernels(kernels, steps)}
+
+
+def _top_kernels(kernels: list[tuple[float, float, str]], steps: int, top: int = 25) -> list[tuple[str, float, float]]:
+    """(name, launches per step, µs per step) of the kernels with the most launches."""
+    count: dict[str, int] = {}
+    total: dict[str, float] = {}
+    for a, b, name in kernels:
+        name = name[:60]
+        count[name] = count.get(name, 0) + 1
+        total[name] = total.get(name, 0.0) + (b - a)
+    names = sorted(count, key=lambda n: -count[n])[:top]
+    return [(n, count[n] / steps, round(total[n] / steps, 1)) for n in names]
 
 
 def host_profile(engine: Engine, concurrency: int, steps: int = 20, top: int = 15) -> None:
