@@ -46,6 +46,10 @@ _GATED_POOL_TYPES = dict(kv_ptr="*fp32", score_ptr="*fp32", out_ptr="*bf16", R="
 _GATED_POOL_ALIGNED = ("kv_ptr", "score_ptr", "out_ptr", "D", "stride_kb", "stride_kr",
                        "stride_sb", "stride_sr", "stride_ob")
 
+_NORM_ROPE_TYPES = dict(x_ptr="*bf16", w_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32", out_ptr="*bf16", D="i32",
+                        R="i32", heads="i32", eps="fp32", stride_x="i32", stride_o="i32", stride_cs="i32")
+_NORM_ROPE_ALIGNED = ("x_ptr", "w_ptr", "cos_ptr", "sin_ptr", "out_ptr", "D", "stride_x", "stride_o")
+
 KERNELS: tuple[KernelSpec, ...] = (
     # ---- canaries: fixed copies of the production access patterns (samples.py) ----
     KernelSpec(
@@ -186,6 +190,20 @@ KERNELS: tuple[KernelSpec, ...] = (
         aligned=("mix_ptr", "row_scale_ptr", "base_ptr", "scale_ptr", "pre_ptr", "post_ptr", "comb_ptr"),
         constexprs=dict(N=4, ITERS=20, EPS=1e-6, BLOCK_T=32), num_warps=4, num_stages=3,
         expect=Expect(max_regs=128),
+    ),
+    # ---- RMSNorm + RoPE (ops/norm_rope_triton.py): one program per row, warps from
+    # norm_rope_warps(BLOCK_D); the rope pair partner is a second (narrow, cached) load ----
+    KernelSpec(  # per-head q: weightless norm + rope, D 512, rope 64
+        "norm_rope.q", f"{_OPS}.norm_rope_triton:_rms_norm_rope_kernel",
+        types=_NORM_ROPE_TYPES, aligned=_NORM_ROPE_ALIGNED,
+        constexprs=dict(NORM=True, HAS_WEIGHT=False, ROPE=True, INVERSE=False, BLOCK_D=512), num_warps=2,
+        num_stages=3, expect=Expect(max_regs=128),
+    ),
+    KernelSpec(  # a layer's input norm: weighted, D 4096 (Flash hidden size), no rope
+        "norm_rope.hidden", f"{_OPS}.norm_rope_triton:_rms_norm_rope_kernel",
+        types=_NORM_ROPE_TYPES, aligned=_NORM_ROPE_ALIGNED,
+        constexprs=dict(NORM=True, HAS_WEIGHT=True, ROPE=False, INVERSE=False, BLOCK_D=4096), num_warps=8,
+        num_stages=3, expect=Expect(max_regs=128),
     ),
     # ---- MoE grouped matmul (ops/grouped_matmul_triton.py): bf16 activations and expert weights,
     # GROUPED_MATMUL_CONFIG; the gathered activation rows and the weight rows are 16-byte aligned ----

@@ -19,9 +19,10 @@ from v4serve.cache import ForwardBatch, PagedKVCache
 from v4serve.config import CSA, ModelConfig
 from v4serve.model.compressor import Compressor
 from v4serve.model.indexer import Indexer
-from v4serve.model.norm import RMSNorm, rms_normalize
-from v4serve.model.rope import RopeTables, apply_rope
+from v4serve.model.norm import RMSNorm
+from v4serve.model.rope import StepRope
 from v4serve.ops.kv_quant import apply_kv_format
+from v4serve.ops.norm_rope import rms_norm_rope
 from v4serve.ops.sparse_attn import sparse_attn_paged
 
 
@@ -51,13 +52,13 @@ class Attention(nn.Module):
                 config, d, self.ratio, overlap=is_csa, indexer=Indexer(config, self.ratio) if is_csa else None
             )
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, rope: RopeTables) -> torch.Tensor:
-        t = x.shape[0]
-        inv_freq = rope.for_ratio(self.ratio)
-        qr = self.q_a_norm(self.q_a_proj(x))
-        q = rms_normalize(self.q_b_proj(qr).view(t, self.n_heads, self.head_dim), self.eps)
-        q = apply_rope(q, batch.positions, inv_freq)
-        kv = apply_rope(self.kv_norm(self.kv_proj(x)), batch.positions, inv_freq)
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, rope: StepRope) -> torch.Tensor:
+        t, kernels = x.shape[0], batch.kernels
+        angles = rope.for_ratio(self.ratio)
+        qr = self.q_a_norm(self.q_a_proj(x), kernels)
+        q = rms_norm_rope(self.q_b_proj(qr).view(t, self.n_heads, self.head_dim), self.eps,
+                          cos=angles.cos, sin=angles.sin, impl=kernels)
+        kv = rms_norm_rope(self.kv_proj(x), self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=kernels)
         kv = apply_kv_format(kv, cache.kv_format.kv_rows, impl=batch.kernels)
 
         win_pool = cache.window_pools[self.layer]
@@ -66,10 +67,10 @@ class Attention(nn.Module):
         if self.compressor is not None:
             cmp_pool = cache.compressed_pools[self.layer]
             self.compressor.compress(
-                x, batch, cache.compressor_states[self.layer], cmp_pool, inv_freq, cache.kv_format.kv_rows
+                x, batch, cache.compressor_states[self.layer], cmp_pool, angles.inv_freq, cache.kv_format.kv_rows
             )
             if self.compressor.indexer is not None:
-                cmp_columns = self.compressor.indexer.select(self.layer, x, qr, batch, cache, inv_freq)
+                cmp_columns = self.compressor.indexer.select(self.layer, x, qr, batch, cache, angles)
                 # Picks come best first with the holes last, so the kernel can stop at the visible ones.
                 visible = (batch.positions + 1) // self.ratio
                 counts = visible.clamp(max=cmp_columns.shape[1]).to(torch.int32)
@@ -82,7 +83,7 @@ class Attention(nn.Module):
         )[0]
         win_pool[batch.ring_dst] = win_pool[batch.ring_src]
 
-        o = apply_rope(o.to(x.dtype), batch.positions, inv_freq, inverse=True)
+        o = rms_norm_rope(o.to(x.dtype), cos=angles.cos, sin=angles.sin, inverse=True, impl=kernels)
         groups = o.reshape(t, self.o_groups, -1)  # [T, G, H*D/G]
         w_a = self.o_a_proj.weight.view(self.o_groups, -1, groups.shape[-1])  # [G, o_rank, H*D/G]
         z = torch.einsum("tgi,goi->tgo", groups, w_a)

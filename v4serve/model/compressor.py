@@ -26,9 +26,10 @@ from v4serve.cache import ForwardBatch
 from v4serve.cache.kv_cache import CompressorState, OnlinePoolState
 from v4serve.config import ModelConfig
 from v4serve.model.norm import RMSNorm
-from v4serve.model.rope import apply_rope
+from v4serve.model.rope import rotary_angles
 from v4serve.ops.gated_pool import gated_pool
 from v4serve.ops.kv_quant import apply_kv_format
+from v4serve.ops.norm_rope import rms_norm_rope
 
 
 class Compressor(nn.Module):
@@ -70,7 +71,7 @@ class Compressor(nn.Module):
             if rows is None:
                 continue
             groups = torch.arange(first_group, first_group + rows.shape[0], device=rows.device)
-            rows = apply_rope(self.kv_norm(rows.to(pool.dtype)), groups * self.ratio, inv_freq)
+            rows = self.normalize_and_rotate(rows.to(pool.dtype), groups * self.ratio, inv_freq, batch.kernels)
             pool[rows_of[b, groups].long()] = self.finish_rows(rows, row_format, batch.kernels)
 
     def _compress_decode(
@@ -101,11 +102,18 @@ class Compressor(nn.Module):
             state.max[slots] = torch.where(done, float("-inf"), m)  # a complete block starts over
             state.sum[slots] = torch.where(done, 0.0, total)
             state.acc[slots] = torch.where(done, 0.0, acc)
-        rows = apply_rope(self.kv_norm(rows.to(pool.dtype)), p + 1 - r, inv_freq)
+        rows = self.normalize_and_rotate(rows.to(pool.dtype), p + 1 - r, inv_freq, batch.kernels)
         group = ((p + 1) // r - 1).clamp(min=0)
         target = batch.compressed_rows[r].gather(1, group[:, None])[:, 0].long()
         scratch = pool.shape[0] - 1
         pool[torch.where(complete & (target >= 0), target, scratch)] = self.finish_rows(rows, row_format, batch.kernels)
+
+    def normalize_and_rotate(
+        self, rows: torch.Tensor, starts: torch.Tensor, inv_freq: torch.Tensor, kernels: str
+    ) -> torch.Tensor:
+        """kv_norm, then RoPE at each row's block start position."""
+        angles = rotary_angles(starts, inv_freq)
+        return rms_norm_rope(rows, self.kv_norm.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=kernels)
 
     def finish_rows(self, rows: torch.Tensor, row_format: str | None, kernels: str) -> torch.Tensor:
         """Round rows to what the cache stores."""

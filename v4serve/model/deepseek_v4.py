@@ -20,7 +20,7 @@ from v4serve.model.attention import Attention
 from v4serve.model.mhc import HyperConnection, HyperHead
 from v4serve.model.moe import MoE
 from v4serve.model.norm import RMSNorm
-from v4serve.model.rope import RopeTables
+from v4serve.model.rope import RopeTables, StepRope
 
 
 class DecoderLayer(nn.Module):
@@ -34,13 +34,13 @@ class DecoderLayer(nn.Module):
         self.ffn_hc = HyperConnection(config)
 
     def forward(
-        self, streams: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, rope: RopeTables
+        self, streams: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, rope: StepRope
     ) -> torch.Tensor:
         y, post, comb = self.attn_hc(streams, batch.kernels)
-        out = self.self_attn(self.input_layernorm(y), batch, cache, rope)
+        out = self.self_attn(self.input_layernorm(y, batch.kernels), batch, cache, rope)
         streams = HyperConnection.expand(out, streams, post, comb)
         y, post, comb = self.ffn_hc(streams, batch.kernels)
-        out = self.mlp(self.post_attention_layernorm(y), batch.token_ids, batch.kernels)
+        out = self.mlp(self.post_attention_layernorm(y, batch.kernels), batch.token_ids, batch.kernels)
         return HyperConnection.expand(out, streams, post, comb)
 
 
@@ -73,8 +73,8 @@ class DeepseekV4ForCausalLM(nn.Module):
         """Run one step; return fp32 logits [len(batch.logits_indices), vocab]."""
         x = self.model.embed_tokens(batch.token_ids)
         streams = x.unsqueeze(1).expand(-1, self.model.hc_mult, -1).contiguous()
-        rope = self.rope()
+        rope = self.rope().at(batch.positions)
         for layer in self.model.layers:
             streams = layer(streams, batch, cache, rope)
-        h = self.model.norm(self.model.hc_head(streams[batch.logits_indices]))
+        h = self.model.norm(self.model.hc_head(streams[batch.logits_indices]), batch.kernels)
         return self.lm_head(h).float()

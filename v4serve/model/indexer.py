@@ -18,9 +18,10 @@ from torch import nn
 from v4serve.cache import ForwardBatch, PagedKVCache
 from v4serve.config import ModelConfig
 from v4serve.model.compressor import Compressor
-from v4serve.model.rope import apply_rope
+from v4serve.model.rope import RotaryAngles
 from v4serve.ops.indexer import index_scores, select_topk
 from v4serve.ops.kv_quant import apply_kv_format, hadamard
+from v4serve.ops.norm_rope import rms_norm_rope
 
 
 class IndexScorer(nn.Module):
@@ -47,13 +48,14 @@ class Indexer(Compressor):
 
     def select(
         self, layer: int, x: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache,
-        inv_freq: torch.Tensor,
+        angles: RotaryAngles,
     ) -> torch.Tensor:
         """Index the step's new blocks, then return [T, K] compressed-pool rows per token (-1 = none)."""
         pool = cache.index_pools[layer]
         index_format = cache.kv_format.index_rows
-        self.compress(x, batch, cache.indexer_states[layer], pool, inv_freq, index_format)
-        q = apply_rope(self.q_b_proj(qr).unflatten(-1, (self.n_heads, self.head_dim)), batch.positions, inv_freq)
+        self.compress(x, batch, cache.indexer_states[layer], pool, angles.inv_freq, index_format)
+        q = self.q_b_proj(qr).unflatten(-1, (self.n_heads, self.head_dim))
+        q = rms_norm_rope(q, cos=angles.cos, sin=angles.sin, impl=batch.kernels)
         q = self.finish_rows(q.to(pool.dtype), index_format, batch.kernels)
         weights = F.linear(x.float(), self.scorer.weights_proj.weight) * self.weight_scale
         rows_of = batch.compressed_rows[self.ratio]

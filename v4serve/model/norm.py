@@ -1,6 +1,7 @@
 """RMSNorm, weighted (every named norm of the model) and weightless (per-head q, mHC mixer input).
 
-Both compute in float32 and return the input dtype, as the reference does.
+Both compute in float32 and return the input dtype, as the reference does; the math and the
+kernel are the op `v4serve.ops.norm_rope.rms_norm_rope` (which can also rotate the result).
 """
 
 from __future__ import annotations
@@ -8,11 +9,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from v4serve.ops.norm_rope import rms_norm_rope
 
-def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+
+def rms_normalize(x: torch.Tensor, eps: float, impl: str = "auto") -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) over the last dim, in float32, returned in x.dtype."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return rms_norm_rope(x, eps, impl=impl)
 
 
 class RMSNorm(nn.Module):
@@ -21,7 +23,5 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * normed).to(x.dtype)
+    def forward(self, x: torch.Tensor, impl: str = "auto") -> torch.Tensor:
+        return rms_norm_rope(x, self.eps, self.weight, impl=impl)

@@ -7,13 +7,16 @@ Channel pairs (x[2i], x[2i+1]) of the rope slice rotate by angle `position * inv
 
 Two frequency tables per model: `main` (window-only layers; plain, base `rope_theta`) and
 `compress` (every layer with a compressor, its compressed rows and its indexer; base
-`compress_rope_theta` with YaRN interpolation and no attention mscale). `inverse=True` rotates
-by the negated angle: the attention output's rope slice is de-rotated at the query position.
+`compress_rope_theta` with YaRN interpolation and no attention mscale). The attention output's
+rope slice is de-rotated (negated angle) at the query position. The rotation itself is the op
+`v4serve.ops.norm_rope.rms_norm_rope` (fused with the RMSNorm that precedes it); this module owns
+the frequency tables and a step's angles.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -43,34 +46,43 @@ def inverse_frequencies(rope_dim: int, base: float, yarn: YarnScaling | None) ->
 
 
 class RopeTables:
-    """The model's two frequency tables; `for_layer` picks the one a layer uses."""
+    """The model's two frequency tables (fp32 inv_freq [rope_dim/2]); `at` gives a step's angles."""
 
     def __init__(self, config: ModelConfig, device: torch.device | str | None = None):
         self.rope_dim = config.qk_rope_head_dim
         self.main = inverse_frequencies(self.rope_dim, config.rope_theta, None).to(device)
         self.compress = inverse_frequencies(self.rope_dim, config.compress_rope_theta, config.compress_yarn).to(device)
 
-    def for_ratio(self, compress_ratio: int) -> torch.Tensor:
-        return self.compress if compress_ratio > 0 else self.main
+    def at(self, positions: torch.Tensor) -> "StepRope":
+        return StepRope(self, positions)
 
     def to(self, device: torch.device | str) -> "RopeTables":
         self.main, self.compress = self.main.to(device), self.compress.to(device)
         return self
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """Rotate the last `2 * len(inv_freq)` channels of x [..., D] at `positions`.
+@dataclass(frozen=True)
+class RotaryAngles:
+    """One table's rotation at a step's token positions: cos, sin [T, rope_dim/2] fp32, and the
+    table itself (for rows rotated at other positions, such as compressed rows)."""
 
-    `positions` has the shape of x's leading dims up to the token axis: [T] for x [T, D] or
-    x [T, H, D] (broadcast over heads)."""
-    rope_dim = 2 * inv_freq.numel()
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, rope_dim/2]
-    cos, sin = angles.cos(), angles.sin()
-    if inverse:
-        sin = -sin
-    while cos.dim() < x.dim():  # [T, r/2] -> [T, 1, ..., r/2]
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    rope = x[..., -rope_dim:].float().unflatten(-1, (-1, 2))
-    even, odd = rope[..., 0], rope[..., 1]
-    rotated = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
-    return torch.cat((x[..., :-rope_dim], rotated.to(x.dtype)), dim=-1)
+    inv_freq: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+def rotary_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> RotaryAngles:
+    """cos and sin of position * inv_freq[i] for positions [T]."""
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    return RotaryAngles(inv_freq, angles.cos(), angles.sin())
+
+
+class StepRope:
+    """Both tables' angles at one step's positions, computed once per forward and shared by every layer."""
+
+    def __init__(self, tables: RopeTables, positions: torch.Tensor):
+        self.main = rotary_angles(positions, tables.main)
+        self.compress = rotary_angles(positions, tables.compress)
+
+    def for_ratio(self, compress_ratio: int) -> RotaryAngles:
+        return self.compress if compress_ratio > 0 else self.main
