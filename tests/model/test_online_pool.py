@@ -4,7 +4,7 @@ however the block's tokens arrive."""
 import pytest
 import torch
 
-from v4serve.model.compressor import fold_online
+from v4serve.ops.compress_decode_reference import fold_online
 from v4serve.ops.gated_pool import gated_pool
 
 

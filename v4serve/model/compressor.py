@@ -27,6 +27,8 @@ from v4serve.cache.kv_cache import CompressorState, OnlinePoolState
 from v4serve.config import ModelConfig
 from v4serve.model.norm import RMSNorm
 from v4serve.model.rope import rotary_angles
+from v4serve.ops.compress_decode import compress_decode
+from v4serve.ops.compress_decode_reference import fold_online
 from v4serve.ops.gated_pool import gated_pool
 from v4serve.ops.kv_quant import apply_kv_format
 from v4serve.ops.norm_rope import rms_norm_rope
@@ -78,35 +80,17 @@ class Compressor(nn.Module):
         self, kv: torch.Tensor, score: torch.Tensor, batch: ForwardBatch, state: CompressorState | OnlinePoolState,
         pool: torch.Tensor, inv_freq: torch.Tensor, row_format: str | None,
     ) -> None:
-        """One token per sequence, no host decisions: every sequence records its token in the open
-        block and pools it; sequences whose block did not complete write to the pool's scratch row."""
-        r, d = self.ratio, self.head_dim
-        p, slots = batch.positions, batch.slots
-        score = score + self.position_bias[p % r]
-        complete = (p + 1) % r == 0
-        if self.overlap:
-            state.kv[slots, r + p % r] = kv
-            state.score[slots, r + p % r] = score
-            open_kv, open_score = state.kv[slots, r:], state.score[slots, r:]  # [B, r, 2d]
-            prev_kv, prev_score = state.kv[slots, :r], state.score[slots, :r]
-            pool_kv = torch.cat((prev_kv[..., :d], open_kv[..., d:]), dim=1)
-            pool_score = torch.cat((prev_score[..., :d], open_score[..., d:]), dim=1)
-            keep = complete[:, None, None]
-            state.kv[slots, :r] = torch.where(keep, open_kv, prev_kv)  # the block becomes "previous"
-            state.score[slots, :r] = torch.where(keep, open_score, prev_score)
-            rows = gated_pool(pool_kv, pool_score, out_dtype=torch.float32, impl=batch.kernels)
-        else:
-            m, total, acc = fold_online(state.max[slots], state.sum[slots], state.acc[slots], kv[:, None], score[:, None])
-            rows = acc / total
-            done = complete[:, None]
-            state.max[slots] = torch.where(done, float("-inf"), m)  # a complete block starts over
-            state.sum[slots] = torch.where(done, 0.0, total)
-            state.acc[slots] = torch.where(done, 0.0, acc)
-        rows = self.normalize_and_rotate(rows.to(pool.dtype), p + 1 - r, inv_freq, batch.kernels)
-        group = ((p + 1) // r - 1).clamp(min=0)
-        target = batch.compressed_rows[r].gather(1, group[:, None])[:, 0].long()
-        scratch = pool.shape[0] - 1
-        pool[torch.where(complete & (target >= 0), target, scratch)] = self.finish_rows(rows, row_format, batch.kernels)
+        """One token per sequence, no host decisions (`ops/compress_decode.py`): every sequence
+        records its token in the open block; sequences whose block did not complete write to the
+        pool's scratch row."""
+        r = self.ratio
+        angles = rotary_angles(batch.positions + 1 - r, inv_freq)  # the block's start position
+        rows, target = compress_decode(
+            kv, score, batch.positions, batch.slots, self.position_bias, state.tensors(), r, self.kv_norm.weight,
+            self.kv_norm.eps, angles.cos, angles.sin, batch.compressed_rows[r], pool.shape[0] - 1, pool.dtype,
+            impl=batch.kernels,
+        )
+        pool[target] = self.finish_rows(rows, row_format, batch.kernels)
 
     def normalize_and_rotate(
         self, rows: torch.Tensor, starts: torch.Tensor, inv_freq: torch.Tensor, kernels: str
@@ -180,13 +164,3 @@ class Compressor(nn.Module):
             state.max[slot], state.sum[slot], state.acc[slot] = folded
         return (torch.cat(rows) if rows else None), first_group
 
-
-def fold_online(
-    running_max: torch.Tensor, total: torch.Tensor, acc: torch.Tensor, kv: torch.Tensor, score: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fold rows kv, score [..., n, w] into an online softmax pool (running max, sum of exp(score -
-    max), sum of exp(score - max) * kv; each [..., w]); the pooled row is acc / total."""
-    new_max = torch.maximum(running_max, score.amax(dim=-2))
-    rescale = torch.exp(running_max - new_max)
-    weight = torch.exp(score - new_max.unsqueeze(-2))
-    return new_max, total * rescale + weight.sum(dim=-2), acc * rescale + (weight * kv).sum(dim=-2)

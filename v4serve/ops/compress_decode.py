@@ -1,0 +1,36 @@
+"""One compressor decode step (record the token, pool a completed block, kv_norm, RoPE, target row):
+public entry point (math in compress_decode_reference.py, kernel in compress_decode_triton.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from v4serve.ops._dispatch import use_triton
+from v4serve.ops.compress_decode_reference import compress_decode_reference
+from v4serve.ops.compress_decode_triton import compress_decode_triton
+
+
+def compress_decode(
+    kv: torch.Tensor, score: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+    position_bias: torch.Tensor, state: tuple[torch.Tensor, ...], ratio: int, norm_weight: torch.Tensor,
+    eps: float, cos: torch.Tensor, sin: torch.Tensor, rows_of: torch.Tensor, scratch: int, out_dtype: torch.dtype,
+    impl: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold one token per sequence into its compressor `state` (updated in place: (kv, score) for an
+    overlapping compressor, (max, sum, acc) for an online one) and return (rows [B, d] out_dtype,
+    target [B] int64): the finished row of every block the step completes (zeros elsewhere) and
+    the compressed-pool row it goes to (`scratch` where none)."""
+    B, d = kv.shape[0], norm_weight.shape[0]
+    width = (2 if len(state) == 2 else 1) * d
+    for name, t in (("kv", kv), ("score", score)):
+        if t.shape != (B, width) or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous fp32 [{B}, {width}], got {t.dtype} {tuple(t.shape)}")
+    if position_bias.shape != (ratio, width):
+        raise ValueError(f"position_bias must be [{ratio}, {width}], got {tuple(position_bias.shape)}")
+    if cos.shape != sin.shape or cos.shape[0] != B or 2 * cos.shape[1] > d:
+        raise ValueError(f"cos and sin must be [{B}, R] with 2R <= {d}, got {tuple(cos.shape)}, {tuple(sin.shape)}")
+    if use_triton(impl, kv, score, *state):
+        return compress_decode_triton(kv, score, positions, slots, position_bias, state, ratio, norm_weight, eps,
+                                      cos, sin, rows_of, scratch, out_dtype)
+    return compress_decode_reference(kv, score, positions, slots, position_bias, state, ratio, norm_weight, eps,
+                                     cos, sin, rows_of, scratch, out_dtype)

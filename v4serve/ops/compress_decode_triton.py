@@ -1,0 +1,136 @@
+"""Triton kernel of one compressor decode step (math: compress_decode_reference.py).
+
+Layouts: kv, score [B, W] fp32 (the token's projections, unit stride), positions and slots [B]
+int64, position_bias [r, W] fp32; state, overlap: kv and score [slots, 2r, W] fp32 (W = 2d),
+online: max, sum, acc [slots, d] fp32; norm_weight [d]; cos, sin [B, R] fp32 (R rope pairs,
+the last 2R channels rotate); rows_of [B, n] (compressed-pool row of each block, -1 = none).
+Out: rows [B, d] in the pool's dtype, target [B] int64.
+
+One program per sequence holds the whole step: it records the token in the state (overlap: as
+row r + j; online: folded into the running softmax), and, when the token completes its block,
+pools the block (overlap: the [r, d] tiles of the previous block's first half and this block's
+second half, this block's row j taken from registers, not re-read; then this block is copied
+over the previous one), RMS-normalises the row (rounded to the pool dtype, as the reference),
+rotates the pairs (y[2i], y[2i+1]) of its last 2R channels, and writes the row and its target.
+A step that completes no block writes a zero row aimed at the pool's scratch row.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _pool_overlap_step(kv_ptr, score_ptr, bias_ptr, state_kv, state_score, b, j, complete, d, ch, ch_ok,
+                       RATIO: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    W = 2 * d
+    kv_lo = tl.load(kv_ptr + b * W + ch, mask=ch_ok, other=0.0)
+    kv_hi = tl.load(kv_ptr + b * W + d + ch, mask=ch_ok, other=0.0)
+    sc_lo = tl.load(score_ptr + b * W + ch, mask=ch_ok, other=0.0) + tl.load(bias_ptr + j * W + ch, mask=ch_ok)
+    sc_hi = tl.load(score_ptr + b * W + d + ch, mask=ch_ok, other=0.0) + tl.load(bias_ptr + j * W + d + ch,
+                                                                                  mask=ch_ok)
+    new_row = (RATIO + j) * W
+    tl.store(state_kv + new_row + ch, kv_lo, mask=ch_ok)
+    tl.store(state_kv + new_row + d + ch, kv_hi, mask=ch_ok)
+    tl.store(state_score + new_row + ch, sc_lo, mask=ch_ok)
+    tl.store(state_score + new_row + d + ch, sc_hi, mask=ch_ok)
+    row = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if complete:
+        rr = tl.arange(0, BLOCK_R)
+        tile_ok = (rr < RATIO)[:, None] & ch_ok[None, :]
+        prev = rr[:, None] * W + ch[None, :]
+        this = (RATIO + rr)[:, None] * W + ch[None, :]
+        is_new = (rr == j)[:, None]
+        prev_kv = tl.load(state_kv + prev, mask=tile_ok, other=0.0)
+        prev_sc = tl.load(state_score + prev, mask=tile_ok, other=float("-inf"))
+        kv_a = tl.where(is_new, kv_lo[None, :], tl.load(state_kv + this, mask=tile_ok, other=0.0))
+        kv_b = tl.where(is_new, kv_hi[None, :], tl.load(state_kv + this + d, mask=tile_ok, other=0.0))
+        sc_a = tl.where(is_new, sc_lo[None, :], tl.load(state_score + this, mask=tile_ok, other=float("-inf")))
+        sc_b = tl.where(is_new, sc_hi[None, :], tl.load(state_score + this + d, mask=tile_ok, other=float("-inf")))
+        # 2r candidates per channel: the previous block's first half, this block's second half
+        m = tl.maximum(tl.max(prev_sc, 0), tl.max(sc_b, 0))
+        e_prev = tl.exp(prev_sc - m[None, :])
+        e_this = tl.exp(sc_b - m[None, :])
+        row = (tl.sum(e_prev * prev_kv, 0) + tl.sum(e_this * kv_b, 0)) / (tl.sum(e_prev, 0) + tl.sum(e_this, 0))
+        # this block becomes the previous one
+        tl.store(state_kv + prev, kv_a, mask=tile_ok)
+        tl.store(state_kv + prev + d, kv_b, mask=tile_ok)
+        tl.store(state_score + prev, sc_a, mask=tile_ok)
+        tl.store(state_score + prev + d, sc_b, mask=tile_ok)
+    return row
+
+
+@triton.jit
+def _pool_online_step(kv_ptr, score_ptr, bias_ptr, state_max, state_sum, state_acc, b, j, complete, d, ch, ch_ok):
+    kv = tl.load(kv_ptr + b * d + ch, mask=ch_ok, other=0.0)
+    sc = tl.load(score_ptr + b * d + ch, mask=ch_ok, other=0.0) + tl.load(bias_ptr + j * d + ch, mask=ch_ok)
+    m_old = tl.load(state_max + ch, mask=ch_ok, other=0.0)
+    m = tl.maximum(m_old, sc)
+    rescale = tl.exp(m_old - m)
+    weight = tl.exp(sc - m)
+    total = tl.load(state_sum + ch, mask=ch_ok, other=1.0) * rescale + weight
+    acc = tl.load(state_acc + ch, mask=ch_ok, other=0.0) * rescale + weight * kv
+    tl.store(state_max + ch, tl.where(complete, float("-inf"), m), mask=ch_ok)  # a complete block starts over
+    tl.store(state_sum + ch, tl.where(complete, 0.0, total), mask=ch_ok)
+    tl.store(state_acc + ch, tl.where(complete, 0.0, acc), mask=ch_ok)
+    return acc / total
+
+
+@triton.jit
+def _compress_decode_kernel(
+    kv_ptr, score_ptr, pos_ptr, slot_ptr, bias_ptr, s0_ptr, s1_ptr, s2_ptr,
+    w_ptr, cos_ptr, sin_ptr, rows_of_ptr, rows_ptr, target_ptr,
+    d, R, scratch, eps, stride_slot, stride_rows_of, stride_cs,
+    RATIO: tl.constexpr, OVERLAP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    p = tl.load(pos_ptr + b)
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    j = p % RATIO
+    complete = j == RATIO - 1
+    ch = tl.arange(0, BLOCK_D)
+    ch_ok = ch < d
+    if OVERLAP:
+        row = _pool_overlap_step(kv_ptr, score_ptr, bias_ptr, s0_ptr + slot * stride_slot, s1_ptr + slot * stride_slot,
+                                 b, j, complete, d, ch, ch_ok, RATIO, BLOCK_R, BLOCK_D)
+    else:
+        row = _pool_online_step(kv_ptr, score_ptr, bias_ptr, s0_ptr + slot * stride_slot, s1_ptr + slot * stride_slot,
+                                s2_ptr + slot * stride_slot, b, j, complete, d, ch, ch_ok)
+
+    # kv_norm, rounded to the pool dtype at the reference's rounding points
+    y = tl.where(ch_ok, row, 0.0).to(rows_ptr.dtype.element_ty).to(tl.float32)
+    scale = tl.math.rsqrt(tl.sum(y * y, 0) / d + eps)
+    y = tl.load(w_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32) * (y * scale)
+    y = y.to(rows_ptr.dtype.element_ty).to(tl.float32)
+    # RoPE on the last R pairs at the block start
+    even, odd = tl.split(tl.reshape(y, (BLOCK_D // 2, 2)))
+    pair = tl.arange(0, BLOCK_D // 2) - (d // 2 - R)
+    in_rope = (pair >= 0) & (pair < R)
+    cos = tl.load(cos_ptr + b * stride_cs + pair, mask=in_rope, other=1.0)
+    sin = tl.load(sin_ptr + b * stride_cs + pair, mask=in_rope, other=0.0)
+    y = tl.reshape(tl.join(even * cos - odd * sin, odd * cos + even * sin), (BLOCK_D,))
+    tl.store(rows_ptr + b * d + ch, tl.where(complete, y, 0.0).to(rows_ptr.dtype.element_ty), mask=ch_ok)
+
+    group = tl.maximum((p + 1) // RATIO - 1, 0)
+    target = tl.load(rows_of_ptr + b * stride_rows_of + group).to(tl.int64)
+    tl.store(target_ptr + b, tl.where(complete & (target >= 0), target, scratch))
+
+
+def compress_decode_triton(kv, score, positions, slots, position_bias, state, ratio, norm_weight, eps, cos, sin,
+                           rows_of, scratch, out_dtype):
+    B, d = kv.shape[0], norm_weight.shape[0]
+    rows = torch.empty(B, d, dtype=out_dtype, device=kv.device)
+    target = torch.empty(B, dtype=torch.int64, device=kv.device)
+    if B == 0:
+        return rows, target
+    overlap = len(state) == 2
+    s0, s1 = state[0], state[1]
+    s2 = state[2] if not overlap else s0
+    _compress_decode_kernel[(B,)](
+        kv, score, positions, slots, position_bias, s0, s1, s2,
+        norm_weight, cos, sin, rows_of, rows, target,
+        d, cos.shape[1], scratch, float(eps), s0.stride(0), rows_of.stride(0), cos.stride(0),
+        RATIO=ratio, OVERLAP=overlap, BLOCK_R=triton.next_power_of_2(ratio) if overlap else 1,
+        BLOCK_D=triton.next_power_of_2(d), num_warps=4,
+    )
+    return rows, target
