@@ -1,7 +1,7 @@
 """Tile-config sweep for the kernels (development tool: `python -m v4serve.bench.kernel_configs [filter]`).
 
 Times candidate configs at a few PR shapes, checks each against the production config's output
-(relative error), and prints one line per (shape, config), fastest first.
+(relative error), and prints one line per (shape, config) in the candidates' order.
 """
 
 import sys
@@ -11,65 +11,69 @@ from triton.testing import do_bench_cudagraph
 from v4serve.bench.shapes import sparse_decode_case, sparse_prefill_case
 from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
 
-PREFILL_CANDIDATES = [  # the production config first (the error reference)
-    dict(BLOCK_H=64, BLOCK_T=64, num_warps=8, num_stages=1),
-    dict(BLOCK_H=64, BLOCK_T=32, num_warps=8, num_stages=1),
-    dict(BLOCK_H=32, BLOCK_T=64, num_warps=4, num_stages=1),
-    dict(BLOCK_H=32, BLOCK_T=64, num_warps=4, num_stages=2),
-    dict(BLOCK_H=32, BLOCK_T=32, num_warps=4, num_stages=2),
-    dict(BLOCK_H=32, BLOCK_T=64, num_warps=8, num_stages=1),
-    dict(BLOCK_H=16, BLOCK_T=64, num_warps=4, num_stages=2),
+# None = the production config (decode_config / prefill_config pick it per shape); it comes first
+# (the error reference) and last (the same config timed twice shows the run's noise).
+PREFILL_CANDIDATES = [
+    None,
+    dict(BLOCK_H=64, BLOCK_T=64, num_warps=16, num_stages=1),
+    dict(BLOCK_H=64, BLOCK_T=128, num_warps=16, num_stages=1),
+    dict(BLOCK_H=64, BLOCK_T=32, num_warps=8, num_stages=2),
+    None,
 ]
-_W4 = dict(BLOCK_T=32, num_warps=4, num_stages=2)
-DECODE_CANDIDATES = [  # the previous production config first (the error reference)
-    dict(BLOCK_H=16, COLS_PER_SPLIT=32, MERGE="kernel", **_W4),
-    dict(BLOCK_H=16, COLS_PER_SPLIT=32, MERGE="kernel", PDL=True, **_W4),
-    dict(BLOCK_H=16, COLS_PER_SPLIT=64, MERGE="kernel", **_W4),
-    dict(BLOCK_H=16, COLS_PER_SPLIT=64, MERGE="kernel", PDL=True, **_W4),
-    dict(BLOCK_H=16, COLS_PER_SPLIT=64, MERGE="kernel", PDL=True, BLOCK_T=32, num_warps=4, num_stages=3),
-    dict(BLOCK_H=16, COLS_PER_SPLIT=64, MERGE="kernel", PDL=True, BLOCK_T=64, num_warps=4, num_stages=1),
-    dict(BLOCK_H=64, COLS_PER_SPLIT=64, MERGE="kernel", PDL=True, BLOCK_T=64, num_warps=8, num_stages=1),
-    dict(BLOCK_H=32, COLS_PER_SPLIT=32, MERGE="kernel", PDL=True, **_W4),
-    dict(BLOCK_H=16, COLS_PER_SPLIT=32, MERGE="kernel", PDL=True, BLOCK_T=32, num_warps=2, num_stages=2),
-    dict(BLOCK_H=16, COLS_PER_SPLIT=16, MERGE="kernel", PDL=True, BLOCK_T=16, num_warps=4, num_stages=2),
-    dict(BLOCK_H=16, COLS_PER_SPLIT=None, **_W4),
-    dict(BLOCK_H=16, COLS_PER_SPLIT=64, MERGE="fused", **_W4),
+
+
+def _decode(h, cols, block_t, warps, stages):
+    return dict(BLOCK_H=h, COLS_PER_SPLIT=cols, BLOCK_T=block_t, num_warps=warps, num_stages=stages,
+                MERGE="kernel", PDL=True)
+
+
+DECODE_CANDIDATES = [
+    None,
+    _decode(16, 32, 32, 4, 2),
+    _decode(16, 64, 32, 4, 2),
+    _decode(16, 96, 32, 4, 2),
+    _decode(16, 128, 32, 4, 2),
+    _decode(16, 128, 64, 4, 1),
+    None,
 ]
+
+
+def _label(cfg) -> str:
+    if cfg is None:
+        return "production"
+    short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s")
+    return " ".join(f"{short.get(k, k)}={v}" for k, v in cfg.items() if k not in ("MERGE", "PDL"))
 
 
 def _sweep(label, run, candidates):
+    """One line per candidate, in the list's order: median µs (do_bench_cudagraph) and the relative
+    error against the first candidate's output."""
     ref = run(candidates[0]).float()
-    results = []
-    for cfg in candidates:
+    for i, cfg in enumerate(candidates):
         try:
             out = run(cfg).float()
             err = float((out - ref).norm() / ref.norm())
             us = do_bench_cudagraph(lambda: run(cfg), rep=30, return_mode="median") * 1e3
-            results.append((us, err, cfg))
+            print(f"{label:20s} #{i:<2d} {us:9.2f} µs  err {err:.1e}  {_label(cfg)}", flush=True)
         except Exception as e:  # a config that does not compile is reported, not fatal
-            results.append((float("inf"), float("nan"), {**cfg, "error": type(e).__name__}))
-    for us, err, cfg in sorted(results, key=lambda r: r[0]):
-        print(f"{label:32s} {us:10.2f} µs  err {err:.1e}  {cfg}")
+            print(f"{label:20s} #{i:<2d}    failed  {type(e).__name__}: {str(e)[:80]}  {_label(cfg)}", flush=True)
+
+
+PREFILL_SHAPES = {"prefill r4 S8192": (4, 8192, 0), "prefill r128 S8192": (128, 8192, 0),
+                  "prefill r0 S8192": (0, 8192, 0)}
+DECODE_SHAPES = {f"decode r{r} B{B}": (r, B, 32767) for B in (1, 8) for r in (4, 128, 0)}
 
 
 def main() -> int:
     only = sys.argv[1] if len(sys.argv) > 1 else ""
-    for name, case in [("prefill r4 S8192", sparse_prefill_case(4, 8192, 0, "cuda")),
-                       ("prefill r128 S8192", sparse_prefill_case(128, 8192, 0, "cuda")),
-                       ("prefill r0 S8192", sparse_prefill_case(0, 8192, 0, "cuda"))]:
-        if only not in name:
-            continue
-        _sweep(name, lambda cfg, c=case: sparse_attn_paged_triton(*c.args(), tile_config=cfg), PREFILL_CANDIDATES)
-        del case
-    for name, case in [("decode r4 B1", sparse_decode_case(4, 1, 32767, "cuda")),
-                       ("decode r128 B1", sparse_decode_case(128, 1, 32767, "cuda")),
-                       ("decode r0 B1", sparse_decode_case(0, 1, 32767, "cuda")),
-                       ("decode r4 B8", sparse_decode_case(4, 8, 32767, "cuda")),
-                       ("decode r128 B8", sparse_decode_case(128, 8, 32767, "cuda")),
-                       ("decode r0 B8", sparse_decode_case(0, 8, 32767, "cuda"))]:
-        if only not in name:
-            continue
-        _sweep(name, lambda cfg, c=case: sparse_attn_paged_triton(*c.args(), tile_config=cfg), DECODE_CANDIDATES)
+    for name, args in PREFILL_SHAPES.items():
+        if only in name:
+            case = sparse_prefill_case(*args, "cuda")
+            _sweep(name, lambda cfg, c=case: sparse_attn_paged_triton(*c.args(), tile_config=cfg), PREFILL_CANDIDATES)
+    for name, args in DECODE_SHAPES.items():
+        if only in name:
+            case = sparse_decode_case(*args, "cuda")
+            _sweep(name, lambda cfg, c=case: sparse_attn_paged_triton(*c.args(), tile_config=cfg), DECODE_CANDIDATES)
     return 0
 
 

@@ -1,25 +1,44 @@
 """Triton kernels of paged sparse attention (math: sparse_attn_reference.py).
 
-Layouts: q [T, H, D] bf16 (T = B * M query tokens), win_pool / cmp_pool [N, D] bf16 with one
-shared row stride, both 16-byte aligned (pointer and row stride; asserted by the wrapper),
-idx [T, C] int32 (columns < n_window -> win_pool, the rest -> cmp_pool, -1 = hole),
-counts [T] int32 (live compressed columns, read on the device), sink [H] fp32.
+Layouts. q [T, H, D] bf16 (T = B * M query tokens, row-major, unit stride along D);
+win_pool / cmp_pool [N, D] bf16 sharing one row stride, both 16-byte aligned (pointer and row
+stride, asserted by the wrapper); idx [T, C] int32, C = n_window + K (column c < n_window names a
+win_pool row, the rest cmp_pool rows, -1 = hole); counts [T] int32 (live compressed columns, read
+on the device: columns >= n_window + counts[t] are skipped); sink [H] fp32; out [T, H, D] bf16.
 
-One kernel, `_sparse_attn_kernel`, serves both phases. A program owns one query token, BLOCK_H
-heads and one range of columns. It walks the range BLOCK_T columns at a time: gathers the
-[BLOCK_T, D] KV tile once (MQA: every head of the token shares it; the per-column base pointer is
-tl.where(is_window, win_ptr, cmp_ptr) under tl.multiple_of(.., 16) so the gather stays 16-byte
-loads), S = Q K^T and O += P V run as bf16 tl.dot with fp32 accumulation, online softmax in
-base 2 with the running max starting at the sink.
+Math, per token t and head h, in base 2 (qk_scale_log2 = scale * log2 e, sink2 = sink * log2 e):
+    s_c = qk_scale_log2 * q[t, h] . kv_c      over the live columns c (KV = the gathered row: MQA)
+    m   = max(sink2, max_c s_c)
+    o   = sum_c 2^(s_c - m) kv_c / (sum_c 2^(s_c - m) + 2^(sink2 - m))
+The running max starts at the sink, so a token whose columns are all holes gets exactly 0.
 
-- prefill (M > 1): grid (T, cdiv(H, BLOCK_H), 1); the program covers all columns and writes
-  O / (l + 2^(sink - m)) in bf16.
+One kernel, `_sparse_attn_kernel`, serves both phases. A program owns one token, BLOCK_H heads
+and one range of columns, and walks the range BLOCK_T columns at a time: it gathers the
+[BLOCK_T, D] KV tile once for its heads (the per-column base pointer is
+tl.where(is_window, win_ptr, cmp_ptr) under tl.multiple_of(.., 16), so the gather stays 16-byte
+loads), runs S = Q K^T and acc += P V as bf16 tl.dot with fp32 accumulation, and keeps the online
+softmax state (m [BLOCK_H], l [BLOCK_H], acc [BLOCK_H, D]) in registers.
+
+- prefill (M > 1): grid (T, cdiv(H, BLOCK_H), 1); the program covers every column and writes
+  acc / (l + 2^(sink2 - m)) in bf16. sm_90: BLOCK_H 64, so one [64, 512] fp32 accumulator per
+  token fills the register file (one program per SM).
 - decode (M == 1): grid (T, cdiv(H, BLOCK_H), n_splits); split s covers columns
   [s * COLS_PER_SPLIT, (s + 1) * COLS_PER_SPLIT). With one split the program writes the output
-  like prefill. Otherwise each split writes its unnormalised (acc, m, l) in fp32 and either
-  `_sparse_attn_merge_kernel` (grid (T, H)) combines the splits and the sink (MERGE "kernel"),
-  or the last split program of each (token, head block) does it (MERGE "fused": an int32 ticket
-  per (token, head block), atomic acq_rel, reset to 0 by the merging program).
+  like prefill. Otherwise split s stores its unnormalised state in fp32:
+      part [T, n_splits, H, D] = acc_s,   m_part, l_part [T, n_splits, H] = m_s, l_s
+  and `_sparse_attn_merge_kernel` (grid (T, H), one head of one token per program, launched with
+  programmatic dependent launch on sm_90+) combines them with the sink:
+      m = max(sink2, max_s m_s),  w_s = 2^(m_s - m),
+      o = sum_s w_s acc_s / (sum_s w_s l_s + 2^(sink2 - m)).
+  MERGE "fused" instead lets the last split program of each (token, head block) merge (an int32
+  ticket per (token, head block), atomic acq_rel, reset to 0 by the merging program).
+
+Measured on the H200 and not adopted (sweeps of v4serve/bench/kernel_configs.py): decode splits
+of 96 or 128 columns (96: -0.5 µs at r4/r128 B8, within about twice the noise); partials
+normalised by l and stored in bf16, at 16, 32 or 64 heads per program (slower at every shape,
++0.1 µs at r0 B1 to +7 µs at r4 B8: the split kernel went from 160 to 201 registers); prefill
+with 16 warps, BLOCK_T 32 or 128, and a persistent program walking a flat (token, tile) loop that
+re-reads Q per tile (1.2-4x slower).
 """
 
 import os
