@@ -50,6 +50,21 @@ _NORM_ROPE_TYPES = dict(x_ptr="*bf16", w_ptr="*bf16", cos_ptr="*fp32", sin_ptr="
                         R="i32", heads="i32", eps="fp32", stride_x="i32", stride_o="i32", stride_cs="i32")
 _NORM_ROPE_ALIGNED = ("x_ptr", "w_ptr", "cos_ptr", "sin_ptr", "out_ptr", "D", "stride_x", "stride_o")
 
+_HC_MIX_TYPES = dict(x_ptr="*bf16", fn_ptr="*fp32", part_ptr="*fp32", mix_ptr="*fp32", row_scale_ptr="*fp32",
+                     ticket_ptr="*i32", T="i32", K="i32", M="i32", k_per_split="i32", n_splits="i32", eps="fp32",
+                     stride_x="i32")
+# M = 24 and T are not multiples of 16; K = 16384, k_per_split and the row stride are.
+_HC_MIX_ALIGNED = ("x_ptr", "fn_ptr", "part_ptr", "mix_ptr", "row_scale_ptr", "ticket_ptr", "K", "k_per_split",
+                   "stride_x")
+
+_COMPRESS_DECODE_TYPES = dict(
+    kv_ptr="*fp32", score_ptr="*fp32", pos_ptr="*i64", slot_ptr="*i64", bias_ptr="*fp32", s0_ptr="*fp32",
+    s1_ptr="*fp32", s2_ptr="*fp32", w_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32", rows_of_ptr="*i32",
+    rows_ptr="*bf16", target_ptr="*i64", d="i32", R="i32", scratch="i32", eps="fp32", stride_slot="i32",
+    stride_rows_of="i32", stride_cs="i32")
+_COMPRESS_DECODE_ALIGNED = ("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_ptr", "s0_ptr", "s1_ptr", "s2_ptr",
+                            "w_ptr", "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "d",
+                            "stride_slot")
 KERNELS: tuple[KernelSpec, ...] = (
     # ---- canaries: fixed copies of the production access patterns (samples.py) ----
     KernelSpec(
@@ -205,6 +220,19 @@ KERNELS: tuple[KernelSpec, ...] = (
         constexprs=dict(NORM=True, HAS_WEIGHT=True, ROPE=False, INVERSE=False, BLOCK_D=4096), num_warps=8,
         num_stages=3, expect=Expect(max_regs=128),
     ),
+    # ---- compressor decode step (ops/compress_decode_triton.py): one program per sequence, 4 warps ----
+    KernelSpec(  # CSA kv compressor: overlap, ratio 4, head_dim 512
+        "compress_decode.csa", f"{_OPS}.compress_decode_triton:_compress_decode_kernel",
+        types=_COMPRESS_DECODE_TYPES, aligned=_COMPRESS_DECODE_ALIGNED,
+        constexprs=dict(RATIO=4, OVERLAP=True, BLOCK_R=4, BLOCK_D=512), num_warps=4, num_stages=3,
+        expect=Expect(max_regs=168),
+    ),
+    KernelSpec(  # HCA: online softmax state, ratio 128, head_dim 512
+        "compress_decode.hca", f"{_OPS}.compress_decode_triton:_compress_decode_kernel",
+        types=_COMPRESS_DECODE_TYPES, aligned=_COMPRESS_DECODE_ALIGNED,
+        constexprs=dict(RATIO=128, OVERLAP=False, BLOCK_R=1, BLOCK_D=512), num_warps=4, num_stages=3,
+        expect=Expect(max_regs=128),
+    ),
     # ---- MoE grouped matmul (ops/grouped_matmul_triton.py): bf16 activations and expert weights,
     # GROUPED_MATMUL_CONFIG; the gathered activation rows and the weight rows are 16-byte aligned ----
     KernelSpec(
@@ -216,6 +244,73 @@ KERNELS: tuple[KernelSpec, ...] = (
                  "stride_x", "stride_we", "stride_wn", "stride_y"),
         constexprs=dict(N_GROUPS=256, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, max_regs=200, tensor_cores=True),
+    ),
+    # ---- mHC mixer input, collapse, expand (ops/hc_mix_triton.py, hc_collapse_triton.py,
+    # hc_expand_triton.py): V4-Flash, 4 streams of 4096, fn [24, 16384] fp32, bf16 streams ----
+    KernelSpec(  # HC_MIX_CONFIGS["decode"], T = 1: 128 splits of one 128-wide K block, ticket merge
+        "mhc.mix_decode", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
+        types=_HC_MIX_TYPES, aligned=(*_HC_MIX_ALIGNED, "n_splits"),
+        constexprs=dict(BLOCK_T=16, BLOCK_M=32, BLOCK_K=128, BLOCK_S=128, SPLIT=True), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
+    ),
+    KernelSpec(  # HC_MIX_CONFIGS["prefill"], T = 2048: 64 token blocks x 2 splits
+        "mhc.mix_prefill", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
+        types=_HC_MIX_TYPES, aligned=_HC_MIX_ALIGNED,
+        constexprs=dict(BLOCK_T=32, BLOCK_M=32, BLOCK_K=64, BLOCK_S=2, SPLIT=True), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
+    ),
+    KernelSpec(  # HC_COLLAPSE_CONFIG
+        "mhc.collapse", f"{_OPS}.hc_collapse_triton:_hc_collapse_kernel",
+        types=dict(x_ptr="*bf16", pre_ptr="*fp32", y_ptr="*bf16", D="i32", stride_xt="i32", stride_xn="i32"),
+        aligned=("x_ptr", "pre_ptr", "y_ptr", "D", "stride_xt", "stride_xn"),
+        constexprs=dict(N=4, BLOCK_D=512), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=96),
+    ),
+    KernelSpec(  # HC_EXPAND_CONFIG
+        "mhc.expand", f"{_OPS}.hc_expand_triton:_hc_expand_kernel",
+        types=dict(f_ptr="*bf16", x_ptr="*bf16", post_ptr="*fp32", comb_ptr="*fp32", y_ptr="*bf16", D="i32",
+                   stride_ft="i32", stride_xt="i32", stride_xn="i32"),
+        aligned=("f_ptr", "x_ptr", "post_ptr", "comb_ptr", "y_ptr", "D", "stride_ft", "stride_xt", "stride_xn"),
+        constexprs=dict(N=4, BLOCK_D=512), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
+    ),
+    # ---- MoE routing, pick sort, clamped SwiGLU, combine (ops/moe_*_triton.py, swiglu_triton.py):
+    # V4-Flash, 256 experts, top-6, hidden 4096, intermediate 2048, bf16 ----
+    *(
+        KernelSpec(  # MOE_ROUTE_CONFIG, sqrtsoftplus; score layers (biased top-k) and hash layers
+            f"moe.route_{kind}", f"{_OPS}.moe_route_triton:_moe_route_kernel",
+            types=dict(logit_ptr="*bf16", bias_ptr="*fp32", tid2eid_ptr="*i64", token_ptr="*i64",
+                       experts_ptr="*i64", weights_ptr="*fp32", T="i32", E="i32", stride_l="i32", scaling="fp32"),
+            aligned=("logit_ptr", "bias_ptr", "tid2eid_ptr", "token_ptr", "experts_ptr", "weights_ptr", "E",
+                     "stride_l"),
+            constexprs=dict(TOP_K=6, SCORING=0, NORMALIZE=True, HASHED=kind == "hash", BLOCK_T=4, BLOCK_E=256,
+                            BLOCK_K=8),
+            num_warps=4, num_stages=3, expect=Expect(max_regs=128),
+        )
+        for kind in ("score", "hash")
+    ),
+    KernelSpec(  # MOE_SORT_CONFIG
+        "moe.sort", f"{_OPS}.moe_sort_triton:_moe_sort_kernel",
+        types=dict(experts_ptr="*i64", rows_ptr="*i64", ends_ptr="*i32", pos_ptr="*i64", P="i32", E="i32"),
+        aligned=("experts_ptr", "rows_ptr", "ends_ptr", "pos_ptr", "E"),
+        constexprs=dict(TOP_K=6, BLOCK_P=64, BLOCK_E=64, BLOCK_Q=32), num_warps=4, num_stages=3,
+        expect=Expect(max_regs=128),
+    ),
+    KernelSpec(  # SWIGLU_CONFIG; gate and up are the two halves of the grouped matmul's [M, 4096]
+        "moe.clamped_swiglu", f"{_OPS}.swiglu_triton:_clamped_swiglu_kernel",
+        types=dict(gate_ptr="*bf16", up_ptr="*bf16", h_ptr="*bf16", I="i32", stride_g="i32", stride_u="i32",
+                   limit="fp32"),
+        aligned=("gate_ptr", "up_ptr", "h_ptr", "I", "stride_g", "stride_u"),
+        constexprs=dict(BLOCK_I=1024), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, max_regs=96),
+    ),
+    KernelSpec(  # MOE_COMBINE_CONFIG, with the shared expert's output added
+        "moe.combine", f"{_OPS}.moe_combine_triton:_moe_combine_kernel",
+        types=dict(y_ptr="*bf16", pos_ptr="*i64", w_ptr="*fp32", add_ptr="*bf16", out_ptr="*bf16", D="i32",
+                   stride_y="i32", stride_a="i32"),
+        aligned=("y_ptr", "pos_ptr", "w_ptr", "add_ptr", "out_ptr", "D", "stride_y", "stride_a"),
+        constexprs=dict(K=6, HAS_ADD=True, BLOCK_D=512), num_warps=2, num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"acc \+= w \* tl\.load", max_regs=96),
     ),
 )
 

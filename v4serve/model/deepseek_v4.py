@@ -38,10 +38,10 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         y, post, comb = self.attn_hc(streams, batch.kernels)
         out = self.self_attn(self.input_layernorm(y, batch.kernels), batch, cache, rope)
-        streams = HyperConnection.expand(out, streams, post, comb)
+        streams = HyperConnection.expand(out, streams, post, comb, batch.kernels)
         y, post, comb = self.ffn_hc(streams, batch.kernels)
         out = self.mlp(self.post_attention_layernorm(y, batch.kernels), batch.token_ids, batch.kernels)
-        return HyperConnection.expand(out, streams, post, comb)
+        return HyperConnection.expand(out, streams, post, comb, batch.kernels)
 
 
 class DeepseekV4Model(nn.Module):
@@ -76,5 +76,5 @@ class DeepseekV4ForCausalLM(nn.Module):
         rope = self.rope().at(batch.positions)
         for layer in self.model.layers:
             streams = layer(streams, batch, cache, rope)
-        h = self.model.norm(self.model.hc_head(streams[batch.logits_indices]), batch.kernels)
+        h = self.model.norm(self.model.hc_head(streams[batch.logits_indices], batch.kernels), batch.kernels)
         return self.lm_head(h).float()

@@ -16,12 +16,13 @@ The head collapses the final streams with its own `pre` (`hc_head_fn [n, nD]`, n
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from v4serve.config import ModelConfig
-from v4serve.model.norm import rms_normalize
 from v4serve.ops.hc_coefficients import hc_coefficients
+from v4serve.ops.hc_collapse import hc_collapse
+from v4serve.ops.hc_expand import hc_expand
+from v4serve.ops.hc_mix import hc_mix
 
 
 class HyperConnection(nn.Module):
@@ -38,23 +39,20 @@ class HyperConnection(nn.Module):
 
     def forward(self, streams: torch.Tensor, kernels: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """streams [T, n, D] -> (collapsed [T, D] in streams.dtype, post [T, n], comb [T, n, n]) fp32.
-        The RMS factor is applied to the mixes (a per-token scalar commutes with fn), and the
-        coefficients, Sinkhorn included, are one op (`ops/hc_coefficients.py`)."""
-        flat = streams.flatten(1).float()
-        row_scale = torch.rsqrt(flat.square().mean(-1) + self.rms_eps)
+        Three ops, one kernel each on the GPU: the mixes with the RMS factor (`hc_mix`; the factor
+        is a per-token scalar, so it commutes with fn and the coefficients apply it), the
+        coefficients with Sinkhorn (`hc_coefficients`), the weighted sum (`hc_collapse`)."""
+        mixes, row_scale = hc_mix(streams.flatten(1), self.fn, self.rms_eps, impl=kernels)
         pre, post, comb = hc_coefficients(
-            F.linear(flat, self.fn), row_scale, self.base, self.scale, self.hc_mult, self.sinkhorn_iters,
-            self.hc_eps, impl=kernels,
+            mixes, row_scale, self.base, self.scale, self.hc_mult, self.sinkhorn_iters, self.hc_eps, impl=kernels,
         )
-        collapsed = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
-        return collapsed, post, comb
+        return hc_collapse(streams, pre, impl=kernels), post, comb
 
     @staticmethod
-    def expand(output: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-        """X'_k = post_k * output + sum_j comb[j, k] X_j  ->  [T, n, D] in streams.dtype."""
-        dtype = streams.dtype
-        mixed = torch.matmul(comb.to(dtype).transpose(-1, -2), streams)
-        return post.to(dtype).unsqueeze(-1) * output.unsqueeze(-2) + mixed
+    def expand(output: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+               kernels: str = "auto") -> torch.Tensor:
+        """X'_k = post_k * output + sum_j comb[j, k] X_j  ->  [T, n, D] in streams.dtype (one kernel)."""
+        return hc_expand(output, streams, post, comb, impl=kernels)
 
 
 class HyperHead(nn.Module):
@@ -69,7 +67,9 @@ class HyperHead(nn.Module):
         self.hc_base = nn.Parameter(torch.zeros(n, dtype=torch.float32))
         self.hc_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
 
-    def forward(self, streams: torch.Tensor) -> torch.Tensor:
-        mixes = F.linear(rms_normalize(streams.flatten(1).float(), self.rms_eps), self.hc_fn)
-        pre = torch.sigmoid(mixes * self.hc_scale + self.hc_base) + self.hc_eps
-        return (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
+    def forward(self, streams: torch.Tensor, kernels: str = "auto") -> torch.Tensor:
+        """pre_j = sigmoid(scale m[j] rms + base[j]) + hc_eps with m = hc_fn @ flatten(X); returns
+        sum_j pre_j X_j [T, D] in streams.dtype."""
+        mixes, row_scale = hc_mix(streams.flatten(1), self.hc_fn, self.rms_eps, impl=kernels)
+        pre = torch.sigmoid(mixes * (row_scale[:, None] * self.hc_scale) + self.hc_base) + self.hc_eps
+        return hc_collapse(streams, pre, impl=kernels)

@@ -17,18 +17,10 @@ from torch import nn
 
 from v4serve.config import ModelConfig
 from v4serve.ops.grouped_matmul import grouped_matmul
-
-
-def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
-    return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
-
-
-def _score(logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
-    if scoring_func == "sqrtsoftplus":
-        return F.softplus(logits).sqrt()
-    if scoring_func == "sigmoid":
-        return torch.sigmoid(logits)
-    return torch.softmax(logits, dim=-1)
+from v4serve.ops.moe_combine import moe_combine
+from v4serve.ops.moe_route import moe_route
+from v4serve.ops.moe_sort import moe_sort
+from v4serve.ops.swiglu import clamped_swiglu
 
 
 class Router(nn.Module):
@@ -46,17 +38,15 @@ class Router(nn.Module):
         else:
             self.register_buffer("e_score_correction_bias", torch.zeros(config.n_routed_experts, dtype=torch.float32))
 
-    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, D] -> (expert ids [T, k] long, weights [T, k] fp32)."""
-        scores = _score(F.linear(x, self.weight).float(), self.scoring_func)
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, kernels: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, D] -> (expert ids [T, k] long, weights [T, k] fp32): the logits GEMM, then one
+        routing op (`ops/moe_route.py`: scores, top-k or hash table, normalised scaled weights)."""
+        logits = F.linear(x, self.weight)
         if hasattr(self, "tid2eid"):
-            experts = self.tid2eid[token_ids].long()
+            table = dict(tid2eid=self.tid2eid, token_ids=token_ids)
         else:
-            experts = torch.topk(scores + self.e_score_correction_bias, self.top_k, dim=-1, sorted=False).indices
-        weights = scores.gather(1, experts)
-        if self.normalize:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return experts, weights * self.scaling
+            table = dict(bias=self.e_score_correction_bias)
+        return moe_route(logits, self.top_k, self.scoring_func, self.normalize, self.scaling, impl=kernels, **table)
 
 
 class RoutedExperts(nn.Module):
@@ -67,24 +57,18 @@ class RoutedExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.zeros(e, 2 * i, d))
         self.down_proj = nn.Parameter(torch.zeros(e, d, i))
 
-    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, kernels: str) -> torch.Tensor:
-        """Picks sorted by expert, two grouped matmuls, then each token sums its k weighted picks.
-        No host synchronisation (group sizes stay on the device), so decode can be graph-captured.
-        A selection may repeat an expert (hash tables can): each pick contributes."""
-        t, k = experts.shape
-        flat = experts.flatten()
-        order = torch.argsort(flat, stable=True)
-        sizes = torch.zeros(self.gate_up_proj.shape[0], dtype=torch.int32, device=x.device)
-        sizes.scatter_add_(0, flat.int(), torch.ones_like(flat, dtype=torch.int32))
-        ends = sizes.cumsum(0, dtype=torch.int32)
-        gate, up = grouped_matmul(x, self.gate_up_proj, order // k, ends, impl=kernels).chunk(2, dim=-1)
-        hidden = clamped_swiglu(gate, up, self.limit).to(x.dtype)
+    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, kernels: str,
+                add: torch.Tensor | None = None) -> torch.Tensor:
+        """Picks sorted by expert (`moe_sort`), two grouped matmuls around the clamped SwiGLU, then
+        each token sums its k weighted picks (`moe_combine`, which also adds `add`, the shared
+        expert's output). No host synchronisation (group sizes stay on the device), so decode can
+        be graph-captured. A selection may repeat an expert (hash tables can): each pick contributes."""
+        rows, ends, pos = moe_sort(experts, self.gate_up_proj.shape[0], impl=kernels)
+        gate, up = grouped_matmul(x, self.gate_up_proj, rows, ends, impl=kernels).chunk(2, dim=-1)
+        hidden = clamped_swiglu(gate, up, self.limit, impl=kernels)
         every = torch.arange(hidden.shape[0], device=x.device)
         y = grouped_matmul(hidden, self.down_proj, every, ends, impl=kernels)
-        y = y * weights.flatten()[order, None]
-        unsorted = torch.empty_like(y)
-        unsorted[order] = y
-        return unsorted.view(t, k, -1).sum(dim=1).to(x.dtype)
+        return moe_combine(y, pos, weights, add, impl=kernels)
 
 
 class SharedExpert(nn.Module):
@@ -96,8 +80,8 @@ class SharedExpert(nn.Module):
         self.up_proj = nn.Linear(d, i, bias=False)
         self.down_proj = nn.Linear(i, d, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(clamped_swiglu(self.gate_proj(x), self.up_proj(x), self.limit))
+    def forward(self, x: torch.Tensor, kernels: str = "auto") -> torch.Tensor:
+        return self.down_proj(clamped_swiglu(self.gate_proj(x), self.up_proj(x), self.limit, impl=kernels))
 
 
 class MoE(nn.Module):
@@ -108,5 +92,5 @@ class MoE(nn.Module):
         self.shared_experts = SharedExpert(config)
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor, kernels: str = "auto") -> torch.Tensor:
-        experts, weights = self.gate(x, token_ids)
-        return self.experts(x, experts, weights, kernels) + self.shared_experts(x)
+        experts, weights = self.gate(x, token_ids, kernels)
+        return self.experts(x, experts, weights, kernels, add=self.shared_experts(x, kernels))

@@ -1,0 +1,53 @@
+"""The model's hyper-connections and MoE with the Triton kernels (interpreted on the CPU) against the
+same modules on the torch ops, with random weights in bf16: a tiny config whose layer 0 routes by
+hash and layer 1 by score."""
+
+import pytest
+import torch
+
+from v4serve.model.mhc import HyperConnection, HyperHead
+from v4serve.model.moe import MoE
+from v4serve.presets import preset_config
+
+CONFIG = preset_config("tiny", {"n_routed_experts": 16, "num_experts_per_tok": 3})
+
+
+def _randomize(module, seed):
+    g = torch.Generator().manual_seed(seed)
+    for p in module.parameters():
+        p.data = (torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5).to(p.dtype)
+    for name, b in module.named_buffers():
+        b.copy_(torch.randint(0, CONFIG.n_routed_experts, b.shape, generator=g) if "tid2eid" in name
+                else torch.randn(b.shape, generator=g) * 0.1)
+    return module
+
+
+def _streams(T, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(T, CONFIG.hc_mult, CONFIG.hidden_size, generator=g).bfloat16()
+
+
+@torch.inference_mode()
+def test_hyper_connection_and_head_kernels_match_torch():
+    hc = _randomize(HyperConnection(CONFIG), seed=1)
+    head = _randomize(HyperHead(CONFIG), seed=2)
+    streams = _streams(5, seed=3)
+    out = torch.randn(5, CONFIG.hidden_size).bfloat16()
+    got = hc(streams, "triton")
+    want = hc(streams, "torch")
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.float(), w.float(), rtol=1e-2, atol=1e-5)
+    torch.testing.assert_close(HyperConnection.expand(out, streams, *want[1:], kernels="triton"),
+                               HyperConnection.expand(out, streams, *want[1:], kernels="torch"), rtol=0, atol=0)
+    torch.testing.assert_close(head(streams, "triton").float(), head(streams, "torch").float(), rtol=1e-2, atol=1e-5)
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+@torch.inference_mode()
+def test_moe_kernels_match_torch(layer):
+    assert CONFIG.mlp_layer_types[layer] == ("hash_moe" if layer == 0 else "moe")
+    moe = _randomize(MoE(CONFIG, layer), seed=4 + layer).bfloat16()
+    x = torch.randn(6, CONFIG.hidden_size, generator=torch.Generator().manual_seed(5)).bfloat16()
+    token_ids = torch.randint(0, CONFIG.vocab_size, (6,), generator=torch.Generator().manual_seed(6))
+    torch.testing.assert_close(moe(x, token_ids, "triton").float(), moe(x, token_ids, "torch").float(),
+                               rtol=2e-2, atol=2e-3)

@@ -1,0 +1,21 @@
+"""mHC collapse (weighted sum of the streams): public entry point (math in hc_collapse_reference.py,
+kernel in hc_collapse_triton.py)."""
+
+import torch
+
+from v4serve.ops._dispatch import use_triton
+from v4serve.ops.hc_collapse_reference import hc_collapse_reference
+from v4serve.ops.hc_collapse_triton import hc_collapse_triton
+
+
+def hc_collapse(streams: torch.Tensor, pre: torch.Tensor, impl="auto") -> torch.Tensor:
+    """y [T, D] in streams.dtype with y[t] = sum_j pre[t, j] streams[t, j] in fp32; streams [T, n, D],
+    pre [T, n] fp32. n is a power of two."""
+    if streams.dim() != 3 or pre.shape != streams.shape[:2]:
+        raise ValueError(f"streams must be [T, n, D] and pre [T, n], got {tuple(streams.shape)} and {tuple(pre.shape)}")
+    n = streams.shape[1]
+    if n & (n - 1):
+        raise ValueError(f"the number of streams must be a power of two, got {n}")
+    if use_triton(impl, streams, pre):
+        return hc_collapse_triton(streams, pre)
+    return hc_collapse_reference(streams, pre)

@@ -1,0 +1,44 @@
+"""Triton kernel of the mHC collapse (math: hc_collapse_reference.py).
+
+    y[t, d] = sum_j pre[t, j] X[t, j, d]          fp32 math, one rounding to y's dtype
+
+Layouts: X [T, N, D] bf16 or fp32 (strides `stride_xt`, `stride_xn`, unit along D); pre [T, N]
+fp32 contiguous; y [T, D] contiguous in X's dtype. N is a power of two (4 in V4).
+Grid (T, cdiv(D, BLOCK_D)): a program loads its [N, BLOCK_D] tile of the streams and the token's
+N weights once and writes BLOCK_D outputs. One launch replaces the multiply, sum and cast.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+HC_COLLAPSE_CONFIG = dict(BLOCK_D=512, num_warps=4)
+
+
+@triton.jit
+def _hc_collapse_kernel(
+    x_ptr, pre_ptr, y_ptr, D, stride_xt, stride_xn,
+    N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    j = tl.arange(0, N)
+    x = tl.load(x_ptr + t * stride_xt + j[:, None] * stride_xn + d[None, :], mask=d_ok[None, :], other=0.0)
+    pre = tl.load(pre_ptr + t * N + j)
+    y = tl.sum(pre[:, None] * x.to(tl.float32), axis=0)
+    tl.store(y_ptr + t * D + d, y.to(y_ptr.dtype.element_ty), mask=d_ok)
+
+
+def hc_collapse_triton(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    T, n, D = streams.shape
+    streams = streams if streams.stride(2) == 1 else streams.contiguous()
+    pre = pre.float().contiguous()
+    y = torch.empty(T, D, dtype=streams.dtype, device=streams.device)
+    if T == 0:
+        return y
+    cfg = HC_COLLAPSE_CONFIG
+    _hc_collapse_kernel[(T, triton.cdiv(D, cfg["BLOCK_D"]))](
+        streams, pre, y, D, streams.stride(0), streams.stride(1), N=n, **cfg,
+    )
+    return y

@@ -1,0 +1,114 @@
+"""Triton kernel of the mHC mixer input (math: hc_mix_reference.py).
+
+    mixes[t, m] = sum_k fn[m, k] x[t, k],   row_scale[t] = rsqrt(sum_k x[t, k]^2 / K + eps)   (fp32)
+
+Layouts: x [T, K] bf16 or fp32 (row stride `stride_x`, unit column stride); fn [M, K] fp32
+contiguous (M = (2 + n) n = 24 in V4, or n for the head); outputs mixes [T, M] and row_scale [T],
+fp32, contiguous.
+
+One launch replaces the cast, square, mean, rsqrt and cuBLAS fp32 GEMV kernels. Grid
+(cdiv(T, BLOCK_T), n_splits): a program owns BLOCK_T tokens and one range of K (split-K, so a
+decode step's 1.5 MB of fn spreads over ~128 programs). It multiplies its [BLOCK_T, BLOCK_K] tile
+of x by the [BLOCK_M, BLOCK_K] tile of fn with an fp32 `tl.dot` in IEEE precision (no TF32: the
+mixes feed a 20-round Sinkhorn) and sums x^2 on the way. With one split it writes the outputs;
+otherwise it writes its partial row [BLOCK_M] (mixes, then the sum of squares in column M) to
+`part [T, n_splits, BLOCK_M]`, and the last program of the token block to finish (an int32 ticket
+per block, atomic acq_rel, reset to 0 after) sums the partials in split order (deterministic) and
+writes the outputs.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from v4serve.ops._tickets import tickets
+
+# Production tiles: small T (decode) spreads K over ~TARGET_PROGRAMS programs; large T (prefill)
+# takes wider token blocks so fn is re-read less.
+HC_MIX_CONFIGS = {
+    "decode": dict(BLOCK_T=16, BLOCK_K=128, num_warps=4),
+    "prefill": dict(BLOCK_T=32, BLOCK_K=64, num_warps=4),
+}
+PREFILL_FROM_T = 256
+TARGET_PROGRAMS = 128
+
+
+@triton.jit
+def _hc_mix_kernel(
+    x_ptr, fn_ptr, part_ptr, mix_ptr, row_scale_ptr, ticket_ptr,
+    T, K, M, k_per_split, n_splits, eps, stride_x,
+    BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    block = tl.program_id(0)
+    split = tl.program_id(1)
+    t = block * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = t < T
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    acc = tl.zeros([BLOCK_T, BLOCK_M], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_T], dtype=tl.float32)
+    k_start = split * k_per_split
+    for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        x = tl.load(x_ptr + t.to(tl.int64)[:, None] * stride_x + k[None, :],
+                    mask=t_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        w = tl.load(fn_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+        sq += tl.sum(x * x, axis=1)
+    if SPLIT:
+        part = tl.where(m[None, :] == M, sq[:, None], acc)  # column M carries the sum of squares
+        part_rows = part_ptr + (t.to(tl.int64)[:, None] * n_splits + split) * BLOCK_M + m[None, :]
+        tl.store(part_rows, part, mask=t_ok[:, None])
+        # The barrier orders the whole program's stores before the ticket; acq_rel publishes them
+        # (release) and makes the other programs' partials visible to the last one (acquire).
+        tl.debug_barrier()
+        ticket_at = ticket_ptr + block
+        ticket = tl.atomic_add(ticket_at, 1, sem="acq_rel")
+        if ticket == n_splits - 1:
+            s = tl.arange(0, BLOCK_S)
+            for i in range(0, tl.minimum(BLOCK_T, T - block * BLOCK_T)):
+                row = (block * BLOCK_T + i).to(tl.int64)
+                tile = tl.load(part_ptr + (row * n_splits + s[:, None]) * BLOCK_M + m[None, :],
+                               mask=(s < n_splits)[:, None], other=0.0, cache_modifier=".cg")
+                total = tl.sum(tile, axis=0)
+                sum_sq = tl.sum(tl.where(m == M, total, 0.0), axis=0)
+                tl.store(mix_ptr + row * M + m, total, mask=m_ok)
+                tl.store(row_scale_ptr + row, tl.rsqrt(sum_sq / K + eps))
+            tl.atomic_xchg(ticket_at, 0)  # ready for the next launch (graph replays too)
+    else:
+        tl.store(mix_ptr + t.to(tl.int64)[:, None] * M + m[None, :], acc, mask=t_ok[:, None] & m_ok[None, :])
+        tl.store(row_scale_ptr + t, tl.rsqrt(sq / K + eps), mask=t_ok)
+
+
+def tile_config(T: int, K: int) -> dict:
+    """The production tiles for T tokens, with the split of K: n_splits ranges of k_per_split."""
+    cfg = dict(HC_MIX_CONFIGS["prefill" if T >= PREFILL_FROM_T else "decode"])
+    k_blocks = triton.cdiv(K, cfg["BLOCK_K"])
+    wanted = max(1, min(k_blocks, TARGET_PROGRAMS // triton.cdiv(T, cfg["BLOCK_T"])))
+    k_per_split = triton.cdiv(k_blocks, wanted) * cfg["BLOCK_K"]
+    return dict(cfg, k_per_split=k_per_split, n_splits=triton.cdiv(K, k_per_split))
+
+
+def hc_mix_triton(x: torch.Tensor, fn: torch.Tensor, eps: float, config=None) -> tuple[torch.Tensor, torch.Tensor]:
+    T, K = x.shape
+    M = fn.shape[0]
+    x = x if x.stride(1) == 1 else x.contiguous()
+    fn = fn.contiguous()
+    mixes = torch.empty(T, M, dtype=torch.float32, device=x.device)
+    row_scale = torch.empty(T, dtype=torch.float32, device=x.device)
+    if T == 0:
+        return mixes, row_scale
+    cfg = dict(tile_config(T, K) if config is None else config)
+    k_per_split, n_splits = cfg.pop("k_per_split"), cfg.pop("n_splits")
+    block_m = max(16, triton.next_power_of_2(M + 1))  # room for the sum of squares in column M
+    n_blocks = triton.cdiv(T, cfg["BLOCK_T"])
+    split = n_splits > 1
+    part = torch.empty(T, n_splits, block_m, dtype=torch.float32, device=x.device) if split else mixes
+    ticket = tickets(x.device, n_blocks) if split else row_scale
+    _hc_mix_kernel[(n_blocks, n_splits)](
+        x, fn, part, mixes, row_scale, ticket, T, K, M, k_per_split, n_splits, eps, x.stride(0),
+        BLOCK_M=block_m, BLOCK_S=triton.next_power_of_2(n_splits), SPLIT=split, **cfg,
+    )
+    return mixes, row_scale
