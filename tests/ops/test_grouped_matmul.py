@@ -29,6 +29,14 @@ def test_matches_a_loop_over_picks(impl, sizes, n, k):
     torch.testing.assert_close(got, _naive(x, weight, rows, ends), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("sizes", [[3, 0, 5, 1, 20], [0, 0, 33]])
+def test_without_rows_pick_m_is_row_m(impl, sizes):
+    x, weight, _, ends = _case(sizes, 48, 64, t=sum(sizes))
+    got = grouped_matmul(x, weight, None, ends, impl=impl)
+    torch.testing.assert_close(got, _naive(x, weight, torch.arange(sum(sizes)), ends), rtol=1e-4, atol=1e-4)
+
+
 def test_bad_arguments_are_named():
     x, weight, rows, ends = _case([2, 2], 16, 32)
     with pytest.raises(ValueError, match="ends must be int32"):

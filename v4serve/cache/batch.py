@@ -49,6 +49,9 @@ class ForwardBatch:
     token_chunk: torch.Tensor  # [T] int64 index of each token's chunk
     slots: torch.Tensor  # [B] int64 cache slot of each chunk
     kernels: str = "auto"  # ops implementation: "auto" (Triton on CUDA), "torch" or "triton"
+    # Zeroed int32 counters owned by the cache, for kernels whose last program reduces the others'
+    # partials (they leave them zeroed): no allocation or memset per launch, graph-replay safe.
+    tickets: torch.Tensor | None = None
     # One token per chunk, addressed on the device (`build_decode_batch`): `chunks` is empty and
     # layers take their vectorised, host-free path.
     is_decode: bool = False

@@ -19,6 +19,7 @@ from v4serve.formats import CACHE_FORMATS, CacheFormat
 
 # Pools are handed to Triton kernels that gather rows with 16-byte loads.
 _ALIGNMENT = 16
+TICKETS = 1024  # counters in the step's ticket buffer (ForwardBatch.tickets)
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
@@ -91,6 +92,7 @@ class PagedKVCache:
         self.device = torch.device(device)
         self.allocator = PageAllocator(num_pages)
         self.padding_slot = max_seqs
+        self.tickets = torch.zeros(TICKETS, dtype=torch.int32, device=self.device)  # see ForwardBatch.tickets
         slots = max_seqs + 1
         self.page_table = torch.full((slots, max_pages_per_seq), -1, dtype=torch.int64)
         # The page table as decode steps read it, on the device (the same tensor on the CPU).
@@ -197,6 +199,7 @@ class PagedKVCache:
             token_chunk=token_chunk.to(dev),
             slots=torch.tensor([c.slot for c in chunks], dtype=torch.int64, device=dev),
             kernels=kernels,
+            tickets=self.tickets,
         )
 
     def build_decode_batch(
@@ -230,5 +233,6 @@ class PagedKVCache:
             token_chunk=every,
             slots=slots,
             kernels=kernels,
+            tickets=self.tickets,
             is_decode=True,
         )

@@ -237,12 +237,12 @@ KERNELS: tuple[KernelSpec, ...] = (
     # GROUPED_MATMUL_CONFIG; the gathered activation rows and the weight rows are 16-byte aligned ----
     KernelSpec(
         "moe.grouped_matmul", f"{_OPS}.grouped_matmul_triton:_grouped_matmul_kernel",
-        types=dict(x_ptr="*bf16", w_ptr="*bf16", rows_ptr="*i64", ends_ptr="*i32", block_group_ptr="*i32",
-                   block_ends_ptr="*i32", y_ptr="*bf16", N="i32", K="i32", stride_x="i32", stride_we="i32",
-                   stride_wn="i32", stride_y="i32"),
-        aligned=("x_ptr", "w_ptr", "rows_ptr", "ends_ptr", "block_group_ptr", "block_ends_ptr", "y_ptr", "N", "K",
-                 "stride_x", "stride_we", "stride_wn", "stride_y"),
-        constexprs=dict(N_GROUPS=256, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64), num_warps=4, num_stages=3,
+        types=dict(x_ptr="*bf16", w_ptr="*bf16", rows_ptr="*i64", ends_ptr="*i32", y_ptr="*bf16", N="i32", K="i32",
+                   stride_x="i32", stride_we="i32", stride_wn="i32", stride_y="i32"),
+        aligned=("x_ptr", "w_ptr", "rows_ptr", "ends_ptr", "y_ptr", "N", "K", "stride_x", "stride_we", "stride_wn",
+                 "stride_y"),
+        constexprs=dict(N_GROUPS=256, HAS_ROWS=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, BLOCK_E=256), num_warps=4,
+        num_stages=3,
         expect=Expect(kv_load_bytes=16, max_regs=200, tensor_cores=True),
     ),
     # ---- mHC mixer input, collapse, expand (ops/hc_mix_triton.py, hc_collapse_triton.py,

@@ -36,10 +36,10 @@ class DecoderLayer(nn.Module):
     def forward(
         self, streams: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, rope: StepRope
     ) -> torch.Tensor:
-        y, post, comb = self.attn_hc(streams, batch.kernels)
+        y, post, comb = self.attn_hc(streams, batch.kernels, batch.tickets)
         out = self.self_attn(self.input_layernorm(y, batch.kernels), batch, cache, rope)
         streams = HyperConnection.expand(out, streams, post, comb, batch.kernels)
-        y, post, comb = self.ffn_hc(streams, batch.kernels)
+        y, post, comb = self.ffn_hc(streams, batch.kernels, batch.tickets)
         out = self.mlp(self.post_attention_layernorm(y, batch.kernels), batch.token_ids, batch.kernels)
         return HyperConnection.expand(out, streams, post, comb, batch.kernels)
 
@@ -76,5 +76,5 @@ class DeepseekV4ForCausalLM(nn.Module):
         rope = self.rope().at(batch.positions)
         for layer in self.model.layers:
             streams = layer(streams, batch, cache, rope)
-        h = self.model.norm(self.model.hc_head(streams[batch.logits_indices], batch.kernels), batch.kernels)
+        h = self.model.norm(self.model.hc_head(streams[batch.logits_indices], batch.kernels, batch.tickets), batch.kernels)
         return self.lm_head(h).float()

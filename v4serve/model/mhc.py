@@ -37,12 +37,14 @@ class HyperConnection(nn.Module):
         self.base = nn.Parameter(torch.zeros((2 + n) * n, dtype=torch.float32))
         self.scale = nn.Parameter(torch.ones(3, dtype=torch.float32))
 
-    def forward(self, streams: torch.Tensor, kernels: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, streams: torch.Tensor, kernels: str = "auto", tickets: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """streams [T, n, D] -> (collapsed [T, D] in streams.dtype, post [T, n], comb [T, n, n]) fp32.
         Three ops, one kernel each on the GPU: the mixes with the RMS factor (`hc_mix`; the factor
         is a per-token scalar, so it commutes with fn and the coefficients apply it), the
-        coefficients with Sinkhorn (`hc_coefficients`), the weighted sum (`hc_collapse`)."""
-        mixes, row_scale = hc_mix(streams.flatten(1), self.fn, self.rms_eps, impl=kernels)
+        coefficients with Sinkhorn (`hc_coefficients`), the weighted sum (`hc_collapse`).
+        `tickets`: the step's zeroed counters (`ForwardBatch.tickets`) for hc_mix's split reduction."""
+        mixes, row_scale = hc_mix(streams.flatten(1), self.fn, self.rms_eps, tickets, impl=kernels)
         pre, post, comb = hc_coefficients(
             mixes, row_scale, self.base, self.scale, self.hc_mult, self.sinkhorn_iters, self.hc_eps, impl=kernels,
         )
@@ -67,9 +69,10 @@ class HyperHead(nn.Module):
         self.hc_base = nn.Parameter(torch.zeros(n, dtype=torch.float32))
         self.hc_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
 
-    def forward(self, streams: torch.Tensor, kernels: str = "auto") -> torch.Tensor:
+    def forward(self, streams: torch.Tensor, kernels: str = "auto", tickets: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """pre_j = sigmoid(scale m[j] rms + base[j]) + hc_eps with m = hc_fn @ flatten(X); returns
         sum_j pre_j X_j [T, D] in streams.dtype."""
-        mixes, row_scale = hc_mix(streams.flatten(1), self.hc_fn, self.rms_eps, impl=kernels)
+        mixes, row_scale = hc_mix(streams.flatten(1), self.hc_fn, self.rms_eps, tickets, impl=kernels)
         pre = torch.sigmoid(mixes * (row_scale[:, None] * self.hc_scale) + self.hc_base) + self.hc_eps
         return hc_collapse(streams, pre, impl=kernels)

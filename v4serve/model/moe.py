@@ -66,8 +66,7 @@ class RoutedExperts(nn.Module):
         rows, ends, pos = moe_sort(experts, self.gate_up_proj.shape[0], impl=kernels)
         gate, up = grouped_matmul(x, self.gate_up_proj, rows, ends, impl=kernels).chunk(2, dim=-1)
         hidden = clamped_swiglu(gate, up, self.limit, impl=kernels)
-        every = torch.arange(hidden.shape[0], device=x.device)
-        y = grouped_matmul(hidden, self.down_proj, every, ends, impl=kernels)
+        y = grouped_matmul(hidden, self.down_proj, None, ends, impl=kernels)  # hidden is already in pick order
         return moe_combine(y, pos, weights, add, impl=kernels)
 
 

@@ -8,6 +8,7 @@ Picks are sorted by group (expert); `ends` are the groups' cumulative ends (int3
 import torch
 
 
-def grouped_matmul_reference(x: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+def grouped_matmul_reference(picks: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """y[m] = picks[m] @ weight[g(m)]^T for the gathered rows picks [M, K] = x[rows]."""
     # torch._grouped_mm takes the group ends as offsets; its CPU path needs no host synchronisation either.
-    return torch._grouped_mm(x[rows], weight.transpose(1, 2), offs=ends)
+    return torch._grouped_mm(picks, weight.transpose(1, 2), offs=ends)

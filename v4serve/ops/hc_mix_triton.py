@@ -21,7 +21,6 @@ import torch
 import triton
 import triton.language as tl
 
-from v4serve.ops._tickets import tickets
 
 # Production tiles: small T (decode) spreads K over ~TARGET_PROGRAMS programs; large T (prefill)
 # takes wider token blocks so fn is re-read less.
@@ -91,7 +90,8 @@ def tile_config(T: int, K: int) -> dict:
     return dict(cfg, k_per_split=k_per_split, n_splits=triton.cdiv(K, k_per_split))
 
 
-def hc_mix_triton(x: torch.Tensor, fn: torch.Tensor, eps: float, config=None) -> tuple[torch.Tensor, torch.Tensor]:
+def hc_mix_triton(x: torch.Tensor, fn: torch.Tensor, eps: float, tickets: torch.Tensor | None = None,
+                  config=None) -> tuple[torch.Tensor, torch.Tensor]:
     T, K = x.shape
     M = fn.shape[0]
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -106,7 +106,10 @@ def hc_mix_triton(x: torch.Tensor, fn: torch.Tensor, eps: float, config=None) ->
     n_blocks = triton.cdiv(T, cfg["BLOCK_T"])
     split = n_splits > 1
     part = torch.empty(T, n_splits, block_m, dtype=torch.float32, device=x.device) if split else mixes
-    ticket = tickets(x.device, n_blocks) if split else row_scale
+    ticket = row_scale
+    if split:  # zeroed counters, left zeroed by the kernel: the caller's buffer, else a fresh one
+        fits = tickets is not None and tickets.numel() >= n_blocks and tickets.dtype == torch.int32
+        ticket = tickets if fits else torch.zeros(n_blocks, dtype=torch.int32, device=x.device)
     _hc_mix_kernel[(n_blocks, n_splits)](
         x, fn, part, mixes, row_scale, ticket, T, K, M, k_per_split, n_splits, eps, x.stride(0),
         BLOCK_M=block_m, BLOCK_S=triton.next_power_of_2(n_splits), SPLIT=split, **cfg,

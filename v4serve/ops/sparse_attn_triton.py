@@ -210,25 +210,10 @@ def _sparse_attn_merge_kernel(
     tl.store(out_ptr + tok * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dims < D)
 
 
-_TICKETS: dict = {}
-
-
 def _pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch: CUDA (not the interpreter) on sm_90 or newer."""
     return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
             and torch.cuda.get_device_capability(device)[0] >= 9)
-
-
-def _tickets(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 counters for the fused merge, one buffer per (device, stream); the kernel leaves
-    them at zero again, so one buffer serves every launch and graph replay on that stream."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream)
-    buf = _TICKETS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _TICKETS[key] = buf
-    return buf
 
 
 def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, tile_config=None):
@@ -282,7 +267,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     m_part = torch.empty(T, n_splits, H, dtype=torch.float32, device=q.device)
     l_part = torch.empty_like(m_part)
     fused = merge == "fused"
-    tickets = _tickets(q.device, T * n_hblocks) if fused else it
+    tickets = torch.zeros(T * n_hblocks, dtype=torch.int32, device=q.device) if fused else it
     _sparse_attn_kernel[(T, n_hblocks, n_splits)](
         *common, part, m_part, l_part, tickets,
         H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
