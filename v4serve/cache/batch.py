@@ -16,7 +16,7 @@ Compressed addressing. Compressed row t of a sequence with ratio r lives at pool
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -52,6 +52,7 @@ class ForwardBatch:
     # Zeroed int32 counters owned by the cache, for kernels whose last program reduces the others'
     # partials (they leave them zeroed): no allocation or memset per launch, graph-replay safe.
     tickets: torch.Tensor | None = None
+    _memo: dict = field(default_factory=dict, repr=False)  # per-step values shared by the layers
     # One token per chunk, addressed on the device (`build_decode_batch`): `chunks` is empty and
     # layers take their vectorised, host-free path.
     is_decode: bool = False
@@ -59,3 +60,21 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.token_ids.shape[0])
+
+    def visible_compressed(self, ratio: int) -> torch.Tensor:
+        """[T] int32: compressed rows each token sees, (p + 1) // ratio (complete blocks only)."""
+        key = ("visible", ratio)
+        if key not in self._memo:
+            self._memo[key] = ((self.positions + 1) // ratio).to(torch.int32)
+        return self._memo[key]
+
+    def all_visible_rows(self, ratio: int) -> torch.Tensor:
+        """[T, R] int32 pool rows of every compressed row each token sees (-1 past them): the
+        columns of a layer that attends to all of its compressed rows (HCA)."""
+        key = ("rows", ratio)
+        if key not in self._memo:
+            rows_of = self.compressed_rows[ratio]
+            t = torch.arange(rows_of.shape[1], device=rows_of.device)
+            visible = self.visible_compressed(ratio)
+            self._memo[key] = torch.where(t[None, :] < visible[:, None], rows_of[self.token_chunk], -1).to(torch.int32)
+        return self._memo[key]

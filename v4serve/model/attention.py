@@ -66,22 +66,23 @@ class Attention(nn.Module):
         cmp_pool, cmp_columns, counts = win_pool, batch.window_columns[:, :0], None
         if self.compressor is not None:
             cmp_pool = cache.compressed_pools[self.layer]
-            self.compressor.compress(
-                x, batch, cache.compressor_states[self.layer], cmp_pool, angles.inv_freq, cache.kv_format.kv_rows
-            )
+            xf = x.float()  # the compressors and the indexer weights project in fp32
+            self.compressor.compress(xf, batch, cache.compressor_states[self.layer], cmp_pool, rope,
+                                     cache.kv_format.kv_rows)
+            visible = batch.visible_compressed(self.ratio)
             if self.compressor.indexer is not None:
-                cmp_columns = self.compressor.indexer.select(self.layer, x, qr, batch, cache, angles)
+                cmp_columns = self.compressor.indexer.select(self.layer, xf, qr, batch, cache, rope)
                 # Picks come best first with the holes last, so the kernel can stop at the visible ones.
-                visible = (batch.positions + 1) // self.ratio
-                counts = visible.clamp(max=cmp_columns.shape[1]).to(torch.int32)
-            else:
-                cmp_columns, counts = self._visible_rows(batch)
+                counts = visible.clamp(max=cmp_columns.shape[1])
+            else:  # HCA: every complete compressed row
+                cmp_columns, counts = batch.all_visible_rows(self.ratio), visible
         columns = torch.cat((batch.window_columns, cmp_columns), dim=1)
         o = sparse_attn_paged(
             q.to(win_pool.dtype)[None], win_pool, cmp_pool, columns[None], self.window, self.sinks,
             self.head_dim**-0.5, counts=None if counts is None else counts[None], impl=batch.kernels,
         )[0]
-        win_pool[batch.ring_dst] = win_pool[batch.ring_src]
+        if not batch.is_decode:  # decode wrote its rows straight to the ring
+            win_pool[batch.ring_dst] = win_pool[batch.ring_src]
 
         o = rms_norm_rope(o.to(x.dtype), cos=angles.cos, sin=angles.sin, inverse=True, impl=kernels)
         groups = o.reshape(t, self.o_groups, -1)  # [T, G, H*D/G]
@@ -89,10 +90,3 @@ class Attention(nn.Module):
         z = torch.einsum("tgi,goi->tgo", groups, w_a)
         return self.o_b_proj(z.flatten(1))
 
-    def _visible_rows(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """HCA: every complete compressed row, t < (p + 1) // ratio -> ([T, R] pool rows, [T] counts)."""
-        rows_of = batch.compressed_rows[self.ratio]
-        counts = ((batch.positions + 1) // self.ratio).to(torch.int32)
-        t = torch.arange(rows_of.shape[1], device=rows_of.device)
-        columns = torch.where(t[None, :] < counts[:, None], rows_of[batch.token_chunk], -1)
-        return columns.to(torch.int32), counts

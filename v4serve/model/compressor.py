@@ -26,7 +26,7 @@ from v4serve.cache import ForwardBatch
 from v4serve.cache.kv_cache import CompressorState, OnlinePoolState
 from v4serve.config import ModelConfig
 from v4serve.model.norm import RMSNorm
-from v4serve.model.rope import rotary_angles
+from v4serve.model.rope import StepRope, rotary_angles
 from v4serve.ops.compress_decode import compress_decode
 from v4serve.ops.compress_decode_reference import fold_online
 from v4serve.ops.gated_pool import gated_pool
@@ -52,17 +52,18 @@ class Compressor(nn.Module):
         self.indexer = indexer
 
     def compress(
-        self, x: torch.Tensor, batch: ForwardBatch, state: CompressorState | OnlinePoolState, pool: torch.Tensor,
-        inv_freq: torch.Tensor, row_format: str | None,
+        self, xf: torch.Tensor, batch: ForwardBatch, state: CompressorState | OnlinePoolState, pool: torch.Tensor,
+        rope: StepRope, row_format: str | None,
     ) -> None:
         """Pool every block the step completes and write its row to `pool` (rows from `batch`),
         made what the cache stores by `finish_rows` (rounded through `row_format`; the indexer's
-        override also rotates its keys)."""
-        kv_all = F.linear(x.float(), self.kv_proj.weight)
-        score_all = F.linear(x.float(), self.gate_proj.weight)
+        override also rotates its keys). xf: the layer input in fp32."""
+        kv_all = F.linear(xf, self.kv_proj.weight)
+        score_all = F.linear(xf, self.gate_proj.weight)
         if batch.is_decode:
-            self._compress_decode(kv_all, score_all, batch, state, pool, inv_freq, row_format)
+            self._compress_decode(kv_all, score_all, batch, state, pool, rope, row_format)
             return
+        inv_freq = rope.compress.inv_freq
         rows_of = batch.compressed_rows[self.ratio]
         for b, c in enumerate(batch.chunks):
             span = slice(c.offset, c.offset + c.length)
@@ -78,13 +79,13 @@ class Compressor(nn.Module):
 
     def _compress_decode(
         self, kv: torch.Tensor, score: torch.Tensor, batch: ForwardBatch, state: CompressorState | OnlinePoolState,
-        pool: torch.Tensor, inv_freq: torch.Tensor, row_format: str | None,
+        pool: torch.Tensor, rope: StepRope, row_format: str | None,
     ) -> None:
         """One token per sequence, no host decisions (`ops/compress_decode.py`): every sequence
         records its token in the open block; sequences whose block did not complete write to the
         pool's scratch row."""
         r = self.ratio
-        angles = rotary_angles(batch.positions + 1 - r, inv_freq)  # the block's start position
+        angles = rope.block_starts(r)  # rows are rotated at their block's start position
         rows, target = compress_decode(
             kv, score, batch.positions, batch.slots, self.position_bias, state.tensors(), r, self.kv_norm.weight,
             self.kv_norm.eps, angles.cos, angles.sin, batch.compressed_rows[r], pool.shape[0] - 1, pool.dtype,

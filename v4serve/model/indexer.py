@@ -18,7 +18,7 @@ from torch import nn
 from v4serve.cache import ForwardBatch, PagedKVCache
 from v4serve.config import ModelConfig
 from v4serve.model.compressor import Compressor
-from v4serve.model.rope import RotaryAngles
+from v4serve.model.rope import StepRope
 from v4serve.ops.indexer import index_scores, select_topk
 from v4serve.ops.kv_quant import apply_kv_format, hadamard
 from v4serve.ops.norm_rope import rms_norm_rope
@@ -47,25 +47,26 @@ class Indexer(Compressor):
         return apply_kv_format(hadamard(rows), row_format, impl=kernels)
 
     def select(
-        self, layer: int, x: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache,
-        angles: RotaryAngles,
+        self, layer: int, xf: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache,
+        rope: StepRope,
     ) -> torch.Tensor:
-        """Index the step's new blocks, then return [T, K] compressed-pool rows per token (-1 = none)."""
+        """Index the step's new blocks, then return [T, K] compressed-pool rows per token (-1 = none).
+        xf: the layer input in fp32; qr: the attention's low-rank q."""
         pool = cache.index_pools[layer]
         index_format = cache.kv_format.index_rows
-        self.compress(x, batch, cache.indexer_states[layer], pool, angles.inv_freq, index_format)
+        self.compress(xf, batch, cache.indexer_states[layer], pool, rope, index_format)
         q = self.q_b_proj(qr).unflatten(-1, (self.n_heads, self.head_dim))
-        q = rms_norm_rope(q, cos=angles.cos, sin=angles.sin, impl=batch.kernels)
+        q = rms_norm_rope(q, cos=rope.compress.cos, sin=rope.compress.sin, impl=batch.kernels)
         q = self.finish_rows(q.to(pool.dtype), index_format, batch.kernels)
-        weights = F.linear(x.float(), self.scorer.weights_proj.weight) * self.weight_scale
+        weights = F.linear(xf, self.scorer.weights_proj.weight) * self.weight_scale
         rows_of = batch.compressed_rows[self.ratio]
         k = min(self.topk, rows_of.shape[1])
         if batch.is_decode:  # one query per sequence: one call over every sequence's rows
-            visible = ((batch.positions + 1) // self.ratio).to(torch.int32)[:, None]
+            visible = batch.visible_compressed(self.ratio)[:, None]
             scores = index_scores(q[:, None], weights[:, None], pool, rows_of, visible, impl=batch.kernels)
             picks = select_topk(scores, k)[:, 0].long()
             return torch.where(picks >= 0, rows_of.gather(1, picks.clamp(min=0)), -1).to(torch.int32)
-        selected = torch.full((batch.num_tokens, k), -1, dtype=torch.int32, device=x.device)
+        selected = torch.full((batch.num_tokens, k), -1, dtype=torch.int32, device=xf.device)
         for b, c in enumerate(batch.chunks):
             n_rows = c.end // self.ratio
             if n_rows == 0 or k == 0:

@@ -81,8 +81,17 @@ class StepRope:
     """Both tables' angles at one step's positions, computed once per forward and shared by every layer."""
 
     def __init__(self, tables: RopeTables, positions: torch.Tensor):
+        self.positions = positions
         self.main = rotary_angles(positions, tables.main)
         self.compress = rotary_angles(positions, tables.compress)
+        self._block_starts: dict[int, RotaryAngles] = {}
 
     def for_ratio(self, compress_ratio: int) -> RotaryAngles:
         return self.compress if compress_ratio > 0 else self.main
+
+    def block_starts(self, ratio: int) -> RotaryAngles:
+        """Compressed-table angles at p + 1 - ratio, the start of the block a decode token at p
+        completes (computed once per step and ratio: a CSA layer's compressor and indexer share it)."""
+        if ratio not in self._block_starts:
+            self._block_starts[ratio] = rotary_angles(self.positions + 1 - ratio, self.compress.inv_freq)
+        return self._block_starts[ratio]
