@@ -100,14 +100,17 @@ def gpu_busy_fraction(engine: Engine, concurrency: int, steps: int = 20) -> dict
     kernels = sorted(
         (e.time_range.start, e.time_range.end, e.name) for e in prof.events() if e.device_type.name == "CUDA"
     )
-    busy, end, gaps = 0.0, -1.0, []
-    for a, b, _ in kernels:
+    busy, end, gaps, last = 0.0, -1.0, [], ""
+    long_gaps: dict[tuple[str, str], list[float]] = {}  # (kernel before, kernel after) -> gaps >= 20 µs
+    for a, b, name in kernels:
         if b <= end:
             continue
         if end >= 0 and a > end:
             gaps.append(a - end)
+            if a - end >= 20.0:
+                long_gaps.setdefault((last[:40], name[:40]), []).append(a - end)
         busy += b - max(a, end)
-        end = b
+        end, last = b, name
     _drain(engine)
     busy_s = busy / 1e6
     small_gaps = [g for g in gaps if g < 20.0]  # µs: launch gaps inside a graph, not host waits
@@ -116,7 +119,9 @@ def gpu_busy_fraction(engine: Engine, concurrency: int, steps: int = 20) -> dict
             "kernels_per_step": len(kernels) / steps,
             "gap_ms_per_step_under_20us": sum(small_gaps) / 1e3 / steps,
             "gap_ms_per_step_over_20us": (sum(gaps) - sum(small_gaps)) / 1e3 / steps,
-            "top_kernels": _top_kernels(kernels, steps)}
+            "top_kernels": _top_kernels(kernels, steps),
+            "long_gaps": sorted(((*pair, len(g) / steps, round(sum(g) / steps, 1)) for pair, g in long_gaps.items()),
+                                key=lambda row: -row[3])[:6]}
 
 
 def _top_kernels(kernels: list[tuple[float, float, str]], steps: int, top: int = 25) -> list[tuple[str, float, float]]:
