@@ -51,3 +51,21 @@ def test_moe_kernels_match_torch(layer):
     token_ids = torch.randint(0, CONFIG.vocab_size, (6,), generator=torch.Generator().manual_seed(6))
     torch.testing.assert_close(moe(x, token_ids, "triton").float(), moe(x, token_ids, "torch").float(),
                                rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+@torch.inference_mode()
+def test_fused_input_projections_give_the_unfused_result(layer):
+    """MoE.fuse_projections: router, shared gate and shared up as one GEMM; the members become views
+    of the fused rows (one copy in memory) and keep their names in state_dict."""
+    moe = _randomize(MoE(CONFIG, layer), seed=7 + layer)
+    x = torch.randn(4, CONFIG.hidden_size, generator=torch.Generator().manual_seed(8))
+    token_ids = torch.randint(0, CONFIG.vocab_size, (4,), generator=torch.Generator().manual_seed(9))
+    names = sorted(moe.state_dict())
+    want = moe(x, token_ids, "torch")
+    moe.fuse_projections()
+    torch.testing.assert_close(moe(x, token_ids, "torch"), want, rtol=1e-5, atol=1e-6)
+    assert sorted(moe.state_dict()) == names
+    fused = moe.input_proj.untyped_storage().data_ptr()
+    for member in (moe.gate, moe.shared_experts.gate_proj, moe.shared_experts.up_proj):
+        assert member.weight.untyped_storage().data_ptr() == fused

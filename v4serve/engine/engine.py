@@ -93,6 +93,7 @@ class Engine:
         dtype = resolve_dtype(args.dtype, device)
         kv_format = cache_format(args.kv_format)
         self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress)
+        self.model.fuse_projections()
         self.config = config
         self.tokenizer = Tokenizer.for_model(None if is_preset(args.model) else args.model)
         self.device = device

@@ -13,11 +13,13 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from v4serve.cache import ForwardBatch, PagedKVCache
 from v4serve.config import CSA, ModelConfig
 from v4serve.model.compressor import Compressor
+from v4serve.model.fusion import fuse_rows, widths
 from v4serve.model.indexer import Indexer
 from v4serve.model.norm import RMSNorm
 from v4serve.model.rope import StepRope
@@ -45,6 +47,7 @@ class Attention(nn.Module):
         self.o_a_proj = nn.Linear(h * d // config.o_groups, config.o_groups * config.o_lora_rank, bias=False)
         self.o_b_proj = nn.Linear(config.o_groups * config.o_lora_rank, config.hidden_size, bias=False)
         self.sinks = nn.Parameter(torch.zeros(h, dtype=torch.float32))
+        self.register_buffer("input_proj", None, persistent=False)  # [q_a_proj; kv_proj] once fused
         self.compressor = None
         if self.ratio:
             is_csa = config.layer_types[layer] == CSA
@@ -55,10 +58,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, rope: StepRope) -> torch.Tensor:
         t, kernels = x.shape[0], batch.kernels
         angles = rope.for_ratio(self.ratio)
-        qr = self.q_a_norm(self.q_a_proj(x), kernels)
+        q_low, kv = self._project_input(x)
+        qr = self.q_a_norm(q_low, kernels)
         q = rms_norm_rope(self.q_b_proj(qr).view(t, self.n_heads, self.head_dim), self.eps,
                           cos=angles.cos, sin=angles.sin, impl=kernels)
-        kv = rms_norm_rope(self.kv_proj(x), self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=kernels)
+        kv = rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=kernels)
         kv = apply_kv_format(kv, cache.kv_format.kv_rows, impl=batch.kernels)
 
         win_pool = cache.window_pools[self.layer]
@@ -90,3 +94,13 @@ class Attention(nn.Module):
         z = torch.einsum("tgi,goi->tgo", groups, w_a)
         return self.o_b_proj(z.flatten(1))
 
+    def fuse_projections(self) -> None:
+        """One GEMM for the two projections of the layer input (q_a_proj, kv_proj)."""
+        members = [self.q_a_proj, self.kv_proj]
+        self.input_proj, self._input_widths = fuse_rows(members), widths(members)
+
+    def _project_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x Wq_a^T, x Wkv^T): row-strided views of one product once fused."""
+        if self.input_proj is None:
+            return self.q_a_proj(x), self.kv_proj(x)
+        return tuple(F.linear(x, self.input_proj).split(self._input_widths, dim=-1))

@@ -62,6 +62,13 @@ class DeepseekV4ForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self._rope: RopeTables | None = None  # fp32 frequency tables, built on the weights' device
 
+    def fuse_projections(self) -> None:
+        """Once the weights are in place: every layer runs the projections that share an input as
+        one GEMM (`model/fusion.py`)."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
+
     def rope(self) -> RopeTables:
         device = self.lm_head.weight.device
         if self._rope is None or self._rope.main.device != device:

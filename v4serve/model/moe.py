@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from v4serve.config import ModelConfig
+from v4serve.model.fusion import fuse_rows, widths
 from v4serve.ops.grouped_matmul import grouped_matmul
 from v4serve.ops.moe_combine import moe_combine
 from v4serve.ops.moe_route import moe_route
@@ -39,9 +40,11 @@ class Router(nn.Module):
             self.register_buffer("e_score_correction_bias", torch.zeros(config.n_routed_experts, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor, kernels: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, D] -> (expert ids [T, k] long, weights [T, k] fp32): the logits GEMM, then one
-        routing op (`ops/moe_route.py`: scores, top-k or hash table, normalised scaled weights)."""
-        logits = F.linear(x, self.weight)
+        """x [T, D] -> (expert ids [T, k] long, weights [T, k] fp32): the logits GEMM, then `route`."""
+        return self.route(F.linear(x, self.weight), token_ids, kernels)
+
+    def route(self, logits: torch.Tensor, token_ids: torch.Tensor, kernels: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+        """One routing op (`ops/moe_route.py`: scores, top-k or hash table, normalised scaled weights)."""
         if hasattr(self, "tid2eid"):
             table = dict(tid2eid=self.tid2eid, token_ids=token_ids)
         else:
@@ -80,7 +83,10 @@ class SharedExpert(nn.Module):
         self.down_proj = nn.Linear(i, d, bias=False)
 
     def forward(self, x: torch.Tensor, kernels: str = "auto") -> torch.Tensor:
-        return self.down_proj(clamped_swiglu(self.gate_proj(x), self.up_proj(x), self.limit, impl=kernels))
+        return self.finish(self.gate_proj(x), self.up_proj(x), kernels)
+
+    def finish(self, gate: torch.Tensor, up: torch.Tensor, kernels: str = "auto") -> torch.Tensor:
+        return self.down_proj(clamped_swiglu(gate, up, self.limit, impl=kernels))
 
 
 class MoE(nn.Module):
@@ -89,7 +95,19 @@ class MoE(nn.Module):
         self.gate = Router(config, hashed=config.mlp_layer_types[layer] == "hash_moe")
         self.experts = RoutedExperts(config)
         self.shared_experts = SharedExpert(config)
+        self.register_buffer("input_proj", None, persistent=False)  # [router; shared gate; shared up] once fused
+
+    def fuse_projections(self) -> None:
+        """One GEMM for the three projections of the input (router logits, shared gate and up)."""
+        members = [self.gate, self.shared_experts.gate_proj, self.shared_experts.up_proj]
+        self.input_proj, self._input_widths = fuse_rows(members), widths(members)
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor, kernels: str = "auto") -> torch.Tensor:
-        experts, weights = self.gate(x, token_ids, kernels)
-        return self.experts(x, experts, weights, kernels, add=self.shared_experts(x, kernels))
+        if self.input_proj is None:
+            experts, weights = self.gate(x, token_ids, kernels)
+            shared = self.shared_experts(x, kernels)
+        else:
+            logits, gate, up = F.linear(x, self.input_proj).split(self._input_widths, dim=-1)
+            experts, weights = self.gate.route(logits, token_ids, kernels)
+            shared = self.shared_experts.finish(gate, up, kernels)
+        return self.experts(x, experts, weights, kernels, add=shared)
