@@ -60,11 +60,11 @@ _HC_MIX_ALIGNED = ("x_ptr", "fn_ptr", "part_ptr", "mix_ptr", "row_scale_ptr", "t
 _COMPRESS_DECODE_TYPES = dict(
     kv_ptr="*fp32", score_ptr="*fp32", pos_ptr="*i64", slot_ptr="*i64", bias_ptr="*fp32", s0_ptr="*fp32",
     s1_ptr="*fp32", s2_ptr="*fp32", w_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32", rows_of_ptr="*i32",
-    rows_ptr="*bf16", target_ptr="*i64", d="i32", R="i32", scratch="i32", eps="fp32", stride_slot="i32",
-    stride_rows_of="i32", stride_cs="i32")
+    rows_ptr="*bf16", target_ptr="*i64", d="i32", R="i32", scratch="i32", eps="fp32", stride_in="i32",
+    stride_slot="i32", stride_rows_of="i32", stride_cs="i32")
 _COMPRESS_DECODE_ALIGNED = ("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_ptr", "s0_ptr", "s1_ptr", "s2_ptr",
                             "w_ptr", "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "d",
-                            "stride_slot")
+                            "stride_in", "stride_slot")
 KERNELS: tuple[KernelSpec, ...] = (
     # ---- canaries: fixed copies of the production access patterns (samples.py) ----
     KernelSpec(

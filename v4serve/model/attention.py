@@ -48,6 +48,7 @@ class Attention(nn.Module):
         self.o_b_proj = nn.Linear(config.o_groups * config.o_lora_rank, config.hidden_size, bias=False)
         self.sinks = nn.Parameter(torch.zeros(h, dtype=torch.float32))
         self.register_buffer("input_proj", None, persistent=False)  # [q_a_proj; kv_proj] once fused
+        self.register_buffer("compressor_proj", None, persistent=False)  # the fp32 compressor projections, fused
         self.compressor = None
         if self.ratio:
             is_csa = config.layer_types[layer] == CSA
@@ -70,12 +71,12 @@ class Attention(nn.Module):
         cmp_pool, cmp_columns, counts = win_pool, batch.window_columns[:, :0], None
         if self.compressor is not None:
             cmp_pool = cache.compressed_pools[self.layer]
-            xf = x.float()  # the compressors and the indexer weights project in fp32
-            self.compressor.compress(xf, batch, cache.compressor_states[self.layer], cmp_pool, rope,
+            kv_all, score_all, *index_projected = self._project_compressor_input(x)
+            self.compressor.compress(kv_all, score_all, batch, cache.compressor_states[self.layer], cmp_pool, rope,
                                      cache.kv_format.kv_rows)
             visible = batch.visible_compressed(self.ratio)
             if self.compressor.indexer is not None:
-                cmp_columns = self.compressor.indexer.select(self.layer, xf, qr, batch, cache, rope)
+                cmp_columns = self.compressor.indexer.select(self.layer, index_projected, qr, batch, cache, rope)
                 # Picks come best first with the holes last, so the kernel can stop at the visible ones.
                 counts = visible.clamp(max=cmp_columns.shape[1])
             else:  # HCA: every complete compressed row
@@ -95,9 +96,24 @@ class Attention(nn.Module):
         return self.o_b_proj(z.flatten(1))
 
     def fuse_projections(self) -> None:
-        """One GEMM for the two projections of the layer input (q_a_proj, kv_proj)."""
+        """One GEMM for the two projections of the layer input (q_a_proj, kv_proj), one fp32 GEMM for
+        the compressor's and the indexer's (kv and gate of each, the index head weights)."""
         members = [self.q_a_proj, self.kv_proj]
         self.input_proj, self._input_widths = fuse_rows(members), widths(members)
+        if self.compressor is not None:
+            members = self._compressor_projections()
+            self.compressor_proj, self._compressor_widths = fuse_rows(members), widths(members)
+
+    def _compressor_projections(self) -> list[nn.Linear]:
+        indexer = self.compressor.indexer
+        return self.compressor.projections() + (indexer.projections() if indexer is not None else [])
+
+    def _project_compressor_input(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """x in fp32 through every `_compressor_projections()` (the reference keeps them in fp32)."""
+        xf = x.float()
+        if self.compressor_proj is None:
+            return [F.linear(xf, m.weight) for m in self._compressor_projections()]
+        return list(F.linear(xf, self.compressor_proj).split(self._compressor_widths, dim=-1))
 
     def _project_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x Wq_a^T, x Wkv^T): row-strided views of one product once fused."""

@@ -19,7 +19,6 @@ inside one prefill chunk are pooled at once.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from v4serve.cache import ForwardBatch
@@ -51,15 +50,18 @@ class Compressor(nn.Module):
         # A CSA layer's indexer sits under its compressor, as in the checkpoints (`compressor.indexer.*`).
         self.indexer = indexer
 
+    def projections(self) -> list[nn.Linear]:
+        """The fp32 projections of the layer input this module reads (the attention may fuse them)."""
+        return [self.kv_proj, self.gate_proj]
+
     def compress(
-        self, xf: torch.Tensor, batch: ForwardBatch, state: CompressorState | OnlinePoolState, pool: torch.Tensor,
-        rope: StepRope, row_format: str | None,
+        self, kv_all: torch.Tensor, score_all: torch.Tensor, batch: ForwardBatch,
+        state: CompressorState | OnlinePoolState, pool: torch.Tensor, rope: StepRope, row_format: str | None,
     ) -> None:
         """Pool every block the step completes and write its row to `pool` (rows from `batch`),
         made what the cache stores by `finish_rows` (rounded through `row_format`; the indexer's
-        override also rotates its keys). xf: the layer input in fp32."""
-        kv_all = F.linear(xf, self.kv_proj.weight)
-        score_all = F.linear(xf, self.gate_proj.weight)
+        override also rotates its keys). kv_all, score_all: the layer input through kv_proj and
+        gate_proj, fp32 [T, W]."""
         if batch.is_decode:
             self._compress_decode(kv_all, score_all, batch, state, pool, rope, row_format)
             return

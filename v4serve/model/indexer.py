@@ -12,7 +12,6 @@ keys, a query projection from the attention's low-rank q, and per-head weights:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from v4serve.cache import ForwardBatch, PagedKVCache
@@ -46,19 +45,24 @@ class Indexer(Compressor):
             return rows
         return apply_kv_format(hadamard(rows), row_format, impl=kernels)
 
+    def projections(self) -> list[nn.Linear]:
+        """The fp32 projections of the layer input: the key compressor's kv and gate, the head weights."""
+        return [*super().projections(), self.scorer.weights_proj]
+
     def select(
-        self, layer: int, xf: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache,
+        self, layer: int, projected: list[torch.Tensor], qr: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache,
         rope: StepRope,
     ) -> torch.Tensor:
         """Index the step's new blocks, then return [T, K] compressed-pool rows per token (-1 = none).
-        xf: the layer input in fp32; qr: the attention's low-rank q."""
+        projected: the layer input through `projections()` (fp32); qr: the attention's low-rank q."""
+        kv_all, score_all, head_weights = projected
         pool = cache.index_pools[layer]
         index_format = cache.kv_format.index_rows
-        self.compress(xf, batch, cache.indexer_states[layer], pool, rope, index_format)
+        self.compress(kv_all, score_all, batch, cache.indexer_states[layer], pool, rope, index_format)
         q = self.q_b_proj(qr).unflatten(-1, (self.n_heads, self.head_dim))
         q = rms_norm_rope(q, cos=rope.compress.cos, sin=rope.compress.sin, impl=batch.kernels)
         q = self.finish_rows(q.to(pool.dtype), index_format, batch.kernels)
-        weights = F.linear(xf, self.scorer.weights_proj.weight) * self.weight_scale
+        weights = head_weights * self.weight_scale
         rows_of = batch.compressed_rows[self.ratio]
         k = min(self.topk, rows_of.shape[1])
         if batch.is_decode:  # one query per sequence: one call over every sequence's rows
@@ -66,7 +70,7 @@ class Indexer(Compressor):
             scores = index_scores(q[:, None], weights[:, None], pool, rows_of, visible, impl=batch.kernels)
             picks = select_topk(scores, k)[:, 0].long()
             return torch.where(picks >= 0, rows_of.gather(1, picks.clamp(min=0)), -1).to(torch.int32)
-        selected = torch.full((batch.num_tokens, k), -1, dtype=torch.int32, device=xf.device)
+        selected = torch.full((batch.num_tokens, k), -1, dtype=torch.int32, device=qr.device)
         for b, c in enumerate(batch.chunks):
             n_rows = c.end // self.ratio
             if n_rows == 0 or k == 0:

@@ -23,8 +23,11 @@ def compress_decode(
     B, d = kv.shape[0], norm_weight.shape[0]
     width = (2 if len(state) == 2 else 1) * d
     for name, t in (("kv", kv), ("score", score)):
-        if t.shape != (B, width) or t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous fp32 [{B}, {width}], got {t.dtype} {tuple(t.shape)}")
+        if t.shape != (B, width) or t.dtype != torch.float32 or t.stride(1) != 1:
+            raise ValueError(f"{name} must be fp32 [{B}, {width}] with unit column stride, got {t.dtype} "
+                             f"{tuple(t.shape)} strides {t.stride()}")
+    if kv.stride(0) != score.stride(0):
+        kv, score = kv.contiguous(), score.contiguous()
     if position_bias.shape != (ratio, width):
         raise ValueError(f"position_bias must be [{ratio}, {width}], got {tuple(position_bias.shape)}")
     if cos.shape != sin.shape or cos.shape[0] != B or 2 * cos.shape[1] > d:

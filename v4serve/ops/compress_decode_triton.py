@@ -1,6 +1,7 @@
 """Triton kernel of one compressor decode step (math: compress_decode_reference.py).
 
-Layouts: kv, score [B, W] fp32 (the token's projections, unit stride), positions and slots [B]
+Layouts: kv, score [B, W] fp32 (the token's projections; unit stride along W, one row stride
+`stride_in` for both, so they may be column slices of one fused projection), positions and slots [B]
 int64, position_bias [r, W] fp32; state, overlap: kv and score [slots, 2r, W] fp32 (W = 2d),
 online: max, sum, acc [slots, d] fp32; norm_weight [d]; cos, sin [B, R] fp32 (R rope pairs,
 the last 2R channels rotate); rows_of [B, n] (compressed-pool row of each block, -1 = none).
@@ -21,14 +22,14 @@ import triton.language as tl
 
 
 @triton.jit
-def _pool_overlap_step(kv_ptr, score_ptr, bias_ptr, state_kv, state_score, b, j, complete, d, ch, ch_ok,
+def _pool_overlap_step(kv_ptr, score_ptr, bias_ptr, state_kv, state_score, b, stride_in, j, complete, d, ch, ch_ok,
                        RATIO: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     W = 2 * d
-    kv_lo = tl.load(kv_ptr + b * W + ch, mask=ch_ok, other=0.0)
-    kv_hi = tl.load(kv_ptr + b * W + d + ch, mask=ch_ok, other=0.0)
-    sc_lo = tl.load(score_ptr + b * W + ch, mask=ch_ok, other=0.0) + tl.load(bias_ptr + j * W + ch, mask=ch_ok)
-    sc_hi = tl.load(score_ptr + b * W + d + ch, mask=ch_ok, other=0.0) + tl.load(bias_ptr + j * W + d + ch,
-                                                                                  mask=ch_ok)
+    kv_lo = tl.load(kv_ptr + b * stride_in + ch, mask=ch_ok, other=0.0)
+    kv_hi = tl.load(kv_ptr + b * stride_in + d + ch, mask=ch_ok, other=0.0)
+    sc_lo = tl.load(score_ptr + b * stride_in + ch, mask=ch_ok, other=0.0) + tl.load(bias_ptr + j * W + ch, mask=ch_ok)
+    sc_hi = tl.load(score_ptr + b * stride_in + d + ch, mask=ch_ok, other=0.0) + tl.load(bias_ptr + j * W + d + ch,
+                                                                                          mask=ch_ok)
     new_row = (RATIO + j) * W
     tl.store(state_kv + new_row + ch, kv_lo, mask=ch_ok)
     tl.store(state_kv + new_row + d + ch, kv_hi, mask=ch_ok)
@@ -61,9 +62,10 @@ def _pool_overlap_step(kv_ptr, score_ptr, bias_ptr, state_kv, state_score, b, j,
 
 
 @triton.jit
-def _pool_online_step(kv_ptr, score_ptr, bias_ptr, state_max, state_sum, state_acc, b, j, complete, d, ch, ch_ok):
-    kv = tl.load(kv_ptr + b * d + ch, mask=ch_ok, other=0.0)
-    sc = tl.load(score_ptr + b * d + ch, mask=ch_ok, other=0.0) + tl.load(bias_ptr + j * d + ch, mask=ch_ok)
+def _pool_online_step(kv_ptr, score_ptr, bias_ptr, state_max, state_sum, state_acc, b, stride_in, j, complete, d, ch,
+                      ch_ok):
+    kv = tl.load(kv_ptr + b * stride_in + ch, mask=ch_ok, other=0.0)
+    sc = tl.load(score_ptr + b * stride_in + ch, mask=ch_ok, other=0.0) + tl.load(bias_ptr + j * d + ch, mask=ch_ok)
     m_old = tl.load(state_max + ch, mask=ch_ok, other=0.0)
     m = tl.maximum(m_old, sc)
     rescale = tl.exp(m_old - m)
@@ -80,7 +82,7 @@ def _pool_online_step(kv_ptr, score_ptr, bias_ptr, state_max, state_sum, state_a
 def _compress_decode_kernel(
     kv_ptr, score_ptr, pos_ptr, slot_ptr, bias_ptr, s0_ptr, s1_ptr, s2_ptr,
     w_ptr, cos_ptr, sin_ptr, rows_of_ptr, rows_ptr, target_ptr,
-    d, R, scratch, eps, stride_slot, stride_rows_of, stride_cs,
+    d, R, scratch, eps, stride_in, stride_slot, stride_rows_of, stride_cs,
     RATIO: tl.constexpr, OVERLAP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -92,10 +94,10 @@ def _compress_decode_kernel(
     ch_ok = ch < d
     if OVERLAP:
         row = _pool_overlap_step(kv_ptr, score_ptr, bias_ptr, s0_ptr + slot * stride_slot, s1_ptr + slot * stride_slot,
-                                 b, j, complete, d, ch, ch_ok, RATIO, BLOCK_R, BLOCK_D)
+                                 b, stride_in, j, complete, d, ch, ch_ok, RATIO, BLOCK_R, BLOCK_D)
     else:
         row = _pool_online_step(kv_ptr, score_ptr, bias_ptr, s0_ptr + slot * stride_slot, s1_ptr + slot * stride_slot,
-                                s2_ptr + slot * stride_slot, b, j, complete, d, ch, ch_ok)
+                                s2_ptr + slot * stride_slot, b, stride_in, j, complete, d, ch, ch_ok)
 
     # kv_norm, rounded to the pool dtype at the reference's rounding points
     y = tl.where(ch_ok, row, 0.0).to(rows_ptr.dtype.element_ty).to(tl.float32)
@@ -129,7 +131,7 @@ def compress_decode_triton(kv, score, positions, slots, position_bias, state, ra
     _compress_decode_kernel[(B,)](
         kv, score, positions, slots, position_bias, s0, s1, s2,
         norm_weight, cos, sin, rows_of, rows, target,
-        d, cos.shape[1], scratch, float(eps), s0.stride(0), rows_of.stride(0), cos.stride(0),
+        d, cos.shape[1], scratch, float(eps), kv.stride(0), s0.stride(0), rows_of.stride(0), cos.stride(0),
         RATIO=ratio, OVERLAP=overlap, BLOCK_R=triton.next_power_of_2(ratio) if overlap else 1,
         BLOCK_D=triton.next_power_of_2(d), num_warps=4,
     )
