@@ -179,7 +179,7 @@ KERNELS: tuple[KernelSpec, ...] = (
                         "stride_rb", "stride_nb", "stride_ob", "stride_os"), "i32")),
         aligned=("q_ptr", "w_ptr", "k_ptr", "rows_ptr", "n_visible_ptr", "out_ptr", "H", "Dk",
                  "stride_qb", "stride_qs", "stride_qh", "stride_wb", "stride_ws", "stride_k"),
-        constexprs=dict(BLOCK_H=64, BLOCK_T=64, BLOCK_D=128), num_warps=4, num_stages=2,
+        constexprs=dict(PDL=False, BLOCK_H=64, BLOCK_T=64, BLOCK_D=128), num_warps=4, num_stages=2,
         expect=Expect(kv_load_bytes=16, kv_lines=r"k = tl\.load", max_regs=255, tensor_cores=True),
     ),
     # ---- ue8m0 round trips (ops/kv_quant_triton.py): bf16 rows, BLOCK_ROWS 16, 4 warps ----
@@ -203,7 +203,7 @@ KERNELS: tuple[KernelSpec, ...] = (
         types=dict(mix_ptr="*fp32", row_scale_ptr="*fp32", base_ptr="*fp32", scale_ptr="*fp32", pre_ptr="*fp32",
                    post_ptr="*fp32", comb_ptr="*fp32", T="i32", stride_m="i32"),
         aligned=("mix_ptr", "row_scale_ptr", "base_ptr", "scale_ptr", "pre_ptr", "post_ptr", "comb_ptr"),
-        constexprs=dict(N=4, ITERS=20, EPS=1e-6, BLOCK_T=32), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, N=4, ITERS=20, EPS=1e-6, BLOCK_T=32), num_warps=4, num_stages=3,
         expect=Expect(max_regs=128),
     ),
     # ---- RMSNorm + RoPE (ops/norm_rope_triton.py): one program per row, warps from
@@ -211,26 +211,26 @@ KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec(  # per-head q: weightless norm + rope, D 512, rope 64
         "norm_rope.q", f"{_OPS}.norm_rope_triton:_rms_norm_rope_kernel",
         types=_NORM_ROPE_TYPES, aligned=_NORM_ROPE_ALIGNED,
-        constexprs=dict(NORM=True, HAS_WEIGHT=False, ROPE=True, INVERSE=False, BLOCK_D=512), num_warps=2,
+        constexprs=dict(PDL=False, NORM=True, HAS_WEIGHT=False, ROPE=True, INVERSE=False, BLOCK_D=512), num_warps=2,
         num_stages=3, expect=Expect(max_regs=128),
     ),
     KernelSpec(  # a layer's input norm: weighted, D 4096 (Flash hidden size), no rope
         "norm_rope.hidden", f"{_OPS}.norm_rope_triton:_rms_norm_rope_kernel",
         types=_NORM_ROPE_TYPES, aligned=_NORM_ROPE_ALIGNED,
-        constexprs=dict(NORM=True, HAS_WEIGHT=True, ROPE=False, INVERSE=False, BLOCK_D=4096), num_warps=8,
+        constexprs=dict(PDL=False, NORM=True, HAS_WEIGHT=True, ROPE=False, INVERSE=False, BLOCK_D=4096), num_warps=8,
         num_stages=3, expect=Expect(max_regs=128),
     ),
     # ---- compressor decode step (ops/compress_decode_triton.py): one program per sequence, 4 warps ----
     KernelSpec(  # CSA kv compressor: overlap, ratio 4, head_dim 512
         "compress_decode.csa", f"{_OPS}.compress_decode_triton:_compress_decode_kernel",
         types=_COMPRESS_DECODE_TYPES, aligned=_COMPRESS_DECODE_ALIGNED,
-        constexprs=dict(RATIO=4, OVERLAP=True, BLOCK_R=4, BLOCK_D=512), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, RATIO=4, OVERLAP=True, BLOCK_R=4, BLOCK_D=512), num_warps=4, num_stages=3,
         expect=Expect(max_regs=168),
     ),
     KernelSpec(  # HCA: online softmax state, ratio 128, head_dim 512
         "compress_decode.hca", f"{_OPS}.compress_decode_triton:_compress_decode_kernel",
         types=_COMPRESS_DECODE_TYPES, aligned=_COMPRESS_DECODE_ALIGNED,
-        constexprs=dict(RATIO=128, OVERLAP=False, BLOCK_R=1, BLOCK_D=512), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, RATIO=128, OVERLAP=False, BLOCK_R=1, BLOCK_D=512), num_warps=4, num_stages=3,
         expect=Expect(max_regs=128),
     ),
     # ---- MoE grouped matmul (ops/grouped_matmul_triton.py): bf16 activations and expert weights,
@@ -241,7 +241,7 @@ KERNELS: tuple[KernelSpec, ...] = (
                    stride_x="i32", stride_we="i32", stride_wn="i32", stride_y="i32"),
         aligned=("x_ptr", "w_ptr", "rows_ptr", "ends_ptr", "y_ptr", "N", "K", "stride_x", "stride_we", "stride_wn",
                  "stride_y"),
-        constexprs=dict(N_GROUPS=256, HAS_ROWS=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, BLOCK_E=256), num_warps=4,
+        constexprs=dict(PDL=False, N_GROUPS=256, HAS_ROWS=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, BLOCK_E=256), num_warps=4,
         num_stages=3,
         expect=Expect(kv_load_bytes=16, max_regs=200, tensor_cores=True),
     ),
@@ -250,20 +250,20 @@ KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec(  # HC_MIX_CONFIGS["decode"], T = 1: 128 splits of one 128-wide K block, ticket merge
         "mhc.mix_decode", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
         types=_HC_MIX_TYPES, aligned=(*_HC_MIX_ALIGNED, "n_splits"),
-        constexprs=dict(BLOCK_T=16, BLOCK_M=32, BLOCK_K=128, BLOCK_S=128, SPLIT=True), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, BLOCK_T=16, BLOCK_M=32, BLOCK_K=128, BLOCK_S=128, SPLIT=True), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
     ),
     KernelSpec(  # HC_MIX_CONFIGS["prefill"], T = 2048: 64 token blocks x 2 splits
         "mhc.mix_prefill", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
         types=_HC_MIX_TYPES, aligned=_HC_MIX_ALIGNED,
-        constexprs=dict(BLOCK_T=32, BLOCK_M=32, BLOCK_K=64, BLOCK_S=2, SPLIT=True), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, BLOCK_T=32, BLOCK_M=32, BLOCK_K=64, BLOCK_S=2, SPLIT=True), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
     ),
     KernelSpec(  # HC_COLLAPSE_CONFIG
         "mhc.collapse", f"{_OPS}.hc_collapse_triton:_hc_collapse_kernel",
         types=dict(x_ptr="*bf16", pre_ptr="*fp32", y_ptr="*bf16", D="i32", stride_xt="i32", stride_xn="i32"),
         aligned=("x_ptr", "pre_ptr", "y_ptr", "D", "stride_xt", "stride_xn"),
-        constexprs=dict(N=4, BLOCK_D=512), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, N=4, BLOCK_D=512), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=96),
     ),
     KernelSpec(  # HC_EXPAND_CONFIG
@@ -271,7 +271,7 @@ KERNELS: tuple[KernelSpec, ...] = (
         types=dict(f_ptr="*bf16", x_ptr="*bf16", post_ptr="*fp32", comb_ptr="*fp32", y_ptr="*bf16", D="i32",
                    stride_ft="i32", stride_xt="i32", stride_xn="i32"),
         aligned=("f_ptr", "x_ptr", "post_ptr", "comb_ptr", "y_ptr", "D", "stride_ft", "stride_xt", "stride_xn"),
-        constexprs=dict(N=4, BLOCK_D=512), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, N=4, BLOCK_D=512), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
     ),
     # ---- MoE routing, pick sort, clamped SwiGLU, combine (ops/moe_*_triton.py, swiglu_triton.py):
@@ -283,7 +283,7 @@ KERNELS: tuple[KernelSpec, ...] = (
                        experts_ptr="*i64", weights_ptr="*fp32", T="i32", E="i32", stride_l="i32", scaling="fp32"),
             aligned=("logit_ptr", "bias_ptr", "tid2eid_ptr", "token_ptr", "experts_ptr", "weights_ptr", "E",
                      "stride_l"),
-            constexprs=dict(TOP_K=6, SCORING=0, NORMALIZE=True, HASHED=kind == "hash", BLOCK_T=4, BLOCK_E=256,
+            constexprs=dict(PDL=False, TOP_K=6, SCORING=0, NORMALIZE=True, HASHED=kind == "hash", BLOCK_T=4, BLOCK_E=256,
                             BLOCK_K=8),
             num_warps=4, num_stages=3, expect=Expect(max_regs=128),
         )
@@ -293,7 +293,7 @@ KERNELS: tuple[KernelSpec, ...] = (
         "moe.sort", f"{_OPS}.moe_sort_triton:_moe_sort_kernel",
         types=dict(experts_ptr="*i64", rows_ptr="*i64", ends_ptr="*i32", pos_ptr="*i64", P="i32", E="i32"),
         aligned=("experts_ptr", "rows_ptr", "ends_ptr", "pos_ptr", "E"),
-        constexprs=dict(TOP_K=6, BLOCK_P=64, BLOCK_E=64, BLOCK_Q=32), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, TOP_K=6, BLOCK_P=64, BLOCK_E=64, BLOCK_Q=32), num_warps=4, num_stages=3,
         expect=Expect(max_regs=128),
     ),
     KernelSpec(  # SWIGLU_CONFIG; gate and up are the two halves of the grouped matmul's [M, 4096]
@@ -301,7 +301,7 @@ KERNELS: tuple[KernelSpec, ...] = (
         types=dict(gate_ptr="*bf16", up_ptr="*bf16", h_ptr="*bf16", I="i32", stride_g="i32", stride_u="i32",
                    limit="fp32"),
         aligned=("gate_ptr", "up_ptr", "h_ptr", "I", "stride_g", "stride_u"),
-        constexprs=dict(BLOCK_I=1024), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, BLOCK_I=1024), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, max_regs=96),
     ),
     KernelSpec(  # MOE_COMBINE_CONFIG, with the shared expert's output added
@@ -309,7 +309,7 @@ KERNELS: tuple[KernelSpec, ...] = (
         types=dict(y_ptr="*bf16", pos_ptr="*i64", w_ptr="*fp32", add_ptr="*bf16", out_ptr="*bf16", D="i32",
                    stride_y="i32", stride_a="i32"),
         aligned=("y_ptr", "pos_ptr", "w_ptr", "add_ptr", "out_ptr", "D", "stride_y", "stride_a"),
-        constexprs=dict(K=6, HAS_ADD=True, BLOCK_D=512), num_warps=2, num_stages=3,
+        constexprs=dict(PDL=False, K=6, HAS_ADD=True, BLOCK_D=512), num_warps=2, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"acc \+= w \* tl\.load", max_regs=96),
     ),
 )

@@ -1,4 +1,6 @@
-"""Shared argument checks for the ops' dispatching functions."""
+"""Shared argument checks for the ops' dispatching functions, and the launch options they share."""
+
+import os
 
 import torch
 
@@ -22,3 +24,14 @@ def check_16_byte_aligned(name: str, t: torch.Tensor) -> None:
             f"{name} must be 16-byte aligned with contiguous rows (data_ptr % 16 = {t.data_ptr() % 16}, "
             f"row stride {row_bytes} B, last-dim stride {t.stride(-1)})"
         )
+
+
+def pdl_launch(t: torch.Tensor) -> dict:
+    """Launch options for programmatic dependent launch on sm_90+ CUDA (not the interpreter): the
+    kernel is launched while its predecessor finishes and waits for it in its first statement
+    (`if PDL: gdc_wait()`), which hides most of the gap between two kernels of a decode step.
+    V4SERVE_PDL=0 turns it off (to measure it)."""
+    if (t.device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+            or os.environ.get("V4SERVE_PDL", "1") == "0" or torch.cuda.get_device_capability(t.device)[0] < 9):
+        return {}
+    return dict(PDL=True, launch_pdl=True)

@@ -19,6 +19,9 @@ A step that completes no block writes a zero row aimed at the pool's scratch row
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import pdl_launch
 
 
 @triton.jit
@@ -83,8 +86,10 @@ def _compress_decode_kernel(
     kv_ptr, score_ptr, pos_ptr, slot_ptr, bias_ptr, s0_ptr, s1_ptr, s2_ptr,
     w_ptr, cos_ptr, sin_ptr, rows_of_ptr, rows_ptr, target_ptr,
     d, R, scratch, eps, stride_in, stride_slot, stride_rows_of, stride_cs,
-    RATIO: tl.constexpr, OVERLAP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    RATIO: tl.constexpr, OVERLAP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
     b = tl.program_id(0).to(tl.int64)
     p = tl.load(pos_ptr + b)
     slot = tl.load(slot_ptr + b).to(tl.int64)
@@ -133,6 +138,6 @@ def compress_decode_triton(kv, score, positions, slots, position_bias, state, ra
         norm_weight, cos, sin, rows_of, rows, target,
         d, cos.shape[1], scratch, float(eps), kv.stride(0), s0.stride(0), rows_of.stride(0), cos.stride(0),
         RATIO=ratio, OVERLAP=overlap, BLOCK_R=triton.next_power_of_2(ratio) if overlap else 1,
-        BLOCK_D=triton.next_power_of_2(d), num_warps=4,
+        BLOCK_D=triton.next_power_of_2(d), num_warps=4, **pdl_launch(kv),
     )
     return rows, target

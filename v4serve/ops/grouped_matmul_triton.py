@@ -18,6 +18,9 @@ many picks (a decode batch whose tokens agree) does not serialise on a few progr
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import pdl_launch
 
 # Production tiles: BLOCK_M 16 (decode puts a handful of picks on an expert), 4 warps.
 GROUPED_MATMUL_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
@@ -28,8 +31,10 @@ def _grouped_matmul_kernel(
     x_ptr, w_ptr, rows_ptr, ends_ptr, y_ptr,
     N, K, stride_x, stride_we, stride_wn, stride_y,
     N_GROUPS: tl.constexpr, HAS_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
     block = tl.program_id(0)
     # The block schedule, from the group ends: group e's blocks are [first_e, first_e + blocks_e).
     groups = tl.arange(0, BLOCK_E)
@@ -77,6 +82,6 @@ def grouped_matmul_triton(x: torch.Tensor, weight: torch.Tensor, rows: torch.Ten
         x, weight, rows if rows is not None else ends, ends, y, n, k, x.stride(0), weight.stride(0),
         weight.stride(1), y.stride(0), N_GROUPS=e, HAS_ROWS=rows is not None, BLOCK_M=block_m,
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_E=triton.next_power_of_2(e),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x),
     )
     return y

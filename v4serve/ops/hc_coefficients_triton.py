@@ -11,6 +11,9 @@ outputs pre [T, n], post [T, n], comb [T, n, n], fp32, contiguous. n is a power 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import pdl_launch
 
 HC_CONFIG = dict(BLOCK_T=32, num_warps=4)
 
@@ -18,8 +21,10 @@ HC_CONFIG = dict(BLOCK_T=32, num_warps=4)
 @triton.jit
 def _hc_coefficients_kernel(
     mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, stride_m,
-    N: tl.constexpr, ITERS: tl.constexpr, EPS: tl.constexpr, BLOCK_T: tl.constexpr,
+    N: tl.constexpr, ITERS: tl.constexpr, EPS: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < T
     j = tl.arange(0, N)
@@ -55,6 +60,6 @@ def hc_coefficients_triton(mixes, row_scale, base, scale, n: int, iters: int, ep
     cfg = HC_CONFIG
     _hc_coefficients_kernel[(triton.cdiv(t, cfg["BLOCK_T"]),)](
         mixes, row_scale, base, scale, pre, post, comb, t, mixes.stride(0),
-        N=n, ITERS=iters, EPS=eps, BLOCK_T=cfg["BLOCK_T"], num_warps=cfg["num_warps"],
+        N=n, ITERS=iters, EPS=eps, BLOCK_T=cfg["BLOCK_T"], num_warps=cfg["num_warps"], **pdl_launch(mixes),
     )
     return pre, post, comb

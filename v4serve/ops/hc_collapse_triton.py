@@ -11,6 +11,9 @@ N weights once and writes BLOCK_D outputs. One launch replaces the multiply, sum
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import pdl_launch
 
 HC_COLLAPSE_CONFIG = dict(BLOCK_D=512, num_warps=4)
 
@@ -18,8 +21,10 @@ HC_COLLAPSE_CONFIG = dict(BLOCK_D=512, num_warps=4)
 @triton.jit
 def _hc_collapse_kernel(
     x_ptr, pre_ptr, y_ptr, D, stride_xt, stride_xn,
-    N: tl.constexpr, BLOCK_D: tl.constexpr,
+    N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
     t = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < D
@@ -39,6 +44,6 @@ def hc_collapse_triton(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor
         return y
     cfg = HC_COLLAPSE_CONFIG
     _hc_collapse_kernel[(T, triton.cdiv(D, cfg["BLOCK_D"]))](
-        streams, pre, y, D, streams.stride(0), streams.stride(1), N=n, **cfg,
+        streams, pre, y, D, streams.stride(0), streams.stride(1), N=n, **cfg, **pdl_launch(streams),
     )
     return y

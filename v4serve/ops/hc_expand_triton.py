@@ -16,6 +16,9 @@ product and the sum.
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import pdl_launch
 
 HC_EXPAND_CONFIG = dict(BLOCK_D=512, num_warps=4)
 
@@ -23,8 +26,10 @@ HC_EXPAND_CONFIG = dict(BLOCK_D=512, num_warps=4)
 @triton.jit
 def _hc_expand_kernel(
     f_ptr, x_ptr, post_ptr, comb_ptr, y_ptr, D, stride_ft, stride_xt, stride_xn,
-    N: tl.constexpr, BLOCK_D: tl.constexpr,
+    N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
     t = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < D
@@ -51,6 +56,6 @@ def hc_expand_triton(output: torch.Tensor, streams: torch.Tensor, post: torch.Te
     cfg = HC_EXPAND_CONFIG
     _hc_expand_kernel[(T, triton.cdiv(D, cfg["BLOCK_D"]))](
         output, streams, post.float().contiguous(), comb.float().contiguous(), y, D,
-        output.stride(0), streams.stride(0), streams.stride(1), N=n, **cfg,
+        output.stride(0), streams.stride(0), streams.stride(1), N=n, **cfg, **pdl_launch(output),
     )
     return y

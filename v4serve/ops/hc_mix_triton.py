@@ -20,6 +20,9 @@ writes the outputs.
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import pdl_launch
 
 
 # Production tiles: small T (decode) spreads K over ~TARGET_PROGRAMS programs; large T (prefill)
@@ -37,8 +40,10 @@ def _hc_mix_kernel(
     x_ptr, fn_ptr, part_ptr, mix_ptr, row_scale_ptr, ticket_ptr,
     T, K, M, k_per_split, n_splits, eps, stride_x,
     BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
     block = tl.program_id(0)
     split = tl.program_id(1)
     t = block * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -112,6 +117,6 @@ def hc_mix_triton(x: torch.Tensor, fn: torch.Tensor, eps: float, tickets: torch.
         ticket = tickets if fits else torch.zeros(n_blocks, dtype=torch.int32, device=x.device)
     _hc_mix_kernel[(n_blocks, n_splits)](
         x, fn, part, mixes, row_scale, ticket, T, K, M, k_per_split, n_splits, eps, x.stride(0),
-        BLOCK_M=block_m, BLOCK_S=triton.next_power_of_2(n_splits), SPLIT=split, **cfg,
+        BLOCK_M=block_m, BLOCK_S=triton.next_power_of_2(n_splits), SPLIT=split, **cfg, **pdl_launch(x),
     )
     return mixes, row_scale

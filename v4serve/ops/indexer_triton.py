@@ -14,6 +14,9 @@ prefill) skip the gather and the dot and only write -inf.
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import pdl_launch
 
 INDEX_CONFIG = dict(BLOCK_H=64, BLOCK_T=64, num_warps=4, num_stages=2)
 
@@ -24,8 +27,10 @@ def _index_scores_kernel(
     H, Dk, T,
     stride_qb, stride_qs, stride_qh, stride_wb, stride_ws, stride_k, stride_rb, stride_nb,
     stride_ob, stride_os,
-    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
     keys = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     s = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -72,6 +77,6 @@ def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None) ->
         H, Dk, T,
         q.stride(0), q.stride(1), q.stride(2), weights.stride(0), weights.stride(1), k_pool.stride(0),
         key_rows.stride(0), n_visible.stride(0), out.stride(0), out.stride(1),
-        BLOCK_D=max(16, triton.next_power_of_2(Dk)), **cfg,
+        BLOCK_D=max(16, triton.next_power_of_2(Dk)), **cfg, **pdl_launch(q),
     )
     return out

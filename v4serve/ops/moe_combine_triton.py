@@ -13,6 +13,9 @@ expert's add.
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import pdl_launch
 
 MOE_COMBINE_CONFIG = dict(BLOCK_D=512, num_warps=2)  # 8 bf16 (16 bytes) per thread and load
 
@@ -20,8 +23,10 @@ MOE_COMBINE_CONFIG = dict(BLOCK_D=512, num_warps=2)  # 8 bf16 (16 bytes) per thr
 @triton.jit
 def _moe_combine_kernel(
     y_ptr, pos_ptr, w_ptr, add_ptr, out_ptr, D, stride_y, stride_a,
-    K: tl.constexpr, HAS_ADD: tl.constexpr, BLOCK_D: tl.constexpr,
+    K: tl.constexpr, HAS_ADD: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
     t = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     ok = d < D
@@ -49,6 +54,6 @@ def moe_combine_triton(y: torch.Tensor, pos: torch.Tensor, weights: torch.Tensor
     cfg = MOE_COMBINE_CONFIG
     _moe_combine_kernel[(T, triton.cdiv(D, cfg["BLOCK_D"]))](
         y, pos.contiguous(), weights.float().contiguous(), add, out, D, y.stride(0), add.stride(0),
-        K=k, HAS_ADD=has_add, **cfg,
+        K=k, HAS_ADD=has_add, **cfg, **pdl_launch(y),
     )
     return out

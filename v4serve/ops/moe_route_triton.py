@@ -15,6 +15,9 @@ logits keep their relative precision.
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import pdl_launch
 
 MOE_ROUTE_CONFIG = dict(BLOCK_T=4, num_warps=4)
 SCORING_IDS = {"sqrtsoftplus": 0, "sigmoid": 1, "softmax": 2}
@@ -32,8 +35,10 @@ def _softplus(x):
 def _moe_route_kernel(
     logit_ptr, bias_ptr, tid2eid_ptr, token_ptr, experts_ptr, weights_ptr, T, E, stride_l, scaling,
     TOP_K: tl.constexpr, SCORING: tl.constexpr, NORMALIZE: tl.constexpr, HASHED: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < T
     e = tl.arange(0, BLOCK_E)
@@ -89,6 +94,6 @@ def moe_route_triton(logits, top_k: int, scoring_func: str, normalize: bool, sca
     _moe_route_kernel[(triton.cdiv(T, cfg["BLOCK_T"]),)](
         logits, bias, tid2eid, token_ids, experts, weights, T, E, logits.stride(0), float(scaling),
         TOP_K=top_k, SCORING=SCORING_IDS[scoring_func], NORMALIZE=bool(normalize), HASHED=hashed,
-        BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k), **cfg,
+        BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k), **cfg, **pdl_launch(logits),
     )
     return experts, weights

@@ -16,6 +16,9 @@ O(P^2) compares spread over the programs: 36 for one decode token, ~1.5e8 for a 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import pdl_launch
 
 MOE_SORT_CONFIG = dict(BLOCK_P=64, BLOCK_E=64, BLOCK_Q=32, num_warps=4)
 
@@ -23,8 +26,10 @@ MOE_SORT_CONFIG = dict(BLOCK_P=64, BLOCK_E=64, BLOCK_Q=32, num_warps=4)
 @triton.jit
 def _moe_sort_kernel(
     experts_ptr, rows_ptr, ends_ptr, pos_ptr, P, E,
-    TOP_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_Q: tl.constexpr,
+    TOP_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_Q: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
     block = tl.program_id(0)
     p = block * BLOCK_P + tl.arange(0, BLOCK_P)
     p_ok = p < P
@@ -52,5 +57,5 @@ def moe_sort_triton(experts: torch.Tensor, n_experts: int) -> tuple[torch.Tensor
     ends = torch.empty(n_experts, dtype=torch.int32, device=experts.device)
     cfg = MOE_SORT_CONFIG
     grid = (max(triton.cdiv(P, cfg["BLOCK_P"]), triton.cdiv(n_experts, cfg["BLOCK_E"]), 1),)
-    _moe_sort_kernel[grid](flat, rows, ends, pos, P, n_experts, TOP_K=k, **cfg)
+    _moe_sort_kernel[grid](flat, rows, ends, pos, P, n_experts, TOP_K=k, **cfg, **pdl_launch(flat))
     return rows, ends, pos

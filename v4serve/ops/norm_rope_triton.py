@@ -13,6 +13,9 @@ are each one launch.
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import pdl_launch
 
 
 @triton.jit
@@ -30,8 +33,10 @@ def _rms_norm_rope_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
     D, R, heads, eps, stride_x, stride_o, stride_cs,
     NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROPE: tl.constexpr, INVERSE: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     ok = cols < D
@@ -79,6 +84,6 @@ def rms_norm_rope_triton(x, eps=None, weight=None, cos=None, sin=None, inverse=F
         D, 0 if cos is None else cos.shape[-1], heads, 0.0 if eps is None else float(eps),
         rows.stride(0), D, 0 if cos is None else cos.stride(0),
         NORM=eps is not None, HAS_WEIGHT=weight is not None, ROPE=cos is not None, INVERSE=inverse,
-        BLOCK_D=block_d, num_warps=norm_rope_warps(block_d),
+        BLOCK_D=block_d, num_warps=norm_rope_warps(block_d), **pdl_launch(rows),
     )
     return out

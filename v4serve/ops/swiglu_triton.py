@@ -13,6 +13,9 @@ Layouts: gate, up [M, I] (row strides `stride_g`, `stride_u`, unit along I; the 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import pdl_launch
 
 SWIGLU_CONFIG = dict(BLOCK_I=1024, num_warps=4)
 
@@ -20,8 +23,10 @@ SWIGLU_CONFIG = dict(BLOCK_I=1024, num_warps=4)
 @triton.jit
 def _clamped_swiglu_kernel(
     gate_ptr, up_ptr, h_ptr, I, stride_g, stride_u, limit,
-    BLOCK_I: tl.constexpr,
+    BLOCK_I: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
     m = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     ok = i < I
@@ -43,6 +48,6 @@ def clamped_swiglu_triton(gate: torch.Tensor, up: torch.Tensor, limit: float) ->
         return h
     cfg = SWIGLU_CONFIG
     _clamped_swiglu_kernel[(M, triton.cdiv(I, cfg["BLOCK_I"]))](
-        gate, up, h, I, gate.stride(0), up.stride(0), float(limit), **cfg,
+        gate, up, h, I, gate.stride(0), up.stride(0), float(limit), **cfg, **pdl_launch(gate),
     )
     return h
