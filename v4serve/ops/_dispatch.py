@@ -29,9 +29,9 @@ def check_16_byte_aligned(name: str, t: torch.Tensor) -> None:
 def pdl_launch(t: torch.Tensor) -> dict:
     """Launch options for programmatic dependent launch on sm_90+ CUDA (not the interpreter): the
     kernel is launched while its predecessor finishes and waits for it in its first statement
-    (`if PDL: gdc_wait()`). Off unless V4SERVE_PDL=1: on the H200 it made the decode step slower
-    (docs/performance.md, Engine), so it stays an experiment."""
+    (`if PDL: gdc_wait()`). On the H200 it trims the inter-kernel gaps of a decode step a little
+    (docs/performance.md, Engine). V4SERVE_PDL=0 turns it off (to measure it)."""
     if (t.device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-            or os.environ.get("V4SERVE_PDL", "0") != "1" or torch.cuda.get_device_capability(t.device)[0] < 9):
+            or os.environ.get("V4SERVE_PDL", "1") == "0" or torch.cuda.get_device_capability(t.device)[0] < 9):
         return {}
     return dict(PDL=True, launch_pdl=True)
