@@ -19,17 +19,25 @@ HC_COLLAPSE_CONFIG = dict(BLOCK_D=512, num_warps=4)
 
 
 @triton.jit
+def load_streams_tile(x_ptr, stride_xt, stride_xn, D, N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The program's token t (axis 0) and channel block d (axis 1): (t, d, d_ok, j, the [N, BLOCK_D]
+    tile of its N streams x[t, j, d])."""
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    j = tl.arange(0, N)
+    x = tl.load(x_ptr + t * stride_xt + j[:, None] * stride_xn + d[None, :], mask=d_ok[None, :], other=0.0)
+    return t, d, d_ok, j, x
+
+
+@triton.jit
 def _hc_collapse_kernel(
     x_ptr, pre_ptr, y_ptr, D, stride_xt, stride_xn,
     N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
     if PDL:
         gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
-    t = tl.program_id(0).to(tl.int64)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_ok = d < D
-    j = tl.arange(0, N)
-    x = tl.load(x_ptr + t * stride_xt + j[:, None] * stride_xn + d[None, :], mask=d_ok[None, :], other=0.0)
+    t, d, d_ok, j, x = load_streams_tile(x_ptr, stride_xt, stride_xn, D, N, BLOCK_D)
     pre = tl.load(pre_ptr + t * N + j)
     y = tl.sum(pre[:, None] * x.to(tl.float32), axis=0)
     tl.store(y_ptr + t * D + d, y.to(y_ptr.dtype.element_ty), mask=d_ok)

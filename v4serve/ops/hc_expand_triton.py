@@ -19,6 +19,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import pdl_launch
+from v4serve.ops.hc_collapse_triton import load_streams_tile
 
 HC_EXPAND_CONFIG = dict(BLOCK_D=512, num_warps=4)
 
@@ -30,12 +31,8 @@ def _hc_expand_kernel(
 ):
     if PDL:
         gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
-    t = tl.program_id(0).to(tl.int64)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_ok = d < D
-    j = tl.arange(0, N)
+    t, d, d_ok, j, x = load_streams_tile(x_ptr, stride_xt, stride_xn, D, N, BLOCK_D)
     dtype = y_ptr.dtype.element_ty
-    x = tl.load(x_ptr + t * stride_xt + j[:, None] * stride_xn + d[None, :], mask=d_ok[None, :], other=0.0)
     f = tl.load(f_ptr + t * stride_ft + d, mask=d_ok, other=0.0).to(tl.float32)
     comb = tl.load(comb_ptr + t * N * N + j[:, None] * N + j[None, :]).to(dtype).to(tl.float32)  # [j, k]
     post = tl.load(post_ptr + t * N + j).to(dtype).to(tl.float32)
