@@ -10,6 +10,7 @@ To add a kernel, append one entry to ``KERNELS`` (see docs/codegen.md):
 
 Tile configurations are copied from the launching wrapper; each entry says which one.
 """
+from v4serve.ops.hc_mix_triton import HC_MIX_CONFIGS
 from v4serve.ops.sparse_attn_triton import PREFILL_CONFIGS
 
 from .spec import Expect, KernelSpec
@@ -250,7 +251,8 @@ KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec(  # HC_MIX_CONFIGS["decode"], T = 1: 128 splits of one 128-wide K block, ticket merge
         "mhc.mix_decode", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
         types=_HC_MIX_TYPES, aligned=(*_HC_MIX_ALIGNED, "n_splits"),
-        constexprs=dict(PDL=False, BLOCK_T=16, BLOCK_M=32, BLOCK_K=128, BLOCK_S=128, SPLIT=True), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, BLOCK_T=16, BLOCK_M=32, BLOCK_K=128, BLOCK_S=128, SPLIT=True),
+        num_warps=HC_MIX_CONFIGS["decode"]["num_warps"], num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
     ),
     KernelSpec(  # HC_MIX_CONFIGS["prefill"], T = 2048: 64 token blocks x 2 splits
