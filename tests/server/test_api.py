@@ -182,3 +182,20 @@ def test_non_streamed_client_that_gives_up_frees_pages(server):
         time.sleep(0.1)
     assert m["v4serve_kv_pages_used"] == 0 and m["v4serve_num_requests_running"] == 0
     assert 0 < m["v4serve_generation_tokens_total"] - before < 1000  # it ran, and stopped early
+
+
+def test_disconnect_before_the_first_chunk_frees_pages(server):
+    """The client leaves while its long prompt is still being prefilled: no token was streamed yet."""
+    body = {"model": "tiny", "prompt": "story " * 1200, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    before = server.metrics()["v4serve_generation_tokens_total"]
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", server.url + "/v1/completions", json=body) as response:
+            assert response.status_code == 200  # headers only; the stream is closed unread
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        after = server.metrics()
+        if after["v4serve_kv_pages_used"] == 0 and after["v4serve_num_requests_running"] == 0:
+            break
+        time.sleep(0.1)
+    assert after["v4serve_kv_pages_used"] == 0 and after["v4serve_num_requests_running"] == 0
+    assert after["v4serve_generation_tokens_total"] - before < 1000  # stopped early, not at max_tokens
