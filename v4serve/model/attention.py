@@ -71,16 +71,7 @@ class Attention(nn.Module):
         cmp_pool, cmp_columns, counts = win_pool, batch.window_columns[:, :0], None
         if self.compressor is not None:
             cmp_pool = cache.compressed_pools[self.layer]
-            kv_all, score_all, *index_projected = self._project_compressor_input(x)
-            self.compressor.compress(kv_all, score_all, batch, cache.compressor_states[self.layer], cmp_pool, rope,
-                                     cache.kv_format.kv_rows)
-            visible = batch.visible_compressed(self.ratio)
-            if self.compressor.indexer is not None:
-                cmp_columns = self.compressor.indexer.select(self.layer, index_projected, qr, batch, cache, rope)
-                # Picks come best first with the holes last, so the kernel can stop at the visible ones.
-                counts = visible.clamp(max=cmp_columns.shape[1])
-            else:  # HCA: every complete compressed row
-                cmp_columns, counts = batch.all_visible_rows(self.ratio), visible
+            cmp_columns, counts = self._compress_and_select(x, qr, batch, cache, rope)
         columns = torch.cat((batch.window_columns, cmp_columns), dim=1)
         o = sparse_attn_paged(
             q.to(win_pool.dtype)[None], win_pool, cmp_pool, columns[None], self.window, self.sinks,
@@ -94,6 +85,21 @@ class Attention(nn.Module):
         w_a = self.o_a_proj.weight.view(self.o_groups, -1, groups.shape[-1])  # [G, o_rank, H*D/G]
         z = torch.einsum("tgi,goi->tgo", groups, w_a)
         return self.o_b_proj(z.flatten(1))
+
+    def _compress_and_select(
+        self, x: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, rope: StepRope
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the step's completed compressed rows, then pick each token's compressed columns:
+        ([T, K] pool rows, -1 = none; [T] int32 live count, the picks coming first)."""
+        kv_all, score_all, *index_projected = self._project_compressor_input(x)
+        self.compressor.compress(kv_all, score_all, batch, cache.compressor_states[self.layer],
+                                 cache.compressed_pools[self.layer], rope, cache.kv_format.kv_rows)
+        visible = batch.visible_compressed(self.ratio)
+        if self.compressor.indexer is None:  # HCA: every complete compressed row
+            return batch.all_visible_rows(self.ratio), visible
+        picks = self.compressor.indexer.select(self.layer, index_projected, qr, batch, cache, rope)
+        # Picks come best first with the holes last, so the kernel can stop at the visible ones.
+        return picks, visible.clamp(max=picks.shape[1])
 
     def fuse_projections(self) -> None:
         """One GEMM for the two projections of the layer input (q_a_proj, kv_proj), one fp32 GEMM for
