@@ -168,21 +168,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--max-num-seqs", type=int, default=None,
+                        help="the engine's sequence limit (default: the largest concurrency); it sets the graph "
+                             "ladder and the KV pages, and the c=1 launch gaps depend on it (docs/performance.md)")
     parser.add_argument("--host-profile", action="store_true", help="only profile the host side of decode steps")
     parser.add_argument("--profile-only", action="store_true", help="only the GPU-busy profile of decode steps")
     args = parser.parse_args(argv)
     engine = Engine(EngineArgs(
         model=args.model, hf_overrides=args.hf_overrides, max_model_len=args.max_model_len,
-        max_num_seqs=max(args.concurrency), max_num_batched_tokens=args.prompt_len,
+        max_num_seqs=args.max_num_seqs or max(args.concurrency), max_num_batched_tokens=args.prompt_len,
     ))
     result = {"model": args.model, "overrides": args.hf_overrides, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "kv_pages": engine.cache.allocator.num_pages, "cuda_graphs": engine.decode_runner.uses_cuda_graphs}
-    print(f"decode CUDA graphs: {result['cuda_graphs']}, KV pages: {result['kv_pages']}")
+              "max_num_seqs": engine.scheduler.max_num_seqs, "kv_pages": engine.cache.allocator.num_pages,
+              "cuda_graphs": engine.decode_runner.uses_cuda_graphs}
+    print(f"decode CUDA graphs: {result['cuda_graphs']}, max_num_seqs: {result['max_num_seqs']}, KV pages: {result['kv_pages']}")
     if args.host_profile:
         for c in args.concurrency:
             host_profile(engine, c)
         return 0
+    on_gpu = engine.cache.device.type == "cuda"
     if args.profile_only:
+        if not on_gpu:
+            raise SystemExit("the GPU-idle profile needs a CUDA device")
         for c in args.concurrency:
             print(gpu_busy_fraction(engine, c))
         return 0
@@ -193,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     for c in args.concurrency:
         result["tpot"].append(measure_tpot(engine, c, 128, args.output_len))
         print("tpot", result["tpot"][-1], flush=True)
-    result["profile"] = [gpu_busy_fraction(engine, c) for c in args.concurrency]
+    result["profile"] = [gpu_busy_fraction(engine, c) for c in args.concurrency] if on_gpu else []
     result["decode_continuations"] = engine.decode_continuations
     print(f"TTFT {args.prompt_len}-token prompt: median {statistics.median(result['ttft_ms']):.1f} ms")
     print(f"{'concurrency':>11} {'TPOT ms':>8} {'p90 ms':>8} {'out tok/s':>10}")

@@ -1,0 +1,18 @@
+"""`bench engine` on the CPU with the tiny model: TTFT and TPOT rows for every concurrency, one JSON
+line last (the GPU-idle profile needs CUDA and is skipped here; it is exercised on the GPU)."""
+
+import json
+
+from v4serve.bench import engine as bench_engine
+
+
+def test_bench_engine_reports_ttft_and_tpot_for_every_concurrency(capsys):
+    args = ["--model", "tiny", "--hf-overrides", "{}", "--concurrency", "1", "2", "--prompt-len", "48",
+            "--output-len", "8", "--max-model-len", "512", "--max-num-seqs", "4"]
+    assert bench_engine.main(args) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["max_num_seqs"] == 4 and result["kv_pages"] > 0
+    assert len(result["ttft_ms"]) == 3 and all(t > 0 for t in result["ttft_ms"])
+    assert [row["concurrency"] for row in result["tpot"]] == [1, 2]
+    assert all(row["tpot_ms"] > 0 and row["decode_steps"] > 0 for row in result["tpot"])
+    assert result["profile"] == []
