@@ -10,7 +10,7 @@ picks before it in (expert, pick) order, pos[p] = #{q : e_q < e_p or (e_q = e_p 
 counts for picks [b BLOCK_P, (b+1) BLOCK_P) and experts [b BLOCK_E, (b+1) BLOCK_E) while it walks
 every pick BLOCK_Q at a time, then writes pos, rows[pos] = p // TOP_K and ends. The work is
 O(P^2) compares spread over the programs: 36 for one decode token, ~1.5e8 for a 2048-token prefill
-(~tens of µs on an H200), with no atomics and a deterministic result.
+(estimated at tens of µs on an H200; not timed yet), with no atomics and a deterministic result.
 """
 
 import torch
