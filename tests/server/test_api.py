@@ -130,6 +130,17 @@ def test_32_concurrent_streams_complete_with_correct_usage(server, llm):
     assert all(r[3] for r in results)
 
 
+def _metrics_once_idle(server, seconds: float) -> dict:
+    """/metrics as soon as no request runs and no KV page is used, or after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        m = server.metrics()
+        idle = m["v4serve_kv_pages_used"] == 0 and m["v4serve_num_requests_running"] == 0
+        if idle or time.monotonic() >= deadline:
+            return m
+        time.sleep(0.1)
+
+
 def test_disconnect_mid_stream_frees_pages(server):
     body = {"model": "tiny", "prompt": "Tell me a very long story.", "max_tokens": 3000, "ignore_eos": True,
             "stream": True}
@@ -139,12 +150,7 @@ def test_disconnect_mid_stream_frees_pages(server):
             assert sum(1 for _, line in zip(range(6), lines) if line.startswith("data:")) >= 3
             during = server.metrics()
     assert during["v4serve_num_requests_running"] == 1 and during["v4serve_kv_pages_used"] > 0
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        after = server.metrics()
-        if after["v4serve_kv_pages_used"] == 0 and after["v4serve_num_requests_running"] == 0:
-            break
-        time.sleep(0.1)
+    after = _metrics_once_idle(server, seconds=15)
     assert after["v4serve_kv_pages_used"] == 0 and after["v4serve_num_requests_running"] == 0
     assert after["v4serve_generation_tokens_total"] < during["v4serve_generation_tokens_total"] + 1000
 
@@ -174,12 +180,7 @@ def test_non_streamed_client_that_gives_up_frees_pages(server):
     before = server.metrics()["v4serve_generation_tokens_total"]
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=1.5))
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        m = server.metrics()
-        if m["v4serve_kv_pages_used"] == 0 and m["v4serve_num_requests_running"] == 0:
-            break
-        time.sleep(0.1)
+    m = _metrics_once_idle(server, seconds=15)
     assert m["v4serve_kv_pages_used"] == 0 and m["v4serve_num_requests_running"] == 0
     assert 0 < m["v4serve_generation_tokens_total"] - before < 1000  # it ran, and stopped early
 
@@ -191,11 +192,6 @@ def test_disconnect_before_the_first_chunk_frees_pages(server):
     with httpx.Client(timeout=60) as http:
         with http.stream("POST", server.url + "/v1/completions", json=body) as response:
             assert response.status_code == 200  # headers only; the stream is closed unread
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        after = server.metrics()
-        if after["v4serve_kv_pages_used"] == 0 and after["v4serve_num_requests_running"] == 0:
-            break
-        time.sleep(0.1)
+    after = _metrics_once_idle(server, seconds=20)
     assert after["v4serve_kv_pages_used"] == 0 and after["v4serve_num_requests_running"] == 0
     assert after["v4serve_generation_tokens_total"] - before < 1000  # stopped early, not at max_tokens

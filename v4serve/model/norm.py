@@ -1,7 +1,8 @@
-"""RMSNorm, weighted (every named norm of the model) and weightless (per-head q, mHC mixer input).
+"""RMSNorm with a weight: every named norm of the model.
 
-Both compute in float32 and return the input dtype, as the reference does; the math and the
-kernel are the op `v4serve.ops.norm_rope.rms_norm_rope` (which can also rotate the result).
+It computes in float32 and returns the input dtype, as the reference does; the math and the
+kernel are the op `v4serve.ops.norm_rope.rms_norm_rope` (which also serves the weightless per-head
+q norm and can rotate the result).
 """
 
 from __future__ import annotations
@@ -10,11 +11,6 @@ import torch
 from torch import nn
 
 from v4serve.ops.norm_rope import rms_norm_rope
-
-
-def rms_normalize(x: torch.Tensor, eps: float, impl: str = "auto") -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) over the last dim, in float32, returned in x.dtype."""
-    return rms_norm_rope(x, eps, impl=impl)
 
 
 class RMSNorm(nn.Module):

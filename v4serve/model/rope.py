@@ -56,10 +56,6 @@ class RopeTables:
     def at(self, positions: torch.Tensor) -> "StepRope":
         return StepRope(self, positions)
 
-    def to(self, device: torch.device | str) -> "RopeTables":
-        self.main, self.compress = self.main.to(device), self.compress.to(device)
-        return self
-
 
 @dataclass(frozen=True)
 class RotaryAngles:

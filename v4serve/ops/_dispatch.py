@@ -3,6 +3,7 @@
 import os
 
 import torch
+import triton
 
 IMPLS = ("auto", "torch", "triton")
 
@@ -26,12 +27,22 @@ def check_16_byte_aligned(name: str, t: torch.Tensor) -> None:
         )
 
 
+def triton_at_least(major: int, minor: int) -> bool:
+    """The installed Triton is major.minor or newer (tile configs that differ across releases)."""
+    return tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (major, minor)
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: CUDA (not the interpreter) on sm_90 or newer."""
+    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
 def pdl_launch(t: torch.Tensor) -> dict:
     """Launch options for programmatic dependent launch on sm_90+ CUDA (not the interpreter): the
     kernel is launched while its predecessor finishes and waits for it in its first statement
     (`if PDL: gdc_wait()`). On the H200 it trims the inter-kernel gaps of a decode step a little
     (docs/performance.md, Engine). V4SERVE_PDL=0 turns it off (to measure it)."""
-    if (t.device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-            or os.environ.get("V4SERVE_PDL", "1") == "0" or torch.cuda.get_device_capability(t.device)[0] < 9):
+    if os.environ.get("V4SERVE_PDL", "1") == "0" or not pdl_supported(t.device):
         return {}
     return dict(PDL=True, launch_pdl=True)

@@ -22,17 +22,16 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from v4serve.ops._dispatch import pdl_launch
+from v4serve.ops._dispatch import pdl_launch, triton_at_least
 
 
-_TRITON_AT_LEAST_3_8 = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 8)
 # Production tiles: small T (decode) spreads K over ~TARGET_PROGRAMS programs; large T (prefill)
 # takes wider token blocks so fn is re-read less.
 HC_MIX_CONFIGS = {
     # Decode: 4 warps are the fastest measured (H200, Triton 3.6); Triton >= 3.8 spills that tile on
     # sm_90 (codegen check: 255 registers, 56 B of spills), 8 warps do not (on the H200 under 3.6 they
     # cost 7% in two calls: 155 vs 144 µs per decode step at c=1).
-    "decode": dict(BLOCK_T=16, BLOCK_K=128, num_warps=8 if _TRITON_AT_LEAST_3_8 else 4),
+    "decode": dict(BLOCK_T=16, BLOCK_K=128, num_warps=8 if triton_at_least(3, 8) else 4),
     "prefill": dict(BLOCK_T=32, BLOCK_K=64, num_warps=4),
 }
 PREFILL_FROM_T = 256

@@ -41,14 +41,12 @@ with 16 warps, BLOCK_T 32 or 128, and a persistent program walking a flat (token
 re-reads Q per tile (1.2-4x slower).
 """
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from v4serve.ops._dispatch import check_16_byte_aligned
+from v4serve.ops._dispatch import check_16_byte_aligned, pdl_supported, triton_at_least
 
 # Production tiles (H200 sweeps, docs/performance.md). Prefill: all 64 heads of a token share each
 # gathered [64, 512] KV tile. Decode: 16 heads per program; splits of 32 columns while the step
@@ -66,10 +64,9 @@ from v4serve.ops._dispatch import check_16_byte_aligned
 PREFILL_CONFIG = dict(BLOCK_H=64, BLOCK_T=64, num_warps=8, num_stages=1)
 PREFILL_CONFIG_H32 = dict(BLOCK_H=32, BLOCK_T=64, num_warps=8, num_stages=1)
 PREFILL_CONFIG_SMALL_SMEM = dict(BLOCK_H=32, BLOCK_T=32, num_warps=8, num_stages=1)
-_TRITON_AT_LEAST_3_9 = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 9)
 PREFILL_CONFIGS = {
     80: dict(PREFILL_CONFIG_H32, num_stages=2),
-    90: PREFILL_CONFIG_H32 if _TRITON_AT_LEAST_3_9 else PREFILL_CONFIG,
+    90: PREFILL_CONFIG_H32 if triton_at_least(3, 9) else PREFILL_CONFIG,
     100: PREFILL_CONFIG_H32,
     120: PREFILL_CONFIG_SMALL_SMEM,
 }
@@ -210,12 +207,6 @@ def _sparse_attn_merge_kernel(
     tl.store(out_ptr + tok * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dims < D)
 
 
-def _pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: CUDA (not the interpreter) on sm_90 or newer."""
-    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
-            and torch.cuda.get_device_capability(device)[0] >= 9)
-
-
 def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, tile_config=None):
     """Launch the kernels; q [B, M, H, D] and both pools bf16. tile_config defaults to the production one
     (prefill_config(device) when M > 1, decode_config(B, C) when M == 1)."""
@@ -250,7 +241,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     cols_per_split = cfg.pop("COLS_PER_SPLIT", None)
     cols_per_split = max(1, C) if cols_per_split is None else max(1, min(cols_per_split, C))
     merge = cfg.pop("MERGE", "kernel")
-    pdl = cfg.pop("PDL", False) and _pdl_supported(q.device)
+    pdl = cfg.pop("PDL", False) and pdl_supported(q.device)
     n_splits = max(1, triton.cdiv(C, cols_per_split)) if M == 1 else 1
     n_hblocks = triton.cdiv(H, cfg["BLOCK_H"])
     if n_splits == 1:
