@@ -56,33 +56,42 @@ def measure_ttft(engine: Engine, prompt_len: int, repeats: int) -> list[float]:
 
 
 def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: int) -> dict:
+    """Time per output token while all `concurrency` requests decode: from the step in which the last
+    of them got its first token, per request (time of its last token - that time) / (tokens since),
+    the median over requests. Nothing synchronises the GPU between steps, so overlapped decode (step
+    N+1 queued before step N's tokens are read) runs as it does in serving."""
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     gen = torch.Generator().manual_seed(concurrency)
     for i in range(concurrency):
         engine.add_request(f"c{concurrency}-{i}", torch.randint(10, 1000, (prompt_len,), generator=gen).tolist(), params)
-    step_times, tokens = [], 0
-    start = time.perf_counter()
+    counts: dict[str, int] = {}
+    mark: tuple[float, dict[str, int]] | None = None  # (time, tokens per request) once all have started
+    last: dict[str, tuple[float, int]] = {}
+    tokens, start = 0, time.perf_counter()
     while engine.has_unfinished():
-        pure_decode = all(r.num_computed == r.num_tokens - 1 for r in engine.scheduler.running) and not engine.scheduler.waiting
-        t0 = time.perf_counter()
         outs = engine.step()
-        _sync()
-        if pure_decode and len(outs) == concurrency:
-            step_times.append(time.perf_counter() - t0)
+        now = time.perf_counter()
+        for out in outs:
+            counts[out.request_id] = len(out.outputs[0].token_ids)
+            last[out.request_id] = (now, counts[out.request_id])
         tokens += len(outs)
+        if mark is None and len(counts) == concurrency:
+            mark = (now, dict(counts))
     total = time.perf_counter() - start
-    if not step_times:
-        raise RuntimeError(f"no step had all {concurrency} requests decoding; raise --output-len")
-    return {"concurrency": concurrency, "tpot_ms": 1e3 * statistics.median(step_times),
-            "tpot_p90_ms": 1e3 * sorted(step_times)[int(0.9 * (len(step_times) - 1))],
-            "decode_steps": len(step_times), "output_tok_s": tokens / total}
+    per_request = sorted((t - mark[0]) / (n - mark[1][rid]) for rid, (t, n) in last.items() if n > mark[1][rid])
+    if not per_request:
+        raise RuntimeError(f"no request decoded after all {concurrency} had started; raise --output-len")
+    return {"concurrency": concurrency, "tpot_ms": 1e3 * statistics.median(per_request),
+            "tpot_max_ms": 1e3 * per_request[-1], "output_tok_s": tokens / total}
 
 
 def gpu_busy_fraction(engine: Engine, concurrency: int, steps: int = 100) -> dict:
-    """Kernel-time union over `steps` decode steps (after warm-up). idle_fraction is taken over the
-    kernel timeline's span (first kernel start to last kernel end); idle_fraction_wall over the
-    host's wall time, which also counts the first step's launch from an idle, synchronised GPU."""
-    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
+    """Kernel-time union over `steps` profiled decode steps (after warm-up). idle_fraction is taken
+    over the kernel timeline's span (first kernel start to last kernel end); idle_fraction_wall over
+    the host's wall time of the profiled steps, which also counts the first step's launch from an
+    idle, synchronised GPU; idle_fraction_unprofiled over the wall time of as many steps run just
+    before without the profiler."""
+    params = SamplingParams(temperature=0.0, max_tokens=2 * steps + 8, ignore_eos=True)
     gen = torch.Generator().manual_seed(100 + concurrency)
     for i in range(concurrency):  # distinct prompts: the requests route to different experts
         engine.add_request(f"prof{i}", torch.randint(10, 1000, (64,), generator=gen).tolist(), params)
@@ -91,6 +100,15 @@ def gpu_busy_fraction(engine: Engine, concurrency: int, steps: int = 100) -> dic
     for _ in range(3):
         engine.step()
     _sync()
+    # The same number of steps without the profiler first: CUPTI's tracing lengthens the gaps between
+    # graph-replayed kernels once a process has captured 4 or more CUDA graphs (0.49 vs 0.18 µs per
+    # kernel at c=1, docs/performance.md) but not the kernels, so busy time over this wall time is
+    # the idle fraction of an unobserved step.
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    _sync()
+    wall_unprofiled = time.perf_counter() - t0
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:  # kernel timeline only: little host overhead
@@ -103,14 +121,16 @@ def gpu_busy_fraction(engine: Engine, concurrency: int, steps: int = 100) -> dic
         (e.time_range.start, e.time_range.end, e.name) for e in prof.events() if e.device_type.name == "CUDA"
     )
     busy, end, gaps, last = 0.0, -1.0, [], ""
-    long_gaps: dict[tuple[str, str], list[float]] = {}  # (kernel before, kernel after) -> gaps >= 20 µs
+    # (kernel before, kernel after) -> its gaps, split at 20 µs: launch gaps inside a graph vs host waits
+    short_gaps: dict[tuple[str, str], list[float]] = {}
+    long_gaps: dict[tuple[str, str], list[float]] = {}
     for a, b, name in kernels:
         if b <= end:
             continue
         if end >= 0 and a > end:
             gaps.append(a - end)
-            if a - end >= 20.0:
-                long_gaps.setdefault((last[:40], name[:40]), []).append(a - end)
+            by_pair = long_gaps if a - end >= 20.0 else short_gaps
+            by_pair.setdefault((last[:40], name[:40]), []).append(a - end)
         busy += b - max(a, end)
         end, last = b, name
     _drain(engine)
@@ -119,13 +139,22 @@ def gpu_busy_fraction(engine: Engine, concurrency: int, steps: int = 100) -> dic
     small_gaps = [g for g in gaps if g < 20.0]  # µs: launch gaps inside a graph, not host waits
     return {"concurrency": concurrency, "steps": steps, "wall_ms_per_step": 1e3 * wall / steps,
             "gpu_busy_ms_per_step": 1e3 * busy_s / steps, "span_ms_per_step": 1e3 * span_s / steps,
+            "wall_ms_per_step_unprofiled": 1e3 * wall_unprofiled / steps,
             "idle_fraction": 1 - busy_s / span_s, "idle_fraction_wall": 1 - busy_s / wall,
+            "idle_fraction_unprofiled": 1 - busy_s / wall_unprofiled,
             "kernels_per_step": len(kernels) / steps,
             "gap_ms_per_step_under_20us": sum(small_gaps) / 1e3 / steps,
             "gap_ms_per_step_over_20us": (sum(gaps) - sum(small_gaps)) / 1e3 / steps,
+            "gaps_per_step_by_us": {f"{lo}-{hi}": sum(lo <= g < hi for g in gaps) / steps
+                                    for lo, hi in ((0, 1), (1, 2), (2, 5), (5, 20), (20, float("inf")))},
             "top_kernels": _top_kernels(kernels, steps),
-            "long_gaps": sorted(((*pair, len(g) / steps, round(sum(g) / steps, 1)) for pair, g in long_gaps.items()),
-                                key=lambda row: -row[3])[:6]}
+            "long_gaps": _largest_gaps(long_gaps, steps, 6), "short_gaps": _largest_gaps(short_gaps, steps, 10)}
+
+
+def _largest_gaps(by_pair: dict[tuple[str, str], list[float]], steps: int, top: int) -> list[tuple]:
+    """(kernel before, kernel after, gaps per step, µs per step) of the pairs with the most gap time."""
+    rows = [(*pair, len(g) / steps, round(sum(g) / steps, 1)) for pair, g in by_pair.items()]
+    return sorted(rows, key=lambda row: -row[3])[:top]
 
 
 def _top_kernels(kernels: list[tuple[float, float, str]], steps: int, top: int = 25) -> list[tuple[str, float, float]]:
@@ -171,12 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=None,
                         help="the engine's sequence limit (default: the largest concurrency); it sets the graph "
                              "ladder and the KV pages, and the c=1 launch gaps depend on it (docs/performance.md)")
+    parser.add_argument("--num-kv-pages", type=int, default=None,
+                        help="KV pages (default: solved from free GPU memory for max_num_seqs full-length sequences)")
     parser.add_argument("--host-profile", action="store_true", help="only profile the host side of decode steps")
     parser.add_argument("--profile-only", action="store_true", help="only the GPU-busy profile of decode steps")
     args = parser.parse_args(argv)
     engine = Engine(EngineArgs(
         model=args.model, hf_overrides=args.hf_overrides, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs or max(args.concurrency), max_num_batched_tokens=args.prompt_len,
+        num_kv_pages=args.num_kv_pages,
     ))
     result = {"model": args.model, "overrides": args.hf_overrides, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "max_num_seqs": engine.scheduler.max_num_seqs, "kv_pages": engine.cache.allocator.num_pages,
@@ -203,14 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     result["profile"] = [gpu_busy_fraction(engine, c) for c in args.concurrency] if on_gpu else []
     result["decode_continuations"] = engine.decode_continuations
     print(f"TTFT {args.prompt_len}-token prompt: median {statistics.median(result['ttft_ms']):.1f} ms")
-    print(f"{'concurrency':>11} {'TPOT ms':>8} {'p90 ms':>8} {'out tok/s':>10}")
+    print(f"{'concurrency':>11} {'TPOT ms':>8} {'max ms':>8} {'out tok/s':>10}")
     for row in result["tpot"]:
-        print(f"{row['concurrency']:>11} {row['tpot_ms']:>8.2f} {row['tpot_p90_ms']:>8.2f} {row['output_tok_s']:>10.1f}")
+        print(f"{row['concurrency']:>11} {row['tpot_ms']:>8.2f} {row['tpot_max_ms']:>8.2f} {row['output_tok_s']:>10.1f}")
     for row in result["profile"]:
         print(f"decode step @{row['concurrency']}: {row['kernels_per_step']:.0f} kernels, GPU busy "
               f"{row['gpu_busy_ms_per_step']:.2f} ms of a {row['span_ms_per_step']:.2f} ms timeline span: idle "
               f"{100 * row['idle_fraction']:.1f}% (of host wall time {row['wall_ms_per_step']:.2f} ms: "
-              f"{100 * row['idle_fraction_wall']:.1f}%)")
+              f"{100 * row['idle_fraction_wall']:.1f}%); unprofiled {row['wall_ms_per_step_unprofiled']:.2f} ms per "
+              f"step: idle {100 * row['idle_fraction_unprofiled']:.1f}%")
     print(json.dumps(result))
     return 0
 

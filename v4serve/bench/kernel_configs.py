@@ -15,9 +15,8 @@ from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
 # (the error reference) and last (the same config timed twice shows the run's noise).
 PREFILL_CANDIDATES = [
     None,
-    dict(BLOCK_H=64, BLOCK_T=64, num_warps=16, num_stages=1),
-    dict(BLOCK_H=64, BLOCK_T=128, num_warps=16, num_stages=1),
-    dict(BLOCK_H=64, BLOCK_T=32, num_warps=8, num_stages=2),
+    dict(BLOCK_H=64, BLOCK_T=128, num_warps=8, num_stages=1),
+    dict(BLOCK_H=64, BLOCK_T=64, num_warps=8, num_stages=2),
     None,
 ]
 
@@ -29,11 +28,12 @@ def _decode(h, cols, block_t, warps, stages):
 
 DECODE_CANDIDATES = [
     None,
-    _decode(16, 32, 32, 4, 2),
-    _decode(16, 64, 32, 4, 2),
-    _decode(16, 96, 32, 4, 2),
-    _decode(16, 128, 32, 4, 2),
-    _decode(16, 128, 64, 4, 1),
+    _decode(32, 64, 32, 8, 2),
+    _decode(64, 64, 32, 8, 2),
+    _decode(64, 32, 32, 8, 2),
+    _decode(64, 64, 64, 8, 1),
+    _decode(32, 32, 32, 8, 2),
+    _decode(32, 64, 64, 8, 1),
     None,
 ]
 
