@@ -118,3 +118,16 @@ def test_bad_engine_arguments():
         LLM("tiny", device="cpu", max_model_len=10**7, progress=False)
     with pytest.raises(ValueError, match="dtype"):
         LLM("tiny", device="cpu", dtype="int8", progress=False)
+    with pytest.raises(ValueError, match="cuda_graph_sizes"):
+        LLM("tiny", device="cpu", max_num_seqs=4, cuda_graph_sizes=(1, 8), progress=False)
+
+
+def test_graph_size_ladder():
+    from v4serve.engine.decode_runner import batch_size_ladder
+
+    assert batch_size_ladder(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert batch_size_ladder(6) == [1, 2, 4, 6]
+    assert batch_size_ladder(64, (64, 1, 8, 8)) == [1, 8, 64]
+    for bad in ((), (0,), (65,), (2.0,)):
+        with pytest.raises(ValueError, match="cuda_graph_sizes"):
+            batch_size_ladder(64, bad)

@@ -200,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=None,
                         help="the engine's sequence limit (default: the largest concurrency); it sets the graph "
                              "ladder and the KV pages, and the c=1 launch gaps depend on it (docs/performance.md)")
+    parser.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None,
+                        help="decode batch sizes captured as CUDA graphs (default: 1 2 4 ... max-num-seqs)")
     parser.add_argument("--num-kv-pages", type=int, default=None,
                         help="KV pages (default: solved from free GPU memory for max_num_seqs full-length sequences)")
     parser.add_argument("--host-profile", action="store_true", help="only profile the host side of decode steps")
@@ -209,9 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         model=args.model, hf_overrides=args.hf_overrides, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs or max(args.concurrency), max_num_batched_tokens=args.prompt_len,
         num_kv_pages=args.num_kv_pages,
+        cuda_graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
     ))
     result = {"model": args.model, "overrides": args.hf_overrides, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-              "max_num_seqs": engine.scheduler.max_num_seqs, "kv_pages": engine.cache.allocator.num_pages,
+              "max_num_seqs": engine.scheduler.max_num_seqs,
+              "cuda_graph_sizes": engine.decode_runner.ladder, "kv_pages": engine.cache.allocator.num_pages,
               "cuda_graphs": engine.decode_runner.uses_cuda_graphs}
     print(f"decode CUDA graphs: {result['cuda_graphs']}, max_num_seqs: {result['max_num_seqs']}, KV pages: {result['kv_pages']}")
     if args.host_profile:

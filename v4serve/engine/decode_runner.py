@@ -1,9 +1,15 @@
 """Decode steps (one token per sequence): addressed on the device and, on CUDA, replayed as
 captured CUDA graphs.
 
-Graphs are captured once per batch size of a ladder (1, 2, 4, 8, ... up to `max_num_seqs`); a
-step of n sequences replays the smallest graph with room for n, its extra rows pointed at the
-cache's padding slot. A step's inputs are three small host-to-device copies into the graph's
+Graphs are captured once per batch size of a ladder (by default 1, 2, 4, 8, ... up to
+`max_num_seqs`; `EngineArgs.cuda_graph_sizes` picks others); a step of n sequences replays the
+smallest graph with room for n, its extra rows pointed at the cache's padding slot, and runs
+eagerly when no graph has room.
+
+Measured on the H200 (docs/performance.md): once a process has captured four or more CUDA graphs,
+every graph replays its kernels with ~0.3 µs more between them (0.49 vs 0.18 µs per kernel, +5% on
+the 470-kernel c=1 step), even after the extra graphs are destroyed; three graphs or fewer do not.
+Fewer sizes trade that for padding at the sizes in between. A step's inputs are three small host-to-device copies into the graph's
 static buffers; everything else (window and compressed addressing, compressor state, indexer
 top-k, MoE grouping) is computed on the device inside the graph, with no host synchronisation.
 """
@@ -21,21 +27,29 @@ from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
 logger = logging.getLogger(__name__)
 
 
-def batch_size_ladder(max_batch: int) -> list[int]:
-    sizes, size = [], 1
+def batch_size_ladder(max_batch: int, sizes: tuple[int, ...] | None = None) -> list[int]:
+    """The batch sizes to capture: `sizes` (sorted, each in [1, max_batch]) or powers of two up to
+    max_batch, plus max_batch."""
+    if sizes is not None:
+        bad = [s for s in sizes if not isinstance(s, int) or not 1 <= s <= max_batch]
+        if bad or not sizes:
+            raise ValueError(f"cuda_graph_sizes must be integers in [1, max_num_seqs={max_batch}], got {list(sizes)}")
+        return sorted(set(sizes))
+    ladder, size = [], 1
     while size < max_batch:
-        sizes.append(size)
+        ladder.append(size)
         size *= 2
-    return sizes + [max_batch]
+    return ladder + [max_batch]
 
 
 class DecodeRunner:
     def __init__(self, model: DeepseekV4ForCausalLM, cache: PagedKVCache, max_batch: int, kernels: str,
-                 use_cuda_graphs: bool):
+                 use_cuda_graphs: bool, graph_sizes: tuple[int, ...] | None = None):
         self.model = model
         self.cache = cache
         self.kernels = kernels
-        self.ladder = batch_size_ladder(max_batch)
+        self.max_batch = max_batch
+        self.ladder = batch_size_ladder(max_batch, graph_sizes)
         device = cache.device
         self._tokens = torch.zeros(max_batch, dtype=torch.int64, device=device)
         self._positions = torch.zeros(max_batch, dtype=torch.int64, device=device)
@@ -77,12 +91,10 @@ class DecodeRunner:
         """Logits [n, vocab] for one token per sequence. `token_ids` may already be on the device (the
         tokens the previous step sampled): then no host value is needed to launch this step."""
         n = len(positions)
-        size = next((s for s in self.ladder if s >= n), None)
-        if size is None:
-            raise ValueError(f"decode batch of {n} exceeds the runner's maximum of {self.ladder[-1]}")
+        if n > self.max_batch:
+            raise ValueError(f"decode batch of {n} exceeds the runner's maximum of {self.max_batch}")
+        size = next((s for s in self.ladder if s >= n and s in self._graphs), n)
         graphed = size in self._graphs
-        if not graphed:
-            size = n
         pad = size - n
         staging = self._staging[self._step % 2]
         self._step += 1

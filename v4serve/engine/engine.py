@@ -62,6 +62,7 @@ class EngineArgs:
     hf_overrides: dict[str, Any] | None = None
     kernels: str = "auto"  # "auto": Triton kernels on CUDA, torch references on CPU; or "torch" / "triton"
     cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (on CUDA)
+    cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes captured (default 1, 2, 4, ..., max_num_seqs)
     overlap_decode: bool = True  # launch decode step N+1 before reading step N's tokens
     seed: int = 0
     progress: bool = True
@@ -122,6 +123,7 @@ class Engine:
         self.decode_runner = DecodeRunner(
             self.model, self.cache, args.max_num_seqs, self.kernels,
             use_cuda_graphs=device.type == "cuda" and args.cuda_graphs,
+            graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
         )
         self._seeds = torch.Generator().manual_seed(args.seed)
         self._arrivals = itertools.count()

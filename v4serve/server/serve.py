@@ -27,6 +27,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=EngineArgs.max_num_batched_tokens)
     p.add_argument("--kv-cache-memory", type=parse_size, default=None,
                    help="bytes for the KV cache, e.g. 2GiB (default: free GPU memory on cuda, full length on cpu)")
+    p.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None,
+                   help="decode batch sizes captured as CUDA graphs (default: 1 2 4 ... max-num-seqs)")
     p.add_argument("--hf-overrides", type=json.loads, default=None, help="JSON object of config.json overrides")
     p.add_argument("--max-body-bytes", type=parse_size, default=MAX_BODY_BYTES)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -37,6 +39,7 @@ def engine_args(args: argparse.Namespace) -> EngineArgs:
         model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory=args.kv_cache_memory, hf_overrides=args.hf_overrides, progress=False,
+        cuda_graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
     )
 
 
