@@ -41,6 +41,19 @@ def test_route_kernel_matches_reference(scoring, hashed, T, E, k, normalize):
     torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("hashed", [False, True])
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_route_rows_route_padding_as_live_rows(hashed, impl):
+    """A decode batch of 3 live rows padded to 8: rows 3..7 routed as rows 0, 1, 2, 0, 1."""
+    logits, table = _route_args(8, 64, 6, hashed, seed=11)
+    rows = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    experts, weights = moe_route(logits, 6, "sqrtsoftplus", True, 2.5, rows=rows, impl=impl, **table)
+    live_experts, live_weights = moe_route(logits[:3], 6, "sqrtsoftplus", True, 2.5, impl=impl,
+                                           **{k: v[:3] if k == "token_ids" else v for k, v in table.items()})
+    assert torch.equal(experts, live_experts[rows]) and torch.equal(weights, live_weights[rows])
+    assert set(experts.flatten().tolist()) == set(live_experts.flatten().tolist())  # no expert added
+
+
 def test_route_kernel_orders_by_biased_score_and_breaks_ties_low():
     logits = torch.tensor([[0.0, 3.0, 1.0, 3.0, -1.0, 3.0]]).bfloat16()
     experts, _ = moe_route(logits, 3, "sqrtsoftplus", True, 1.0, bias=torch.zeros(6), impl="triton")
@@ -92,6 +105,8 @@ def test_combine_kernel_matches_reference(T, k, D, with_add, dtype):
 
 
 def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="rows must be integer"):
+        moe_route(torch.zeros(4, 8), 2, "sigmoid", True, 1.0, bias=torch.zeros(8), rows=torch.zeros(3, dtype=torch.long))
     logits = torch.randn(2, 8)
     with pytest.raises(ValueError, match="either bias"):
         moe_route(logits, 2, "sigmoid", True, 1.0)

@@ -281,12 +281,12 @@ KERNELS: tuple[KernelSpec, ...] = (
     *(
         KernelSpec(  # MOE_ROUTE_CONFIG, sqrtsoftplus; score layers (biased top-k) and hash layers
             f"moe.route_{kind}", f"{_OPS}.moe_route_triton:_moe_route_kernel",
-            types=dict(logit_ptr="*bf16", bias_ptr="*fp32", tid2eid_ptr="*i64", token_ptr="*i64",
+            types=dict(logit_ptr="*bf16", bias_ptr="*fp32", tid2eid_ptr="*i64", token_ptr="*i64", rows_ptr="*i64",
                        experts_ptr="*i64", weights_ptr="*fp32", T="i32", E="i32", stride_l="i32", scaling="fp32"),
-            aligned=("logit_ptr", "bias_ptr", "tid2eid_ptr", "token_ptr", "experts_ptr", "weights_ptr", "E",
-                     "stride_l"),
-            constexprs=dict(PDL=False, TOP_K=6, SCORING=0, NORMALIZE=True, HASHED=kind == "hash", BLOCK_T=4, BLOCK_E=256,
-                            BLOCK_K=8),
+            aligned=("logit_ptr", "bias_ptr", "tid2eid_ptr", "token_ptr", "rows_ptr", "experts_ptr", "weights_ptr",
+                     "E", "stride_l"),
+            constexprs=dict(PDL=False, TOP_K=6, SCORING=0, NORMALIZE=True, HASHED=kind == "hash", HAS_ROWS=True,
+                            BLOCK_T=4, BLOCK_E=256, BLOCK_K=8),
             num_warps=4, num_stages=3, expect=Expect(max_regs=128),
         )
         for kind in ("score", "hash")

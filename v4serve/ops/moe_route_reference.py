@@ -5,6 +5,8 @@
     w   = s[sel] / (sum s[sel] + 1e-20) * scaling     (the division only when `normalize`)
 
 The unbiased scores weigh the experts; the bias only steers the selection. fp32 throughout.
+With `rows` [T], token t is routed as token rows[t] (its logits row and token id): a decode graph
+padded past its live rows routes the padding like live rows, so it streams no extra experts.
 """
 
 import torch
@@ -24,7 +26,11 @@ def expert_scores(logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
 def moe_route_reference(
     logits: torch.Tensor, top_k: int, scoring_func: str, normalize: bool, scaling: float,
     bias: torch.Tensor | None = None, tid2eid: torch.Tensor | None = None, token_ids: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if rows is not None:
+        logits = logits[rows]
+        token_ids = None if token_ids is None else token_ids[rows]
     scores = expert_scores(logits.float(), scoring_func)
     if tid2eid is not None:
         experts = tid2eid[token_ids].long()

@@ -1,8 +1,9 @@
 """Triton kernel of MoE routing (math: moe_route_reference.py).
 
 Layouts: logits [T, E] bf16 or fp32 (row stride `stride_l`, unit along E); bias [E] fp32 or bf16 (score
-layers) or tid2eid [V, TOP_K] int64 and token_ids [T] int64 (hash layers); outputs experts [T, TOP_K]
-int64 and weights [T, TOP_K] fp32, contiguous.
+layers) or tid2eid [V, TOP_K] int64 and token_ids [T] int64 (hash layers); optional rows [T] int64
+(token t reads logits row and token id rows[t]); outputs experts [T, TOP_K] int64 and weights
+[T, TOP_K] fp32, contiguous.
 
 One program per BLOCK_T tokens holds their [BLOCK_T, E] scores in registers (E = 256 in V4) and
 replaces the ~12 launches of the torch path (cast, softplus, sqrt, bias add, top-k, gather, sum,
@@ -33,17 +34,20 @@ def _softplus(x):
 
 @triton.jit
 def _moe_route_kernel(
-    logit_ptr, bias_ptr, tid2eid_ptr, token_ptr, experts_ptr, weights_ptr, T, E, stride_l, scaling,
-    TOP_K: tl.constexpr, SCORING: tl.constexpr, NORMALIZE: tl.constexpr, HASHED: tl.constexpr,
+    logit_ptr, bias_ptr, tid2eid_ptr, token_ptr, rows_ptr, experts_ptr, weights_ptr, T, E, stride_l, scaling,
+    TOP_K: tl.constexpr, SCORING: tl.constexpr, NORMALIZE: tl.constexpr, HASHED: tl.constexpr, HAS_ROWS: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
     if PDL:
         gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < T
+    src = t.to(tl.int64)  # the row routed as token t
+    if HAS_ROWS:
+        src = tl.load(rows_ptr + t, mask=t_ok, other=0)
     e = tl.arange(0, BLOCK_E)
     ok = t_ok[:, None] & (e < E)[None, :]
-    x = tl.load(logit_ptr + t.to(tl.int64)[:, None] * stride_l + e[None, :], mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(logit_ptr + src[:, None] * stride_l + e[None, :], mask=ok, other=0.0).to(tl.float32)
     if SCORING == 0:
         scores = tl.sqrt(_softplus(x))
     elif SCORING == 1:
@@ -55,7 +59,7 @@ def _moe_route_kernel(
     slot = tl.arange(0, BLOCK_K)
     slot_ok = slot < TOP_K
     if HASHED:
-        tok = tl.load(token_ptr + t, mask=t_ok, other=0)
+        tok = tl.load(token_ptr + src, mask=t_ok, other=0)
         experts = tl.load(tid2eid_ptr + tok[:, None] * TOP_K + slot[None, :],
                           mask=t_ok[:, None] & slot_ok[None, :], other=0).to(tl.int32)
     else:
@@ -79,7 +83,7 @@ def _moe_route_kernel(
 
 
 def moe_route_triton(logits, top_k: int, scoring_func: str, normalize: bool, scaling: float, bias=None,
-                     tid2eid=None, token_ids=None) -> tuple[torch.Tensor, torch.Tensor]:
+                     tid2eid=None, token_ids=None, rows=None) -> tuple[torch.Tensor, torch.Tensor]:
     T, E = logits.shape
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     experts = torch.empty(T, top_k, dtype=torch.int64, device=logits.device)
@@ -90,10 +94,12 @@ def moe_route_triton(logits, top_k: int, scoring_func: str, normalize: bool, sca
     bias = logits if hashed else bias.contiguous()  # fp32 or the model's dtype; widened in the kernel
     tid2eid = tid2eid.contiguous() if hashed else experts
     token_ids = token_ids.contiguous() if hashed else experts
+    rows_arg = experts if rows is None else rows.to(torch.int64).contiguous()
     cfg = MOE_ROUTE_CONFIG
     _moe_route_kernel[(triton.cdiv(T, cfg["BLOCK_T"]),)](
-        logits, bias, tid2eid, token_ids, experts, weights, T, E, logits.stride(0), float(scaling),
+        logits, bias, tid2eid, token_ids, rows_arg, experts, weights, T, E, logits.stride(0), float(scaling),
         TOP_K=top_k, SCORING=SCORING_IDS[scoring_func], NORMALIZE=bool(normalize), HASHED=hashed,
+        HAS_ROWS=rows is not None,
         BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(top_k), **cfg, **pdl_launch(logits),
     )
     return experts, weights
