@@ -56,6 +56,9 @@ class ForwardBatch:
     # One token per chunk, addressed on the device (`build_decode_batch`): `chunks` is empty and
     # layers take their vectorised, host-free path.
     is_decode: bool = False
+    # [T] int64, decode graphs padded past their live rows: the MoE routes token t as token
+    # route_rows[t] (padding rows as live rows, so they add no experts). None: each as itself.
+    route_rows: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

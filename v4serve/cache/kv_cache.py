@@ -203,11 +203,13 @@ class PagedKVCache:
         )
 
     def build_decode_batch(
-        self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kernels: str = "auto"
+        self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kernels: str = "auto",
+        route_rows: torch.Tensor | None = None,
     ) -> ForwardBatch:
         """One token per sequence, addressed on the device from device tensors (no host work, no
         host sync: the CUDA-graph runner captures this). The token's KV row goes straight to its
-        ring slot (position % W): for a single token that slot holds a row already out of its window."""
+        ring slot (position % W): for a single token that slot holds a row already out of its window.
+        `route_rows`: see ForwardBatch."""
         w = self.page_size
         window = positions[:, None] - w + 1 + torch.arange(w, device=positions.device)
         ring = slots[:, None] * w + window % w
@@ -235,4 +237,5 @@ class PagedKVCache:
             kernels=kernels,
             tickets=self.tickets,
             is_decode=True,
+            route_rows=route_rows,
         )

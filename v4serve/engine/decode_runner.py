@@ -3,14 +3,16 @@ captured CUDA graphs.
 
 Graphs are captured once per batch size of a ladder (by default 1, 2, 4, 8, ... up to
 `max_num_seqs`; `EngineArgs.cuda_graph_sizes` picks others); a step of n sequences replays the
-smallest graph with room for n, its extra rows pointed at the cache's padding slot, and runs
-eagerly when no graph has room.
+smallest graph with room for n, its extra rows pointed at the cache's padding slot and routed in
+the MoE as live rows (`padded_route_rows`), and runs eagerly when no graph has room.
 
 Measured on the H200 (docs/performance.md): once a process has captured four or more CUDA graphs,
 every graph replays its kernels with ~0.3 µs more between them (0.49 vs 0.18 µs per kernel, +5% on
 the 470-kernel c=1 step), even after the extra graphs are destroyed; three graphs or fewer do not.
-Fewer sizes trade that for padding at the sizes in between. A step's inputs are three small host-to-device copies into the graph's
-static buffers; everything else (window and compressed addressing, compressor state, indexer
+Fewer sizes trade that for padding at the sizes in between.
+
+A step's inputs are four small host-to-device copies into the graph's static buffers (tokens,
+positions, slots, route rows); everything else (window and compressed addressing, compressor state, indexer
 top-k, MoE grouping) is computed on the device inside the graph, with no host synchronisation.
 """
 
@@ -42,6 +44,13 @@ def batch_size_ladder(max_batch: int, sizes: tuple[int, ...] | None = None) -> l
     return ladder + [max_batch]
 
 
+def padded_route_rows(n: int, size: int) -> list[int]:
+    """The MoE routing row of each of `size` rows when the first `n` are live: live rows route as
+    themselves, padding rows as live rows in turn. Routed as themselves, the identical padding rows
+    would pick up to top-k experts no live row uses, and the step would stream their weights too."""
+    return list(range(n)) + [i % n for i in range(n, size)]
+
+
 class DecodeRunner:
     def __init__(self, model: DeepseekV4ForCausalLM, cache: PagedKVCache, max_batch: int, kernels: str,
                  use_cuda_graphs: bool, graph_sizes: tuple[int, ...] | None = None):
@@ -54,10 +63,11 @@ class DecodeRunner:
         self._tokens = torch.zeros(max_batch, dtype=torch.int64, device=device)
         self._positions = torch.zeros(max_batch, dtype=torch.int64, device=device)
         self._slots = torch.full((max_batch,), cache.padding_slot, dtype=torch.int64, device=device)
-        # Host staging of a step's [tokens | positions | slots], pinned so the copies are truly
-        # asynchronous, and doubled: a step is written while the previous one may still be copying.
+        self._route_rows = torch.arange(max_batch, dtype=torch.int64, device=device)
+        # Host staging of a step's [tokens | positions | slots | route rows], pinned so the copies are
+        # truly asynchronous, and doubled: a step is written while the previous one may still be copying.
         pinned = device.type == "cuda"
-        self._staging = [torch.zeros(3, max_batch, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        self._staging = [torch.zeros(4, max_batch, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self._step = 0
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         if use_cuda_graphs:
@@ -72,7 +82,8 @@ class DecodeRunner:
         return bool(self._graphs)
 
     def _forward(self, n: int) -> torch.Tensor:
-        batch = self.cache.build_decode_batch(self._tokens[:n], self._positions[:n], self._slots[:n], self.kernels)
+        batch = self.cache.build_decode_batch(self._tokens[:n], self._positions[:n], self._slots[:n], self.kernels,
+                                              route_rows=self._route_rows[:n] if n > 1 else None)
         return self.model(batch, self.cache)
 
     @torch.inference_mode()
@@ -100,6 +111,7 @@ class DecodeRunner:
         self._step += 1
         staging[1, :size] = torch.tensor(positions + [0] * pad)
         staging[2, :size] = torch.tensor(slots + [self.cache.padding_slot] * pad)
+        staging[3, :size] = torch.tensor(padded_route_rows(n, size))
         if isinstance(token_ids, torch.Tensor):
             self._tokens[:n].copy_(token_ids)
             self._tokens[n:size].zero_()
@@ -108,6 +120,7 @@ class DecodeRunner:
             self._tokens[:size].copy_(staging[0, :size], non_blocking=True)
         self._positions[:size].copy_(staging[1, :size], non_blocking=True)
         self._slots[:size].copy_(staging[2, :size], non_blocking=True)
+        self._route_rows[:size].copy_(staging[3, :size], non_blocking=True)
         if not graphed:
             return self._forward(size)
         graph, logits = self._graphs[size]

@@ -40,7 +40,8 @@ class DecoderLayer(nn.Module):
         out = self.self_attn(self.input_layernorm(y, batch.kernels), batch, cache, rope)
         streams = HyperConnection.expand(out, streams, post, comb, batch.kernels)
         y, post, comb = self.ffn_hc(streams, batch.kernels, batch.tickets)
-        out = self.mlp(self.post_attention_layernorm(y, batch.kernels), batch.token_ids, batch.kernels)
+        out = self.mlp(self.post_attention_layernorm(y, batch.kernels), batch.token_ids, batch.kernels,
+                       batch.route_rows)
         return HyperConnection.expand(out, streams, post, comb, batch.kernels)
 
 

@@ -39,17 +39,21 @@ class Router(nn.Module):
         else:
             self.register_buffer("e_score_correction_bias", torch.zeros(config.n_routed_experts, dtype=torch.float32))
 
-    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, kernels: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, kernels: str = "auto",
+                route_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> (expert ids [T, k] long, weights [T, k] fp32): the logits GEMM, then `route`."""
-        return self.route(F.linear(x, self.weight), token_ids, kernels)
+        return self.route(F.linear(x, self.weight), token_ids, kernels, route_rows)
 
-    def route(self, logits: torch.Tensor, token_ids: torch.Tensor, kernels: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-        """One routing op (`ops/moe_route.py`: scores, top-k or hash table, normalised scaled weights)."""
+    def route(self, logits: torch.Tensor, token_ids: torch.Tensor, kernels: str = "auto",
+              route_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One routing op (`ops/moe_route.py`: scores, top-k or hash table, normalised scaled weights).
+        `route_rows` [T]: token t is routed as token route_rows[t] (ForwardBatch.route_rows)."""
         if hasattr(self, "tid2eid"):
             table = dict(tid2eid=self.tid2eid, token_ids=token_ids)
         else:
             table = dict(bias=self.e_score_correction_bias)
-        return moe_route(logits, self.top_k, self.scoring_func, self.normalize, self.scaling, impl=kernels, **table)
+        return moe_route(logits, self.top_k, self.scoring_func, self.normalize, self.scaling, rows=route_rows,
+                         impl=kernels, **table)
 
 
 class RoutedExperts(nn.Module):
@@ -102,12 +106,13 @@ class MoE(nn.Module):
         members = [self.gate, self.shared_experts.gate_proj, self.shared_experts.up_proj]
         self.input_proj, self._input_widths = fuse_rows(members), widths(members)
 
-    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, kernels: str = "auto") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, kernels: str = "auto",
+                route_rows: torch.Tensor | None = None) -> torch.Tensor:
         if self.input_proj is None:
-            experts, weights = self.gate(x, token_ids, kernels)
+            experts, weights = self.gate(x, token_ids, kernels, route_rows)
             shared = self.shared_experts(x, kernels)
         else:
             logits, gate, up = F.linear(x, self.input_proj).split(self._input_widths, dim=-1)
-            experts, weights = self.gate.route(logits, token_ids, kernels)
+            experts, weights = self.gate.route(logits, token_ids, kernels, route_rows)
             shared = self.shared_experts.finish(gate, up, kernels)
         return self.experts(x, experts, weights, kernels, add=shared)
