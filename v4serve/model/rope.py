@@ -46,12 +46,23 @@ def inverse_frequencies(rope_dim: int, base: float, yarn: YarnScaling | None) ->
 
 
 class RopeTables:
-    """The model's two frequency tables (fp32 inv_freq [rope_dim/2]); `at` gives a step's angles."""
+    """The model's two frequency tables (fp32 inv_freq [rope_dim/2]); `at` gives a step's angles.
+
+    A step needs the angles of several (table, position offset) pairs: the main and the compressed
+    table at each token's position p, and the compressed table at p + 1 - r, the start of the block
+    a decode token completes, for every compress ratio r. They are stacked as rows (`step_tables`
+    [J, 1, rope_dim/2], `step_offsets` [J, 1] fp32), so a step computes all of them with one add,
+    one multiply, one cos and one sin (`StepRope`)."""
 
     def __init__(self, config: ModelConfig, device: torch.device | str | None = None):
         self.rope_dim = config.qk_rope_head_dim
         self.main = inverse_frequencies(self.rope_dim, config.rope_theta, None).to(device)
         self.compress = inverse_frequencies(self.rope_dim, config.compress_rope_theta, config.compress_yarn).to(device)
+        self.block_ratios = sorted({r for r in config.compress_ratios if r})
+        tables = [self.main, self.compress] + [self.compress] * len(self.block_ratios)
+        offsets = [0.0, 0.0] + [1.0 - r for r in self.block_ratios]
+        self.step_tables = torch.stack(tables)[:, None, :]
+        self.step_offsets = torch.tensor(offsets, dtype=torch.float32, device=device)[:, None]
 
     def at(self, positions: torch.Tensor) -> "StepRope":
         return StepRope(self, positions)
@@ -74,20 +85,21 @@ def rotary_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> RotaryAngl
 
 
 class StepRope:
-    """Both tables' angles at one step's positions, computed once per forward and shared by every layer."""
+    """Every angle a step needs (`RopeTables`), computed once per forward and shared by every layer."""
 
     def __init__(self, tables: RopeTables, positions: torch.Tensor):
-        self.positions = positions
-        self.main = rotary_angles(positions, tables.main)
-        self.compress = rotary_angles(positions, tables.compress)
-        self._block_starts: dict[int, RotaryAngles] = {}
+        # Positions and offsets are integers below 2^24, exact in fp32: p + (1 - r) in fp32 equals
+        # the integer start position converted, so each row matches `rotary_angles` bit for bit.
+        angles = (positions.to(torch.float32)[None, :] + tables.step_offsets)[:, :, None] * tables.step_tables
+        cos, sin = angles.cos(), angles.sin()  # [J, T, rope_dim/2]; each row [T, rope_dim/2] contiguous
+        rows = [RotaryAngles(inv_freq[0], c, s) for inv_freq, c, s in zip(tables.step_tables, cos, sin)]
+        self.main, self.compress = rows[:2]
+        self._block_starts = dict(zip(tables.block_ratios, rows[2:]))
 
     def for_ratio(self, compress_ratio: int) -> RotaryAngles:
         return self.compress if compress_ratio > 0 else self.main
 
     def block_starts(self, ratio: int) -> RotaryAngles:
         """Compressed-table angles at p + 1 - ratio, the start of the block a decode token at p
-        completes (computed once per step and ratio: a CSA layer's compressor and indexer share it)."""
-        if ratio not in self._block_starts:
-            self._block_starts[ratio] = rotary_angles(self.positions + 1 - ratio, self.compress.inv_freq)
+        completes (a CSA layer's compressor and indexer share them)."""
         return self._block_starts[ratio]
