@@ -11,7 +11,9 @@ Decode steps (one token per sequence) skip the staging area: the token's row goe
 its ring slot, whose previous row is already out of the window.
 
 Compressed addressing. Compressed row t of a sequence with ratio r lives at pool row
-`page_table[slot, t*r // W] * (W // r) + t % (W // r)`: pure arithmetic on the page table.
+`page_table[slot, t*r // W] * (W // r) + t % (W // r)`: pure arithmetic on the page table, done
+for a whole slot whenever its pages change (`PagedKVCache.compressed_row_table`), so a step only
+gathers its sequences' rows.
 """
 
 from __future__ import annotations

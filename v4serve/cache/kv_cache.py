@@ -95,8 +95,16 @@ class PagedKVCache:
         self.tickets = torch.zeros(TICKETS, dtype=torch.int32, device=self.device)  # see ForwardBatch.tickets
         slots = max_seqs + 1
         self.page_table = torch.full((slots, max_pages_per_seq), -1, dtype=torch.int64)
-        # The page table as decode steps read it, on the device (the same tensor on the CPU).
-        self.device_page_table = self.page_table.to(self.device)
+        # Per compress ratio, the pool row of each compressed row of each slot (int32, -1 where the
+        # page is not allocated), kept in step with the page table on the host and on the device
+        # (the same tensors on the CPU): a decode step gathers its sequences' rows in one kernel.
+        self.compressed_row_table = {
+            r: compressed_rows_of_pages(self.page_table, r, w) for r in geometry.ratios
+        }
+        self.device_compressed_row_table = {r: t.to(self.device) for r, t in self.compressed_row_table.items()}
+        # Constants of the decode addressing: window offsets 1-W..0 and the row index 0..slots-1.
+        self._window_offsets = torch.arange(1 - w, 1, device=self.device)
+        self._row_index = torch.arange(slots, device=self.device)
         self._pages: dict[int, list[int]] = {}
         self._free_slots = list(range(max_seqs - 1, -1, -1))
         self.staging_base = slots * w
@@ -143,19 +151,23 @@ class PagedKVCache:
         new = self.allocator.allocate(self.pages_needed(slot, num_tokens))
         if new:
             self.page_table[slot, len(pages):len(pages) + len(new)] = torch.tensor(new, dtype=torch.int64)
-            self._sync_page_table(slot)
+            self._update_row_tables(slot)
         pages.extend(new)
 
     def close_sequence(self, slot: int) -> None:
         """Free the slot and its pages at once (finished, aborted or preempted)."""
         self.allocator.free(self._pages.pop(slot))
         self.page_table[slot].fill_(-1)
-        self._sync_page_table(slot)
+        self._update_row_tables(slot)
         self._free_slots.append(slot)
 
-    def _sync_page_table(self, slot: int) -> None:
-        if self.device_page_table is not self.page_table:
-            self.device_page_table[slot].copy_(self.page_table[slot], non_blocking=True)
+    def _update_row_tables(self, slot: int) -> None:
+        """Recompute the slot's compressed rows from its page-table row, on the host and the device."""
+        for r, table in self.compressed_row_table.items():
+            table[slot] = compressed_rows_of_pages(self.page_table[slot], r, self.page_size)
+            device_table = self.device_compressed_row_table[r]
+            if device_table is not table:
+                device_table[slot].copy_(table[slot], non_blocking=True)
 
     # ------------------------------------------------------------------ step addressing
     def build_batch(
@@ -175,15 +187,10 @@ class PagedKVCache:
             ring_src.append(self.staging_base + c.offset + (kept - c.start))
             ring_dst.append(c.slot * w + kept % w)
         compressed_rows = {}
-        for r in self.geometry.ratios:
+        for r, table in self.compressed_row_table.items():
             n_rows = max(c.end // r for c in chunks)
             t = torch.arange(n_rows)
-            rows = []
-            for c in chunks:
-                page = self.page_table[c.slot, (t * r) // w]
-                row = page * (w // r) + t % (w // r)
-                rows.append(torch.where((page >= 0) & (t < c.end // r), row, -1))
-            compressed_rows[r] = torch.stack(rows).to(torch.int32)
+            compressed_rows[r] = torch.stack([torch.where(t < c.end // r, table[c.slot, :n_rows], -1) for c in chunks])
         dev = self.device
         token_chunk = torch.cat([torch.full((c.length,), b, dtype=torch.int64) for b, c in enumerate(chunks)])
         return ForwardBatch(
@@ -211,26 +218,20 @@ class PagedKVCache:
         ring slot (position % W): for a single token that slot holds a row already out of its window.
         `route_rows`: see ForwardBatch."""
         w = self.page_size
-        window = positions[:, None] - w + 1 + torch.arange(w, device=positions.device)
+        window = positions[:, None] + self._window_offsets  # [B, W] positions p-W+1 .. p
         ring = slots[:, None] * w + window % w
-        compressed_rows = {}
-        table = self.device_page_table[slots]  # [B, max_pages]
-        for r in self.geometry.ratios:
-            t = torch.arange(table.shape[1] * w // r, device=positions.device)
-            page = table[:, (t * r) // w]
-            compressed_rows[r] = torch.where(page >= 0, page * (w // r) + t % (w // r), -1).to(torch.int32)
         n = token_ids.shape[0]
         empty = torch.empty(0, dtype=torch.int64, device=positions.device)
-        every = torch.arange(n, device=positions.device)
+        every = self._row_index[:n]
         return ForwardBatch(
             token_ids=token_ids,
             positions=positions,
             chunks=(),
             window_columns=torch.where(window >= 0, ring, -1).to(torch.int32),
-            staging_rows=slots * w + positions % w,
+            staging_rows=ring[:, -1],  # the ring row of position p itself
             ring_src=empty,
             ring_dst=empty,
-            compressed_rows=compressed_rows,
+            compressed_rows={r: table[slots] for r, table in self.device_compressed_row_table.items()},
             logits_indices=every,
             token_chunk=every,
             slots=slots,
@@ -239,3 +240,13 @@ class PagedKVCache:
             is_decode=True,
             route_rows=route_rows,
         )
+
+
+def compressed_rows_of_pages(pages: torch.Tensor, ratio: int, page_size: int) -> torch.Tensor:
+    """int32 [..., P * page_size // ratio]: the pool row of compressed row t for page-table rows
+    `pages` [..., P] (`cache/batch.py`: page(t * ratio // W) * (W // ratio) + t % (W // ratio)),
+    -1 where the page is not allocated."""
+    per_page = page_size // ratio
+    t = torch.arange(pages.shape[-1] * per_page)
+    page = pages[..., t // per_page]
+    return torch.where(page >= 0, page * per_page + t % per_page, -1).to(torch.int32)
