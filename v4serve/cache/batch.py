@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass(frozen=True)
@@ -73,13 +74,30 @@ class ForwardBatch:
             self._memo[key] = ((self.positions + 1) // ratio).to(torch.int32)
         return self._memo[key]
 
-    def all_visible_rows(self, ratio: int) -> torch.Tensor:
-        """[T, R] int32 pool rows of every compressed row each token sees (-1 past them): the
-        columns of a layer that attends to all of its compressed rows (HCA)."""
-        key = ("rows", ratio)
+    def live_picks(self, ratio: int, k: int) -> torch.Tensor:
+        """[T] int32: min(visible_compressed, k), the live entries of a token's best-first top-k
+        picks among its compressed rows (the holes come last)."""
+        key = ("picks", ratio, k)
+        if key not in self._memo:
+            self._memo[key] = self.visible_compressed(ratio).clamp(max=k)
+        return self._memo[key]
+
+    def columns_of_all_rows(self, ratio: int) -> torch.Tensor:
+        """[T, W + R] int32: the window columns, then the pool rows of every compressed row of the
+        token's sequence: the columns of a layer that attends to all of its compressed rows (HCA).
+        Rows past a token's `visible_compressed` are not masked: the attention takes that count
+        and stops there."""
+        key = ("all rows", ratio)
         if key not in self._memo:
             rows_of = self.compressed_rows[ratio]
-            t = torch.arange(rows_of.shape[1], device=rows_of.device)
-            visible = self.visible_compressed(ratio)
-            self._memo[key] = torch.where(t[None, :] < visible[:, None], rows_of[self.token_chunk], -1).to(torch.int32)
+            rows = rows_of if self.is_decode else rows_of[self.token_chunk]  # decode: a chunk per token
+            self._memo[key] = torch.cat((self.window_columns, rows), dim=1)
+        return self._memo[key]
+
+    def rows_with_hole(self, ratio: int) -> torch.Tensor:
+        """[B, R + 1] int32: `compressed_rows[ratio]` with a -1 column appended, so a row id gathered
+        at column -1 (a hole in a pick list: negative indices count from the end) comes out -1."""
+        key = ("rows with hole", ratio)
+        if key not in self._memo:
+            self._memo[key] = F.pad(self.compressed_rows[ratio], (0, 1), value=-1)
         return self._memo[key]

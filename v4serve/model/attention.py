@@ -68,11 +68,10 @@ class Attention(nn.Module):
 
         win_pool = cache.window_pools[self.layer]
         win_pool[batch.staging_rows] = kv.to(win_pool.dtype)
-        cmp_pool, cmp_columns, counts = win_pool, batch.window_columns[:, :0], None
+        cmp_pool, columns, counts = win_pool, batch.window_columns, None
         if self.compressor is not None:
             cmp_pool = cache.compressed_pools[self.layer]
-            cmp_columns, counts = self._compress_and_select(x, qr, batch, cache, rope)
-        columns = torch.cat((batch.window_columns, cmp_columns), dim=1)
+            columns, counts = self._compress_and_select(x, qr, batch, cache, rope)
         o = sparse_attn_paged(
             q.to(win_pool.dtype)[None], win_pool, cmp_pool, columns[None], self.window, self.sinks,
             self.head_dim**-0.5, counts=None if counts is None else counts[None], impl=batch.kernels,
@@ -89,17 +88,17 @@ class Attention(nn.Module):
     def _compress_and_select(
         self, x: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, rope: StepRope
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the step's completed compressed rows, then pick each token's compressed columns:
-        ([T, K] pool rows, -1 = none; [T] int32 live count, the picks coming first)."""
+        """Write the step's completed compressed rows, then give each token's columns: ([T, W + K]
+        window rows, then compressed pool rows, -1 = none; [T] int32 live compressed count, the
+        live compressed columns coming first)."""
         kv_all, score_all, *index_projected = self._project_compressor_input(x)
         self.compressor.compress(kv_all, score_all, batch, cache.compressor_states[self.layer],
                                  cache.compressed_pools[self.layer], rope, cache.kv_format.kv_rows)
-        visible = batch.visible_compressed(self.ratio)
         if self.compressor.indexer is None:  # HCA: every complete compressed row
-            return batch.all_visible_rows(self.ratio), visible
+            return batch.columns_of_all_rows(self.ratio), batch.visible_compressed(self.ratio)
         picks = self.compressor.indexer.select(self.layer, index_projected, qr, batch, cache, rope)
         # Picks come best first with the holes last, so the kernel can stop at the visible ones.
-        return picks, visible.clamp(max=picks.shape[1])
+        return torch.cat((batch.window_columns, picks), dim=1), batch.live_picks(self.ratio, picks.shape[1])
 
     def fuse_projections(self) -> None:
         """One GEMM for the two projections of the layer input (q_a_proj, kv_proj), one fp32 GEMM for

@@ -68,8 +68,8 @@ class Indexer(Compressor):
         if batch.is_decode:  # one query per sequence: one call over every sequence's rows
             visible = batch.visible_compressed(self.ratio)[:, None]
             scores = index_scores(q[:, None], weights[:, None], pool, rows_of, visible, impl=batch.kernels)
-            picks = select_topk(scores, k)[:, 0].long()
-            return torch.where(picks >= 0, rows_of.gather(1, picks.clamp(min=0)), -1).to(torch.int32)
+            picks = select_topk(scores, k)[:, 0]  # [B, k] compressed row ids, -1 = none
+            return batch.rows_with_hole(self.ratio)[batch.token_chunk[:, None], picks]
         selected = torch.full((batch.num_tokens, k), -1, dtype=torch.int32, device=qr.device)
         for b, c in enumerate(batch.chunks):
             n_rows = c.end // self.ratio

@@ -2,6 +2,7 @@
 kernel in indexer_triton.py; bf16 q and keys on CUDA run the kernel)."""
 
 import torch
+import torch.nn.functional as F
 
 from v4serve.ops._dispatch import use_triton
 from v4serve.ops.indexer_reference import index_scores_reference
@@ -37,11 +38,10 @@ def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     (random weights make exact ties common: a key whose every head has relu(q.k) = 0 scores 0)."""
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
-    T = scores.shape[-1]
-    picked = torch.full((*scores.shape[:-1], k), -1, dtype=torch.int32, device=scores.device)
-    if min(k, T) == 0:
-        return picked
+    live = min(k, scores.shape[-1])
+    if live == 0:
+        return torch.full((*scores.shape[:-1], k), -1, dtype=torch.int32, device=scores.device)
     values, columns = torch.sort(scores, dim=-1, descending=True, stable=True)
-    values, columns = values[..., : min(k, T)], columns[..., : min(k, T)]
-    picked[..., : min(k, T)] = torch.where(torch.isneginf(values), -1, columns).to(torch.int32)
-    return picked
+    values, columns = values[..., :live], columns[..., :live]
+    picked = torch.where(torch.isneginf(values), -1, columns).to(torch.int32)
+    return F.pad(picked, (0, k - live), value=-1) if live < k else picked
