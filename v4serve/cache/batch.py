@@ -19,6 +19,7 @@ gathers its sequences' rows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -67,37 +68,34 @@ class ForwardBatch:
     def num_tokens(self) -> int:
         return int(self.token_ids.shape[0])
 
+    def _memoised(self, key: tuple, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """compute() once per step (the batch lives one step); every layer then shares the result."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
     def visible_compressed(self, ratio: int) -> torch.Tensor:
         """[T] int32: compressed rows each token sees, (p + 1) // ratio (complete blocks only)."""
-        key = ("visible", ratio)
-        if key not in self._memo:
-            self._memo[key] = ((self.positions + 1) // ratio).to(torch.int32)
-        return self._memo[key]
+        next_positions = self._memoised(("next positions",), lambda: (self.positions + 1).to(torch.int32))
+        return self._memoised(("visible", ratio), lambda: next_positions // ratio)
 
     def live_picks(self, ratio: int, k: int) -> torch.Tensor:
         """[T] int32: min(visible_compressed, k), the live entries of a token's best-first top-k
         picks among its compressed rows (the holes come last)."""
-        key = ("picks", ratio, k)
-        if key not in self._memo:
-            self._memo[key] = self.visible_compressed(ratio).clamp(max=k)
-        return self._memo[key]
+        return self._memoised(("picks", ratio, k), lambda: self.visible_compressed(ratio).clamp(max=k))
 
     def columns_of_all_rows(self, ratio: int) -> torch.Tensor:
         """[T, W + R] int32: the window columns, then the pool rows of every compressed row of the
         token's sequence: the columns of a layer that attends to all of its compressed rows (HCA).
         Rows past a token's `visible_compressed` are not masked: the attention takes that count
         and stops there."""
-        key = ("all rows", ratio)
-        if key not in self._memo:
+        def compute() -> torch.Tensor:
             rows_of = self.compressed_rows[ratio]
             rows = rows_of if self.is_decode else rows_of[self.token_chunk]  # decode: a chunk per token
-            self._memo[key] = torch.cat((self.window_columns, rows), dim=1)
-        return self._memo[key]
+            return torch.cat((self.window_columns, rows), dim=1)
+        return self._memoised(("all rows", ratio), compute)
 
     def rows_with_hole(self, ratio: int) -> torch.Tensor:
         """[B, R + 1] int32: `compressed_rows[ratio]` with a -1 column appended, so a row id gathered
         at column -1 (a hole in a pick list: negative indices count from the end) comes out -1."""
-        key = ("rows with hole", ratio)
-        if key not in self._memo:
-            self._memo[key] = F.pad(self.compressed_rows[ratio], (0, 1), value=-1)
-        return self._memo[key]
+        return self._memoised(("rows with hole", ratio), lambda: F.pad(self.compressed_rows[ratio], (0, 1), value=-1))

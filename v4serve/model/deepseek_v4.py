@@ -84,5 +84,7 @@ class DeepseekV4ForCausalLM(nn.Module):
         rope = self.rope().at(batch.positions)
         for layer in self.model.layers:
             streams = layer(streams, batch, cache, rope)
-        h = self.model.norm(self.model.hc_head(streams[batch.logits_indices], batch.kernels, batch.tickets), batch.kernels)
+        if not batch.is_decode:  # a decode step wants every token's logits
+            streams = streams[batch.logits_indices]
+        h = self.model.norm(self.model.hc_head(streams, batch.kernels, batch.tickets), batch.kernels)
         return self.lm_head(h).float()

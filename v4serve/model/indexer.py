@@ -79,7 +79,7 @@ class Indexer(Compressor):
             key_rows = rows_of[b:b + 1, :n_rows]
             visible = ((batch.positions[span] + 1) // self.ratio).to(torch.int32)[None]
             scores = index_scores(q[None, span], weights[None, span], pool, key_rows, visible, impl=batch.kernels)
-            picks = select_topk(scores, k)[0].long()  # [L, k] compressed row ids, -1 = none
+            picks = select_topk(scores, k)[0]  # [L, k] compressed row ids, -1 = none
             rows = key_rows[0, picks.clamp(min=0)]
             selected[span] = torch.where(picks >= 0, rows, -1)
         return selected

@@ -33,15 +33,15 @@ def index_scores(q, weights, k_pool, key_rows, n_visible, impl="auto") -> torch.
 
 
 def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """int32 [..., k]: columns of the k largest scores, largest first; -1 where the pick is -inf or
-    k > T. Equal scores go to the lower column, so the pick does not depend on T or the backend
+    """int64 [..., k] (the sort's index dtype, ready to index with): columns of the k largest
+    scores, largest first; -1 where the pick is -inf or k > T. Equal scores go to the lower column, so the pick does not depend on T or the backend
     (random weights make exact ties common: a key whose every head has relu(q.k) = 0 scores 0)."""
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
     live = min(k, scores.shape[-1])
     if live == 0:
-        return torch.full((*scores.shape[:-1], k), -1, dtype=torch.int32, device=scores.device)
+        return torch.full((*scores.shape[:-1], k), -1, dtype=torch.int64, device=scores.device)
     values, columns = torch.sort(scores, dim=-1, descending=True, stable=True)
     values, columns = values[..., :live], columns[..., :live]
-    picked = torch.where(torch.isneginf(values), -1, columns).to(torch.int32)
+    picked = torch.where(torch.isneginf(values), -1, columns)
     return F.pad(picked, (0, k - live), value=-1) if live < k else picked
