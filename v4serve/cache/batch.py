@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,3 @@ class ForwardBatch:
             return torch.cat((self.window_columns, rows), dim=1)
         return self._memoised(("all rows", ratio), compute)
 
-    def rows_with_hole(self, ratio: int) -> torch.Tensor:
-        """[B, R + 1] int32: `compressed_rows[ratio]` with a -1 column appended, so a row id gathered
-        at column -1 (a hole in a pick list: negative indices count from the end) comes out -1."""
-        return self._memoised(("rows with hole", ratio), lambda: F.pad(self.compressed_rows[ratio], (0, 1), value=-1))

@@ -18,7 +18,7 @@ from v4serve.cache import ForwardBatch, PagedKVCache
 from v4serve.config import ModelConfig
 from v4serve.model.compressor import Compressor
 from v4serve.model.rope import StepRope
-from v4serve.ops.indexer import index_scores, select_topk
+from v4serve.ops.indexer import index_scores, select_topk, sorted_top
 from v4serve.ops.kv_quant import apply_kv_format, hadamard
 from v4serve.ops.norm_rope import rms_norm_rope
 
@@ -53,7 +53,8 @@ class Indexer(Compressor):
         self, layer: int, projected: list[torch.Tensor], qr: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache,
         rope: StepRope,
     ) -> torch.Tensor:
-        """Index the step's new blocks, then return [T, K] compressed-pool rows per token (-1 = none).
+        """Index the step's new blocks, then return [T, K] compressed-pool rows per token, best first
+        (-1 = none; a decode step leaves the entries past `batch.live_picks` unmarked instead).
         projected: the layer input through `projections()` (fp32); qr: the attention's low-rank q."""
         kv_all, score_all, head_weights = projected
         pool = cache.index_pools[layer]
@@ -68,8 +69,10 @@ class Indexer(Compressor):
         if batch.is_decode:  # one query per sequence: one call over every sequence's rows
             visible = batch.visible_compressed(self.ratio)[:, None]
             scores = index_scores(q[:, None], weights[:, None], pool, rows_of, visible, impl=batch.kernels)
-            picks = select_topk(scores, k)[:, 0]  # [B, k] compressed row ids, -1 = none
-            return batch.rows_with_hole(self.ratio)[batch.token_chunk[:, None], picks]
+            # Masked keys score -inf and sort last, past the `live_picks` count where the attention
+            # stops reading: they need no -1 (every visible row is allocated and scores finitely).
+            _, picks = sorted_top(scores[:, 0], k)  # [B, k] compressed row ids
+            return rows_of.gather(1, picks)
         selected = torch.full((batch.num_tokens, k), -1, dtype=torch.int32, device=qr.device)
         for b, c in enumerate(batch.chunks):
             n_rows = c.end // self.ratio

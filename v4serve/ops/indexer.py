@@ -32,16 +32,22 @@ def index_scores(q, weights, k_pool, key_rows, n_visible, impl="auto") -> torch.
     return index_scores_reference(q, weights, k_pool, key_rows, n_visible)
 
 
+def sorted_top(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k <= T largest scores [..., k], largest first, and their columns (int64, the sort's index
+    dtype, ready to index with). Equal scores go to the lower column, so the pick does not depend on
+    T or the backend (random weights make exact ties common: a key whose every head has
+    relu(q.k) = 0 scores 0). -inf scores (masked keys) come last, unmarked."""
+    values, columns = torch.sort(scores, dim=-1, descending=True, stable=True)
+    return values[..., :k], columns[..., :k]
+
+
 def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """int64 [..., k] (the sort's index dtype, ready to index with): columns of the k largest
-    scores, largest first; -1 where the pick is -inf or k > T. Equal scores go to the lower column, so the pick does not depend on T or the backend
-    (random weights make exact ties common: a key whose every head has relu(q.k) = 0 scores 0)."""
+    """int64 [..., k]: the columns of `sorted_top`, -1 where the pick is -inf or k > T."""
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
     live = min(k, scores.shape[-1])
     if live == 0:
         return torch.full((*scores.shape[:-1], k), -1, dtype=torch.int64, device=scores.device)
-    values, columns = torch.sort(scores, dim=-1, descending=True, stable=True)
-    values, columns = values[..., :live], columns[..., :live]
+    values, columns = sorted_top(scores, live)
     picked = torch.where(torch.isneginf(values), -1, columns)
     return F.pad(picked, (0, k - live), value=-1) if live < k else picked
