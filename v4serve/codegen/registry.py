@@ -10,6 +10,7 @@ To add a kernel, append one entry to ``KERNELS`` (see docs/codegen.md):
 
 Tile configurations are copied from the launching wrapper; each entry says which one.
 """
+from v4serve.ops.hc_coefficients_triton import HC_CONFIG
 from v4serve.ops.hc_mix_triton import HC_MIX_CONFIGS
 from v4serve.ops.sparse_attn_triton import PREFILL_CONFIGS
 
@@ -204,7 +205,8 @@ KERNELS: tuple[KernelSpec, ...] = (
         types=dict(mix_ptr="*fp32", row_scale_ptr="*fp32", base_ptr="*fp32", scale_ptr="*fp32", pre_ptr="*fp32",
                    post_ptr="*fp32", comb_ptr="*fp32", T="i32", stride_m="i32"),
         aligned=("mix_ptr", "row_scale_ptr", "base_ptr", "scale_ptr", "pre_ptr", "post_ptr", "comb_ptr"),
-        constexprs=dict(PDL=False, N=4, ITERS=20, EPS=1e-6, BLOCK_T=32), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, N=4, ITERS=20, EPS=1e-6, BLOCK_T=HC_CONFIG["BLOCK_T"]),
+        num_warps=HC_CONFIG["num_warps"], num_stages=3,
         expect=Expect(max_regs=128),
     ),
     # ---- RMSNorm + RoPE (ops/norm_rope_triton.py): one program per row, warps from
