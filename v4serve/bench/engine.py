@@ -4,9 +4,10 @@ concurrencies, and how busy the GPU is during one decode step.
     python -m v4serve.bench.engine --model deepseek-v4-flash --hf-overrides '{"num_hidden_layers": 8}'
 
 TTFT: one request alone, from `add_request` to its first token (prefill in one step). TPOT: N
-requests with short prompts decode together; the median wall time of the steps in which every
-request decodes (each replays a captured CUDA graph) is the time per output token. GPU busy
-fraction: a profiler trace of decode steps; the union of kernel intervals over the step's wall time.
+requests with short prompts decode together; per request, the time between its tokens once all N
+have started, as a client sees it (no GPU sync between steps, so overlapped decode runs as in
+serving). GPU busy fraction: a profiler trace of decode steps; the union of kernel intervals over
+the kernel timeline's span, and over the wall time of as many steps run without the profiler.
 """
 
 from __future__ import annotations
