@@ -7,13 +7,14 @@ smallest graph with room for n, its extra rows pointed at the cache's padding sl
 the MoE as live rows (`padded_route_rows`), and runs eagerly when no graph has room.
 
 Measured on the H200 (docs/performance.md): once a process has captured four or more CUDA graphs,
-every graph replays its kernels with ~0.3 µs more between them (0.49 vs 0.18 µs per kernel, +5% on
-the 470-kernel c=1 step), even after the extra graphs are destroyed; three graphs or fewer do not.
-Fewer sizes trade that for padding at the sizes in between.
+every graph replays its kernels with ~0.3 µs more between them (0.49 vs 0.18 µs per kernel, ~5%
+of a c=1 step), even after the extra graphs are destroyed; three graphs or fewer do not. Fewer
+sizes trade that for padding at the sizes in between (~8 µs per padding row).
 
 A step's inputs are four small host-to-device copies into the graph's static buffers (tokens,
-positions, slots, route rows); everything else (window and compressed addressing, compressor state, indexer
-top-k, MoE grouping) is computed on the device inside the graph, with no host synchronisation.
+positions, slots, route rows); everything else (window and compressed addressing, compressor
+state, indexer top-k, MoE grouping) is computed on the device inside the graph, with no host
+synchronisation.
 """
 
 from __future__ import annotations
