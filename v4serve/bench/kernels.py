@@ -27,11 +27,14 @@ from v4serve.bench.shapes import (
     all_shapes,
     gated_pool_case,
     indexer_case,
+    mhc_case,
     quant_case,
     sparse_decode_case,
     sparse_prefill_case,
 )
 from v4serve.ops.gated_pool import gated_pool
+from v4serve.ops.hc_coefficients import hc_coefficients
+from v4serve.ops.hc_mix import hc_mix
 from v4serve.ops.indexer import index_scores
 from v4serve.ops.kv_quant import apply_kv_format
 from v4serve.ops.sparse_attn import sparse_attn_paged
@@ -65,6 +68,18 @@ def build(kind, args, device, seed=0):
         fmt, rows, D = args
         x = quant_case(rows, D, device=device, seed=seed)
         return (lambda: apply_kv_format(x, fmt)), 2 * x.numel() * 2, 0, 2 * x.numel() * 2
+    if kind == "mhc":
+        op, T = args
+        streams, fn, base, scale = mhc_case(T, device=device, seed=seed)
+        x = streams.flatten(1)
+        tickets = torch.zeros(1024, dtype=torch.int32, device=device)  # the cache's zeroed counters
+        if op == "mix":  # mixes = fn @ x and the RMS factor: fn and x read, [T, 25] written
+            nbytes = x.numel() * 2 + fn.numel() * 4 + T * (fn.shape[0] + 1) * 4
+            return (lambda: hc_mix(x, fn, 1e-6, tickets)[0]), nbytes, 2 * T * fn.numel(), nbytes
+        mixes, row_scale = hc_mix(x, fn, 1e-6, tickets)
+        n = streams.shape[1]  # coefficients: [T, 24] and [T] read, pre, post [T, n] and comb [T, n, n] written
+        nbytes = T * (fn.shape[0] + 1 + 2 * n + n * n) * 4
+        return (lambda: hc_coefficients(mixes, row_scale, base, scale, n, 20, 1e-6)[2]), nbytes, 0, nbytes
     if kind == "gated_pool":
         kv, score = gated_pool_case(*args, device=device, seed=seed)
         B, R, D = args

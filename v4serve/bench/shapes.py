@@ -144,6 +144,19 @@ def indexer_case(B: int, S: int, start: int, device, seed: int = 0, ratio: int =
     )
 
 
+def mhc_case(T: int, device, seed: int = 0, n: int = 4, hidden: int = 4096):
+    """One mHC sublayer's inputs at V4-Flash dimensions: streams [T, n, hidden] bf16, fn
+    [(2+n)n, n*hidden] fp32 (1.5 MB), base [(2+n)n] and scale [3] fp32."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    m = (2 + n) * n
+    return (
+        torch.randn(T, n, hidden, generator=g, device=device).bfloat16(),
+        torch.randn(m, n * hidden, generator=g, device=device) * (n * hidden) ** -0.5,
+        torch.randn(m, generator=g, device=device),
+        torch.rand(3, generator=g, device=device) + 0.5,
+    )
+
+
 def quant_case(rows: int, D: int, device, seed: int = 0):
     g = torch.Generator(device=device).manual_seed(seed)
     return torch.randn(rows, D, generator=g, device=device).bfloat16()
@@ -170,6 +183,10 @@ def all_shapes():
     shapes["indexer scores decode B8 pos32767"] = ("indexer", (8, 1, 32767))
     shapes["indexer scores prefill S2048"] = ("indexer", (1, 2048, 0))
     shapes["indexer scores prefill S2048@28672"] = ("indexer", (1, 2048, 28672))
+    # mHC sublayer entry at decode sizes (16 of each per step of an 8-layer Flash model)
+    for op in ("mix", "coefficients"):
+        for T in (1, 8, 64):
+            shapes[f"mhc {op} T{T}"] = ("mhc", (op, T))
     # KV row round trips (a decode step's B rows; a prefill chunk's rows)
     for fmt, D in (("fp8_e8m0_b64_rope64", 512), ("fp4_e8m0_b32", 128)):
         for rows in (8, 8192):
