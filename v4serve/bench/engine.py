@@ -199,9 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--max-num-seqs", type=int, default=None,
-                        help="the engine's sequence limit (default: the largest concurrency); it sets the graph "
-                             "ladder and the KV pages, and the c=1 launch gaps depend on it (docs/performance.md)")
-    parser.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None,
+                        help="the engine's sequence limit (default: the largest concurrency); it sets the KV pages "
+                             "and the default graph ladder (four or more graphs lengthen every graph's launch gaps: "
+                             "docs/performance.md)")
+    parser.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None, metavar="N",
                         help="decode batch sizes captured as CUDA graphs (default: 1 2 4 ... max-num-seqs)")
     parser.add_argument("--num-kv-pages", type=int, default=None,
                         help="KV pages (default: solved from free GPU memory for max_num_seqs full-length sequences)")

@@ -27,7 +27,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=EngineArgs.max_num_batched_tokens)
     p.add_argument("--kv-cache-memory", type=parse_size, default=None,
                    help="bytes for the KV cache, e.g. 2GiB (default: free GPU memory on cuda, full length on cpu)")
-    p.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None,
+    p.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None, metavar="N",
                    help="decode batch sizes captured as CUDA graphs (default: 1 2 4 ... max-num-seqs)")
     p.add_argument("--hf-overrides", type=json.loads, default=None, help="JSON object of config.json overrides")
     p.add_argument("--max-body-bytes", type=parse_size, default=MAX_BODY_BYTES)
