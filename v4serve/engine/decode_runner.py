@@ -112,7 +112,6 @@ class DecodeRunner:
         self._step += 1
         staging[1, :size] = torch.tensor(positions + [0] * pad)
         staging[2, :size] = torch.tensor(slots + [self.cache.padding_slot] * pad)
-        staging[3, :size] = torch.tensor(padded_route_rows(n, size))
         if isinstance(token_ids, torch.Tensor):
             self._tokens[:n].copy_(token_ids)
             self._tokens[n:size].zero_()
@@ -121,7 +120,9 @@ class DecodeRunner:
             self._tokens[:size].copy_(staging[0, :size], non_blocking=True)
         self._positions[:size].copy_(staging[1, :size], non_blocking=True)
         self._slots[:size].copy_(staging[2, :size], non_blocking=True)
-        self._route_rows[:size].copy_(staging[3, :size], non_blocking=True)
+        if size > 1:  # a one-row step is never padded: `_forward` routes it as itself
+            staging[3, :size] = torch.tensor(padded_route_rows(n, size))
+            self._route_rows[:size].copy_(staging[3, :size], non_blocking=True)
         if not graphed:
             return self._forward(size)
         graph, logits = self._graphs[size]
