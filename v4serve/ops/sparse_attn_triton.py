@@ -38,7 +38,12 @@ of 96 or 128 columns (96: -0.5 µs at r4/r128 B8, within about twice the noise);
 normalised by l and stored in bf16, at 16, 32 or 64 heads per program (slower at every shape,
 +0.1 µs at r0 B1 to +7 µs at r4 B8: the split kernel went from 160 to 201 registers); prefill
 with 16 warps, BLOCK_T 32 or 128, and a persistent program walking a flat (token, tile) loop that
-re-reads Q per tile (1.2-4x slower).
+re-reads Q per tile (1.2-4x slower). Session 4 (docs/performance.md item 9): programs that split
+the output dims (each computes the full scores, accumulates 128 or 256 dims; 4 warps so two fit
+an SM), the next tile's gather issued into registers before this tile's dots, a lazy rescale
+(running max kept until it grows by 8; spills the prefill tile), and bf16 partials: all slower.
+Nsight Compute puts both phases at 2 warps per scheduler issuing once every 3.5 (prefill) to 4
+(decode) cycles: latency-bound chains, half of the decode loop's instructions gather addressing.
 """
 
 import torch
@@ -101,7 +106,8 @@ def _sparse_attn_kernel(
     stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
     stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
     HAS_COUNTS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     if PDL:
         # Let the merge kernel (launched with programmatic dependent launch) start its prologue now;
@@ -112,7 +118,11 @@ def _sparse_attn_kernel(
     heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
     dims = tl.arange(0, BLOCK_D)
-    head_ok, dim_ok = heads < H, dims < D
+    head_ok = heads < H
+    if EVEN_D:
+        dim_ok = tl.full([BLOCK_D], True, tl.int1)  # D == BLOCK_D: no column mask to compute
+    else:
+        dim_ok = dims < D
 
     q = tl.load(q_ptr + tok * stride_qt + heads[:, None] * stride_qh + dims[None, :],
                 mask=head_ok[:, None] & dim_ok[None, :], other=0.0)
@@ -177,8 +187,8 @@ def _sparse_attn_kernel(
                 tl.store(out_ptr + out_offs, (o / denom[:, None]).to(out_ptr.dtype.element_ty), mask=tile_mask)
                 tl.atomic_xchg(ticket_at, 0)  # ready for the next launch (graph replays too)
     else:
-        l_i = l_i + tl.exp2(sink - m_i)
-        tl.store(out_ptr + out_offs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=tile_mask)
+        inv_l = 1.0 / (l_i + tl.exp2(sink - m_i))
+        tl.store(out_ptr + out_offs, (acc * inv_l[:, None]).to(out_ptr.dtype.element_ty), mask=tile_mask)
 
 
 @triton.jit
@@ -232,6 +242,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     if T == 0:
         return out.reshape(B, M, H, D)
     BLOCK_D = max(16, triton.next_power_of_2(D))
+    even_d = BLOCK_D == D
     qk_scale_log2 = float(scale) * LOG2E
     common = (qt, win, cmp, it, ct, sink, out)
     if M > 1:
@@ -251,7 +262,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
             H, D, C, n_window, max(C, 1), 1, qk_scale_log2,
             qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), out.stride(0), out.stride(1),
             0, 0, 0, 0, 0,
-            HAS_COUNTS=counts is not None, SPLIT=False, FUSED_MERGE=False, BLOCK_D=BLOCK_D, **cfg,
+            HAS_COUNTS=counts is not None, SPLIT=False, FUSED_MERGE=False, BLOCK_D=BLOCK_D, EVEN_D=even_d, **cfg,
         )
         return out.reshape(B, M, H, D)
     part = torch.empty(T, n_splits, H, D, dtype=torch.float32, device=q.device)
@@ -264,7 +275,9 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
         H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
         qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), out.stride(0), out.stride(1),
         part.stride(0), part.stride(1), part.stride(2), m_part.stride(0), m_part.stride(1),
-        HAS_COUNTS=counts is not None, SPLIT=True, FUSED_MERGE=fused, BLOCK_D=BLOCK_D, PDL=pdl and not fused, **cfg,
+        HAS_COUNTS=counts is not None, SPLIT=True, FUSED_MERGE=fused, BLOCK_D=BLOCK_D, EVEN_D=even_d,
+        PDL=pdl and not fused,
+        **cfg,
     )
     if fused:
         return out.reshape(B, M, H, D)
