@@ -250,10 +250,11 @@ KERNELS: tuple[KernelSpec, ...] = (
     ),
     # ---- mHC mixer input, collapse, expand (ops/hc_mix_triton.py, hc_collapse_triton.py,
     # hc_expand_triton.py): V4-Flash, 4 streams of 4096, fn [24, 16384] fp32, bf16 streams ----
-    KernelSpec(  # HC_MIX_CONFIGS["decode"], T = 1: 128 splits of one 128-wide K block, ticket merge
+    KernelSpec(  # HC_MIX_CONFIGS["decode"], T = 1: 128 splits of two 64-wide K blocks, ticket merge
         "mhc.mix_decode", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
         types=_HC_MIX_TYPES, aligned=(*_HC_MIX_ALIGNED, "n_splits"),
-        constexprs=dict(PDL=False, BLOCK_T=16, BLOCK_M=32, BLOCK_K=128, BLOCK_S=128, SPLIT=True),
+        constexprs=dict(PDL=False, BLOCK_T=16, BLOCK_M=32, BLOCK_K=HC_MIX_CONFIGS["decode"]["BLOCK_K"], BLOCK_S=128,
+                        SPLIT=True),
         num_warps=HC_MIX_CONFIGS["decode"]["num_warps"], num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
     ),

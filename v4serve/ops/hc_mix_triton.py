@@ -22,16 +22,16 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from v4serve.ops._dispatch import pdl_launch, triton_at_least
+from v4serve.ops._dispatch import pdl_launch
 
 
 # Production tiles: small T (decode) spreads K over ~TARGET_PROGRAMS programs; large T (prefill)
 # takes wider token blocks so fn is re-read less.
 HC_MIX_CONFIGS = {
-    # Decode: 4 warps are the fastest measured (H200, Triton 3.6); Triton >= 3.8 spills that tile on
-    # sm_90 (codegen check: 255 registers, 56 B of spills), 8 warps do not (on the H200 under 3.6 they
-    # cost 7% in two calls: 155 vs 144 µs per decode step at c=1).
-    "decode": dict(BLOCK_T=16, BLOCK_K=128, num_warps=8 if triton_at_least(3, 8) else 4),
+    # Decode: 2 warps over 64-wide K blocks, 128 programs (H200, Triton 3.6, session-4 sweep of
+    # 48 tiles): 6.4 / 10.9 / 25.4 µs at T = 1 / 8 / 64 against 8.0 / 12.5 / 30.3 for the previous
+    # 4 warps over 128-wide blocks; 4 or 8 warps lose at every K width.
+    "decode": dict(BLOCK_T=16, BLOCK_K=64, num_warps=2),
     "prefill": dict(BLOCK_T=32, BLOCK_K=64, num_warps=4),
 }
 PREFILL_FROM_T = 256
