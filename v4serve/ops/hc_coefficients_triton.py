@@ -56,12 +56,12 @@ def _hc_coefficients_kernel(
     tl.store(comb_ptr + t.to(tl.int64)[:, None, None] * (N * N) + jk[None, :, :], c, mask=t_ok[:, None, None])
 
 
-def hc_coefficients_triton(mixes, row_scale, base, scale, n: int, iters: int, eps: float, config=None):
+def hc_coefficients_triton(mixes, row_scale, base, scale, n: int, iters: int, eps: float):
     t = mixes.shape[0]
     pre = torch.empty(t, n, dtype=torch.float32, device=mixes.device)
     post = torch.empty_like(pre)
     comb = torch.empty(t, n, n, dtype=torch.float32, device=mixes.device)
-    cfg = HC_CONFIG if config is None else config
+    cfg = HC_CONFIG
     _hc_coefficients_kernel[(triton.cdiv(t, cfg["BLOCK_T"]),)](
         mixes, row_scale, base, scale, pre, post, comb, t, mixes.stride(0),
         N=n, ITERS=iters, EPS=eps, BLOCK_T=cfg["BLOCK_T"], num_warps=cfg["num_warps"], **pdl_launch(mixes),
