@@ -1,17 +1,19 @@
-"""Decode split widths of the sparse attention kernel against the fp32 torch reference.
+"""Decode split widths and the warp-specialised prefill against the fp32 torch reference.
 
 CPU (interpreter): split widths that are not a multiple of the tile (the last tile of a split is
 partly masked), holes, zero counts and a token whose columns are all holes. GPU (`pytest -m gpu`):
-the split widths the tile sweep times (v4serve/bench/kernel_configs.py) at the DeepSeek-V4 shapes.
+the split widths the tile sweep times (v4serve/bench/kernel_configs.py) at the DeepSeek-V4 shapes,
+and the Gluon prefill kernel (sm_90) at several tile rings, head counts and column layouts.
 """
 
 import pytest
 import torch
 from cases import rel_err, sparse_attn_inputs
 
-from v4serve.bench.shapes import WINDOW, sparse_decode_case
+from v4serve.bench.shapes import WINDOW, sparse_decode_case, sparse_prefill_case
+from v4serve.ops._dispatch import triton_at_least
 from v4serve.ops.sparse_attn import sparse_attn_paged
-from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
+from v4serve.ops.sparse_attn_triton import PREFILL_CONFIG, PREFILL_CONFIG_WS, prefill_config, sparse_attn_paged_triton
 
 DECODE_SPLITS = {
     "48 columns in tiles of 32": dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=48, num_warps=4, num_stages=2),
@@ -49,3 +51,47 @@ def test_decode_split_widths_full_dims(cfg, ratio):
     out.copy_(sparse_attn_paged_triton(*case.args(), tile_config=GPU_DECODE[cfg]))
     ref = _reference(case.q, case.win_pool, case.cmp_pool, case.idx, WINDOW, case.sink, case.scale, case.counts)
     assert not out.isnan().any() and rel_err(out, ref) < 1e-2
+
+
+def _needs_sm90():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warp-specialised prefill kernel is built for sm_90")
+
+
+WS_CONFIGS = [PREFILL_CONFIG_WS, dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4), dict(KERNEL="ws", BLOCK_T=16, KV_STAGES=3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", range(len(WS_CONFIGS)))
+@pytest.mark.parametrize("B,M,H,n_window,K", [
+    (2, 5, 64, 128, 512),    # the production head count, top-k not a multiple of the tile
+    (1, 3, 20, 100, 300),    # 20 heads: one partly masked head block
+    (1, 300, 128, 50, 77),   # 600 work items: each persistent program walks several tokens
+    (3, 2, 16, 0, 40),       # no window columns
+])
+def test_ws_prefill_matches_reference(cfg, B, M, H, n_window, K):
+    _needs_sm90()
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(B, M, H, 512, n_window, K, device="cuda", seed=M + H)
+    counts[0, 0] = 0  # only window columns (none at all when n_window is 0)
+    idx[-1, -1, :] = -1  # a token whose columns are all holes
+    for cnt in (counts, None):
+        out = torch.full_like(q, float("nan"))
+        out.copy_(sparse_attn_paged_triton(q, win, cmp, idx, n_window, sink, 512**-0.5, cnt,
+                                           tile_config=WS_CONFIGS[cfg]))
+        ref = _reference(q, win, cmp, idx, n_window, sink, 512**-0.5, cnt)
+        assert not out.isnan().any() and rel_err(out, ref) < 1e-2
+        assert out[-1, -1].abs().max() == 0
+
+
+@pytest.mark.gpu
+def test_ws_prefill_is_production_on_sm90():
+    """The production prefill on sm_90 (Triton 3.6, D = 512) is the warp-specialised kernel, and the
+    `tl` kernel agrees with it at a PR shape."""
+    _needs_sm90()
+    if triton_at_least(3, 7):
+        pytest.skip("the warp-specialised kernel is production under Triton 3.6 only")
+    assert prefill_config(torch.device("cuda"), 512) == PREFILL_CONFIG_WS
+    case = sparse_prefill_case(128, 256, 8192, "cuda", seed=3)
+    ws = sparse_attn_paged_triton(*case.args())
+    tl_out = sparse_attn_paged_triton(*case.args(), tile_config=PREFILL_CONFIG)
+    assert rel_err(ws, tl_out) < 1e-2

@@ -9,14 +9,17 @@ import sys
 from triton.testing import do_bench_cudagraph
 
 from v4serve.bench.shapes import sparse_decode_case, sparse_prefill_case
-from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
+from v4serve.ops.sparse_attn_triton import PREFILL_CONFIG, sparse_attn_paged_triton
 
 # None = the production config (decode_config / prefill_config pick it per shape); it comes first
 # (the error reference) and last (the same config timed twice shows the run's noise).
 PREFILL_CANDIDATES = [
     None,
-    dict(BLOCK_H=64, BLOCK_T=128, num_warps=8, num_stages=1),
-    dict(BLOCK_H=64, BLOCK_T=64, num_warps=8, num_stages=2),
+    PREFILL_CONFIG,  # the `tl` kernel's sm_90 tiles (production before the warp-specialised kernel)
+    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=2),
+    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=5),
+    dict(KERNEL="ws", BLOCK_T=16, KV_STAGES=8),
+    dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2),
     None,
 ]
 
@@ -41,7 +44,7 @@ DECODE_CANDIDATES = [
 def _label(cfg) -> str:
     if cfg is None:
         return "production"
-    short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s")
+    short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring")
     return " ".join(f"{short.get(k, k)}={v}" for k, v in cfg.items() if k not in ("MERGE", "PDL"))
 
 

@@ -46,12 +46,16 @@ Nsight Compute puts both phases at 2 warps per scheduler issuing once every 3.5 
 (decode) cycles: latency-bound chains, half of the decode loop's instructions gather addressing.
 """
 
+import functools
+import os
+
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from v4serve.ops._dispatch import check_16_byte_aligned, pdl_supported, triton_at_least
+from v4serve.ops.sparse_attn_gluon import WS_HEAD_DIM, sparse_attn_prefill_ws
 
 # Production tiles (H200 sweeps, docs/performance.md). Prefill: all 64 heads of a token share each
 # gathered [64, 512] KV tile. Decode: 16 heads per program; splits of 32 columns while the step
@@ -81,11 +85,18 @@ DECODE_CONFIG_LARGE = dict(DECODE_CONFIG_SMALL, COLS_PER_SPLIT=64)
 SMALL_DECODE_PAIRS = 1024
 
 
-def prefill_config(device: torch.device) -> dict:
-    """The production prefill tiles for the GPU `device` is on."""
-    if device.type != "cuda":
+# sm_90 under Triton 3.6 with D = 512 (the production shape): the warp-specialised Gluon kernel
+# (sparse_attn_gluon.py; KERNEL="ws" in a tile config selects it), 64-column tiles in a ring of 2.
+PREFILL_CONFIG_WS = dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2)
+
+
+def prefill_config(device: torch.device, head_dim: int = WS_HEAD_DIM) -> dict:
+    """The production prefill tiles for the GPU `device` is on, at this head dim."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return PREFILL_CONFIG
     major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) == (9, 0) and head_dim == WS_HEAD_DIM and not triton_at_least(3, 7):
+        return PREFILL_CONFIG_WS
     if (major, minor) == (8, 0) or major in (9, 10):
         return PREFILL_CONFIGS[major * 10]
     return PREFILL_CONFIGS[120]  # sm_86, sm_89, sm_12x: 99 KB of shared memory per block
@@ -97,6 +108,11 @@ def decode_config(n_tokens: int, n_columns: int) -> dict:
 
 
 LOG2E = 1.4426950408889634
+
+
+@functools.lru_cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @triton.jit
@@ -246,7 +262,13 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     qk_scale_log2 = float(scale) * LOG2E
     common = (qt, win, cmp, it, ct, sink, out)
     if M > 1:
-        cfg = dict(prefill_config(q.device) if tile_config is None else tile_config)
+        cfg = dict(prefill_config(q.device, D) if tile_config is None else tile_config)
+        if cfg.pop("KERNEL", "tl") == "ws":
+            if D != WS_HEAD_DIM:
+                raise ValueError(f"the warp-specialised prefill kernel takes D = {WS_HEAD_DIM}, got {D}")
+            sparse_attn_prefill_ws(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, counts is not None,
+                                   _sm_count(q.device), cfg)
+            return out.reshape(B, M, H, D)
     else:
         cfg = dict(decode_config(T, C) if tile_config is None else tile_config)
     cols_per_split = cfg.pop("COLS_PER_SPLIT", None)

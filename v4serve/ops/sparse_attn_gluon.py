@@ -1,0 +1,239 @@
+"""Warp-specialised sparse-attention prefill for Hopper (sm_90), written in Gluon.
+
+Same math and layouts as sparse_attn_triton.py (q [T, H, D] bf16, pools [N, D] bf16 with one
+16-byte aligned row stride, idx [T, C] int32 with -1 holes, counts [T] int32, sink [H] fp32,
+out [T, H, D] bf16), for D = 512 and any H (64-head blocks):
+
+    s_c = qk_scale_log2 * q[t, h] . kv_c,   m = max(sink2, max_c s_c),
+    o   = sum_c 2^(s_c - m) kv_c / (sum_c 2^(s_c - m) + 2^(sink2 - m)).
+
+Why a second kernel. The `tl` kernel's program (one token, 64 heads) holds a [64, 512] fp32
+accumulator that fills an SM's registers, so one program per SM runs its chain - Q load, gather,
+S = Q K^T, softmax, P V, store - with nothing to overlap it (Nsight Compute: 2 warps per scheduler
+issuing every 3.5 cycles; docs/performance.md item 9). Here one persistent program per SM splits
+that chain over three partitions that run at once:
+
+- producer (4 warps): per work item (token, 64-head block) it copies Q [64, D] and then each
+  BLOCK_T-column KV tile (rows gathered through idx, holes zero-filled) into shared memory with
+  cp.async, 16 bytes per copy, and signals a `ready` mbarrier when the copies land. Q has one
+  buffer, KV tiles a ring of KV_STAGES buffers; the producer waits on the matching `empty`
+  mbarrier before it overwrites one, so it runs up to KV_STAGES tiles and one Q ahead.
+- two consumers (4 warps = one warpgroup each): both compute the full S tile [64 heads, BLOCK_T]
+  with wgmma (so each owns whole softmax rows: no cross-warp reductions, no shared-memory round
+  trip), and each accumulates half of the output dims, acc [64, D / 2] fp32 in registers, with
+  P taken from registers as wgmma's A operand. A consumer releases Q after the token's last S
+  and each KV buffer after its P V, so the producer loads the next token while the consumers
+  finish this one; it then writes its half of the output.
+
+Shared memory: Q 64 KB + KV_STAGES x [BLOCK_T, D] bf16 (2 x 64 KB) = 192 KB of the 227 KB.
+Phases: every partition walks the same work list (work = pid, pid + n_programs, ...) and counts
+its Q uses and KV tiles, so the i-th tile sits in buffer i % KV_STAGES with mbarrier parity
+(i // KV_STAGES) & 1; a producer waits for the `empty` parity before that (a fresh barrier
+counts as having completed the phase before its first).
+
+Used by sparse_attn_triton.py for prefill on sm_90 under Triton 3.6 (the `tl` kernel stays the
+portable path, and the one CPU tests run: the interpreter does not run Gluon).
+"""
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+# Triton 3.8 renamed cp.async's builtin (and 3.9 removed the old name).
+_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+WS_HEAD_DIM = 512  # the one head dim this kernel takes (DeepSeek-V4's)
+BLOCK_H = gl.constexpr(64)  # heads per work item: wgmma's M
+PRODUCER_WARPS = gl.constexpr(4)
+CONSUMER_WARPS = gl.constexpr(4)  # one warpgroup per consumer; the default partition is consumer 0
+# Registers per thread: 384 threads x MAX_REGS = 64.5K of the SM's 64K pool; the producer gives
+# back all but 24 and the default partition receives what the workers leave (240).
+MAX_REGS = 168
+PRODUCER_REGS = gl.constexpr(24)
+CONSUMER_REGS = gl.constexpr(240)
+PREFILL_CONFIG = dict(BLOCK_T=64, KV_STAGES=2)
+
+
+@gluon.jit
+def _work_item(work, n_hblocks, idx_ptr, counts_ptr, C, n_window, stride_it,
+               HAS_COUNTS: gl.constexpr, BLOCK_T: gl.constexpr):
+    """(token, head block, live column bound, number of KV tiles) of work item `work`."""
+    tok = (work // n_hblocks).to(gl.int64)
+    hblock = work % n_hblocks
+    hi = C
+    if HAS_COUNTS:
+        hi = gl.minimum(hi, n_window + gl.maximum(gl.load(counts_ptr + tok), 0))
+    return tok, hblock, hi, (hi + BLOCK_T - 1) // BLOCK_T
+
+
+@gluon.jit
+def _producer(q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr,
+              q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty,
+              H, C, n_window, n_work, n_hblocks, stride_qt, stride_qh, stride_pool, stride_it,
+              HAS_COUNTS: gl.constexpr, BLOCK_T: gl.constexpr, D: gl.constexpr, KV_STAGES: gl.constexpr):
+    # 16-byte copies (8 bf16); 8 threads cover 128 contiguous bytes of a row and each thread walks
+    # its row in 128-byte steps, so a thread needs few row pointers (the partition runs on 24
+    # registers) and the column offsets fold into the copy instruction.
+    gather: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
+    dims = gl.arange(0, D, layout=gl.SliceLayout(0, gather))
+    q_rows = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, gather))
+    tile_cols = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, gather))
+    n_items = 0
+    n_tiles = 0
+    for work in range(gl.program_id(0), n_work, gl.num_programs(0)):
+        tok, hblock, hi, tiles = _work_item(work, n_hblocks, idx_ptr, counts_ptr, C, n_window,
+                                            stride_it, HAS_COUNTS, BLOCK_T)
+        heads = hblock * BLOCK_H + q_rows
+        mbarrier.wait(q_empty, (n_items & 1) ^ 1)
+        q_ptrs = q_ptr + tok * stride_qt + heads[:, None] * stride_qh + dims[None, :]
+        _cp_async(q_smem, q_ptrs, mask=(heads < H)[:, None])
+        async_copy.mbarrier_arrive(q_ready, increment_count=False)
+        n_items += 1
+        for start in range(0, hi, BLOCK_T):
+            cols = start + tile_cols
+            rows = gl.load(idx_ptr + tok * stride_it + cols, mask=cols < hi, other=-1)
+            # NOTE: the hint keeps the gather at 16-byte copies (the select loses the pointer alignment).
+            base = gl.multiple_of(gl.where(cols < n_window, win_ptr, cmp_ptr), 16)
+            kv_ptrs = base[:, None] + rows.to(gl.int64)[:, None] * stride_pool + dims[None, :]
+            stage = n_tiles % KV_STAGES
+            mbarrier.wait(kv_empty.index(stage), ((n_tiles // KV_STAGES) & 1) ^ 1)
+            _cp_async(kv_smem.index(stage), kv_ptrs, mask=(rows >= 0)[:, None])
+            async_copy.mbarrier_arrive(kv_ready.index(stage), increment_count=False)
+            n_tiles += 1
+
+
+@gluon.jit
+def _consumer(half, idx_ptr, counts_ptr, sink_ptr, out_ptr,
+              q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty,
+              H, C, n_window, n_work, n_hblocks, qk_scale_log2, stride_it, stride_ot, stride_oh,
+              HAS_COUNTS: gl.constexpr, BLOCK_T: gl.constexpr, D: gl.constexpr, KV_STAGES: gl.constexpr):
+    DV: gl.constexpr = D // 2  # this consumer's output dims: [half * DV, (half + 1) * DV)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
+                                                       instr_shape=[16, BLOCK_T, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
+                                                       instr_shape=[16, DV, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    tile_cols = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_layout))
+    row_heads = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+    out_dims = half * DV + gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
+    n_items = 0
+    n_tiles = 0
+    for work in range(gl.program_id(0), n_work, gl.num_programs(0)):
+        tok, hblock, hi, tiles = _work_item(work, n_hblocks, idx_ptr, counts_ptr, C, n_window,
+                                            stride_it, HAS_COUNTS, BLOCK_T)
+        s_heads = hblock * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
+        sink = gl.load(sink_ptr + s_heads, mask=s_heads < H, other=0.0) * 1.4426950408889634
+        m_i = sink
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([BLOCK_H, DV], gl.float32, layout=o_layout)
+        mbarrier.wait(q_ready, n_items & 1)
+        n_items += 1
+        mbarrier.arrive(q_empty, pred=tiles == 0)  # no S to compute: Q is free at once
+        for j in range(0, tiles):
+            cols = j * BLOCK_T + tile_cols
+            rows = gl.load(idx_ptr + tok * stride_it + cols, mask=cols < hi, other=-1)
+            stage = n_tiles % KV_STAGES
+            kv = kv_smem.index(stage)
+            mbarrier.wait(kv_ready.index(stage), (n_tiles // KV_STAGES) & 1)
+            fence_async_shared()  # cp.async wrote the tile through the generic proxy; wgmma reads it async
+            s = warpgroup_mma(q_smem, kv.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_T], gl.float32, s_layout),
+                              use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+            mbarrier.arrive(q_empty, pred=j == tiles - 1)  # the token's last S: Q may be replaced
+            s = gl.where((rows >= 0)[None, :], s * qk_scale_log2, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+            acc = warpgroup_mma(p_op, kv.slice(half * DV, DV, dim=1), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(kv_empty.index(stage))
+            n_tiles += 1
+        inv_l = 1.0 / (l_i + gl.exp2(sink - m_i))
+        o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
+        heads = hblock * BLOCK_H + row_heads
+        out_ptrs = out_ptr + tok * stride_ot + heads[:, None] * stride_oh + out_dims[None, :]
+        gl.store(out_ptrs, o.to(gl.bfloat16), mask=(heads < H)[:, None])
+
+
+@gluon.jit
+def _consumer_high(idx_ptr, counts_ptr, sink_ptr, out_ptr, q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty,
+                   H, C, n_window, n_work, n_hblocks, qk_scale_log2, stride_it, stride_ot, stride_oh,
+                   HAS_COUNTS: gl.constexpr, BLOCK_T: gl.constexpr, D: gl.constexpr, KV_STAGES: gl.constexpr):
+    _consumer(1, idx_ptr, counts_ptr, sink_ptr, out_ptr, q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty,
+              H, C, n_window, n_work, n_hblocks, qk_scale_log2, stride_it, stride_ot, stride_oh,
+              HAS_COUNTS, BLOCK_T, D, KV_STAGES)
+
+
+@gluon.jit
+def _consumer_low(idx_ptr, counts_ptr, sink_ptr, out_ptr, q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty,
+                  H, C, n_window, n_work, n_hblocks, qk_scale_log2, stride_it, stride_ot, stride_oh,
+                  HAS_COUNTS: gl.constexpr, BLOCK_T: gl.constexpr, D: gl.constexpr, KV_STAGES: gl.constexpr):
+    _consumer(0, idx_ptr, counts_ptr, sink_ptr, out_ptr, q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty,
+              H, C, n_window, n_work, n_hblocks, qk_scale_log2, stride_it, stride_ot, stride_oh,
+              HAS_COUNTS, BLOCK_T, D, KV_STAGES)
+
+
+@gluon.jit
+def _sparse_attn_prefill_ws_kernel(
+    q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr,
+    H, C, n_window, n_work, n_hblocks, qk_scale_log2,
+    stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
+    HAS_COUNTS: gl.constexpr, BLOCK_T: gl.constexpr, D: gl.constexpr, KV_STAGES: gl.constexpr,
+):
+    smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D], smem_layout)
+    kv_smem = gl.allocate_shared_memory(gl.bfloat16, [KV_STAGES, BLOCK_T, D], smem_layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [KV_STAGES, 1], bar_layout)
+    kv_empty = gl.allocate_shared_memory(gl.int64, [KV_STAGES, 1], bar_layout)
+    # `ready` completes when every producer thread's copies have landed (cp.async arrive, no
+    # increment); `empty` when both consumers have arrived.
+    mbarrier.init(q_ready, count=PRODUCER_WARPS * 32)
+    mbarrier.init(q_empty, count=2)
+    for i in gl.static_range(KV_STAGES):
+        mbarrier.init(kv_ready.index(i), count=PRODUCER_WARPS * 32)
+        mbarrier.init(kv_empty.index(i), count=2)
+    # NOTE: the argument tuples are written inline: a tuple assigned to a name first turns its
+    # constexprs into tensors.
+    gl.warp_specialize([
+        (_consumer_low, (idx_ptr, counts_ptr, sink_ptr, out_ptr, q_smem, kv_smem, q_ready, q_empty, kv_ready,
+                         kv_empty, H, C, n_window, n_work, n_hblocks, qk_scale_log2, stride_it, stride_ot,
+                         stride_oh, HAS_COUNTS, BLOCK_T, D, KV_STAGES)),
+        (_consumer_high, (idx_ptr, counts_ptr, sink_ptr, out_ptr, q_smem, kv_smem, q_ready, q_empty, kv_ready,
+                          kv_empty, H, C, n_window, n_work, n_hblocks, qk_scale_log2, stride_it, stride_ot,
+                          stride_oh, HAS_COUNTS, BLOCK_T, D, KV_STAGES)),
+        (_producer, (q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, q_smem, kv_smem, q_ready, q_empty, kv_ready,
+                     kv_empty, H, C, n_window, n_work, n_hblocks, stride_qt, stride_qh, stride_pool, stride_it,
+                     HAS_COUNTS, BLOCK_T, D, KV_STAGES)),
+    ],
+                       [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def sparse_attn_prefill_ws(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, has_counts, n_sms,
+                           tile_config=None):
+    """Launch on [T, H, D] views as sparse_attn_triton.py prepares them (D = WS_HEAD_DIM)."""
+    cfg = dict(PREFILL_CONFIG if tile_config is None else tile_config)
+    T, H, D = qt.shape
+    C = it.shape[1]
+    n_hblocks = triton.cdiv(H, BLOCK_H)
+    n_work = T * n_hblocks
+    _sparse_attn_prefill_ws_kernel[(min(n_work, n_sms),)](
+        qt, win, cmp, it, ct, sink, out,
+        H, C, n_window, n_work, n_hblocks, qk_scale_log2,
+        qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), out.stride(0), out.stride(1),
+        HAS_COUNTS=has_counts, D=D, num_warps=CONSUMER_WARPS, maxnreg=MAX_REGS, **cfg,
+    )
+    return out
