@@ -58,7 +58,13 @@ def _needs_sm90():
         pytest.skip("the warp-specialised prefill kernel is built for sm_90")
 
 
-WS_CONFIGS = [PREFILL_CONFIG_WS, dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4), dict(KERNEL="ws", BLOCK_T=16, KV_STAGES=3)]
+WS_CONFIGS = [
+    PREFILL_CONFIG_WS,
+    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4),
+    dict(KERNEL="ws", BLOCK_T=16, KV_STAGES=3),
+    dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2, COLS_PER_SPLIT=64),  # decode (M = 1): splits + merge
+    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4, COLS_PER_SPLIT=80),  # splits that end mid-tile
+]
 
 
 @pytest.mark.gpu
@@ -68,8 +74,10 @@ WS_CONFIGS = [PREFILL_CONFIG_WS, dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4), dic
     (1, 3, 20, 100, 300),    # 20 heads: one partly masked head block
     (1, 300, 128, 50, 77),   # 600 work items: each persistent program walks several tokens
     (3, 2, 16, 0, 40),       # no window columns
+    (8, 1, 64, 128, 512),    # decode B8
+    (3, 1, 128, 128, 200),   # decode, two head blocks
 ])
-def test_ws_prefill_matches_reference(cfg, B, M, H, n_window, K):
+def test_ws_kernel_matches_reference(cfg, B, M, H, n_window, K):
     _needs_sm90()
     q, win, cmp, idx, sink, counts = sparse_attn_inputs(B, M, H, 512, n_window, K, device="cuda", seed=M + H)
     counts[0, 0] = 0  # only window columns (none at all when n_window is 0)

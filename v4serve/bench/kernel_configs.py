@@ -16,10 +16,7 @@ from v4serve.ops.sparse_attn_triton import PREFILL_CONFIG, sparse_attn_paged_tri
 PREFILL_CANDIDATES = [
     None,
     PREFILL_CONFIG,  # the `tl` kernel's sm_90 tiles (production before the warp-specialised kernel)
-    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=2),
-    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=5),
-    dict(KERNEL="ws", BLOCK_T=16, KV_STAGES=8),
-    dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2),
+    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4),
     None,
 ]
 
@@ -37,6 +34,10 @@ DECODE_CANDIDATES = [
     _decode(64, 64, 64, 8, 1),
     _decode(32, 32, 32, 8, 2),
     _decode(32, 64, 64, 8, 1),
+    dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2, COLS_PER_SPLIT=64, PDL=True),
+    dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2, COLS_PER_SPLIT=128, PDL=True),
+    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4, COLS_PER_SPLIT=32, PDL=True),
+    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4, COLS_PER_SPLIT=64, PDL=True),
     None,
 ]
 
@@ -45,7 +46,8 @@ def _label(cfg) -> str:
     if cfg is None:
         return "production"
     short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring")
-    return " ".join(f"{short.get(k, k)}={v}" for k, v in cfg.items() if k not in ("MERGE", "PDL"))
+    return " ".join(f"{short.get(k, k)}={v}" for k, v in cfg.items() if k not in ("MERGE", "PDL", "KERNEL")) + (
+        " (ws)" if cfg.get("KERNEL") == "ws" else "")
 
 
 def _sweep(label, run, candidates):

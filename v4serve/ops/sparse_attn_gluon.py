@@ -50,6 +50,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 WS_HEAD_DIM = 512  # the one head dim this kernel takes (DeepSeek-V4's)
+
 BLOCK_H = gl.constexpr(64)  # heads per work item: wgmma's M
 PRODUCER_WARPS = gl.constexpr(4)
 CONSUMER_WARPS = gl.constexpr(4)  # one warpgroup per consumer; the default partition is consumer 0
@@ -58,26 +59,32 @@ CONSUMER_WARPS = gl.constexpr(4)  # one warpgroup per consumer; the default part
 MAX_REGS = 168
 PRODUCER_REGS = gl.constexpr(24)
 CONSUMER_REGS = gl.constexpr(240)
-PREFILL_CONFIG = dict(BLOCK_T=64, KV_STAGES=2)
+TILE_CONFIG = dict(BLOCK_T=64, KV_STAGES=2)
 
 
 @gluon.jit
-def _work_item(work, n_hblocks, idx_ptr, counts_ptr, C, n_window, stride_it,
-               HAS_COUNTS: gl.constexpr, BLOCK_T: gl.constexpr):
-    """(token, head block, live column bound, number of KV tiles) of work item `work`."""
-    tok = (work // n_hblocks).to(gl.int64)
-    hblock = work % n_hblocks
+def _work_item(work, shape, idx_ptr, counts_ptr, HAS_COUNTS: gl.constexpr, BLOCK_T: gl.constexpr):
+    """(token, head block, split, first and end column, number of KV tiles) of work item `work`."""
+    H, C, n_window, n_hblocks, n_splits, cols_per_split, n_work = shape
+    tok = (work // (n_hblocks * n_splits)).to(gl.int64)
+    hblock = work // n_splits % n_hblocks
+    split = work % n_splits
     hi = C
     if HAS_COUNTS:
         hi = gl.minimum(hi, n_window + gl.maximum(gl.load(counts_ptr + tok), 0))
-    return tok, hblock, hi, (hi + BLOCK_T - 1) // BLOCK_T
+    lo = split * cols_per_split
+    hi = gl.minimum(hi, lo + cols_per_split)
+    return tok, hblock, split, lo, hi, (gl.maximum(hi - lo, 0) + BLOCK_T - 1) // BLOCK_T
 
 
 @gluon.jit
-def _producer(q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr,
-              q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty,
-              H, C, n_window, n_work, n_hblocks, stride_qt, stride_qh, stride_pool, stride_it,
+def _producer(ptrs, shape, strides, bufs,
               HAS_COUNTS: gl.constexpr, BLOCK_T: gl.constexpr, D: gl.constexpr, KV_STAGES: gl.constexpr):
+    q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr = ptrs
+    H, C, n_window, n_hblocks, n_splits, cols_per_split, n_work = shape
+    stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh, stride_pt, stride_ps, stride_ph, \
+        stride_mt, stride_ms = strides
+    q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty = bufs
     # 16-byte copies (8 bf16); 8 threads cover 128 contiguous bytes of a row and each thread walks
     # its row in 128-byte steps, so a thread needs few row pointers (the partition runs on 24
     # registers) and the column offsets fold into the copy instruction.
@@ -88,15 +95,14 @@ def _producer(q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr,
     n_items = 0
     n_tiles = 0
     for work in range(gl.program_id(0), n_work, gl.num_programs(0)):
-        tok, hblock, hi, tiles = _work_item(work, n_hblocks, idx_ptr, counts_ptr, C, n_window,
-                                            stride_it, HAS_COUNTS, BLOCK_T)
+        tok, hblock, split, lo, hi, tiles = _work_item(work, shape, idx_ptr, counts_ptr, HAS_COUNTS, BLOCK_T)
         heads = hblock * BLOCK_H + q_rows
         mbarrier.wait(q_empty, (n_items & 1) ^ 1)
         q_ptrs = q_ptr + tok * stride_qt + heads[:, None] * stride_qh + dims[None, :]
         _cp_async(q_smem, q_ptrs, mask=(heads < H)[:, None])
         async_copy.mbarrier_arrive(q_ready, increment_count=False)
         n_items += 1
-        for start in range(0, hi, BLOCK_T):
+        for start in range(lo, hi, BLOCK_T):
             cols = start + tile_cols
             rows = gl.load(idx_ptr + tok * stride_it + cols, mask=cols < hi, other=-1)
             # NOTE: the hint keeps the gather at 16-byte copies (the select loses the pointer alignment).
@@ -110,25 +116,29 @@ def _producer(q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr,
 
 
 @gluon.jit
-def _consumer(half, idx_ptr, counts_ptr, sink_ptr, out_ptr,
-              q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty,
-              H, C, n_window, n_work, n_hblocks, qk_scale_log2, stride_it, stride_ot, stride_oh,
-              HAS_COUNTS: gl.constexpr, BLOCK_T: gl.constexpr, D: gl.constexpr, KV_STAGES: gl.constexpr):
-    DV: gl.constexpr = D // 2  # this consumer's output dims: [half * DV, (half + 1) * DV)
+def _consumer(HALF: gl.constexpr, ptrs, shape, strides, bufs, qk_scale_log2,
+              HAS_COUNTS: gl.constexpr, SPLIT: gl.constexpr, BLOCK_T: gl.constexpr, D: gl.constexpr,
+              KV_STAGES: gl.constexpr):
+    q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr = ptrs
+    H, C, n_window, n_hblocks, n_splits, cols_per_split, n_work = shape
+    stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh, stride_pt, stride_ps, stride_ph, \
+        stride_mt, stride_ms = strides
+    q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty = bufs
+    DV: gl.constexpr = D // 2  # this consumer's output dims: [HALF * DV, (HALF + 1) * DV)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
                                                        instr_shape=[16, BLOCK_T, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
                                                        instr_shape=[16, DV, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     tile_cols = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_layout))
-    row_heads = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
-    out_dims = half * DV + gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
+    s_rows = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
+    o_rows = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+    o_dims = HALF * DV + gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
     n_items = 0
     n_tiles = 0
     for work in range(gl.program_id(0), n_work, gl.num_programs(0)):
-        tok, hblock, hi, tiles = _work_item(work, n_hblocks, idx_ptr, counts_ptr, C, n_window,
-                                            stride_it, HAS_COUNTS, BLOCK_T)
-        s_heads = hblock * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
+        tok, hblock, split, lo, hi, tiles = _work_item(work, shape, idx_ptr, counts_ptr, HAS_COUNTS, BLOCK_T)
+        s_heads = hblock * BLOCK_H + s_rows
         sink = gl.load(sink_ptr + s_heads, mask=s_heads < H, other=0.0) * 1.4426950408889634
         m_i = sink
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -137,7 +147,7 @@ def _consumer(half, idx_ptr, counts_ptr, sink_ptr, out_ptr,
         n_items += 1
         mbarrier.arrive(q_empty, pred=tiles == 0)  # no S to compute: Q is free at once
         for j in range(0, tiles):
-            cols = j * BLOCK_T + tile_cols
+            cols = lo + j * BLOCK_T + tile_cols
             rows = gl.load(idx_ptr + tok * stride_it + cols, mask=cols < hi, other=-1)
             stage = n_tiles % KV_STAGES
             kv = kv_smem.index(stage)
@@ -146,7 +156,7 @@ def _consumer(half, idx_ptr, counts_ptr, sink_ptr, out_ptr,
             s = warpgroup_mma(q_smem, kv.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_T], gl.float32, s_layout),
                               use_acc=False, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-            mbarrier.arrive(q_empty, pred=j == tiles - 1)  # the token's last S: Q may be replaced
+            mbarrier.arrive(q_empty, pred=j == tiles - 1)  # the item's last S: Q may be replaced
             s = gl.where((rows >= 0)[None, :], s * qk_scale_log2, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, 1))
             alpha = gl.exp2(m_i - m_new)
@@ -155,41 +165,34 @@ def _consumer(half, idx_ptr, counts_ptr, sink_ptr, out_ptr,
             m_i = m_new
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
-            acc = warpgroup_mma(p_op, kv.slice(half * DV, DV, dim=1), acc, is_async=True)
+            acc = warpgroup_mma(p_op, kv.slice(HALF * DV, DV, dim=1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(kv_empty.index(stage))
             n_tiles += 1
-        inv_l = 1.0 / (l_i + gl.exp2(sink - m_i))
-        o = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]
-        heads = hblock * BLOCK_H + row_heads
-        out_ptrs = out_ptr + tok * stride_ot + heads[:, None] * stride_oh + out_dims[None, :]
-        gl.store(out_ptrs, o.to(gl.bfloat16), mask=(heads < H)[:, None])
+        o_heads = hblock * BLOCK_H + o_rows
+        o_mask = (o_heads < H)[:, None]
+        if SPLIT:
+            # This split's unnormalised state for the merge kernel (m and l once, from consumer 0).
+            gl.store(part_ptr + tok * stride_pt + split * stride_ps + o_heads[:, None] * stride_ph + o_dims[None, :],
+                     acc, mask=o_mask)
+            if HALF == 0:
+                ml_offs = tok * stride_mt + split * stride_ms + s_heads
+                gl.store(m_ptr + ml_offs, m_i, mask=s_heads < H)
+                gl.store(l_ptr + ml_offs, l_i, mask=s_heads < H)
+        else:
+            inv_l = gl.convert_layout(1.0 / (l_i + gl.exp2(sink - m_i)), gl.SliceLayout(1, o_layout))
+            gl.store(out_ptr + tok * stride_ot + o_heads[:, None] * stride_oh + o_dims[None, :],
+                     (acc * inv_l[:, None]).to(gl.bfloat16), mask=o_mask)
 
 
 @gluon.jit
-def _consumer_high(idx_ptr, counts_ptr, sink_ptr, out_ptr, q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty,
-                   H, C, n_window, n_work, n_hblocks, qk_scale_log2, stride_it, stride_ot, stride_oh,
-                   HAS_COUNTS: gl.constexpr, BLOCK_T: gl.constexpr, D: gl.constexpr, KV_STAGES: gl.constexpr):
-    _consumer(1, idx_ptr, counts_ptr, sink_ptr, out_ptr, q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty,
-              H, C, n_window, n_work, n_hblocks, qk_scale_log2, stride_it, stride_ot, stride_oh,
-              HAS_COUNTS, BLOCK_T, D, KV_STAGES)
-
-
-@gluon.jit
-def _consumer_low(idx_ptr, counts_ptr, sink_ptr, out_ptr, q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty,
-                  H, C, n_window, n_work, n_hblocks, qk_scale_log2, stride_it, stride_ot, stride_oh,
-                  HAS_COUNTS: gl.constexpr, BLOCK_T: gl.constexpr, D: gl.constexpr, KV_STAGES: gl.constexpr):
-    _consumer(0, idx_ptr, counts_ptr, sink_ptr, out_ptr, q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty,
-              H, C, n_window, n_work, n_hblocks, qk_scale_log2, stride_it, stride_ot, stride_oh,
-              HAS_COUNTS, BLOCK_T, D, KV_STAGES)
-
-
-@gluon.jit
-def _sparse_attn_prefill_ws_kernel(
-    q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr,
-    H, C, n_window, n_work, n_hblocks, qk_scale_log2,
+def _sparse_attn_ws_kernel(
+    q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr,
+    H, C, n_window, n_hblocks, n_splits, cols_per_split, n_work, qk_scale_log2,
     stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
-    HAS_COUNTS: gl.constexpr, BLOCK_T: gl.constexpr, D: gl.constexpr, KV_STAGES: gl.constexpr,
+    stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
+    HAS_COUNTS: gl.constexpr, SPLIT: gl.constexpr, BLOCK_T: gl.constexpr, D: gl.constexpr,
+    KV_STAGES: gl.constexpr,
 ):
     smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
@@ -206,34 +209,36 @@ def _sparse_attn_prefill_ws_kernel(
     for i in gl.static_range(KV_STAGES):
         mbarrier.init(kv_ready.index(i), count=PRODUCER_WARPS * 32)
         mbarrier.init(kv_empty.index(i), count=2)
-    # NOTE: the argument tuples are written inline: a tuple assigned to a name first turns its
-    # constexprs into tensors.
+    ptrs = (q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr)
+    shape = (H, C, n_window, n_hblocks, n_splits, cols_per_split, n_work)
+    strides = (stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh, stride_pt, stride_ps, stride_ph,
+               stride_mt, stride_ms)
+    bufs = (q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty)
+    # NOTE: constexprs go into the partitions' argument tuples directly: a tuple assigned to a name
+    # first turns its constexprs into tensors.
     gl.warp_specialize([
-        (_consumer_low, (idx_ptr, counts_ptr, sink_ptr, out_ptr, q_smem, kv_smem, q_ready, q_empty, kv_ready,
-                         kv_empty, H, C, n_window, n_work, n_hblocks, qk_scale_log2, stride_it, stride_ot,
-                         stride_oh, HAS_COUNTS, BLOCK_T, D, KV_STAGES)),
-        (_consumer_high, (idx_ptr, counts_ptr, sink_ptr, out_ptr, q_smem, kv_smem, q_ready, q_empty, kv_ready,
-                          kv_empty, H, C, n_window, n_work, n_hblocks, qk_scale_log2, stride_it, stride_ot,
-                          stride_oh, HAS_COUNTS, BLOCK_T, D, KV_STAGES)),
-        (_producer, (q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, q_smem, kv_smem, q_ready, q_empty, kv_ready,
-                     kv_empty, H, C, n_window, n_work, n_hblocks, stride_qt, stride_qh, stride_pool, stride_it,
-                     HAS_COUNTS, BLOCK_T, D, KV_STAGES)),
-    ],
-                       [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+        (_consumer, (0, ptrs, shape, strides, bufs, qk_scale_log2, HAS_COUNTS, SPLIT, BLOCK_T, D, KV_STAGES)),
+        (_consumer, (1, ptrs, shape, strides, bufs, qk_scale_log2, HAS_COUNTS, SPLIT, BLOCK_T, D, KV_STAGES)),
+        (_producer, (ptrs, shape, strides, bufs, HAS_COUNTS, BLOCK_T, D, KV_STAGES)),
+    ], [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def sparse_attn_prefill_ws(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, has_counts, n_sms,
-                           tile_config=None):
-    """Launch on [T, H, D] views as sparse_attn_triton.py prepares them (D = WS_HEAD_DIM)."""
-    cfg = dict(PREFILL_CONFIG if tile_config is None else tile_config)
+def sparse_attn_ws(qt, win, cmp, it, ct, sink, out, part, m_part, l_part, n_window, cols_per_split, n_splits,
+                   qk_scale_log2, has_counts, n_sms, tile_config=None):
+    """Launch on [T, H, D] views as sparse_attn_triton.py prepares them (D = WS_HEAD_DIM). With
+    n_splits > 1 it writes the split partials (part, m_part, l_part) for the merge kernel."""
+    cfg = dict(TILE_CONFIG if tile_config is None else tile_config)
     T, H, D = qt.shape
     C = it.shape[1]
     n_hblocks = triton.cdiv(H, BLOCK_H)
-    n_work = T * n_hblocks
-    _sparse_attn_prefill_ws_kernel[(min(n_work, n_sms),)](
-        qt, win, cmp, it, ct, sink, out,
-        H, C, n_window, n_work, n_hblocks, qk_scale_log2,
-        qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), out.stride(0), out.stride(1),
-        HAS_COUNTS=has_counts, D=D, num_warps=CONSUMER_WARPS, maxnreg=MAX_REGS, **cfg,
+    n_work = T * n_hblocks * n_splits
+    split = n_splits > 1
+    part_strides = (part.stride(0), part.stride(1), part.stride(2), m_part.stride(0), m_part.stride(1)) if split \
+        else (0, 0, 0, 0, 0)
+    _sparse_attn_ws_kernel[(min(n_work, n_sms),)](
+        qt, win, cmp, it, ct, sink, out, part, m_part, l_part,
+        H, C, n_window, n_hblocks, n_splits, cols_per_split, n_work, qk_scale_log2,
+        qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), out.stride(0), out.stride(1), *part_strides,
+        HAS_COUNTS=has_counts, SPLIT=split, D=D, num_warps=CONSUMER_WARPS, maxnreg=MAX_REGS, **cfg,
     )
     return out

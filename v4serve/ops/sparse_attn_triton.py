@@ -55,7 +55,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from v4serve.ops._dispatch import check_16_byte_aligned, pdl_supported, triton_at_least
-from v4serve.ops.sparse_attn_gluon import WS_HEAD_DIM, sparse_attn_prefill_ws
+from v4serve.ops.sparse_attn_gluon import WS_HEAD_DIM, sparse_attn_ws
 
 # Production tiles (H200 sweeps, docs/performance.md). Prefill: all 64 heads of a token share each
 # gathered [64, 512] KV tile. Decode: 16 heads per program; splits of 32 columns while the step
@@ -263,19 +263,19 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     common = (qt, win, cmp, it, ct, sink, out)
     if M > 1:
         cfg = dict(prefill_config(q.device, D) if tile_config is None else tile_config)
-        if cfg.pop("KERNEL", "tl") == "ws":
-            if D != WS_HEAD_DIM:
-                raise ValueError(f"the warp-specialised prefill kernel takes D = {WS_HEAD_DIM}, got {D}")
-            sparse_attn_prefill_ws(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, counts is not None,
-                                   _sm_count(q.device), cfg)
-            return out.reshape(B, M, H, D)
     else:
         cfg = dict(decode_config(T, C) if tile_config is None else tile_config)
+    ws = cfg.pop("KERNEL", "tl") == "ws"
+    if ws and D != WS_HEAD_DIM:
+        raise ValueError(f"the warp-specialised kernel takes D = {WS_HEAD_DIM}, got {D}")
     cols_per_split = cfg.pop("COLS_PER_SPLIT", None)
     cols_per_split = max(1, C) if cols_per_split is None else max(1, min(cols_per_split, C))
     merge = cfg.pop("MERGE", "kernel")
     pdl = cfg.pop("PDL", False) and pdl_supported(q.device)
     n_splits = max(1, triton.cdiv(C, cols_per_split)) if M == 1 else 1
+    if ws:
+        return _run_ws(qt, win, cmp, it, ct, sink, out, n_window, cols_per_split, n_splits, qk_scale_log2,
+                       counts is not None, pdl, cfg).reshape(B, M, H, D)
     n_hblocks = triton.cdiv(H, cfg["BLOCK_H"])
     if n_splits == 1:
         # One program per (token, head block) over every column: the output is written directly.
@@ -303,12 +303,33 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     )
     if fused:
         return out.reshape(B, M, H, D)
+    _merge(part, m_part, l_part, sink, out, pdl)
+    return out.reshape(B, M, H, D)
+
+
+def _merge(part, m_part, l_part, sink, out, pdl):
+    T, n_splits, H, D = part.shape
     _sparse_attn_merge_kernel[(T, H)](
         part, m_part, l_part, sink, out,
         H, D, n_splits,
         part.stride(0), part.stride(1), part.stride(2), m_part.stride(0), m_part.stride(1),
         out.stride(0), out.stride(1),
-        BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=BLOCK_D, num_warps=4,
+        BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4,
         **(dict(PDL=True, launch_pdl=True) if pdl else {}),
     )
-    return out.reshape(B, M, H, D)
+
+
+def _run_ws(qt, win, cmp, it, ct, sink, out, n_window, cols_per_split, n_splits, qk_scale_log2, has_counts, pdl,
+            cfg):
+    """The warp-specialised kernel (sparse_attn_gluon.py), then the merge kernel when it splits."""
+    T, H, D = qt.shape
+    if n_splits == 1:
+        return sparse_attn_ws(qt, win, cmp, it, ct, sink, out, out, out, out, n_window, max(it.shape[1], 1), 1,
+                              qk_scale_log2, has_counts, _sm_count(qt.device), cfg)
+    part = torch.empty(T, n_splits, H, D, dtype=torch.float32, device=qt.device)
+    m_part = torch.empty(T, n_splits, H, dtype=torch.float32, device=qt.device)
+    l_part = torch.empty_like(m_part)
+    sparse_attn_ws(qt, win, cmp, it, ct, sink, out, part, m_part, l_part, n_window, cols_per_split, n_splits,
+                   qk_scale_log2, has_counts, _sm_count(qt.device), cfg)
+    _merge(part, m_part, l_part, sink, out, pdl)
+    return out
