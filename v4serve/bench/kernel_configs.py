@@ -17,6 +17,9 @@ PREFILL_CANDIDATES = [
     None,
     PREFILL_CONFIG,  # the `tl` kernel's sm_90 tiles (production before the warp-specialised kernel)
     dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4),
+    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4, PIPELINE_S=True),
+    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=5, PIPELINE_S=True),
+    dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2, PIPELINE_S=True),
     None,
 ]
 
@@ -45,7 +48,8 @@ DECODE_CANDIDATES = [
 def _label(cfg) -> str:
     if cfg is None:
         return "production"
-    short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring")
+    short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
+                 PIPELINE_S="pipelined")
     return " ".join(f"{short.get(k, k)}={v}" for k, v in cfg.items() if k not in ("MERGE", "PDL", "KERNEL")) + (
         " (ws)" if cfg.get("KERNEL") == "ws" else "")
 
