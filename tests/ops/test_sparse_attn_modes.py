@@ -64,8 +64,6 @@ WS_CONFIGS = [
     dict(KERNEL="ws", BLOCK_T=16, KV_STAGES=3),
     dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2, COLS_PER_SPLIT=64),  # decode (M = 1): splits + merge
     dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4, COLS_PER_SPLIT=80),  # splits that end mid-tile
-    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4, PIPELINE_S=True),  # S of tile j + 1 during tile j's softmax
-    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=3, PIPELINE_S=True, COLS_PER_SPLIT=80),
 ]
 
 

@@ -17,9 +17,6 @@ PREFILL_CANDIDATES = [
     None,
     PREFILL_CONFIG,  # the `tl` kernel's sm_90 tiles (production before the warp-specialised kernel)
     dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4),
-    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4, PIPELINE_S=True),
-    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=5, PIPELINE_S=True),
-    dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2, PIPELINE_S=True),
     None,
 ]
 
@@ -31,15 +28,10 @@ def _decode(h, cols, block_t, warps, stages):
 
 DECODE_CANDIDATES = [
     None,
-    _decode(32, 64, 32, 8, 2),
-    _decode(64, 64, 32, 8, 2),
-    _decode(64, 32, 32, 8, 2),
-    _decode(64, 64, 64, 8, 1),
-    _decode(32, 32, 32, 8, 2),
+    _decode(64, 64, 64, 8, 1),  # the best `tl` variants at r4 B8 and r128 B8 (session 3)
     _decode(32, 64, 64, 8, 1),
-    dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2, COLS_PER_SPLIT=64, PDL=True),
+    dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2),  # no split: one work item per token
     dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2, COLS_PER_SPLIT=128, PDL=True),
-    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4, COLS_PER_SPLIT=32, PDL=True),
     dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4, COLS_PER_SPLIT=64, PDL=True),
     None,
 ]
@@ -48,8 +40,7 @@ DECODE_CANDIDATES = [
 def _label(cfg) -> str:
     if cfg is None:
         return "production"
-    short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
-                 PIPELINE_S="pipelined")
+    short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring")
     return " ".join(f"{short.get(k, k)}={v}" for k, v in cfg.items() if k not in ("MERGE", "PDL", "KERNEL")) + (
         " (ws)" if cfg.get("KERNEL") == "ws" else "")
 

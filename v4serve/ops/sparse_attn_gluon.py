@@ -84,7 +84,7 @@ def _producer(ptrs, shape, strides, bufs,
     H, C, n_window, n_hblocks, n_splits, cols_per_split, n_work = shape
     stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh, stride_pt, stride_ps, stride_ph, \
         stride_mt, stride_ms = strides
-    q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty = bufs
+    q_smem, kv_smem, rows_smem, q_ready, q_empty, kv_ready, kv_empty = bufs
     # 16-byte copies (8 bf16); 8 threads cover 128 contiguous bytes of a row and each thread walks
     # its row in 128-byte steps, so a thread needs few row pointers (the partition runs on 24
     # registers) and the column offsets fold into the copy instruction.
@@ -92,6 +92,7 @@ def _producer(ptrs, shape, strides, bufs,
     dims = gl.arange(0, D, layout=gl.SliceLayout(0, gather))
     q_rows = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, gather))
     tile_cols = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, gather))
+    row_ids = gl.arange(0, BLOCK_T, layout=gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0]))
     n_items = 0
     n_tiles = 0
     for work in range(gl.program_id(0), n_work, gl.num_programs(0)):
@@ -111,57 +112,28 @@ def _producer(ptrs, shape, strides, bufs,
             stage = n_tiles % KV_STAGES
             mbarrier.wait(kv_empty.index(stage), ((n_tiles // KV_STAGES) & 1) ^ 1)
             _cp_async(kv_smem.index(stage), kv_ptrs, mask=(rows >= 0)[:, None])
+            # The tile's row ids for the consumers' hole mask (past the bound: zero-filled, masked there).
+            idx_cols = start + row_ids
+            _cp_async(rows_smem.index(stage), idx_ptr + tok * stride_it + idx_cols, mask=idx_cols < hi)
             async_copy.mbarrier_arrive(kv_ready.index(stage), increment_count=False)
             n_tiles += 1
 
 
 @gluon.jit
-def _tile_rows(idx_ptr, tok, stride_it, lo, j, hi, tile_cols, BLOCK_T: gl.constexpr):
-    """Pool rows of tile j's columns (-1: hole or past the live bound), in S's column layout."""
-    cols = lo + j * BLOCK_T + tile_cols
-    return gl.load(idx_ptr + tok * stride_it + cols, mask=cols < hi, other=-1)
-
-
-@gluon.jit
-def _issue_s(q_smem, kv_smem, kv_ready, tile, KV_STAGES: gl.constexpr, BLOCK_T: gl.constexpr,
-             s_layout: gl.constexpr):
-    """Wait for the `tile`-th KV tile of this program and start S = Q K^T on it (async wgmma)."""
-    stage = tile % KV_STAGES
-    mbarrier.wait(kv_ready.index(stage), (tile // KV_STAGES) & 1)
-    fence_async_shared()  # cp.async wrote the tile through the generic proxy; wgmma reads it async
-    return warpgroup_mma(q_smem, kv_smem.index(stage).permute((1, 0)),
-                         gl.zeros([BLOCK_H, BLOCK_T], gl.float32, s_layout), use_acc=False, is_async=True)
-
-
-@gluon.jit
-def _softmax_pv(s, rows, acc, m_i, l_i, kv, qk_scale_log2, HALF: gl.constexpr, DV: gl.constexpr,
-                o_layout: gl.constexpr):
-    """Online-softmax update with the finished S tile, then start acc += P V (async wgmma)."""
-    s = gl.where((rows >= 0)[None, :], s * qk_scale_log2, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + gl.sum(p, 1)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    p_op = gl.convert_layout(p.to(gl.bfloat16), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
-    acc = warpgroup_mma(p_op, kv.slice(HALF * DV, DV, dim=1), acc, is_async=True)
-    return acc, m_new, l_i
-
-
-@gluon.jit
 def _consumer(HALF: gl.constexpr, ptrs, shape, strides, bufs, qk_scale_log2,
               HAS_COUNTS: gl.constexpr, SPLIT: gl.constexpr, BLOCK_T: gl.constexpr, D: gl.constexpr,
-              KV_STAGES: gl.constexpr, PIPELINE_S: gl.constexpr):
+              KV_STAGES: gl.constexpr):
     q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr = ptrs
     H, C, n_window, n_hblocks, n_splits, cols_per_split, n_work = shape
     stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh, stride_pt, stride_ps, stride_ph, \
         stride_mt, stride_ms = strides
-    q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty = bufs
+    q_smem, kv_smem, rows_smem, q_ready, q_empty, kv_ready, kv_empty = bufs
     DV: gl.constexpr = D // 2  # this consumer's output dims: [HALF * DV, (HALF + 1) * DV)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
                                                        instr_shape=[16, BLOCK_T, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CONSUMER_WARPS, 1],
                                                        instr_shape=[16, DV, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     tile_cols = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_layout))
     s_rows = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_layout))
     o_rows = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
@@ -178,40 +150,29 @@ def _consumer(HALF: gl.constexpr, ptrs, shape, strides, bufs, qk_scale_log2,
         mbarrier.wait(q_ready, n_items & 1)
         n_items += 1
         mbarrier.arrive(q_empty, pred=tiles == 0)  # no S to compute: Q is free at once
-        if PIPELINE_S:
-            if tiles > 0:
-                # S of tile j + 1 runs on the tensor cores while this warpgroup does tile j's softmax.
-                rows = _tile_rows(idx_ptr, tok, stride_it, lo, 0, hi, tile_cols, BLOCK_T)
-                s = _issue_s(q_smem, kv_smem, kv_ready, n_tiles, KV_STAGES, BLOCK_T, s_layout)
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-                mbarrier.arrive(q_empty, pred=tiles == 1)
-                for j in range(0, tiles - 1):
-                    rows_next = _tile_rows(idx_ptr, tok, stride_it, lo, j + 1, hi, tile_cols, BLOCK_T)
-                    s_next = _issue_s(q_smem, kv_smem, kv_ready, n_tiles + 1, KV_STAGES, BLOCK_T, s_layout)
-                    acc, m_i, l_i = _softmax_pv(s, rows, acc, m_i, l_i, kv_smem.index(n_tiles % KV_STAGES),
-                                                qk_scale_log2, HALF, DV, o_layout)
-                    s_next, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_next, acc))
-                    mbarrier.arrive(kv_empty.index(n_tiles % KV_STAGES))
-                    mbarrier.arrive(q_empty, pred=j == tiles - 2)  # the item's last S is done
-                    n_tiles += 1
-                    s = s_next
-                    rows = rows_next
-                acc, m_i, l_i = _softmax_pv(s, rows, acc, m_i, l_i, kv_smem.index(n_tiles % KV_STAGES),
-                                            qk_scale_log2, HALF, DV, o_layout)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                mbarrier.arrive(kv_empty.index(n_tiles % KV_STAGES))
-                n_tiles += 1
-        else:
-            for j in range(0, tiles):
-                rows = _tile_rows(idx_ptr, tok, stride_it, lo, j, hi, tile_cols, BLOCK_T)
-                s = _issue_s(q_smem, kv_smem, kv_ready, n_tiles, KV_STAGES, BLOCK_T, s_layout)
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-                mbarrier.arrive(q_empty, pred=j == tiles - 1)  # the item's last S: Q may be replaced
-                acc, m_i, l_i = _softmax_pv(s, rows, acc, m_i, l_i, kv_smem.index(n_tiles % KV_STAGES),
-                                            qk_scale_log2, HALF, DV, o_layout)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                mbarrier.arrive(kv_empty.index(n_tiles % KV_STAGES))
-                n_tiles += 1
+        for j in range(0, tiles):
+            stage = n_tiles % KV_STAGES
+            kv = kv_smem.index(stage)
+            mbarrier.wait(kv_ready.index(stage), (n_tiles // KV_STAGES) & 1)
+            fence_async_shared()  # cp.async wrote the tile through the generic proxy; wgmma reads it async
+            s = warpgroup_mma(q_smem, kv.permute((1, 0)), gl.zeros([BLOCK_H, BLOCK_T], gl.float32, s_layout),
+                              use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+            mbarrier.arrive(q_empty, pred=j == tiles - 1)  # the item's last S: Q may be replaced
+            # Live columns: a pool row (not a -1 hole) below the item's column bound.
+            live = (rows_smem.index(stage).load(tile_cols.type.layout) >= 0) & (lo + j * BLOCK_T + tile_cols < hi)
+            s = gl.where(live[None, :], s * qk_scale_log2, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+            acc = warpgroup_mma(p_op, kv.slice(HALF * DV, DV, dim=1), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(kv_empty.index(stage))
+            n_tiles += 1
         o_heads = hblock * BLOCK_H + o_rows
         o_mask = (o_heads < H)[:, None]
         if SPLIT:
@@ -235,12 +196,13 @@ def _sparse_attn_ws_kernel(
     stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
     stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
     HAS_COUNTS: gl.constexpr, SPLIT: gl.constexpr, BLOCK_T: gl.constexpr, D: gl.constexpr,
-    KV_STAGES: gl.constexpr, PIPELINE_S: gl.constexpr = False,
+    KV_STAGES: gl.constexpr,
 ):
     smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     bar_layout: gl.constexpr = mbarrier.MBarrierLayout()
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D], smem_layout)
     kv_smem = gl.allocate_shared_memory(gl.bfloat16, [KV_STAGES, BLOCK_T, D], smem_layout)
+    rows_smem = gl.allocate_shared_memory(gl.int32, [KV_STAGES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_ready = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     q_empty = gl.allocate_shared_memory(gl.int64, [1], bar_layout)
     kv_ready = gl.allocate_shared_memory(gl.int64, [KV_STAGES, 1], bar_layout)
@@ -256,14 +218,12 @@ def _sparse_attn_ws_kernel(
     shape = (H, C, n_window, n_hblocks, n_splits, cols_per_split, n_work)
     strides = (stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh, stride_pt, stride_ps, stride_ph,
                stride_mt, stride_ms)
-    bufs = (q_smem, kv_smem, q_ready, q_empty, kv_ready, kv_empty)
+    bufs = (q_smem, kv_smem, rows_smem, q_ready, q_empty, kv_ready, kv_empty)
     # NOTE: constexprs go into the partitions' argument tuples directly: a tuple assigned to a name
     # first turns its constexprs into tensors.
     gl.warp_specialize([
-        (_consumer, (0, ptrs, shape, strides, bufs, qk_scale_log2, HAS_COUNTS, SPLIT, BLOCK_T, D, KV_STAGES,
-                       PIPELINE_S)),
-        (_consumer, (1, ptrs, shape, strides, bufs, qk_scale_log2, HAS_COUNTS, SPLIT, BLOCK_T, D, KV_STAGES,
-                       PIPELINE_S)),
+        (_consumer, (0, ptrs, shape, strides, bufs, qk_scale_log2, HAS_COUNTS, SPLIT, BLOCK_T, D, KV_STAGES)),
+        (_consumer, (1, ptrs, shape, strides, bufs, qk_scale_log2, HAS_COUNTS, SPLIT, BLOCK_T, D, KV_STAGES)),
         (_producer, (ptrs, shape, strides, bufs, HAS_COUNTS, BLOCK_T, D, KV_STAGES)),
     ], [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
