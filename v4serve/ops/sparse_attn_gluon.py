@@ -63,17 +63,35 @@ TILE_CONFIG = dict(BLOCK_T=64, KV_STAGES=2)
 
 
 @gluon.jit
-def _work_item(work, shape, idx_ptr, counts_ptr, HAS_COUNTS: gl.constexpr, BLOCK_T: gl.constexpr):
+def _column_bound(work, shape, counts_ptr, HAS_COUNTS: gl.constexpr):
+    """End of the live columns of work item `work`'s token (C without counts; 0 past the list).
+    Loaded one item ahead by the partitions, so the load's latency overlaps the item before."""
+    H, C, n_window, n_hblocks, n_splits, cols_per_split, n_work = shape
+    bound = C
+    if HAS_COUNTS:
+        tok = (work // (n_hblocks * n_splits)).to(gl.int64)
+        count = gl.load(counts_ptr + tok, mask=work < n_work, other=0)
+        bound = gl.minimum(C, n_window + gl.maximum(count, 0))
+    return bound
+
+
+@gluon.jit
+def _sink2(sink_ptr, work, shape, s_rows):
+    """sink * log2(e) of work item `work`'s heads (loaded one item ahead, like the bound)."""
+    H, C, n_window, n_hblocks, n_splits, cols_per_split, n_work = shape
+    heads = work // n_splits % n_hblocks * BLOCK_H + s_rows
+    return gl.load(sink_ptr + heads, mask=heads < H, other=0.0) * 1.4426950408889634
+
+
+@gluon.jit
+def _work_item(work, shape, bound, BLOCK_T: gl.constexpr):
     """(token, head block, split, first and end column, number of KV tiles) of work item `work`."""
     H, C, n_window, n_hblocks, n_splits, cols_per_split, n_work = shape
     tok = (work // (n_hblocks * n_splits)).to(gl.int64)
     hblock = work // n_splits % n_hblocks
     split = work % n_splits
-    hi = C
-    if HAS_COUNTS:
-        hi = gl.minimum(hi, n_window + gl.maximum(gl.load(counts_ptr + tok), 0))
     lo = split * cols_per_split
-    hi = gl.minimum(hi, lo + cols_per_split)
+    hi = gl.minimum(bound, lo + cols_per_split)
     return tok, hblock, split, lo, hi, (gl.maximum(hi - lo, 0) + BLOCK_T - 1) // BLOCK_T
 
 
@@ -95,8 +113,10 @@ def _producer(ptrs, shape, strides, bufs,
     row_ids = gl.arange(0, BLOCK_T, layout=gl.BlockedLayout([1], [32], [PRODUCER_WARPS], [0]))
     n_items = 0
     n_tiles = 0
+    next_bound = _column_bound(gl.program_id(0), shape, counts_ptr, HAS_COUNTS)
     for work in range(gl.program_id(0), n_work, gl.num_programs(0)):
-        tok, hblock, split, lo, hi, tiles = _work_item(work, shape, idx_ptr, counts_ptr, HAS_COUNTS, BLOCK_T)
+        tok, hblock, split, lo, hi, tiles = _work_item(work, shape, next_bound, BLOCK_T)
+        next_bound = _column_bound(work + gl.num_programs(0), shape, counts_ptr, HAS_COUNTS)
         heads = hblock * BLOCK_H + q_rows
         mbarrier.wait(q_empty, (n_items & 1) ^ 1)
         q_ptrs = q_ptr + tok * stride_qt + heads[:, None] * stride_qh + dims[None, :]
@@ -142,10 +162,14 @@ def _consumer(HALF: gl.constexpr, ptrs, shape, strides, bufs, qk_scale_log2,
     o_dims = HALF * DV + gl.arange(0, DV, layout=gl.SliceLayout(0, o_layout))
     n_items = 0
     n_tiles = 0
+    next_bound = _column_bound(gl.program_id(0), shape, counts_ptr, HAS_COUNTS)
+    next_sink = _sink2(sink_ptr, gl.program_id(0), shape, s_rows)
     for work in range(gl.program_id(0), n_work, gl.num_programs(0)):
-        tok, hblock, split, lo, hi, tiles = _work_item(work, shape, idx_ptr, counts_ptr, HAS_COUNTS, BLOCK_T)
+        tok, hblock, split, lo, hi, tiles = _work_item(work, shape, next_bound, BLOCK_T)
         s_heads = hblock * BLOCK_H + s_rows
-        sink = gl.load(sink_ptr + s_heads, mask=s_heads < H, other=0.0) * 1.4426950408889634
+        sink = next_sink
+        next_bound = _column_bound(work + gl.num_programs(0), shape, counts_ptr, HAS_COUNTS)
+        next_sink = _sink2(sink_ptr, work + gl.num_programs(0), shape, s_rows)
         m_i = sink
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([BLOCK_H, DV], gl.float32, layout=o_layout)
