@@ -94,3 +94,26 @@ def test_registry_entry_mismatch_is_a_clear_error():
     bad = KernelSpec("bad", UNHINTED.fn, types={"win_ptr": "*bf16"}, constexprs={"nope": 1})
     with pytest.raises(ValueError, match="registry entry does not match"):
         bad.signature(bad.load_fn().arg_names)
+
+
+def _measured(local_ops: int) -> dict:
+    """A `toolchain.measure` record of a clean kernel, with `local_ops` STL/LDL instructions."""
+    return dict(local_bytes=4 * local_ops, local_ops=local_ops, shared=1024, regs=128, tensor_cores={},
+                load_sites=[])
+
+
+def test_spill_budget():
+    """Spills fail an entry that states no budget, and only beyond the budget where one is stated."""
+    assert check.violations(Expect(), 90, _measured(0)) == []
+    assert "expected none" in check.violations(Expect(), 90, _measured(2))[0]
+    assert check.violations(Expect(max_spill_ops=96), 90, _measured(80)) == []
+    assert "at most 96 STL/LDL" in check.violations(Expect(max_spill_ops=96), 90, _measured(97))[0]
+
+
+def test_gluon_kernel_compiles_for_sm90():
+    """The warp-specialised Gluon kernel goes through the same toolchain (GluonASTSource, the
+    launch's maxnreg): 16-byte cp.async gathers, wgmma, within its spill budget."""
+    spec = by_name()["sparse_attn.prefill_ws"]
+    m = toolchain.measure(spec, 90)
+    assert check.violations(spec.expect, 90, m) == []
+    assert m["loads"].get("cp16", 0) > 0 and m["tensor_cores"].get("HGMMA", 0) > 0

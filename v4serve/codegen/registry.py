@@ -12,7 +12,8 @@ Tile configurations are copied from the launching wrapper; each entry says which
 """
 from v4serve.ops.hc_coefficients_triton import HC_CONFIG
 from v4serve.ops.hc_mix_triton import HC_MIX_CONFIGS
-from v4serve.ops.sparse_attn_triton import PREFILL_CONFIGS
+from v4serve.ops.sparse_attn_gluon import MAX_REGS as WS_MAX_REGS
+from v4serve.ops.sparse_attn_triton import PREFILL_CONFIG_WS, PREFILL_CONFIGS
 
 from .spec import Expect, KernelSpec
 
@@ -32,6 +33,18 @@ _SPARSE_ATTN_ALIGNED = (
     "m_ptr", "l_ptr", "ticket_ptr", "H", "D", "C", "n_window", "cols_per_split", "stride_qt",
     "stride_qh", "stride_pool", "stride_it", "stride_ot", "stride_oh", "stride_pt", "stride_ps",
     "stride_ph", "stride_mt", "stride_ms")
+_SPARSE_ATTN_WS_TYPES = dict(
+    q_ptr="*bf16", win_ptr="*bf16", cmp_ptr="*bf16", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
+    out_ptr="*bf16", part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16", H="i32", C="i32", n_window="i32",
+    n_hblocks="i32", cols_per_split="i32", n_work="i32", qk_scale_log2="fp32", **dict.fromkeys(
+        ("stride_qt", "stride_qh", "stride_pool", "stride_it", "stride_ot", "stride_oh",
+         "stride_pt", "stride_ps", "stride_ph", "stride_mt", "stride_ms"), "i32"))
+# Prefill launch (no split: n_splits is 1, which the JIT specializes): the partial pointers are
+# `out` again and their strides 0.
+_SPARSE_ATTN_WS_ALIGNED = (
+    "q_ptr", "win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "sink_ptr", "out_ptr", "part_ptr", "m_ptr",
+    "l_ptr", "H", "C", "n_window", "cols_per_split", "stride_qt", "stride_qh", "stride_pool", "stride_it",
+    "stride_ot", "stride_oh", "stride_pt", "stride_ps", "stride_ph", "stride_mt", "stride_ms")
 _MERGE_TYPES = dict(
     part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32", sink_ptr="*fp32", out_ptr="*bf16", H="i32",
     D="i32", n_splits="i32", **dict.fromkeys(
@@ -113,6 +126,18 @@ KERNELS: tuple[KernelSpec, ...] = (
             expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
         )
         for arch, cfg in PREFILL_CONFIGS.items()
+    ),
+    KernelSpec(  # PREFILL_CONFIG_WS: the warp-specialised Gluon kernel, production prefill on sm_90
+        "sparse_attn.prefill_ws", f"{_OPS}.sparse_attn_gluon:_sparse_attn_ws_kernel",
+        types=dict(_SPARSE_ATTN_WS_TYPES), aligned=_SPARSE_ATTN_WS_ALIGNED,
+        constexprs=dict(n_splits=1, HAS_COUNTS=True, SPLIT=False, BLOCK_T=PREFILL_CONFIG_WS["BLOCK_T"], D=512,
+                        KV_STAGES=PREFILL_CONFIG_WS["KV_STAGES"]),
+        num_warps=4, num_stages=1, maxnreg=WS_MAX_REGS, archs=(90,),
+        # Spills: the 24-register producer keeps a few loop scalars in local memory, and each
+        # consumer saves ~6 per-item values around its tile loop, whose body has none (SASS,
+        # Triton 3.6: 13-16 STL/LDL per consumer, 15 in the producer; 3.9: under 10).
+        expect=Expect(kv_load_bytes=16, kv_lines=r"_cp_async\(kv_smem", max_regs=255, tensor_cores=True,
+                      max_spill_ops=96),
     ),
     KernelSpec(  # DECODE_CONFIG_SMALL / _LARGE (32 or 64 columns per split, merge kernel after)
         "sparse_attn.decode", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",

@@ -35,12 +35,15 @@ class Expect:
     max_regs: registers per thread, per arch (an int applies to every arch).
     tensor_cores: the kernel has a ``tl.dot``, so its SASS must contain tensor-core instructions.
     max_shared: bytes of shared memory; the arch limit always applies as well.
+    max_spill_ops: STL/LDL instructions the kernel may contain (default: none). Only for a
+        kernel whose entry says where its spills sit and why they are cheap.
     """
     kv_load_bytes: int | None = None
     kv_lines: str | None = None
     max_regs: int | dict[int, int] = 255
     tensor_cores: bool = False
     max_shared: int | None = None
+    max_spill_ops: int = 0
 
     def regs_bound(self, arch: int) -> int:
         if isinstance(self.max_regs, dict):
@@ -53,12 +56,14 @@ class KernelSpec:
     """One Triton kernel at one production tile configuration.
 
     fn: ``"package.module:kernel_name"``; the module is imported only when compiling (a
-        ``@triton.jit`` object also works, for kernels that live in tests).
+        ``@triton.jit`` object also works, for kernels that live in tests; ``@gluon.jit``
+        kernels compile the same way).
     types: Triton type of each runtime argument (``"*bf16"``, ``"i32"``, ``"fp32"``, ...).
         Every argument of the kernel must be in ``types`` or in ``constexprs``.
     aligned: arguments the JIT marks 16-divisible for the launch (``tt.divisibility = 16``).
     constexprs: compile-time arguments; an integer argument the JIT sees equal to 1 (a unit
         stride) belongs here too, because the JIT specializes it the same way.
+    maxnreg: the launch's ``maxnreg`` option (registers per thread), when it sets one.
     """
     name: str
     fn: object  # str, or the kernel itself
@@ -69,6 +74,7 @@ class KernelSpec:
     num_stages: int = 2
     expect: Expect = Expect()
     archs: tuple[int, ...] | None = None  # None: every arch asked for
+    maxnreg: int | None = None
 
     def load_fn(self):
         """The ``JITFunction``, unwrapping ``@triton.autotune``/``@triton.heuristics`` and the

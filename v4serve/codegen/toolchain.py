@@ -53,12 +53,22 @@ def compile_spec(spec: KernelSpec, arch: int):
     """``triton.compile`` the entry for ``arch`` with the attributes the JIT would give it."""
     fn = spec.load_fn()
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in spec.aligned}
-    src = ASTSource(fn=fn, signature=spec.signature(fn.arg_names), constexprs=spec.constexprs,
-                    attrs=attrs)
+    src = _source_class(fn)(fn=fn, signature=spec.signature(fn.arg_names), constexprs=spec.constexprs,
+                            attrs=attrs)
     options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    if spec.maxnreg is not None:
+        options["maxnreg"] = spec.maxnreg
     # NOTE: on a ptxas failure Triton prints the whole PTX to stdout; the exception says enough.
     with contextlib.redirect_stdout(io.StringIO()):
         return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def _source_class(fn):
+    """``ASTSource`` for ``@triton.jit`` kernels, ``GluonASTSource`` for ``@gluon.jit`` ones."""
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+        return GluonASTSource
+    return ASTSource
 
 
 def cuobjdump(cubin: bytes) -> tuple[str, str]:

@@ -46,8 +46,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-# Triton 3.8 renamed cp.async's builtin (and 3.9 removed the old name).
+# Triton 3.8 renamed cp.async's builtin (and 3.9 removed the old name), and the partition barrier.
 _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 WS_HEAD_DIM = 512  # the one head dim this kernel takes (DeepSeek-V4's)
 
@@ -214,7 +215,7 @@ def _consumer(HALF: gl.constexpr, ptrs, shape, strides, bufs, qk_scale_log2,
                 staging = kv_smem.index(last).slice(HALF * DV, DV, dim=1)
                 mbarrier.wait(q_empty, (n_items - 1) & 1)
                 staging.store(o)
-                gl.thread_barrier()
+                _barrier()  # the partition's stores are in shared memory before any thread reads
                 o_rows16 = hblock * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, store_layout))
                 o_dims16 = HALF * DV + gl.arange(0, DV, layout=gl.SliceLayout(0, store_layout))
                 gl.store(out_ptr + tok * stride_ot + o_rows16[:, None] * stride_oh + o_dims16[None, :],
