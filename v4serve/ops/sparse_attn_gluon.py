@@ -1,4 +1,4 @@
-"""Warp-specialised sparse-attention prefill for Hopper (sm_90), written in Gluon.
+"""Warp-specialised sparse attention for Hopper (sm_90), written in Gluon.
 
 Same math and layouts as sparse_attn_triton.py (q [T, H, D] bf16, pools [N, D] bf16 with one
 16-byte aligned row stride, idx [T, C] int32 with -1 holes, counts [T] int32, sink [H] fp32,
@@ -13,26 +13,37 @@ S = Q K^T, softmax, P V, store - with nothing to overlap it (Nsight Compute: 2 w
 issuing every 3.5 cycles; docs/performance.md item 9). Here one persistent program per SM splits
 that chain over three partitions that run at once:
 
-- producer (4 warps): per work item (token, 64-head block) it copies Q [64, D] and then each
-  BLOCK_T-column KV tile (rows gathered through idx, holes zero-filled) into shared memory with
-  cp.async, 16 bytes per copy, and signals a `ready` mbarrier when the copies land. Q has one
-  buffer, KV tiles a ring of KV_STAGES buffers; the producer waits on the matching `empty`
-  mbarrier before it overwrites one, so it runs up to KV_STAGES tiles and one Q ahead.
-- two consumers (4 warps = one warpgroup each): both compute the full S tile [64 heads, BLOCK_T]
-  with wgmma (so each owns whole softmax rows: no cross-warp reductions, no shared-memory round
-  trip), and each accumulates half of the output dims, acc [64, D / 2] fp32 in registers, with
-  P taken from registers as wgmma's A operand. A consumer releases Q after the token's last S
-  and each KV buffer after its P V, so the producer loads the next token while the consumers
-  finish this one; it then writes its half of the output.
+- producer (4 warps, 24 registers): per work item (token, 64-head block, column split) it copies
+  Q [64, D] and then each BLOCK_T-column KV tile (rows gathered through idx, holes zero-filled,
+  plus the tile's idx entries) into shared memory with cp.async, 16 bytes per KV copy, and
+  signals a `ready` mbarrier when its copies land (cp.async.mbarrier.arrive). Q has one buffer,
+  KV tiles a ring of KV_STAGES buffers; the producer waits on the matching `empty` mbarrier
+  before it overwrites one, so it runs up to KV_STAGES tiles and one Q ahead.
+- two consumers (4 warps = one warpgroup each, 240 registers): both compute the full S tile
+  [64 heads, BLOCK_T] with wgmma (so each owns whole softmax rows: no cross-warp reductions),
+  and each accumulates half of the output dims, acc [64, D / 2] fp32 in registers, with P taken
+  from registers as wgmma's A operand. A consumer releases Q after the item's last S and each
+  KV buffer after its P V, so the producer loads the next item while the consumers finish this
+  one. The output half is staged through the consumer's half of the item's last KV buffer (once
+  both consumers have released Q, i.e. finished reading that buffer's K) and written with
+  16-byte stores; only then is that buffer released.
 
-Shared memory: Q 64 KB + KV_STAGES x [BLOCK_T, D] bf16 (2 x 64 KB) = 192 KB of the 227 KB.
-Phases: every partition walks the same work list (work = pid, pid + n_programs, ...) and counts
-its Q uses and KV tiles, so the i-th tile sits in buffer i % KV_STAGES with mbarrier parity
-(i // KV_STAGES) & 1; a producer waits for the `empty` parity before that (a fresh barrier
-counts as having completed the phase before its first).
+Split mode (SPLIT, decode): a work item covers columns [split * cols_per_split, ...) and stores
+its unnormalised fp32 state (acc, m, l) for sparse_attn_triton's merge kernel.
 
-Used by sparse_attn_triton.py for prefill on sm_90 under Triton 3.6 (the `tl` kernel stays the
-portable path, and the one CPU tests run: the interpreter does not run Gluon).
+Shared memory: Q 64 KB + KV_STAGES x [BLOCK_T, D] bf16 (2 x 64 KB) + the tiles' idx = 193 KB of
+the 227 KB. Phases: every partition walks the same work list (work = pid, pid + n_programs, ...)
+and counts its Q uses and KV tiles, so the i-th tile sits in buffer i % KV_STAGES with mbarrier
+parity (i // KV_STAGES) & 1; a producer waits for the `empty` parity before that (a fresh
+barrier counts as having completed the phase before its first). Each partition loads the next
+item's column bound (counts) one item ahead.
+
+Measured on the H200 (docs/performance.md item 15): prefill S8192 r4 / r128 / r0 1.79 / 0.72 /
+0.58 ms against 2.81 / 1.13 / 0.87 ms for the `tl` kernel, outputs bit-identical at the PR
+shapes; as a decode kernel (split mode) it loses to the `tl` split kernel at every shape, so
+decode stays there. Production for prefill on sm_90 under Triton 3.6 (the version timed); it
+compiles under 3.8 and 3.9 (codegen check). The `tl` kernel stays the portable path and the one
+CPU tests run: the interpreter does not run Gluon.
 """
 
 import triton

@@ -19,6 +19,10 @@ tl.where(is_window, win_ptr, cmp_ptr) under tl.multiple_of(.., 16), so the gathe
 loads), runs S = Q K^T and acc += P V as bf16 tl.dot with fp32 accumulation, and keeps the online
 softmax state (m [BLOCK_H], l [BLOCK_H], acc [BLOCK_H, D]) in registers.
 
+The production prefill on sm_90 (Triton 3.6, D = 512) is instead the warp-specialised Gluon
+kernel of sparse_attn_gluon.py (1.2-1.6x faster at the PR shapes, same output bits); the wrapper
+below dispatches to it when the tile config says KERNEL="ws".
+
 - prefill (M > 1): grid (T, cdiv(H, BLOCK_H), 1); the program covers every column and writes
   acc / (l + 2^(sink2 - m)) in bf16. sm_90: BLOCK_H 64, so one [64, 512] fp32 accumulator per
   token fills the register file (one program per SM).
@@ -86,7 +90,9 @@ SMALL_DECODE_PAIRS = 1024
 
 
 # sm_90 under Triton 3.6 with D = 512 (the production shape): the warp-specialised Gluon kernel
-# (sparse_attn_gluon.py; KERNEL="ws" in a tile config selects it), 64-column tiles in a ring of 2.
+# (sparse_attn_gluon.py; KERNEL="ws" in a tile config selects it), 64-column tiles in a ring of 2
+# (32-column tiles in a ring of 4: 5-30% slower, docs/performance.md item 15). It compiles under
+# 3.8 / 3.9 too, but has only run under 3.6, so other versions keep the `tl` kernel.
 PREFILL_CONFIG_WS = dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2)
 
 
