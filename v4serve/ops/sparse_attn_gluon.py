@@ -76,8 +76,9 @@ TILE_CONFIG = dict(BLOCK_T=64, KV_STAGES=2)
 
 @gluon.jit
 def _column_bound(work, shape, counts_ptr, HAS_COUNTS: gl.constexpr):
-    """End of the live columns of work item `work`'s token (C without counts; 0 past the list).
-    Loaded one item ahead by the partitions, so the load's latency overlaps the item before."""
+    """End of the live columns of work item `work`'s token (C without counts). The partitions
+    load it one item ahead, so its latency overlaps the item before; past the end of the work
+    list the load is masked and the value unused."""
     H, C, n_window, n_hblocks, n_splits, cols_per_split, n_work = shape
     bound = C
     if HAS_COUNTS:
