@@ -293,9 +293,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
             HAS_COUNTS=counts is not None, SPLIT=False, FUSED_MERGE=False, BLOCK_D=BLOCK_D, EVEN_D=even_d, **cfg,
         )
         return out.reshape(B, M, H, D)
-    part = torch.empty(T, n_splits, H, D, dtype=torch.float32, device=q.device)
-    m_part = torch.empty(T, n_splits, H, dtype=torch.float32, device=q.device)
-    l_part = torch.empty_like(m_part)
+    part, m_part, l_part = _partials(T, n_splits, H, D, q.device)
     fused = merge == "fused"
     tickets = torch.zeros(T * n_hblocks, dtype=torch.int32, device=q.device) if fused else it
     _sparse_attn_kernel[(T, n_hblocks, n_splits)](
@@ -311,6 +309,12 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
         return out.reshape(B, M, H, D)
     _merge(part, m_part, l_part, sink, out, pdl)
     return out.reshape(B, M, H, D)
+
+
+def _partials(T, n_splits, H, D, device):
+    """Split-K state: part [T, n_splits, H, D], m and l [T, n_splits, H], all fp32."""
+    m_part = torch.empty(T, n_splits, H, dtype=torch.float32, device=device)
+    return torch.empty(T, n_splits, H, D, dtype=torch.float32, device=device), m_part, torch.empty_like(m_part)
 
 
 def _merge(part, m_part, l_part, sink, out, pdl):
@@ -332,9 +336,7 @@ def _run_ws(qt, win, cmp, it, ct, sink, out, n_window, cols_per_split, n_splits,
     if n_splits == 1:
         return sparse_attn_ws(qt, win, cmp, it, ct, sink, out, out, out, out, n_window, max(it.shape[1], 1), 1,
                               qk_scale_log2, has_counts, _sm_count(qt.device), cfg)
-    part = torch.empty(T, n_splits, H, D, dtype=torch.float32, device=qt.device)
-    m_part = torch.empty(T, n_splits, H, dtype=torch.float32, device=qt.device)
-    l_part = torch.empty_like(m_part)
+    part, m_part, l_part = _partials(T, n_splits, H, D, qt.device)
     sparse_attn_ws(qt, win, cmp, it, ct, sink, out, part, m_part, l_part, n_window, cols_per_split, n_splits,
                    qk_scale_log2, has_counts, _sm_count(qt.device), cfg)
     _merge(part, m_part, l_part, sink, out, pdl)
