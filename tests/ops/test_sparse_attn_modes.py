@@ -103,3 +103,25 @@ def test_ws_prefill_is_production_on_sm90():
     ws = sparse_attn_paged_triton(*case.args())
     tl_out = sparse_attn_paged_triton(*case.args(), tile_config=PREFILL_CONFIG)
     assert rel_err(ws, tl_out) < 1e-2
+
+
+@pytest.mark.parametrize("capability,head_dim,triton_37,expected", [
+    ((9, 0), 512, False, "ws"),     # the timed configuration: the Gluon kernel
+    ((9, 0), 128, False, 90),       # another head dim: the `tl` kernel's sm_90 tiles
+    ((9, 0), 512, True, 90),        # Triton >= 3.7: compiled by the codegen check, never run
+    ((8, 0), 512, False, 80),
+    ((12, 0), 512, False, 120),
+])
+def test_prefill_config_dispatch(monkeypatch, capability, head_dim, triton_37, expected):
+    import v4serve.ops.sparse_attn_triton as sat
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(sat, "triton_at_least", lambda major, minor: triton_37)
+    cfg = sat.prefill_config(torch.device("cuda"), head_dim)
+    assert cfg == (sat.PREFILL_CONFIG_WS if expected == "ws" else sat.PREFILL_CONFIGS[expected])
+
+
+def test_ws_kernel_rejects_other_head_dims():
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(1, 2, 4, 64, 8, 8, seed=5)
+    with pytest.raises(ValueError, match="takes D = 512, got 64"):
+        sparse_attn_paged_triton(q, win, cmp, idx, 8, sink, 0.125, counts, tile_config=PREFILL_CONFIG_WS)
