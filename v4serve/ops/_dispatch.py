@@ -32,10 +32,14 @@ def triton_at_least(major: int, minor: int) -> bool:
     return tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (major, minor)
 
 
+def compiled_on_cuda(device: torch.device) -> bool:
+    """Kernels on `device` run compiled on a GPU: CUDA, and not the interpreter (TRITON_INTERPRET)."""
+    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+
+
 def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch: CUDA (not the interpreter) on sm_90 or newer."""
-    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    return compiled_on_cuda(device) and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def pdl_launch(t: torch.Tensor) -> dict:

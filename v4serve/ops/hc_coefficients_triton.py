@@ -61,9 +61,8 @@ def hc_coefficients_triton(mixes, row_scale, base, scale, n: int, iters: int, ep
     pre = torch.empty(t, n, dtype=torch.float32, device=mixes.device)
     post = torch.empty_like(pre)
     comb = torch.empty(t, n, n, dtype=torch.float32, device=mixes.device)
-    cfg = HC_CONFIG
-    _hc_coefficients_kernel[(triton.cdiv(t, cfg["BLOCK_T"]),)](
+    _hc_coefficients_kernel[(triton.cdiv(t, HC_CONFIG["BLOCK_T"]),)](
         mixes, row_scale, base, scale, pre, post, comb, t, mixes.stride(0),
-        N=n, ITERS=iters, EPS=eps, BLOCK_T=cfg["BLOCK_T"], num_warps=cfg["num_warps"], **pdl_launch(mixes),
+        N=n, ITERS=iters, EPS=eps, **HC_CONFIG, **pdl_launch(mixes),
     )
     return pre, post, comb

@@ -51,14 +51,13 @@ Nsight Compute puts both phases at 2 warps per scheduler issuing once every 3.5 
 """
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from v4serve.ops._dispatch import check_16_byte_aligned, pdl_supported, triton_at_least
+from v4serve.ops._dispatch import check_16_byte_aligned, compiled_on_cuda, pdl_supported, triton_at_least
 from v4serve.ops.sparse_attn_gluon import WS_HEAD_DIM, sparse_attn_ws
 
 # Production tiles (H200 sweeps, docs/performance.md). Prefill: all 64 heads of a token share each
@@ -98,7 +97,7 @@ PREFILL_CONFIG_WS = dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2)
 
 def prefill_config(device: torch.device, head_dim: int = WS_HEAD_DIM) -> dict:
     """The production prefill tiles for the GPU `device` is on, at this head dim."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if not compiled_on_cuda(device):
         return PREFILL_CONFIG
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) == (9, 0) and head_dim == WS_HEAD_DIM and not triton_at_least(3, 7):
