@@ -13,7 +13,13 @@ from cases import rel_err, sparse_attn_inputs
 from v4serve.bench.shapes import WINDOW, sparse_decode_case, sparse_prefill_case
 from v4serve.ops._dispatch import triton_at_least
 from v4serve.ops.sparse_attn import sparse_attn_paged
-from v4serve.ops.sparse_attn_triton import PREFILL_CONFIG, PREFILL_CONFIG_WS, prefill_config, sparse_attn_paged_triton
+from v4serve.ops.sparse_attn_triton import (
+    DECODE_CONFIG_TWO_PASS,
+    PREFILL_CONFIG,
+    PREFILL_CONFIG_WS,
+    prefill_config,
+    sparse_attn_paged_triton,
+)
 
 DECODE_SPLITS = {
     "48 columns in tiles of 32": dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=48, num_warps=4, num_stages=2),
@@ -35,6 +41,38 @@ def test_decode_split_widths(mode):
     assert out[2].abs().max() == 0
 
 
+def _two_pass(block_h, block_t, score_tiles, block_dv, warps=4):
+    return dict(KERNEL="two_pass", BLOCK_H=block_h, BLOCK_T=block_t, SCORE_TILES=score_tiles, BLOCK_DV=block_dv,
+                PDL=True, SCORES=dict(num_warps=warps, num_stages=1), VALUES=dict(num_warps=warps, num_stages=2))
+
+
+TWO_PASS = {
+    "tiles of 16, 32 output dims": _two_pass(16, 16, 1, 32),
+    "3 tiles per scores program, 16 output dims": _two_pass(16, 16, 3, 16),
+}
+
+
+@pytest.mark.parametrize("mode", list(TWO_PASS))
+@pytest.mark.parametrize("D", [64, 80])
+def test_two_pass_decode(mode, D):
+    # 20 heads in blocks of 16 (a masked head block), 170 columns (a part tile), holes, a token
+    # with zero counts and one whose columns are all holes; D = 80 leaves a part block of dims.
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(4, 1, 20, D, 20, 150, seed=D)
+    counts[1] = 0
+    counts[3] = 150
+    idx[2, 0, :] = -1
+    out = sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts, tile_config=TWO_PASS[mode])
+    assert rel_err(out, _reference(q, win, cmp, idx, 20, sink, 0.1, counts)) < 1.5e-2
+    assert out[2].abs().max() == 0
+
+
+def test_two_pass_any_query_count():
+    # Every query token is independent, so M > 1 (and no counts, no window) works too.
+    q, win, cmp, idx, sink, _ = sparse_attn_inputs(2, 3, 16, 64, 0, 40, seed=5)
+    out = sparse_attn_paged_triton(q, win, cmp, idx, 0, sink, 0.1, tile_config=TWO_PASS["tiles of 16, 32 output dims"])
+    assert rel_err(out, _reference(q, win, cmp, idx, 0, sink, 0.1, None)) < 1.5e-2
+
+
 GPU_DECODE = [
     dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=96, MERGE="kernel", PDL=True, num_warps=4, num_stages=2),
     dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=128, MERGE="kernel", PDL=True, num_warps=4, num_stages=2),
@@ -51,6 +89,37 @@ def test_decode_split_widths_full_dims(cfg, ratio):
     out.copy_(sparse_attn_paged_triton(*case.args(), tile_config=GPU_DECODE[cfg]))
     ref = _reference(case.q, case.win_pool, case.cmp_pool, case.idx, WINDOW, case.sink, case.scale, case.counts)
     assert not out.isnan().any() and rel_err(out, ref) < 1e-2
+
+
+GPU_TWO_PASS = [
+    dict(DECODE_CONFIG_TWO_PASS),
+    _two_pass(32, 32, 2, 128),
+    _two_pass(64, 64, 3, 32, warps=8),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", range(len(GPU_TWO_PASS)))
+@pytest.mark.parametrize("ratio", [4, 128, 0])
+@pytest.mark.parametrize("B", [1, 8])
+def test_two_pass_decode_full_dims(cfg, ratio, B):
+    case = sparse_decode_case(ratio, B, 32767, "cuda", seed=B + ratio)
+    out = torch.full_like(case.q, float("nan"))
+    out.copy_(sparse_attn_paged_triton(*case.args(), tile_config=GPU_TWO_PASS[cfg]))
+    ref = _reference(case.q, case.win_pool, case.cmp_pool, case.idx, WINDOW, case.sink, case.scale, case.counts)
+    assert not out.isnan().any() and rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", [16, 20, 128])
+def test_two_pass_decode_head_counts(H):
+    # 20 and 16 heads leave most of a 64-head block masked; 128 heads are two blocks. Top-k 1024 (Pro).
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(8, 1, H, 512, 128, 1024, device="cuda", seed=H)
+    counts[0] = 0
+    counts[1] = 1000
+    out = sparse_attn_paged_triton(q, win, cmp, idx, 128, sink, 512 ** -0.5, counts,
+                                   tile_config=DECODE_CONFIG_TWO_PASS)
+    assert rel_err(out, _reference(q, win, cmp, idx, 128, sink, 512 ** -0.5, counts)) < 1e-2
 
 
 def _needs_sm90():

@@ -9,7 +9,7 @@ import sys
 from triton.testing import do_bench_cudagraph
 
 from v4serve.bench.shapes import sparse_decode_case, sparse_prefill_case
-from v4serve.ops.sparse_attn_triton import PREFILL_CONFIG, sparse_attn_paged_triton
+from v4serve.ops.sparse_attn_triton import DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG, sparse_attn_paged_triton
 
 # None = the production config (decode_config / prefill_config pick it per shape); it comes first
 # (the error reference) and last (the same config timed twice shows the run's noise).
@@ -26,13 +26,22 @@ def _decode(h, cols, block_t, warps, stages):
                 MERGE="kernel", PDL=True)
 
 
+def _two_pass(block_t=64, score_tiles=1, block_dv=64, score_warps=4, value_stages=3, **more):
+    return dict(DECODE_CONFIG_TWO_PASS, BLOCK_T=block_t, SCORE_TILES=score_tiles, BLOCK_DV=block_dv,
+                SCORES=dict(num_warps=score_warps, num_stages=1 if score_tiles == 1 else 2),
+                VALUES=dict(num_warps=4, num_stages=value_stages), **more)
+
+
 DECODE_CANDIDATES = [
     None,
-    _decode(64, 64, 64, 8, 1),  # the best `tl` variants at r4 B8 and r128 B8 (session 3)
-    _decode(32, 64, 64, 8, 1),
-    dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2),  # no split: one work item per token
-    dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2, COLS_PER_SPLIT=128, PDL=True),
-    dict(KERNEL="ws", BLOCK_T=32, KV_STAGES=4, COLS_PER_SPLIT=64, PDL=True),
+    _decode(64, 64, 64, 8, 1),  # the best `tl` split-K variant at r4 B8 (session 3)
+    _two_pass(),
+    _two_pass(block_dv=32),
+    _two_pass(block_dv=128),
+    _two_pass(score_tiles=2),
+    _two_pass(block_t=32),
+    _two_pass(score_warps=8),
+    _two_pass(value_stages=4),
     None,
 ]
 
@@ -40,9 +49,10 @@ DECODE_CANDIDATES = [
 def _label(cfg) -> str:
     if cfg is None:
         return "production"
-    short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring")
+    short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
+                 SCORE_TILES="score_tiles", BLOCK_DV="dv")
     return " ".join(f"{short.get(k, k)}={v}" for k, v in cfg.items() if k not in ("MERGE", "PDL", "KERNEL")) + (
-        " (ws)" if cfg.get("KERNEL") == "ws" else "")
+        f" ({cfg['KERNEL']})" if "KERNEL" in cfg else "")
 
 
 def _sweep(label, run, candidates):

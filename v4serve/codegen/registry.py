@@ -13,11 +13,12 @@ Tile configurations are copied from the launching wrapper; each entry says which
 from v4serve.ops.hc_coefficients_triton import HC_CONFIG
 from v4serve.ops.hc_mix_triton import HC_MIX_CONFIGS
 from v4serve.ops.sparse_attn_gluon import MAX_REGS as WS_MAX_REGS
-from v4serve.ops.sparse_attn_triton import PREFILL_CONFIG_WS, PREFILL_CONFIGS
+from v4serve.ops.sparse_attn_triton import DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG_WS, PREFILL_CONFIGS
 
 from .spec import Expect, KernelSpec
 
 _CANARY = "v4serve.codegen.samples"
+_TWO_PASS = DECODE_CONFIG_TWO_PASS
 _OPS = "v4serve.ops"
 
 _SPARSE_ATTN_TYPES = dict(
@@ -52,6 +53,18 @@ _MERGE_TYPES = dict(
         "i32"))
 _MERGE_ALIGNED = ("part_ptr", "m_ptr", "l_ptr", "sink_ptr", "out_ptr", "H", "D", "stride_pt",
                   "stride_ps", "stride_ph", "stride_mt", "stride_ms", "stride_ot", "stride_oh")
+_TWO_PASS_STRIDES = ("stride_pool", "stride_it", "stride_pt", "stride_ph", "stride_mt", "stride_mj")
+_SCORES_TYPES = dict(
+    q_ptr="*bf16", win_ptr="*bf16", cmp_ptr="*bf16", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
+    p_ptr="*bf16", m_ptr="*fp32", l_ptr="*fp32", H="i32", D="i32", C="i32", n_window="i32",
+    qk_scale_log2="fp32", **dict.fromkeys(("stride_qt", "stride_qh", *_TWO_PASS_STRIDES), "i32"))
+_VALUES_TYPES = dict(
+    win_ptr="*bf16", cmp_ptr="*bf16", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32", p_ptr="*bf16",
+    m_ptr="*fp32", l_ptr="*fp32", out_ptr="*bf16", H="i32", D="i32", C="i32", n_window="i32",
+    **dict.fromkeys((*_TWO_PASS_STRIDES, "stride_ot", "stride_oh"), "i32"))
+# H 64, D 512, C 640, 10 tiles of 64: every pointer and integer but qk_scale_log2 is 16-aligned.
+_SCORES_ALIGNED = tuple(k for k in _SCORES_TYPES if k != "qk_scale_log2")
+_VALUES_ALIGNED = tuple(_VALUES_TYPES)
 _KV_QUANT_TYPES = dict(x_ptr="*bf16", out_ptr="*bf16", n_rows="i32", D="i32", N_QUANT="i32",
                        stride_x="i32", stride_o="i32")
 _KV_QUANT_ALIGNED = ("x_ptr", "out_ptr", "D", "N_QUANT", "stride_x", "stride_o")
@@ -175,6 +188,30 @@ KERNELS: tuple[KernelSpec, ...] = (
         types=_MERGE_TYPES, aligned=_MERGE_ALIGNED,
         constexprs=dict(BLOCK_S=16, BLOCK_D=512, PDL=False), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"part = tl\.load", max_regs=128),
+    ),
+    # ---- two-pass decode (ops/sparse_attn_two_pass.py), DECODE_CONFIG_TWO_PASS; PDL on sm_90+ ----
+    *(
+        KernelSpec(
+            f"sparse_attn.two_pass_scores{suffix}", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",
+            types=_SCORES_TYPES, aligned=_SCORES_ALIGNED,
+            constexprs=dict(HAS_COUNTS=True, SCORE_TILES=_TWO_PASS["SCORE_TILES"], BLOCK_H=_TWO_PASS["BLOCK_H"],
+                            BLOCK_T=_TWO_PASS["BLOCK_T"], BLOCK_D=512, EVEN_D=True, PDL=pdl),
+            archs=archs, **_TWO_PASS["SCORES"],
+            # Q [64, 512] and the KV tile pass through registers on their way to shared memory.
+            expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
+        )
+        for suffix, pdl, archs in (("", False, (80,)), ("_pdl", True, (90, 100, 120)))
+    ),
+    *(
+        KernelSpec(
+            f"sparse_attn.two_pass_values{suffix}", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
+            types=_VALUES_TYPES, aligned=_VALUES_ALIGNED,
+            constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
+                            BLOCK_DV=_TWO_PASS["BLOCK_DV"], BLOCK_J=16, EVEN_D=True, PDL=pdl),
+            archs=archs, **_TWO_PASS["VALUES"],
+            expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=192, tensor_cores=True),
+        )
+        for suffix, pdl, archs in (("", False, (80,)), ("_pdl", True, (90, 100, 120)))
     ),
     # ---- gated pool (ops/gated_pool_triton.py): fp32 compressor state -> bf16, B 1, D 512,
     # tiles from tile_config(B, R, D); the JIT specializes the unit stride along D ----

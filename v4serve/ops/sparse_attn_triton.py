@@ -59,6 +59,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from v4serve.ops._dispatch import check_16_byte_aligned, compiled_on_cuda, pdl_supported, triton_at_least
 from v4serve.ops.sparse_attn_gluon import WS_HEAD_DIM, sparse_attn_ws
+from v4serve.ops.sparse_attn_tiles import column_bound, gather_kv_tile
+from v4serve.ops.sparse_attn_two_pass import sparse_attn_two_pass
 
 # Production tiles (H200 sweeps, docs/performance.md). Prefill: all 64 heads of a token share each
 # gathered [64, 512] KV tile. Decode: 16 heads per program; splits of 32 columns while the step
@@ -86,6 +88,11 @@ DECODE_CONFIG_SMALL = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=32, MERGE="ker
                            num_stages=2)
 DECODE_CONFIG_LARGE = dict(DECODE_CONFIG_SMALL, COLS_PER_SPLIT=64)
 SMALL_DECODE_PAIRS = 1024
+# The two-pass decode (sparse_attn_two_pass.py): P between a scores and a values launch instead of
+# fp32 split partials. Each scores program gathers one 64-column tile for all 64 heads (wgmma's
+# M on sm_90); each values program owns 64 output dims of 64 heads.
+DECODE_CONFIG_TWO_PASS = dict(KERNEL="two_pass", BLOCK_H=64, BLOCK_T=64, SCORE_TILES=1, BLOCK_DV=64, PDL=True,
+                              SCORES=dict(num_warps=4, num_stages=1), VALUES=dict(num_warps=4, num_stages=3))
 
 
 # sm_90 under Triton 3.6 with D = 512 (the production shape): the warp-specialised Gluon kernel
@@ -149,23 +156,15 @@ def _sparse_attn_kernel(
                 mask=head_ok[:, None] & dim_ok[None, :], other=0.0)
     sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
 
-    hi = C
-    if HAS_COUNTS:
-        hi = tl.minimum(hi, n_window + tl.maximum(tl.load(counts_ptr + tok), 0))
     lo = split * cols_per_split
-    hi = tl.minimum(hi, lo + cols_per_split)
+    hi = tl.minimum(column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS), lo + cols_per_split)
 
     m_i = sink
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     for start in range(lo, hi, BLOCK_T):
-        cols = start + tl.arange(0, BLOCK_T)
-        rows = tl.load(idx_ptr + tok * stride_it + cols, mask=cols < hi, other=-1)
-        live = rows >= 0
-        # NOTE: the hint keeps the gather at 16-byte loads (Triton >= 3.8 loses the alignment of a select).
-        base = tl.multiple_of(tl.where(cols < n_window, win_ptr, cmp_ptr), 16)
-        kv = tl.load(base[:, None] + rows.to(tl.int64)[:, None] * stride_pool + dims[None, :],
-                     mask=live[:, None] & dim_ok[None, :], other=0.0)
+        kv, live = gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
+                                  start + tl.arange(0, BLOCK_T), hi, dims, dim_ok)
         s = tl.dot(q, tl.trans(kv)) * qk_scale_log2
         s = tl.where(live[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -270,7 +269,11 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
         cfg = dict(prefill_config(q.device, D) if tile_config is None else tile_config)
     else:
         cfg = dict(decode_config(T, C) if tile_config is None else tile_config)
-    ws = cfg.pop("KERNEL", "tl") == "ws"
+    kernel = cfg.pop("KERNEL", "tl")
+    if kernel == "two_pass":
+        return sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, counts is not None,
+                                    cfg.pop("PDL", False) and pdl_supported(q.device), cfg).reshape(B, M, H, D)
+    ws = kernel == "ws"
     if ws and D != WS_HEAD_DIM:
         raise ValueError(f"the warp-specialised kernel takes D = {WS_HEAD_DIM}, got {D}")
     cols_per_split = cfg.pop("COLS_PER_SPLIT", None)

@@ -1,0 +1,31 @@
+"""Tile steps shared by the `tl` sparse-attention kernels (sparse_attn_triton.py, sparse_attn_decode_triton.py).
+
+Layouts as in sparse_attn_triton.py: idx [T, C] int32 (column c < n_window names a win_pool row,
+the rest cmp_pool rows, -1 = hole), counts [T] int32, both pools [N, D] bf16 sharing one 16-byte
+aligned row stride.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS: tl.constexpr):
+    """End of token `tok`'s live columns: C, or n_window + counts[tok] when counts are given."""
+    hi = C
+    if HAS_COUNTS:
+        hi = tl.minimum(hi, n_window + tl.maximum(tl.load(counts_ptr + tok), 0))
+    return hi
+
+
+@triton.jit
+def gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window, cols, hi, dims, dim_ok):
+    """The KV rows of token `tok`'s columns `cols` at `dims` ([len(cols), len(dims)], zero for
+    holes and for columns >= hi) and which columns are live."""
+    rows = tl.load(idx_ptr + tok * stride_it + cols, mask=cols < hi, other=-1)
+    live = rows >= 0
+    # NOTE: the hint keeps the gather at 16-byte loads (Triton >= 3.8 loses the alignment of a select).
+    base = tl.multiple_of(tl.where(cols < n_window, win_ptr, cmp_ptr), 16)
+    kv = tl.load(base[:, None] + rows.to(tl.int64)[:, None] * stride_pool + dims[None, :],
+                 mask=live[:, None] & dim_ok[None, :], other=0.0)
+    return kv, live

@@ -1,0 +1,158 @@
+"""Two-pass sparse attention for decode: a scores pass, then a values pass (math: sparse_attn_reference.py).
+
+Layouts as in sparse_attn_triton.py: q [T, H, D] bf16, pools [N, D] bf16 sharing one 16-byte
+aligned row stride, idx [T, C] int32 (-1 = hole), counts [T] int32, sink [H] fp32, out [T, H, D]
+bf16. Every query token is independent (its causal limit is in idx / counts), so any M works;
+the kernels are built for decode (M = 1, a few tokens).
+
+Why two passes. Split-K decode (sparse_attn_triton.py) spreads a token's C columns over splits
+and hands every split's unnormalised output to a merge kernel: fp32 [H, D] per split, 128 KB per
+64-column split at DeepSeek-V4's H 64 and D 512 - twice the bytes of the KV tile it came from,
+written once and read once. Since all heads read the same K = V row (MQA) and D is large, the
+probabilities are the small intermediate: [H, BLOCK_T] bf16 is 8 KB per 64-column tile. So the
+state between the two launches is P, not partial outputs:
+
+1. scores, grid (T, cdiv(n_tiles, SCORE_TILES), cdiv(H, BLOCK_H)): a program gathers
+   SCORE_TILES KV tiles of BLOCK_T columns (each once for its BLOCK_H heads) and, per tile j over
+   its live columns (idx >= 0 and c < n_window + counts[t]; s_c = -inf elsewhere),
+       s_c = qk_scale_log2 * q[t, h] . kv_c,     m_j = max(sink2, max_c s_c),
+       p[t, h, c] = 2^(s_c - m_j) in bf16,       l_j = sum_c 2^(s_c - m_j) in fp32,
+   into p [T, H, n_tiles * BLOCK_T] bf16 and m, l [T, n_tiles, H] fp32 (sink2 = sink * log2 e).
+   Tiles at or past the token's bound are skipped: the values pass never reads them.
+2. values, grid (T, cdiv(D, BLOCK_DV), cdiv(H, BLOCK_H)): a program owns BLOCK_DV output dims
+   and walks the token's live tiles, gathering only those dims of each KV row:
+       m = max(sink2, max_j m_j),   f_j = 2^(m_j - m),
+       o[t, h, dims] = sum_j f_j (p_j @ kv_j[:, dims]) / (sum_j f_j l_j + 2^(sink2 - m)).
+   On sm_90+ it is launched with programmatic dependent launch: its prologue (bound, sink)
+   overlaps the scores pass, and it waits for that grid before reading p, m and l.
+
+Numerics: the split-K kernel rounds P to bf16 relative to the running max, this one relative to
+the tile's max (both in (0, 1]); the accumulation is fp32 in both. A token whose columns are all
+holes gets m_j = sink2, l_j = 0 and so exactly 0, as in the split-K kernel.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from v4serve.ops.sparse_attn_tiles import column_bound, gather_kv_tile
+
+
+@triton.jit
+def _scores_kernel(
+    q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr,
+    H, D, C, n_window, qk_scale_log2,
+    stride_qt, stride_qh, stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj,
+    HAS_COUNTS: tl.constexpr, SCORE_TILES: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    if PDL:
+        # Let the values pass (launched with programmatic dependent launch) start its prologue now;
+        # its griddepcontrol.wait still waits for this whole grid and its memory.
+        gdc_launch_dependents()
+    tok = tl.program_id(0).to(tl.int64)
+    first = tl.program_id(1) * SCORE_TILES
+    heads = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < H
+    hi = column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS)
+    n_live = tl.minimum(tl.cdiv(hi, BLOCK_T) - first, SCORE_TILES)
+    if n_live > 0:
+        dims = tl.arange(0, BLOCK_D)
+        if EVEN_D:
+            dim_ok = tl.full([BLOCK_D], True, tl.int1)
+        else:
+            dim_ok = dims < D
+        q = tl.load(q_ptr + tok * stride_qt + heads[:, None] * stride_qh + dims[None, :],
+                    mask=head_ok[:, None] & dim_ok[None, :], other=0.0)
+        sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
+        for j in range(first, first + n_live):
+            cols = j * BLOCK_T + tl.arange(0, BLOCK_T)
+            kv, live = gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
+                                      cols, hi, dims, dim_ok)
+            s = tl.dot(q, tl.trans(kv)) * qk_scale_log2
+            s = tl.where(live[None, :], s, float("-inf"))
+            m_j = tl.maximum(sink2, tl.max(s, 1))
+            p = tl.exp2(s - m_j[:, None])
+            tl.store(p_ptr + tok * stride_pt + heads[:, None] * stride_ph + cols[None, :],
+                     p.to(p_ptr.dtype.element_ty), mask=head_ok[:, None])
+            ml = tok * stride_mt + j * stride_mj + heads
+            tl.store(m_ptr + ml, m_j, mask=head_ok)
+            tl.store(l_ptr + ml, tl.sum(p, 1), mask=head_ok)
+
+
+@triton.jit
+def _values_kernel(
+    win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr, out_ptr,
+    H, D, C, n_window,
+    stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj, stride_ot, stride_oh,
+    HAS_COUNTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_J: tl.constexpr, EVEN_D: tl.constexpr, PDL: tl.constexpr = False,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    dims = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    heads = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < H
+    if EVEN_D:
+        dim_ok = tl.full([BLOCK_DV], True, tl.int1)
+    else:
+        dim_ok = dims < D
+    hi = column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS)
+    n_live = tl.cdiv(hi, BLOCK_T)
+    sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
+    if PDL:
+        gdc_wait()  # the scores pass's p, m and l are complete and visible past this point
+    tiles = tl.arange(0, BLOCK_J)
+    tile_ok = (tiles < n_live)[:, None] & head_ok[None, :]
+    ml = tok * stride_mt + tiles[:, None] * stride_mj + heads[None, :]
+    m_tiles = tl.load(m_ptr + ml, mask=tile_ok, other=float("-inf"))
+    l_tiles = tl.load(l_ptr + ml, mask=tile_ok, other=0.0)
+    m = tl.maximum(sink2, tl.max(m_tiles, 0))
+    denom = tl.sum(l_tiles * tl.exp2(m_tiles - m[None, :]), 0) + tl.exp2(sink2 - m)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    for j in range(0, n_live):
+        cols = j * BLOCK_T + tl.arange(0, BLOCK_T)
+        kv, live = gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
+                                  cols, hi, dims, dim_ok)
+        p = tl.load(p_ptr + tok * stride_pt + heads[:, None] * stride_ph + cols[None, :],
+                    mask=head_ok[:, None], other=0.0)
+        f = tl.exp2(tl.load(m_ptr + tok * stride_mt + j * stride_mj + heads, mask=head_ok, other=0.0) - m)
+        acc += tl.dot(p, kv) * f[:, None]
+    out = acc / denom[:, None]
+    tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
+
+
+def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, has_counts, pdl, cfg):
+    """Launch both passes on [T, H, D] views as sparse_attn_triton.py prepares them.
+
+    cfg: BLOCK_H, BLOCK_T, SCORE_TILES, BLOCK_DV, and the launch options of each pass as
+    SCORES / VALUES = dict(num_warps=..., num_stages=...)."""
+    T, H, D = qt.shape
+    C = it.shape[1]
+    block_t, block_h = cfg["BLOCK_T"], cfg["BLOCK_H"]
+    block_d = max(16, triton.next_power_of_2(D))
+    block_dv = min(cfg["BLOCK_DV"], block_d)
+    n_tiles = max(1, triton.cdiv(C, block_t))
+    n_hblocks = triton.cdiv(H, block_h)
+    p = torch.empty(T, H, n_tiles * block_t, dtype=torch.bfloat16, device=qt.device)
+    m = torch.empty(T, n_tiles, H, dtype=torch.float32, device=qt.device)
+    l = torch.empty_like(m)
+    _scores_kernel[(T, triton.cdiv(n_tiles, cfg["SCORE_TILES"]), n_hblocks)](
+        qt, win, cmp, it, ct, sink, p, m, l,
+        H, D, C, n_window, qk_scale_log2,
+        qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1),
+        HAS_COUNTS=has_counts, SCORE_TILES=cfg["SCORE_TILES"], BLOCK_H=block_h, BLOCK_T=block_t,
+        BLOCK_D=block_d, EVEN_D=block_d == D, PDL=pdl, **cfg["SCORES"],
+    )
+    _values_kernel[(T, triton.cdiv(D, block_dv), n_hblocks)](
+        win, cmp, it, ct, sink, p, m, l, out,
+        H, D, C, n_window,
+        win.stride(0), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1), out.stride(0),
+        out.stride(1),
+        HAS_COUNTS=has_counts, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_DV=block_dv,
+        BLOCK_J=triton.next_power_of_2(n_tiles), EVEN_D=D % block_dv == 0, **cfg["VALUES"],
+        **(dict(PDL=True, launch_pdl=True) if pdl else {}),
+    )
+    return out
