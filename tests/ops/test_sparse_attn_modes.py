@@ -41,14 +41,14 @@ def test_decode_split_widths(mode):
     assert out[2].abs().max() == 0
 
 
-def _two_pass(block_h, block_t, score_tiles, block_dv, warps=4):
-    return dict(KERNEL="two_pass", BLOCK_H=block_h, BLOCK_T=block_t, SCORE_TILES=score_tiles, BLOCK_DV=block_dv,
-                PDL=True, SCORES=dict(num_warps=warps, num_stages=1), VALUES=dict(num_warps=warps, num_stages=2))
+def _two_pass(block_h, block_t, block_k, block_dv, warps=4):
+    return dict(KERNEL="two_pass", BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=block_k, BLOCK_DV=block_dv,
+                PDL=True, SCORES=dict(num_warps=warps, num_stages=2), VALUES=dict(num_warps=warps, num_stages=2))
 
 
 TWO_PASS = {
-    "tiles of 16, 32 output dims": _two_pass(16, 16, 1, 32),
-    "3 tiles per scores program, 16 output dims": _two_pass(16, 16, 3, 16),
+    "tiles of 16, 32-wide slices, 32 output dims": _two_pass(16, 16, 32, 32),
+    "tiles of 32, 16-wide slices, 16 output dims": _two_pass(16, 32, 16, 16),
 }
 
 
@@ -69,7 +69,7 @@ def test_two_pass_decode(mode, D):
 def test_two_pass_any_query_count():
     # Every query token is independent, so M > 1 (and no counts, no window) works too.
     q, win, cmp, idx, sink, _ = sparse_attn_inputs(2, 3, 16, 64, 0, 40, seed=5)
-    out = sparse_attn_paged_triton(q, win, cmp, idx, 0, sink, 0.1, tile_config=TWO_PASS["tiles of 16, 32 output dims"])
+    out = sparse_attn_paged_triton(q, win, cmp, idx, 0, sink, 0.1, tile_config=TWO_PASS["tiles of 16, 32-wide slices, 32 output dims"])
     assert rel_err(out, _reference(q, win, cmp, idx, 0, sink, 0.1, None)) < 1.5e-2
 
 
@@ -93,8 +93,8 @@ def test_decode_split_widths_full_dims(cfg, ratio):
 
 GPU_TWO_PASS = [
     dict(DECODE_CONFIG_TWO_PASS),
-    _two_pass(32, 32, 2, 128),
-    _two_pass(64, 64, 3, 32, warps=8),
+    _two_pass(32, 32, 64, 128),
+    _two_pass(64, 64, 256, 64, warps=8),
 ]
 
 

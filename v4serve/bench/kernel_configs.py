@@ -26,22 +26,23 @@ def _decode(h, cols, block_t, warps, stages):
                 MERGE="kernel", PDL=True)
 
 
-def _two_pass(block_t=64, score_tiles=1, block_dv=64, score_warps=4, value_stages=3, **more):
-    return dict(DECODE_CONFIG_TWO_PASS, BLOCK_T=block_t, SCORE_TILES=score_tiles, BLOCK_DV=block_dv,
-                SCORES=dict(num_warps=score_warps, num_stages=1 if score_tiles == 1 else 2),
-                VALUES=dict(num_warps=4, num_stages=value_stages), **more)
+def _two_pass(block_t=64, block_k=128, block_dv=32, score_warps=4, score_stages=3, value_stages=3):
+    return dict(DECODE_CONFIG_TWO_PASS, BLOCK_T=block_t, BLOCK_K=block_k, BLOCK_DV=block_dv,
+                SCORES=dict(num_warps=score_warps, num_stages=score_stages),
+                VALUES=dict(num_warps=4, num_stages=value_stages))
 
 
 DECODE_CANDIDATES = [
     None,
-    _decode(64, 64, 64, 8, 1),  # the best `tl` split-K variant at r4 B8 (session 3)
     _two_pass(),
-    _two_pass(block_dv=32),
-    _two_pass(block_dv=128),
-    _two_pass(score_tiles=2),
-    _two_pass(block_t=32),
+    _two_pass(block_k=64, score_stages=4),
+    _two_pass(block_k=256, score_stages=2),
     _two_pass(score_warps=8),
+    _two_pass(block_dv=64),
+    _two_pass(block_dv=16),
     _two_pass(value_stages=4),
+    _two_pass(block_t=128, block_k=64),
+    _two_pass(block_t=32),
     None,
 ]
 
@@ -50,8 +51,9 @@ def _label(cfg) -> str:
     if cfg is None:
         return "production"
     short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
-                 SCORE_TILES="score_tiles", BLOCK_DV="dv")
-    return " ".join(f"{short.get(k, k)}={v}" for k, v in cfg.items() if k not in ("MERGE", "PDL", "KERNEL")) + (
+                 BLOCK_K="k", BLOCK_DV="dv")
+    launch = lambda v: f"{v['num_warps']}w{v['num_stages']}s" if isinstance(v, dict) else v  # noqa: E731
+    return " ".join(f"{short.get(k, k)}={launch(v)}" for k, v in cfg.items() if k not in ("MERGE", "PDL", "KERNEL")) + (
         f" ({cfg['KERNEL']})" if "KERNEL" in cfg else "")
 
 

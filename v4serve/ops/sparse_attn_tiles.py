@@ -19,13 +19,25 @@ def column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS: tl.constexpr):
 
 
 @triton.jit
+def load_rows(idx_ptr, tok, stride_it, cols, hi):
+    """Pool rows token `tok`'s columns `cols` name: idx, with -1 (a hole) for columns >= hi."""
+    return tl.load(idx_ptr + tok * stride_it + cols, mask=cols < hi, other=-1)
+
+
+@triton.jit
+def row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool):
+    """Pointers to pool rows `rows` of columns `cols` (win_pool below n_window, cmp_pool above)."""
+    # NOTE: the hint keeps the gather at 16-byte loads (Triton >= 3.8 loses the alignment of a select).
+    base = tl.multiple_of(tl.where(cols < n_window, win_ptr, cmp_ptr), 16)
+    return base + rows.to(tl.int64) * stride_pool
+
+
+@triton.jit
 def gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window, cols, hi, dims, dim_ok):
     """The KV rows of token `tok`'s columns `cols` at `dims` ([len(cols), len(dims)], zero for
     holes and for columns >= hi) and which columns are live."""
-    rows = tl.load(idx_ptr + tok * stride_it + cols, mask=cols < hi, other=-1)
+    rows = load_rows(idx_ptr, tok, stride_it, cols, hi)
     live = rows >= 0
-    # NOTE: the hint keeps the gather at 16-byte loads (Triton >= 3.8 loses the alignment of a select).
-    base = tl.multiple_of(tl.where(cols < n_window, win_ptr, cmp_ptr), 16)
-    kv = tl.load(base[:, None] + rows.to(tl.int64)[:, None] * stride_pool + dims[None, :],
+    kv = tl.load(row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)[:, None] + dims[None, :],
                  mask=live[:, None] & dim_ok[None, :], other=0.0)
     return kv, live

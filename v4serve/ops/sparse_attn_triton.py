@@ -89,10 +89,10 @@ DECODE_CONFIG_SMALL = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=32, MERGE="ker
 DECODE_CONFIG_LARGE = dict(DECODE_CONFIG_SMALL, COLS_PER_SPLIT=64)
 SMALL_DECODE_PAIRS = 1024
 # The two-pass decode (sparse_attn_two_pass.py): P between a scores and a values launch instead of
-# fp32 split partials. Each scores program gathers one 64-column tile for all 64 heads (wgmma's
-# M on sm_90); each values program owns 64 output dims of 64 heads.
-DECODE_CONFIG_TWO_PASS = dict(KERNEL="two_pass", BLOCK_H=64, BLOCK_T=64, SCORE_TILES=1, BLOCK_DV=64, PDL=True,
-                              SCORES=dict(num_warps=4, num_stages=1), VALUES=dict(num_warps=4, num_stages=3))
+# fp32 split partials. Each scores program computes one 64-column tile's S for all 64 heads
+# (wgmma's M on sm_90) over 128-wide slices of the head dim; each values program owns 32 output dims.
+DECODE_CONFIG_TWO_PASS = dict(KERNEL="two_pass", BLOCK_H=64, BLOCK_T=64, BLOCK_K=128, BLOCK_DV=32, PDL=True,
+                              SCORES=dict(num_warps=4, num_stages=3), VALUES=dict(num_warps=4, num_stages=3))
 
 
 # sm_90 under Triton 3.6 with D = 512 (the production shape): the warp-specialised Gluon kernel

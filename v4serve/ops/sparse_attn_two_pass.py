@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from v4serve.ops.sparse_attn_tiles import column_bound, gather_kv_tile
+from v4serve.ops.sparse_attn_tiles import column_bound, load_rows, row_pointers
 
 
 @triton.jit
@@ -44,8 +44,7 @@ def _scores_kernel(
     q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr,
     H, D, C, n_window, qk_scale_log2,
     stride_qt, stride_qh, stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj,
-    HAS_COUNTS: tl.constexpr, SCORE_TILES: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    HAS_COUNTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     if PDL:
@@ -53,33 +52,33 @@ def _scores_kernel(
         # its griddepcontrol.wait still waits for this whole grid and its memory.
         gdc_launch_dependents()
     tok = tl.program_id(0).to(tl.int64)
-    first = tl.program_id(1) * SCORE_TILES
+    tile = tl.program_id(1)
     heads = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < H
     hi = column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS)
-    n_live = tl.minimum(tl.cdiv(hi, BLOCK_T) - first, SCORE_TILES)
-    if n_live > 0:
-        dims = tl.arange(0, BLOCK_D)
-        if EVEN_D:
-            dim_ok = tl.full([BLOCK_D], True, tl.int1)
-        else:
-            dim_ok = dims < D
-        q = tl.load(q_ptr + tok * stride_qt + heads[:, None] * stride_qh + dims[None, :],
-                    mask=head_ok[:, None] & dim_ok[None, :], other=0.0)
+    if tile * BLOCK_T < hi:
+        cols = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+        rows = load_rows(idx_ptr, tok, stride_it, cols, hi)
+        live = rows >= 0
+        row_ptrs = row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)
+        q_rows = q_ptr + tok * stride_qt + heads * stride_qh
+        # S = Q K^T as a K loop over BLOCK_K-wide slices of the head dim: the pipeliner streams
+        # both operands into shared memory with cp.async, several slices ahead.
+        s = tl.zeros([BLOCK_H, BLOCK_T], dtype=tl.float32)
+        for k in range(0, D, BLOCK_K):
+            dims = k + tl.arange(0, BLOCK_K)
+            q = tl.load(q_rows[:, None] + dims[None, :], mask=head_ok[:, None] & (dims < D)[None, :], other=0.0)
+            kv = tl.load(row_ptrs[:, None] + dims[None, :], mask=live[:, None] & (dims < D)[None, :], other=0.0)
+            s = tl.dot(q, tl.trans(kv), s)
         sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
-        for j in range(first, first + n_live):
-            cols = j * BLOCK_T + tl.arange(0, BLOCK_T)
-            kv, live = gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
-                                      cols, hi, dims, dim_ok)
-            s = tl.dot(q, tl.trans(kv)) * qk_scale_log2
-            s = tl.where(live[None, :], s, float("-inf"))
-            m_j = tl.maximum(sink2, tl.max(s, 1))
-            p = tl.exp2(s - m_j[:, None])
-            tl.store(p_ptr + tok * stride_pt + heads[:, None] * stride_ph + cols[None, :],
-                     p.to(p_ptr.dtype.element_ty), mask=head_ok[:, None])
-            ml = tok * stride_mt + j * stride_mj + heads
-            tl.store(m_ptr + ml, m_j, mask=head_ok)
-            tl.store(l_ptr + ml, tl.sum(p, 1), mask=head_ok)
+        s = tl.where(live[None, :], s * qk_scale_log2, float("-inf"))
+        m_j = tl.maximum(sink2, tl.max(s, 1))
+        p = tl.exp2(s - m_j[:, None])
+        tl.store(p_ptr + tok * stride_pt + heads[:, None] * stride_ph + cols[None, :],
+                 p.to(p_ptr.dtype.element_ty), mask=head_ok[:, None])
+        ml = tok * stride_mt + tile * stride_mj + heads
+        tl.store(m_ptr + ml, m_j, mask=head_ok)
+        tl.store(l_ptr + ml, tl.sum(p, 1), mask=head_ok)
 
 
 @triton.jit
@@ -109,15 +108,22 @@ def _values_kernel(
     m_tiles = tl.load(m_ptr + ml, mask=tile_ok, other=float("-inf"))
     l_tiles = tl.load(l_ptr + ml, mask=tile_ok, other=0.0)
     m = tl.maximum(sink2, tl.max(m_tiles, 0))
-    denom = tl.sum(l_tiles * tl.exp2(m_tiles - m[None, :]), 0) + tl.exp2(sink2 - m)
+    f_tiles = tl.exp2(m_tiles - m[None, :])  # 0 on the masked tiles
+    denom = tl.sum(l_tiles * f_tiles, 0) + tl.exp2(sink2 - m)
+    # Every live tile's pool rows and scale f_j, held in registers and picked out per tile: loads
+    # inside the loop would put an idx -> gather round trip on every step (the pipeliner cannot
+    # run a gather ahead of the idx load it depends on).
+    all_cols = tiles[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
+    all_rows = load_rows(idx_ptr, tok, stride_it, all_cols, hi)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     for j in range(0, n_live):
         cols = j * BLOCK_T + tl.arange(0, BLOCK_T)
-        kv, live = gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
-                                  cols, hi, dims, dim_ok)
+        rows = tl.sum(tl.where(tiles[:, None] == j, all_rows, 0), 0)
+        kv = tl.load(row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)[:, None] + dims[None, :],
+                     mask=(rows >= 0)[:, None] & dim_ok[None, :], other=0.0)
         p = tl.load(p_ptr + tok * stride_pt + heads[:, None] * stride_ph + cols[None, :],
                     mask=head_ok[:, None], other=0.0)
-        f = tl.exp2(tl.load(m_ptr + tok * stride_mt + j * stride_mj + heads, mask=head_ok, other=0.0) - m)
+        f = tl.sum(tl.where(tiles[:, None] == j, f_tiles, 0.0), 0)
         acc += tl.dot(p, kv) * f[:, None]
     out = acc / denom[:, None]
     tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + dims[None, :],
@@ -127,7 +133,7 @@ def _values_kernel(
 def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, has_counts, pdl, cfg):
     """Launch both passes on [T, H, D] views as sparse_attn_triton.py prepares them.
 
-    cfg: BLOCK_H, BLOCK_T, SCORE_TILES, BLOCK_DV, and the launch options of each pass as
+    cfg: BLOCK_H, BLOCK_T, BLOCK_K (the scores pass's head-dim slice), BLOCK_DV, and the launch options of each pass as
     SCORES / VALUES = dict(num_warps=..., num_stages=...)."""
     T, H, D = qt.shape
     C = it.shape[1]
@@ -139,12 +145,12 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
     p = torch.empty(T, H, n_tiles * block_t, dtype=torch.bfloat16, device=qt.device)
     m = torch.empty(T, n_tiles, H, dtype=torch.float32, device=qt.device)
     l = torch.empty_like(m)
-    _scores_kernel[(T, triton.cdiv(n_tiles, cfg["SCORE_TILES"]), n_hblocks)](
+    _scores_kernel[(T, n_tiles, n_hblocks)](
         qt, win, cmp, it, ct, sink, p, m, l,
         H, D, C, n_window, qk_scale_log2,
         qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1),
-        HAS_COUNTS=has_counts, SCORE_TILES=cfg["SCORE_TILES"], BLOCK_H=block_h, BLOCK_T=block_t,
-        BLOCK_D=block_d, EVEN_D=block_d == D, PDL=pdl, **cfg["SCORES"],
+        HAS_COUNTS=has_counts, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=min(cfg["BLOCK_K"], block_d), PDL=pdl,
+        **cfg["SCORES"],
     )
     _values_kernel[(T, triton.cdiv(D, block_dv), n_hblocks)](
         win, cmp, it, ct, sink, p, m, l, out,
