@@ -108,23 +108,24 @@ def _values_kernel(
     m_tiles = tl.load(m_ptr + ml, mask=tile_ok, other=float("-inf"))
     l_tiles = tl.load(l_ptr + ml, mask=tile_ok, other=0.0)
     m = tl.maximum(sink2, tl.max(m_tiles, 0))
-    f_tiles = tl.exp2(m_tiles - m[None, :])  # 0 on the masked tiles
-    denom = tl.sum(l_tiles * f_tiles, 0) + tl.exp2(sink2 - m)
-    # Every live tile's pool rows and scale f_j, held in registers and picked out per tile: loads
-    # inside the loop would put an idx -> gather round trip on every step (the pipeliner cannot
-    # run a gather ahead of the idx load it depends on).
-    all_cols = tiles[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
-    all_rows = load_rows(idx_ptr, tok, stride_it, all_cols, hi)
+    denom = tl.sum(l_tiles * tl.exp2(m_tiles - m[None, :]), 0) + tl.exp2(sink2 - m)
+    # Tile j + 1's pool rows and max are loaded into registers during step j, so no step waits
+    # on an idx -> gather round trip or on a load of its scale.
+    m_row = m_ptr + tok * stride_mt + heads
+    next_rows = load_rows(idx_ptr, tok, stride_it, tl.arange(0, BLOCK_T), hi)
+    next_m = tl.load(m_row, mask=head_ok & (n_live > 0), other=0.0)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     for j in range(0, n_live):
         cols = j * BLOCK_T + tl.arange(0, BLOCK_T)
-        rows = tl.sum(tl.where(tiles[:, None] == j, all_rows, 0), 0)
+        rows = next_rows
+        m_j = next_m
+        next_rows = load_rows(idx_ptr, tok, stride_it, cols + BLOCK_T, hi)
+        next_m = tl.load(m_row + (j + 1) * stride_mj, mask=head_ok & (j + 1 < n_live), other=0.0)
         kv = tl.load(row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)[:, None] + dims[None, :],
                      mask=(rows >= 0)[:, None] & dim_ok[None, :], other=0.0)
         p = tl.load(p_ptr + tok * stride_pt + heads[:, None] * stride_ph + cols[None, :],
                     mask=head_ok[:, None], other=0.0)
-        f = tl.sum(tl.where(tiles[:, None] == j, f_tiles, 0.0), 0)
-        acc += tl.dot(p, kv) * f[:, None]
+        acc += tl.dot(p, kv) * tl.exp2(m_j - m)[:, None]
     out = acc / denom[:, None]
     tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
