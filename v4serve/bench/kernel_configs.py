@@ -26,23 +26,23 @@ def _decode(h, cols, block_t, warps, stages):
                 MERGE="kernel", PDL=True)
 
 
-def _two_pass(block_t=64, block_k=128, block_dv=32, score_warps=4, score_stages=3, value_stages=3):
+def _two_pass(block_t=64, block_k=128, block_dv=32, score_warps=4, score_stages=3, value_stages=3, **more):
     return dict(DECODE_CONFIG_TWO_PASS, BLOCK_T=block_t, BLOCK_K=block_k, BLOCK_DV=block_dv,
                 SCORES=dict(num_warps=score_warps, num_stages=score_stages),
-                VALUES=dict(num_warps=4, num_stages=value_stages))
+                VALUES=dict(num_warps=4, num_stages=value_stages), **more)
 
 
 DECODE_CANDIDATES = [
     None,
-    _two_pass(),
     _two_pass(block_k=64, score_stages=4),
-    _two_pass(block_k=256, score_stages=2),
-    _two_pass(score_warps=8),
-    _two_pass(block_dv=64),
-    _two_pass(block_dv=16),
-    _two_pass(value_stages=4),
-    _two_pass(block_t=128, block_k=64),
-    _two_pass(block_t=32),
+    _two_pass(block_k=64, score_stages=4, block_dv=64),
+    _two_pass(block_k=64, score_stages=4, block_t=128),
+    _two_pass(block_k=32, score_stages=6),
+    _two_pass(block_k=64, score_stages=4, VALUE_BLOCK_H=32),
+    _two_pass(block_k=64, score_stages=4, VALUE_BLOCK_H=16),
+    _two_pass(block_k=64, score_stages=4, block_t=32),
+    _two_pass(block_k=64, score_stages=4, block_t=32, block_dv=64),
+    _two_pass(),
     None,
 ]
 
@@ -51,7 +51,7 @@ def _label(cfg) -> str:
     if cfg is None:
         return "production"
     short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
-                 BLOCK_K="k", BLOCK_DV="dv")
+                 BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh")
     launch = lambda v: f"{v['num_warps']}w{v['num_stages']}s" if isinstance(v, dict) else v  # noqa: E731
     return " ".join(f"{short.get(k, k)}={launch(v)}" for k, v in cfg.items() if k not in ("MERGE", "PDL", "KERNEL")) + (
         f" ({cfg['KERNEL']})" if "KERNEL" in cfg else "")

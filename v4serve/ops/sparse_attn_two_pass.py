@@ -134,11 +134,12 @@ def _values_kernel(
 def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, has_counts, pdl, cfg):
     """Launch both passes on [T, H, D] views as sparse_attn_triton.py prepares them.
 
-    cfg: BLOCK_H, BLOCK_T, BLOCK_K (the scores pass's head-dim slice), BLOCK_DV, and the launch options of each pass as
+    cfg: BLOCK_H, BLOCK_T, BLOCK_K (the scores pass's head-dim slice), BLOCK_DV, VALUE_BLOCK_H (the
+    values pass's heads per program; default BLOCK_H), and the launch options of each pass as
     SCORES / VALUES = dict(num_warps=..., num_stages=...)."""
     T, H, D = qt.shape
     C = it.shape[1]
-    block_t, block_h = cfg["BLOCK_T"], cfg["BLOCK_H"]
+    block_t, block_h, block_hv = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg.get("VALUE_BLOCK_H", cfg["BLOCK_H"])
     block_d = max(16, triton.next_power_of_2(D))
     block_dv = min(cfg["BLOCK_DV"], block_d)
     n_tiles = max(1, triton.cdiv(C, block_t))
@@ -153,12 +154,12 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
         HAS_COUNTS=has_counts, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=min(cfg["BLOCK_K"], block_d), PDL=pdl,
         **cfg["SCORES"],
     )
-    _values_kernel[(T, triton.cdiv(D, block_dv), n_hblocks)](
+    _values_kernel[(T, triton.cdiv(D, block_dv), triton.cdiv(H, block_hv))](
         win, cmp, it, ct, sink, p, m, l, out,
         H, D, C, n_window,
         win.stride(0), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1), out.stride(0),
         out.stride(1),
-        HAS_COUNTS=has_counts, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_DV=block_dv,
+        HAS_COUNTS=has_counts, BLOCK_H=block_hv, BLOCK_T=block_t, BLOCK_DV=block_dv,
         BLOCK_J=triton.next_power_of_2(n_tiles), EVEN_D=D % block_dv == 0, **cfg["VALUES"],
         **(dict(PDL=True, launch_pdl=True) if pdl else {}),
     )
