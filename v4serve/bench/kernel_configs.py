@@ -36,13 +36,11 @@ DECODE_CANDIDATES = [
     None,
     _two_pass(block_k=64, score_stages=4),
     _two_pass(block_k=64, score_stages=4, block_dv=64),
-    _two_pass(block_k=64, score_stages=4, block_t=128),
-    _two_pass(block_k=32, score_stages=6),
-    _two_pass(block_k=64, score_stages=4, VALUE_BLOCK_H=32),
-    _two_pass(block_k=64, score_stages=4, VALUE_BLOCK_H=16),
+    _two_pass(block_k=64, score_stages=4, value_stages=4),
+    _two_pass(block_k=64, score_stages=4, block_dv=64, value_stages=4),
+    _two_pass(block_k=64, score_stages=4, block_dv=16),
     _two_pass(block_k=64, score_stages=4, block_t=32),
-    _two_pass(block_k=64, score_stages=4, block_t=32, block_dv=64),
-    _two_pass(),
+    _two_pass(block_k=64, score_stages=4, block_t=32, value_stages=4),
     None,
 ]
 

@@ -82,6 +82,20 @@ def _scores_kernel(
 
 
 @triton.jit
+def _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows, m_j, m, n_live, n_window, stride_pool, stride_pt, stride_ph,
+                 heads, head_ok, dims, dim_ok, BLOCK_T: tl.constexpr):
+    """f_j (p_j @ kv_j[:, dims]) of tile j, whose pool rows and max are `rows` and `m_j`; 0 when
+    j >= n_live (p masked: the scores pass did not write that tile)."""
+    cols = j * BLOCK_T + tl.arange(0, BLOCK_T)
+    kv = tl.load(row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)[:, None] + dims[None, :],
+                 mask=(rows >= 0)[:, None] & dim_ok[None, :], other=0.0)
+    p = tl.load(p_ptr + tok * stride_pt + heads[:, None] * stride_ph + cols[None, :],
+                mask=head_ok[:, None] & (j < n_live), other=0.0)
+    f = tl.where(j < n_live, tl.exp2(m_j - m), 0.0)
+    return tl.dot(p, kv) * f[:, None]
+
+
+@triton.jit
 def _values_kernel(
     win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr, out_ptr,
     H, D, C, n_window,
@@ -109,23 +123,26 @@ def _values_kernel(
     l_tiles = tl.load(l_ptr + ml, mask=tile_ok, other=0.0)
     m = tl.maximum(sink2, tl.max(m_tiles, 0))
     denom = tl.sum(l_tiles * tl.exp2(m_tiles - m[None, :]), 0) + tl.exp2(sink2 - m)
-    # Tile j + 1's pool rows and max are loaded into registers during step j, so no step waits
-    # on an idx -> gather round trip or on a load of its scale.
+    # Two tiles per step (half the dependent steps; the second is empty past the last live tile).
+    # Their pool rows and maxima are loaded into registers one step ahead, so no step waits on an
+    # idx -> gather round trip or on the load of its scales.
     m_row = m_ptr + tok * stride_mt + heads
-    next_rows = load_rows(idx_ptr, tok, stride_it, tl.arange(0, BLOCK_T), hi)
-    next_m = tl.load(m_row, mask=head_ok & (n_live > 0), other=0.0)
+    lanes = tl.arange(0, BLOCK_T)
+    next_rows_a = load_rows(idx_ptr, tok, stride_it, lanes, hi)
+    next_rows_b = load_rows(idx_ptr, tok, stride_it, BLOCK_T + lanes, hi)
+    next_m_a = tl.load(m_row, mask=head_ok & (n_live > 0), other=0.0)
+    next_m_b = tl.load(m_row + stride_mj, mask=head_ok & (n_live > 1), other=0.0)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
-    for j in range(0, n_live):
-        cols = j * BLOCK_T + tl.arange(0, BLOCK_T)
-        rows = next_rows
-        m_j = next_m
-        next_rows = load_rows(idx_ptr, tok, stride_it, cols + BLOCK_T, hi)
-        next_m = tl.load(m_row + (j + 1) * stride_mj, mask=head_ok & (j + 1 < n_live), other=0.0)
-        kv = tl.load(row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)[:, None] + dims[None, :],
-                     mask=(rows >= 0)[:, None] & dim_ok[None, :], other=0.0)
-        p = tl.load(p_ptr + tok * stride_pt + heads[:, None] * stride_ph + cols[None, :],
-                    mask=head_ok[:, None], other=0.0)
-        acc += tl.dot(p, kv) * tl.exp2(m_j - m)[:, None]
+    for j in range(0, n_live, 2):
+        rows_a, rows_b, m_a, m_b = next_rows_a, next_rows_b, next_m_a, next_m_b
+        next_rows_a = load_rows(idx_ptr, tok, stride_it, (j + 2) * BLOCK_T + lanes, hi)
+        next_rows_b = load_rows(idx_ptr, tok, stride_it, (j + 3) * BLOCK_T + lanes, hi)
+        next_m_a = tl.load(m_row + (j + 2) * stride_mj, mask=head_ok & (j + 2 < n_live), other=0.0)
+        next_m_b = tl.load(m_row + (j + 3) * stride_mj, mask=head_ok & (j + 3 < n_live), other=0.0)
+        acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows_a, m_a, m, n_live, n_window, stride_pool,
+                            stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T)
+        acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j + 1, rows_b, m_b, m, n_live, n_window, stride_pool,
+                            stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T)
     out = acc / denom[:, None]
     tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
