@@ -35,12 +35,10 @@ def _two_pass(block_t=64, block_k=128, block_dv=32, score_warps=4, score_stages=
 DECODE_CANDIDATES = [
     None,
     _two_pass(block_k=64, score_stages=4),
-    _two_pass(block_k=64, score_stages=4, block_dv=64),
     _two_pass(block_k=64, score_stages=4, value_stages=4),
-    _two_pass(block_k=64, score_stages=4, block_dv=64, value_stages=4),
+    _two_pass(block_k=64, score_stages=4, block_dv=64),
     _two_pass(block_k=64, score_stages=4, block_dv=16),
-    _two_pass(block_k=64, score_stages=4, block_t=32),
-    _two_pass(block_k=64, score_stages=4, block_t=32, value_stages=4),
+    _two_pass(block_k=128, score_stages=3),
     None,
 ]
 
@@ -71,7 +69,8 @@ def _sweep(label, run, candidates):
 
 PREFILL_SHAPES = {"prefill r4 S8192": (4, 8192, 0), "prefill r128 S8192": (128, 8192, 0),
                   "prefill r0 S8192": (0, 8192, 0)}
-DECODE_SHAPES = {f"decode r{r} B{B}": (r, B, 32767) for B in (1, 8) for r in (4, 128, 0)}
+# B1 and B8 are the PR's; B2 and B4 show where the split-K / two-pass dispatch should switch.
+DECODE_SHAPES = {f"decode r{r} B{B}": (r, B, 32767) for B in (1, 2, 4, 8) for r in (4, 128, 0)}
 
 
 def main() -> int:

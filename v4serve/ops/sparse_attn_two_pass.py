@@ -112,11 +112,16 @@ def _values_kernel(
     else:
         dim_ok = dims < D
     hi = column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS)
-    n_live = tl.cdiv(hi, BLOCK_T)
+    # Tiles up to the last live column (holes past it contribute nothing). Loading the token's
+    # whole idx row for this also brings it into the SM's L1, where the loop's per-step loads of
+    # the next tiles' rows find it instead of paying an L2 round trip each step.
+    tiles = tl.arange(0, BLOCK_J)
+    all_cols = tiles[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
+    all_rows = load_rows(idx_ptr, tok, stride_it, all_cols, hi)
+    n_live = tl.cdiv(tl.max(tl.max(tl.where(all_rows >= 0, all_cols + 1, 0), 1), 0), BLOCK_T)
     sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
     if PDL:
         gdc_wait()  # the scores pass's p, m and l are complete and visible past this point
-    tiles = tl.arange(0, BLOCK_J)
     tile_ok = (tiles < n_live)[:, None] & head_ok[None, :]
     ml = tok * stride_mt + tiles[:, None] * stride_mj + heads[None, :]
     m_tiles = tl.load(m_ptr + ml, mask=tile_ok, other=float("-inf"))
