@@ -14,9 +14,12 @@ from v4serve.bench.shapes import WINDOW, sparse_decode_case, sparse_prefill_case
 from v4serve.ops._dispatch import triton_at_least
 from v4serve.ops.sparse_attn import sparse_attn_paged
 from v4serve.ops.sparse_attn_triton import (
+    DECODE_CONFIG_LARGE,
+    DECODE_CONFIG_SMALL,
     DECODE_CONFIG_TWO_PASS,
     PREFILL_CONFIG,
     PREFILL_CONFIG_WS,
+    decode_config,
     prefill_config,
     sparse_attn_paged_triton,
 )
@@ -64,6 +67,16 @@ def test_two_pass_decode(mode, D):
     out = sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts, tile_config=TWO_PASS[mode])
     assert rel_err(out, _reference(q, win, cmp, idx, 20, sink, 0.1, counts)) < 1.5e-2
     assert out[2].abs().max() == 0
+
+
+@pytest.mark.parametrize("tokens, columns, expected", [
+    (1, 640, "small"), (2, 384, "small"), (2, 640, "large"), (3, 640, "large"), (4, 128, "two_pass"),
+    (8, 640, "two_pass"), (64, 1152, "two_pass"),
+])
+def test_decode_config_dispatch(tokens, columns, expected):
+    # Split-K below TWO_PASS_MIN_TOKENS (32 columns per split up to 1024 pairs), two-pass from it.
+    configs = dict(small=DECODE_CONFIG_SMALL, large=DECODE_CONFIG_LARGE, two_pass=DECODE_CONFIG_TWO_PASS)
+    assert decode_config(tokens, columns) == configs[expected]
 
 
 def test_two_pass_any_query_count():

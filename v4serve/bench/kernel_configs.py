@@ -9,7 +9,13 @@ import sys
 from triton.testing import do_bench_cudagraph
 
 from v4serve.bench.shapes import sparse_decode_case, sparse_prefill_case
-from v4serve.ops.sparse_attn_triton import DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG, sparse_attn_paged_triton
+from v4serve.ops.sparse_attn_triton import (
+    DECODE_CONFIG_LARGE,
+    DECODE_CONFIG_SMALL,
+    DECODE_CONFIG_TWO_PASS,
+    PREFILL_CONFIG,
+    sparse_attn_paged_triton,
+)
 
 # None = the production config (decode_config / prefill_config pick it per shape); it comes first
 # (the error reference) and last (the same config timed twice shows the run's noise).
@@ -34,9 +40,10 @@ def _two_pass(block_t=64, block_k=128, block_dv=32, score_warps=4, score_stages=
 
 DECODE_CANDIDATES = [
     None,
-    _two_pass(block_k=64, score_stages=4),
+    DECODE_CONFIG_SMALL,  # split-K, 32 columns per split (production at B1)
+    DECODE_CONFIG_LARGE,  # split-K, 64 columns per split (production at B2-B3 past 1024 pairs)
+    DECODE_CONFIG_TWO_PASS,  # production at B >= 4
     _two_pass(block_k=64, score_stages=4, value_stages=4),
-    _two_pass(block_k=64, score_stages=4, block_dv=64),
     _two_pass(block_k=64, score_stages=4, block_dv=16),
     _two_pass(block_k=128, score_stages=3),
     None,

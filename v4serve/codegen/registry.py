@@ -208,7 +208,10 @@ KERNELS: tuple[KernelSpec, ...] = (
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
                             BLOCK_DV=_TWO_PASS["BLOCK_DV"], BLOCK_J=16, EVEN_D=True, PDL=pdl),
             archs=archs, **_TWO_PASS["VALUES"],
-            expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=192, tensor_cores=True),
+            # Triton 3.8's sm_100 build keeps one 8-byte value in local memory (2 STL/LDL); the
+            # other versions and archs spill nothing.
+            expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=192, tensor_cores=True,
+                          max_spill_ops=2),
         )
         for suffix, pdl, archs in (("", False, (80,)), ("_pdl", True, (90, 100, 120)))
     ),

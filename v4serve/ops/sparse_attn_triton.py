@@ -88,11 +88,16 @@ DECODE_CONFIG_SMALL = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=32, MERGE="ker
                            num_stages=2)
 DECODE_CONFIG_LARGE = dict(DECODE_CONFIG_SMALL, COLS_PER_SPLIT=64)
 SMALL_DECODE_PAIRS = 1024
-# The two-pass decode (sparse_attn_two_pass.py): P between a scores and a values launch instead of
-# fp32 split partials. Each scores program computes one 64-column tile's S for all 64 heads
-# (wgmma's M on sm_90) over 128-wide slices of the head dim; each values program owns 32 output dims.
-DECODE_CONFIG_TWO_PASS = dict(KERNEL="two_pass", BLOCK_H=64, BLOCK_T=64, BLOCK_K=128, BLOCK_DV=32, PDL=True,
-                              SCORES=dict(num_warps=4, num_stages=3), VALUES=dict(num_warps=4, num_stages=3))
+# Decode steps of TWO_PASS_MIN_TOKENS or more tokens take the two-pass kernels
+# (sparse_attn_two_pass.py): bf16 P between a scores and a values launch instead of fp32 split
+# partials. Scores: one 64-column tile for all 64 heads (wgmma's M on sm_90) per program, S
+# accumulated over 64-wide slices of the head dim in a 4-stage cp.async pipeline; values: 32
+# output dims per program, two tiles per step. H200 sweeps (docs/performance.md item 16): B8
+# r4 / r128 / r0 9.8 / 8.3 / 6.8 µs against split-K's 15.1 / 11.5 / 7.3; at B4 it wins at r4 and
+# r128 and ties at r0; at B1 and B2 split-K wins at every ratio.
+TWO_PASS_MIN_TOKENS = 4
+DECODE_CONFIG_TWO_PASS = dict(KERNEL="two_pass", BLOCK_H=64, BLOCK_T=64, BLOCK_K=64, BLOCK_DV=32, PDL=True,
+                              SCORES=dict(num_warps=4, num_stages=4), VALUES=dict(num_warps=4, num_stages=3))
 
 
 # sm_90 under Triton 3.6 with D = 512 (the production shape): the warp-specialised Gluon kernel
@@ -116,6 +121,8 @@ def prefill_config(device: torch.device, head_dim: int = WS_HEAD_DIM) -> dict:
 
 def decode_config(n_tokens: int, n_columns: int) -> dict:
     """The production decode tiles for `n_tokens` query tokens (B at M = 1) over `n_columns` columns."""
+    if n_tokens >= TWO_PASS_MIN_TOKENS:
+        return DECODE_CONFIG_TWO_PASS
     return DECODE_CONFIG_SMALL if n_tokens * n_columns <= SMALL_DECODE_PAIRS else DECODE_CONFIG_LARGE
 
 
