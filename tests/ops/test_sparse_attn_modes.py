@@ -1,9 +1,11 @@
-"""Decode split widths and the warp-specialised prefill against the fp32 torch reference.
+"""Decode split widths, the two-pass decode and the warp-specialised prefill against the fp32 torch reference.
 
 CPU (interpreter): split widths that are not a multiple of the tile (the last tile of a split is
-partly masked), holes, zero counts and a token whose columns are all holes. GPU (`pytest -m gpu`):
-the split widths the tile sweep times (v4serve/bench/kernel_configs.py) at the DeepSeek-V4 shapes,
-and the Gluon prefill kernel (sm_90) at several tile rings, head counts and column layouts.
+partly masked), the two-pass kernels at small tiles (masked head blocks, part tiles, part blocks
+of output dims, odd and even numbers of live tiles), holes, zero counts and a token whose
+columns are all holes; the decode dispatch. GPU (`pytest -m gpu`): the split widths and two-pass
+tiles the sweep times (v4serve/bench/kernel_configs.py) at the DeepSeek-V4 shapes, and the Gluon
+prefill kernel (sm_90) at several tile rings, head counts and column layouts.
 """
 
 import pytest

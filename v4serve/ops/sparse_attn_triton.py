@@ -20,8 +20,10 @@ loads), runs S = Q K^T and acc += P V as bf16 tl.dot with fp32 accumulation, and
 softmax state (m [BLOCK_H], l [BLOCK_H], acc [BLOCK_H, D]) in registers.
 
 The production prefill on sm_90 (Triton 3.6, D = 512) is instead the warp-specialised Gluon
-kernel of sparse_attn_gluon.py (1.2-1.6x faster at the PR shapes, same output bits); the wrapper
-below dispatches to it when the tile config says KERNEL="ws".
+kernel of sparse_attn_gluon.py (1.2-1.6x faster at the PR shapes, same output bits), and decode
+steps of 4 or more tokens run the two-pass kernels of sparse_attn_two_pass.py (bf16 P between a
+scores and a values launch instead of fp32 split partials); the wrapper below dispatches on the
+tile config's KERNEL ("tl", "ws" or "two_pass").
 
 - prefill (M > 1): grid (T, cdiv(H, BLOCK_H), 1); the program covers every column and writes
   acc / (l + 2^(sink2 - m)) in bf16. sm_90: BLOCK_H 64, so one [64, 512] fp32 accumulator per
