@@ -54,12 +54,10 @@ def _scores_kernel(
     HAS_COUNTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    if PDL:
-        # Let the values pass (launched with programmatic dependent launch) start its prologue now;
-        # its griddepcontrol.wait still waits for this whole grid and its memory.
-        gdc_launch_dependents()
     tok = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
+    if PDL:
+        gdc_launch_dependents()  # the values pass may start its prologue (it waits for this grid)
     heads = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < H
     hi = column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS)
