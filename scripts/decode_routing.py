@@ -9,7 +9,7 @@ from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
 
 def main():
     for r in (4, 128, 0):
-        for T in (1, 2, 4, 8, 16, 64):
+        for T in (1, 2, 4, 8, 16, 24, 32, 48, 64):
             c = sparse_decode_case(r, T, 2303, "cuda")
             as_decode = c.args()
             q, win, cmp, idx, n_window, sink, scale, counts = as_decode

@@ -72,11 +72,11 @@ def test_two_pass_decode(mode, D):
 
 
 @pytest.mark.parametrize("tokens, columns, expected", [
-    (1, 640, "small"), (2, 384, "small"), (2, 640, "large"), (3, 640, "large"), (4, 128, "two_pass"),
+    (1, 640, "small"), (1, 1152, "large"), (2, 384, "two_pass"), (3, 640, "two_pass"), (4, 128, "two_pass"),
     (8, 640, "two_pass"), (64, 1152, "two_pass"),
 ])
 def test_decode_config_dispatch(tokens, columns, expected):
-    # Split-K below TWO_PASS_MIN_TOKENS (32 columns per split up to 1024 pairs), two-pass from it.
+    # Split-K for one token (32 columns per split up to 1024 pairs, 64 beyond), two-pass from 2.
     configs = dict(small=DECODE_CONFIG_SMALL, large=DECODE_CONFIG_LARGE, two_pass=DECODE_CONFIG_TWO_PASS)
     assert decode_config(tokens, columns) == configs[expected]
 

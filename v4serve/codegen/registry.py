@@ -170,7 +170,7 @@ KERNELS: tuple[KernelSpec, ...] = (
         num_warps=4, num_stages=2, archs=(90, 100, 120),
         expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
     ),
-    KernelSpec(  # B <= 2: 640 columns / 32 per split = 20 splits -> BLOCK_S 32; the [32, 512]
+    KernelSpec(  # B1 r4: 640 columns / 32 per split = 20 splits -> BLOCK_S 32; the [32, 512]
         # fp32 tile alone is 128 registers per thread
         "sparse_attn.merge_s32", f"{_OPS}.sparse_attn_triton:_sparse_attn_merge_kernel",
         types=_MERGE_TYPES, aligned=_MERGE_ALIGNED,
@@ -183,7 +183,7 @@ KERNELS: tuple[KernelSpec, ...] = (
         constexprs=dict(BLOCK_S=32, BLOCK_D=512, PDL=True), archs=(90, 100, 120), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"part = tl\.load", max_regs=192),
     ),
-    KernelSpec(  # B > 2: 640 columns / 64 per split = 10 splits -> BLOCK_S 16
+    KernelSpec(  # B1 r128: 384 columns / 32 per split = 12 splits -> BLOCK_S 16
         "sparse_attn.merge_s16", f"{_OPS}.sparse_attn_triton:_sparse_attn_merge_kernel",
         types=_MERGE_TYPES, aligned=_MERGE_ALIGNED,
         constexprs=dict(BLOCK_S=16, BLOCK_D=512, PDL=False), num_warps=4, num_stages=3,

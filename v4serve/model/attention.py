@@ -27,6 +27,10 @@ from v4serve.ops.kv_quant import apply_kv_format
 from v4serve.ops.norm_rope import rms_norm_rope
 from v4serve.ops.sparse_attn import sparse_attn_paged
 
+# A decode step's attention as [T, 1] rows takes the kernels' decode path (split-K for one
+# sequence, the two-pass kernels for more), 2-3x faster per call than one [1, T] prefill call up
+# to 32 sequences on the H200; at 64 the prefill kernel is faster (docs/performance.md item 16).
+DECODE_ROWS_MAX_TOKENS = 32
 
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
@@ -72,10 +76,14 @@ class Attention(nn.Module):
         if self.compressor is not None:
             cmp_pool = cache.compressed_pools[self.layer]
             columns, counts = self._compress_and_select(x, qr, batch, cache, rope)
+        # A decode step of up to DECODE_ROWS_MAX_TOKENS sequences goes in as [T, 1] (one query per
+        # row: the kernels' decode path), anything else as one [1, T] prefill.
+        rows = (t, 1) if batch.is_decode and t <= DECODE_ROWS_MAX_TOKENS else (1, t)
         o = sparse_attn_paged(
-            q.to(win_pool.dtype)[None], win_pool, cmp_pool, columns[None], self.window, self.sinks,
-            self.head_dim**-0.5, counts=None if counts is None else counts[None], impl=batch.kernels,
-        )[0]
+            q.to(win_pool.dtype).reshape(*rows, *q.shape[1:]), win_pool, cmp_pool, columns.reshape(*rows, -1),
+            self.window, self.sinks, self.head_dim**-0.5, counts=None if counts is None else counts.reshape(rows),
+            impl=batch.kernels,
+        ).reshape(q.shape)
         if not batch.is_decode:  # decode wrote its rows straight to the ring
             win_pool[batch.ring_dst] = win_pool[batch.ring_src]
 

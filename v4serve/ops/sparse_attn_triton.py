@@ -95,9 +95,11 @@ SMALL_DECODE_PAIRS = 1024
 # partials. Scores: one 64-column tile for all 64 heads (wgmma's M on sm_90) per program, S
 # accumulated over 64-wide slices of the head dim in a 4-stage cp.async pipeline; values: 32
 # output dims per program, two tiles per step. H200 sweeps (docs/performance.md item 16): B8
-# r4 / r128 / r0 9.8 / 8.3 / 6.8 µs against split-K's 15.1 / 11.5 / 7.3; at B4 it wins at r4 and
-# r128 and ties at r0; at B1 and B2 split-K wins at every ratio.
-TWO_PASS_MIN_TOKENS = 4
+# r4 / r128 / r0 9.8 / 8.3 / 6.8 µs against split-K's 15.1 / 11.5 / 7.3; B4 9.4 / 8.0 / 6.6
+# against 11.0 / 8.6 / 6.4. At B2 split-K is ~1 µs faster, but every multi-sequence step takes
+# the same kernels, so an engine step of 3 sequences computes the same bits eagerly and in its
+# CUDA graph padded to 4.
+TWO_PASS_MIN_TOKENS = 2
 DECODE_CONFIG_TWO_PASS = dict(KERNEL="two_pass", BLOCK_H=64, BLOCK_T=64, BLOCK_K=64, BLOCK_DV=32, PDL=True,
                               SCORES=dict(num_warps=4, num_stages=4), VALUES=dict(num_warps=4, num_stages=3))
 
