@@ -1,7 +1,7 @@
 """Paged sparse attention of DeepSeek-V4: public entry point.
 
 Math: v4serve/ops/sparse_attn_reference.py. Kernels: prefill (M > 1) and decode
-(M == 1: split-K plus merge below 4 tokens, the two-pass kernels from 4) behind
+(M == 1: split-K plus merge for one token, the two-pass kernels from 2) behind
 sparse_attn_triton.py. bf16 inputs on CUDA run the kernels; anything else runs
 the reference.
 """

@@ -21,7 +21,7 @@ softmax state (m [BLOCK_H], l [BLOCK_H], acc [BLOCK_H, D]) in registers.
 
 The production prefill on sm_90 (Triton 3.6, D = 512) is instead the warp-specialised Gluon
 kernel of sparse_attn_gluon.py (1.2-1.6x faster at the PR shapes, same output bits), and decode
-steps of 4 or more tokens run the two-pass kernels of sparse_attn_two_pass.py (bf16 P between a
+steps of 2 or more tokens run the two-pass kernels of sparse_attn_two_pass.py (bf16 P between a
 scores and a values launch instead of fp32 split partials); the wrapper below dispatches on the
 tile config's KERNEL ("tl", "ws" or "two_pass").
 

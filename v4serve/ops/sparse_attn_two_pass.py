@@ -3,7 +3,7 @@
 Layouts as in sparse_attn_triton.py: q [T, H, D] bf16, pools [N, D] bf16 sharing one 16-byte
 aligned row stride, idx [T, C] int32 (-1 = hole), counts [T] int32, sink [H] fp32, out [T, H, D]
 bf16. Every query token is independent (its causal limit is in idx / counts), so any M works;
-the kernels are built for decode steps of several sequences (production from 4 tokens).
+the kernels are built for decode steps of several sequences (production from 2 tokens).
 
 Why two passes. Split-K decode (sparse_attn_triton.py) spreads a token's C columns over splits
 and hands every split's unnormalised output to a merge kernel: fp32 [H, D] per split, 128 KB per
@@ -35,7 +35,7 @@ the tile's max (both in (0, 1]); the accumulation is fp32 in both. A token whose
 holes gets exactly 0, as in the split-K kernel.
 
 Measured on the H200 (docs/performance.md item 16): decode B8 r4 / r128 / r0 9.75 / 8.22 / 6.71
-µs against split-K's 15.2 / 11.4 / 7.3; split-K stays faster below 4 tokens.
+µs against split-K's 15.2 / 11.4 / 7.3; split-K stays for single-token steps.
 """
 
 import torch
