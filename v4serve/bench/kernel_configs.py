@@ -40,9 +40,9 @@ def _two_pass(block_t=64, block_k=128, block_dv=32, score_warps=4, score_stages=
 
 DECODE_CANDIDATES = [
     None,
-    DECODE_CONFIG_SMALL,  # split-K, 32 columns per split (production at B1)
-    DECODE_CONFIG_LARGE,  # split-K, 64 columns per split (production at B2-B3 past 1024 pairs)
-    DECODE_CONFIG_TWO_PASS,  # production at B >= 4
+    DECODE_CONFIG_SMALL,  # split-K, 32 columns per split (production at B1 up to 1024 columns)
+    DECODE_CONFIG_LARGE,  # split-K, 64 columns per split (production at B1 past 1024 columns)
+    DECODE_CONFIG_TWO_PASS,  # production at B >= 2
     _two_pass(block_k=64, score_stages=4, value_stages=4),
     _two_pass(block_k=64, score_stages=4, block_dv=16),
     _two_pass(block_k=128, score_stages=3),

@@ -32,6 +32,7 @@ from v4serve.ops.sparse_attn import sparse_attn_paged
 # to 32 sequences on the H200; at 64 the prefill kernel is faster (docs/performance.md item 16).
 DECODE_ROWS_MAX_TOKENS = 32
 
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()

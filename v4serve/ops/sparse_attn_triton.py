@@ -65,9 +65,9 @@ from v4serve.ops.sparse_attn_tiles import column_bound, gather_kv_tile
 from v4serve.ops.sparse_attn_two_pass import sparse_attn_two_pass
 
 # Production tiles (H200 sweeps, docs/performance.md). Prefill: all 64 heads of a token share each
-# gathered [64, 512] KV tile. Decode: 16 heads per program; splits of 32 columns while the step
-# has at most SMALL_DECODE_PAIRS (token, column) pairs (B1 r4: 80 programs for 640 columns), 64
-# beyond; the merge kernel is launched with programmatic dependent launch (PDL, sm_90+) so its
+# gathered [64, 512] KV tile. Single-token decode (steps of more tokens take the two-pass kernels
+# below): 16 heads per program; splits of 32 columns up to SMALL_DECODE_PAIRS columns (B1 r4: 80
+# programs for 640 columns), 64 beyond (V4-Pro's 1152); the merge kernel is launched with programmatic dependent launch (PDL, sm_90+) so its
 # launch overlaps the split kernel. Also available by tile_config, and measured slower on the H200
 # (a program's serial tile steps cost ~2 µs each): COLS_PER_SPLIT None (one program per
 # (token, head block) walks every column) and MERGE "fused" (the last split program merges).
