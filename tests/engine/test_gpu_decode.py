@@ -11,12 +11,14 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_graph_replay_matches_eager_decoding():
+@pytest.mark.parametrize("kernels", ["auto", "torch"])  # the Triton kernels, and the torch references captured
+def test_graph_replay_matches_eager_decoding(kernels):
     prompts = [list(range(10, 10 + n)) for n in (5, 70, 33)]  # 3 sequences: a padded graph of 4
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=0)
     runs = {}
     for graphs in (True, False):
-        llm = LLM("tiny", device="cuda", dtype="bfloat16", max_num_seqs=4, cuda_graphs=graphs, progress=False)
+        llm = LLM("tiny", device="cuda", dtype="bfloat16", max_num_seqs=4, cuda_graphs=graphs,
+                  kernels=kernels, progress=False)
         assert llm.engine.decode_runner.uses_cuda_graphs == graphs
         runs[graphs] = llm.generate(prompt_token_ids=prompts, sampling_params=params)
     for a, b in zip(runs[True], runs[False]):
