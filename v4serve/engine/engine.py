@@ -109,6 +109,12 @@ class Engine:
             )
         pages_per_seq = -(-self.max_model_len // config.page_size)
         self.kv_budget = _kv_budget(args, CacheGeometry.from_config(config), dtype, device, pages_per_seq)
+        if self.kv_budget.num_pages < pages_per_seq:  # a long request would preempt itself forever
+            raise ValueError(
+                f"the KV cache holds {self.kv_budget.num_pages} pages ({self.kv_budget.num_pages * config.page_size} "
+                f"tokens), fewer than one sequence of max_model_len {self.max_model_len} needs ({pages_per_seq} "
+                f"pages): give it more memory (kv_cache_memory / num_kv_pages) or lower max_model_len"
+            )
         self.cache = PagedKVCache(
             CacheGeometry.from_config(config),
             num_pages=self.kv_budget.num_pages,

@@ -39,6 +39,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.num_preemptions = 0  # since start, over all requests
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -106,6 +107,7 @@ class Scheduler:
         request.num_computed = 0
         request.status = Status.WAITING
         request.num_preemptions += 1
+        self.num_preemptions += 1
         # Back to the queue in arrival order, ahead of anything that arrived later.
         position = sum(1 for r in self.waiting if r.arrival < request.arrival)
         self.waiting.insert(position, request)
