@@ -23,6 +23,12 @@ ORACLE_CONFIGS = {
     "c": dict(seed=2, layer_types=[HCA, CSA, SWA], mlp_layer_types=["moe", "moe", "hash_moe"],
               compress_rates={CSA: 4, HCA: 32}, sliding_window=64, num_attention_heads=2, head_dim=64,
               partial_rotary_factor=0.25, o_groups=1, index_topk=12, index_n_heads=16),
+    # The real models' geometry in small: Flash's CSA/HCA alternation, an HCA ratio equal to the
+    # window (a compression boundary on every page boundary), the 64-channel rope tail and 128-wide
+    # index heads.
+    "d": dict(seed=3, layer_types=[CSA, HCA, CSA, HCA], mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+              compress_rates={CSA: 4, HCA: 32}, sliding_window=32, num_attention_heads=4, head_dim=128,
+              partial_rotary_factor=0.5, o_groups=2, index_topk=6, index_n_heads=16, index_head_dim=128),
 }
 
 
@@ -34,14 +40,15 @@ def make_hf_model(name: str):
     spec = dict(ORACLE_CONFIGS[name])
     seed = spec.pop("seed")
     n_layers = len(spec["layer_types"])
-    config = DeepseekV4Config(
+    shared = dict(
         vocab_size=512, hidden_size=64, num_hidden_layers=n_layers, q_lora_rank=32, o_lora_rank=24,
         n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, index_head_dim=32,
         max_position_embeddings=4096, rope_theta=10000.0, compress_rope_theta=160000.0,
         rope_parameters={"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 64,
                          "beta_fast": 32.0, "beta_slow": 1.0},
-        routed_scaling_factor=1.5, initializer_range=0.1, eos_token_id=1, bos_token_id=0, **spec,
+        routed_scaling_factor=1.5, initializer_range=0.1, eos_token_id=1, bos_token_id=0,
     )
+    config = DeepseekV4Config(**{**shared, **spec})
     torch.manual_seed(seed)
     model = DeepseekV4ForCausalLM(config).float().eval()
     gen = torch.Generator().manual_seed(seed + 100)
