@@ -46,6 +46,17 @@ def check_invariants(scheduler: Scheduler, requests: list[Request], finished: se
     assert [r.arrival for r in scheduler.waiting] == sorted(r.arrival for r in scheduler.waiting)
 
 
+def check_first_come_first_served(scheduler: Scheduler, waiting_before: list[Request],
+                                  earliest_running: Request | None) -> None:
+    """Admission takes the waiting queue from its head (no later arrival overtakes an earlier one),
+    and preemption never takes the earliest running request: the oldest request always advances."""
+    admitted = [r.slot is not None for r in waiting_before]
+    assert admitted == sorted(admitted, reverse=True), "a later arrival was admitted ahead of an earlier one"
+    if earliest_running is not None:
+        assert earliest_running.slot is not None or earliest_running.status is Status.FINISHED, \
+            "the earliest running request was preempted"
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_random_admit_grow_preempt_abort_finish(seed):
     rng = random.Random(seed)
@@ -65,7 +76,11 @@ def test_random_admit_grow_preempt_abort_finish(seed):
             victim = rng.choice(live)
             scheduler.finish(victim)
             finished.add(victim.request_id)
-        for chunk in scheduler.schedule():
+        waiting_before = list(scheduler.waiting)
+        earliest_running = min(scheduler.running, key=lambda r: r.arrival, default=None)
+        plan = scheduler.schedule()
+        check_first_come_first_served(scheduler, waiting_before, earliest_running)
+        for chunk in plan:
             request = chunk.request
             assert chunk.start == request.num_computed and chunk.length > 0
             request.num_computed = chunk.end
