@@ -35,7 +35,8 @@ def test_pages_fill_the_budget_exactly(geometry):
     page_bytes = budget.bytes_per_token * budget.page_size
     assert budget.total_bytes <= memory < budget.total_bytes + page_bytes
     assert budget.full_length_sequences == budget.num_pages // 128
-    assert any("bytes/token" in line for line in budget.describe())
+    for tier in ("compressed rows", "index keys", "window ring", "compressor state"):  # every tier, per token
+        assert any(line.strip().startswith(tier) and "bytes/token" in line for line in budget.describe()), tier
 
 
 def test_too_small_a_budget_names_the_option(geometry):

@@ -54,8 +54,9 @@ class KVBudget:
         lines = ["KV cache budget:"]
         for tier, b in self.tier_bytes_per_token.items():
             lines.append(f"  {tier:<22} {b:>12.1f} bytes/token")
+        full_length = self.max_pages_per_seq * self.page_size
         for tier, b in self.tier_bytes_per_sequence.items():
-            lines.append(f"  {tier:<22} {b:>12d} bytes/sequence")
+            lines.append(f"  {tier:<22} {b:>12d} bytes/sequence ({b / full_length:.1f} bytes/token at {full_length} tokens)")
         lines.append(f"  {'staging rows':<22} {self.staging_bytes:>12d} bytes")
         lines.append(
             f"  {self.num_pages} pages of {self.page_size} tokens ({self.num_pages * self.page_size} tokens, "
