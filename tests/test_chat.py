@@ -1,5 +1,6 @@
-"""v4serve.chat: the reference vectors byte for byte, parse-back of every assistant turn,
-streaming == one-shot parsing, malformed completions, and input validation."""
+"""v4serve.chat: the reference vectors byte for byte and token by token, parse-back of every
+assistant turn, streaming == one-shot parsing, malformed completions, input validation, and
+`LLM.chat` offline."""
 
 import ast
 import itertools
@@ -12,12 +13,15 @@ from pathlib import Path
 import pytest
 
 import v4serve.chat
+from v4serve import LLM, SamplingParams
 from v4serve.chat import (
     ParsedCompletion, StreamingParser, collect_deltas, encode_messages, parse_completion,
 )
 from v4serve.chat.tokens import (
-    ASSISTANT, BOS, EOS, REASONING_EFFORT_PREFIX, THINK_END, THINK_START, TOOL_CALLS_START,
+    ASSISTANT, BOS, DSML, EOS, LATEST_REMINDER, REASONING_EFFORT_PREFIX, TASK_TOKENS, THINK_END,
+    THINK_START, TOOL_CALLS_START, USER,
 )
+from v4serve.tokenizer import Tokenizer
 
 _VECTOR_DIRS = [
     os.environ.get("V4SERVE_CHAT_VECTORS", ""),
@@ -69,6 +73,25 @@ def calls_of(tool_calls: list[dict]) -> list[tuple[str, dict]]:
 def test_vector_encodes_byte_for_byte(case):
     messages, expected = load_case(case)
     assert encode_messages(messages, thinking_mode="thinking") == expected
+
+
+SPECIAL_TOKENS = [BOS, EOS, USER, ASSISTANT, LATEST_REMINDER, THINK_START, THINK_END, DSML,
+                  *TASK_TOKENS.values()]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vector_special_tokens_are_single_ids(case):
+    """The model was trained on each special token as one id; split into pieces (a tokenizer
+    without them), the same text would be a prompt it has never seen."""
+    _, expected = load_case(case)
+    tokenizer = Tokenizer.for_model(None)
+    ids = tokenizer.encode(expected)
+    assert tokenizer.decode(ids, skip_special_tokens=False) == expected
+    assert ids[0] == tokenizer.token_to_id(BOS)
+    for token in SPECIAL_TOKENS:
+        token_id = tokenizer.token_to_id(token)
+        assert token_id is not None, token
+        assert ids.count(token_id) == expected.count(token), token
 
 
 def test_tools_argument_equals_tools_on_system_message():
@@ -174,6 +197,18 @@ def test_typed_arguments_encode_as_dsml_and_parse_back():
     assert parsed.error is None
     assert (parsed.reasoning_content, parsed.content) == ("plan", "Looking.")
     assert calls_of(parsed.tool_calls) == [("lookup", TYPED_ARGUMENTS), ("noargs", {})]
+
+
+def test_llm_chat_offline_with_tools_and_thinking():
+    """`LLM.chat` prompts with the thinking-mode encoding and the tools, then generates as usual."""
+    tools = [{"type": "function", "function": {"name": "search", "parameters": {}}}]
+    prompt = encode_messages([U], "thinking", tools=tools)
+    assert "## Tools" in prompt and prompt.endswith(ASSISTANT + THINK_START)
+    llm = LLM("tiny", device="cpu", max_num_seqs=2)
+    params = SamplingParams(temperature=0, max_tokens=4)
+    [out] = llm.chat([U], params, tools=tools, thinking=True)
+    assert out.prompt_token_ids == llm.tokenizer.encode(prompt)
+    assert out.outputs[0].token_ids == llm.generate(prompt, params)[0].outputs[0].token_ids
 
 
 # ---- input validation ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from v4serve import LLM, SamplingParams
+from v4serve.chat import encode_messages
 
 PROMPT = "The capital of France is"
 CHAT = [{"role": "user", "content": "Say hello."}]
@@ -89,6 +90,17 @@ def test_n_choices_with_seed_are_reproducible(client):
     assert first.usage.completion_tokens == 15
 
 
+def test_chat_n_choices_count_the_prompt_once(client, llm):
+    prompt_tokens = len(llm.tokenizer.encode(encode_messages(CHAT)))
+    want = (prompt_tokens, 12, prompt_tokens + 12)  # 3 choices of 4 tokens
+    kw = dict(model="tiny", messages=CHAT, max_tokens=4, n=3, seed=5, extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(**kw)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == want
+    last = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))[-1]
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens, last.usage.total_tokens) == want
+
+
 def test_logprobs(client, llm):
     expected = llm.generate([PROMPT], greedy(4, logprobs=3))[0].outputs[0]
     r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=0, logprobs=3)
@@ -103,31 +115,53 @@ def test_logprobs(client, llm):
     assert content[0].logprob == pytest.approx(content[0].top_logprobs[0].logprob)  # greedy = the top token
 
 
-def test_32_concurrent_streams_complete_with_correct_usage(server, llm):
+def _stream_concurrently(server, requests: list[dict]) -> list[tuple[str, list[str], openai.types.CompletionUsage]]:
+    """Stream every completion request at once; (text, tokens or [] without logprobs, usage) of each."""
     aclient = AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
 
-    async def one(i: int) -> tuple[int, int, int, str]:
-        prompt = f"Request number {i}: " + "word " * (i % 7)
-        max_tokens = 2 + i % 5
-        stream = await aclient.completions.create(
-            model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0.8, seed=i, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-        text, usage = "", None
+    async def one(request: dict):
+        stream = await aclient.completions.create(model="tiny", stream=True, stream_options={"include_usage": True},
+                                                  **request)
+        text, tokens, usage = "", [], None
         async for chunk in stream:
-            text += "".join(c.text for c in chunk.choices)
+            for c in chunk.choices:
+                text += c.text
+                tokens += c.logprobs.tokens if c.logprobs else []
             usage = chunk.usage or usage
-        return max_tokens, usage.completion_tokens, usage.prompt_tokens - len(llm.tokenizer.encode(prompt)), text
+        return text, tokens, usage
 
     async def run_all():
         try:
-            return await asyncio.gather(*(one(i) for i in range(32)))
+            return await asyncio.gather(*(one(r) for r in requests))
         finally:
             await aclient.close()
 
-    results = asyncio.run(run_all())
-    assert [r[1] for r in results] == [r[0] for r in results]
-    assert all(r[2] == 0 for r in results)
-    assert all(r[3] for r in results)
+    return asyncio.run(run_all())
+
+
+def test_32_concurrent_streams_complete_with_correct_usage(server, llm):
+    prompts = [f"Request number {i}: " + "word " * (i % 7) for i in range(32)]
+    max_tokens = [2 + i % 5 for i in range(32)]
+    results = _stream_concurrently(server, [
+        dict(prompt=p, max_tokens=m, temperature=0.8, seed=i, extra_body={"ignore_eos": True})
+        for i, (p, m) in enumerate(zip(prompts, max_tokens))])
+    assert [usage.completion_tokens for _, _, usage in results] == max_tokens
+    assert [usage.prompt_tokens for _, _, usage in results] == [len(llm.tokenizer.encode(p)) for p in prompts]
+    assert all(text for text, _, _ in results)
+
+
+def test_32_concurrent_greedy_streams_match_llm_generate(server, llm):
+    """Batched with 31 others, a greedy request gets the tokens it gets alone (`LLM.generate`)."""
+    prompts = [f"Greedy request {i}: " + "word " * (i % 5) for i in range(32)]
+    max_tokens = [1 + i % 4 for i in range(32)]
+    expected = llm.generate(prompts, [greedy(m) for m in max_tokens])
+    results = _stream_concurrently(server, [dict(prompt=p, max_tokens=m, temperature=0, logprobs=0)
+                                            for p, m in zip(prompts, max_tokens)])
+    for want, (text, tokens, usage) in zip(expected, results):
+        completion = want.outputs[0]
+        assert text == completion.text
+        assert tokens == [llm.tokenizer.decode([t], skip_special_tokens=False) for t in completion.token_ids]
+        assert (usage.prompt_tokens, usage.completion_tokens) == (len(want.prompt_token_ids), len(completion.token_ids))
 
 
 def _metrics_once_idle(server, seconds: float) -> dict:

@@ -2,11 +2,15 @@
 parsed back into `reasoning_content`, `content` and `tool_calls`, whole or as streamed deltas.
 
 A tool-call block that does not parse comes back as plain content (status 200): the model's
-mistake is the client's data, not a server error.
+mistake is the client's data, not a server error. Why it did not parse is not lost: the choice
+carries `parse_error` (a string, null when every block parsed; in a stream, on the chunk that
+has the choice's `finish_reason`), and a WARNING log line names the request and the reason.
+OpenAI clients keep the field in `choice.model_extra`.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import AsyncIterator
 
 from fastapi.responses import Response
@@ -21,6 +25,8 @@ from v4serve.server.protocol import ChatRequest, parse_chat_request
 from v4serve.server.responses import IncrementalText, new_id, now, usage
 from v4serve.server.serving import Generation, check_prompt, respond, sampling_params
 
+log = logging.getLogger("v4serve.server")
+
 
 async def create_chat_completion(ctx: ServingContext, body: dict, http: HTTPRequest) -> Response:
     req = parse_chat_request(body)
@@ -34,8 +40,8 @@ async def create_chat_completion(ctx: ServingContext, body: dict, http: HTTPRequ
     stream = _stream(ctx, req, generation, request_id) if req.sampling.stream else None
     return await respond(generation, http, stream, lambda outputs: {
         "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name,
-        "choices": [_choice(ctx, req, index, out) for index, out in enumerate(outputs)],
-        "usage": usage(outputs, 1),
+        "choices": [_choice(ctx, req, request_id, index, out) for index, out in enumerate(outputs)],
+        "usage": usage(outputs, req.sampling.n),
     })
 
 
@@ -56,14 +62,23 @@ def _tool_names(req: ChatRequest) -> set[str]:
     return {t["function"]["name"] for t in req.tools}
 
 
-def _choice(ctx: ServingContext, req: ChatRequest, index: int, out: RequestOutput) -> dict:
+def _parse_error(request_id: str, index: int, error: str | None) -> str | None:
+    """`error` as the choice's `parse_error`, logged first: the client may not look at the field,
+    and whoever runs the server wants to see how often the model writes broken tool calls."""
+    if error is not None:
+        log.warning("%s choice %d: tool-call block returned as content: %s", request_id, index, error)
+    return error
+
+
+def _choice(ctx: ServingContext, req: ChatRequest, request_id: str, index: int, out: RequestOutput) -> dict:
     c = out.outputs[0]
     parsed = parse_completion(c.text, req.thinking_mode, _tool_names(req))
     logprobs = None
     if req.logprobs is not None:
         logprobs = ctx.logprobs.chat(c.logprobs, c.token_ids, req.logprobs)
     reason = "tool_calls" if parsed.tool_calls else c.finish_reason
-    return {"index": index, "message": parsed.to_message(), "logprobs": logprobs, "finish_reason": reason}
+    return {"index": index, "message": parsed.to_message(), "logprobs": logprobs, "finish_reason": reason,
+            "parse_error": _parse_error(request_id, index, parsed.error)}
 
 
 async def _stream(ctx: ServingContext, req: ChatRequest, generation: Generation,
@@ -78,6 +93,8 @@ async def _stream(ctx: ServingContext, req: ChatRequest, generation: Generation,
 
     def chunk(index: int, delta: dict, logprobs=None, finish_reason=None) -> str:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        if finish_reason is not None:  # the choice's last chunk
+            choice["parse_error"] = _parse_error(request_id, index, parsers[index].error)
         return sse.event({**head, "choices": [choice]})
 
     try:
@@ -101,7 +118,8 @@ async def _stream(ctx: ServingContext, req: ChatRequest, generation: Generation,
             if out.finished:
                 yield chunk(index, {}, finish_reason="tool_calls" if called[index] else c.finish_reason)
         if req.sampling.include_usage:
-            yield sse.event({**head, "choices": [], "usage": usage([last[i] for i in range(n)], 1)})
+            outputs = [last[i] for i in range(n)]
+            yield sse.event({**head, "choices": [], "usage": usage(outputs, req.sampling.n)})
     except APIError as e:
         yield sse.event(e.body())
     finally:

@@ -18,6 +18,9 @@ MAX_BODY_BYTES = 8 * 2**20  # default request body limit
 MAX_LOGPROBS = 20  # top logprobs per position
 MAX_N = 16  # choices per request
 MAX_STOP = 16  # stop strings per request
+# `seed` is a signed 64-bit integer (as in OpenAI's API); choice i samples with seed + i, which
+# still fits torch's generator seeds, [-2**63, 2**64).
+MIN_SEED, MAX_SEED = -2**63, 2**63 - 1
 REASONING_EFFORTS = {"low": "high", "medium": "high", "high": "high", "max": "max"}
 
 
@@ -208,7 +211,7 @@ def _sampling(f: Fields, default_max_tokens: int | None) -> Sampling:
         temperature=f.number("temperature", 1.0, 0.0, 2.0),
         top_p=f.number("top_p", 1.0, 0.0, 1.0, lo_open=True),
         top_k=f.integer("top_k", -1, -1),
-        seed=f.integer("seed", None),
+        seed=f.integer("seed", None, MIN_SEED, MAX_SEED),
         stop=_stop(f.get("stop")),
         n=f.integer("n", 1, 1, MAX_N),
         ignore_eos=f.boolean("ignore_eos", False),

@@ -7,6 +7,7 @@ the engine thread and exits (uvicorn's graceful shutdown, then the app's lifespa
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 from typing import Callable
 
@@ -57,9 +58,21 @@ def serve(args: argparse.Namespace, make_engine: Callable[[EngineArgs], Engine] 
     print("\n".join(engine.kv_budget.describe()), flush=True)
     app = create_app(engine, name, max_body_bytes=args.max_body_bytes)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=None, access_log=args.log_level == "debug")
+                            log_config=_log_config(args.log_level), timeout_graceful_shutdown=None,
+                            access_log=args.log_level == "debug")
     uvicorn.Server(config).run()
     return 0
+
+
+def _log_config(level: str) -> dict:
+    """uvicorn's logging, extended to the `v4serve` loggers: without a handler their lines (a
+    tool-call block returned as content, a failed engine step) would print bare, with no level,
+    and ignore --log-level."""
+    import uvicorn.config
+
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["loggers"]["v4serve"] = {"handlers": ["default"], "level": level.upper(), "propagate": False}
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:
