@@ -31,6 +31,7 @@ class EngineSnapshot:
     waiting: int
     pages_used: int
     pages_total: int
+    preemptions: int  # since start
     alive: bool
 
 
@@ -159,4 +160,4 @@ class EngineLoop:
     def _snapshot(self, alive: bool) -> EngineSnapshot:
         scheduler, allocator = self._engine.scheduler, self._engine.cache.allocator
         return EngineSnapshot(len(scheduler.running), len(scheduler.waiting), allocator.num_used,
-                              allocator.num_pages, alive)
+                              allocator.num_pages, scheduler.num_preemptions, alive)

@@ -77,6 +77,8 @@ class Metrics:
             counters = [
                 ("v4serve_prompt_tokens_total", "Prompt tokens processed.", self._prompt_tokens),
                 ("v4serve_generation_tokens_total", "Tokens generated.", self._generation_tokens),
+                ("v4serve_num_preemptions_total", "Requests preempted for KV pages (recomputed later).",
+                 snapshot.preemptions),
             ]
             for name, help_text, value in counters:
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]
