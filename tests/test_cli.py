@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
@@ -14,14 +16,33 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_generate_prints_the_greedy_continuation():
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def tiny_continuation() -> str:
     from v4serve import LLM, SamplingParams
 
-    done = _cli("generate", "--model", "tiny", "--device", "cpu", "--max-tokens", "6", "The capital of France is")
+    return LLM("tiny", device="cpu", progress=False).generate(
+        [PROMPT], SamplingParams(temperature=0.0, max_tokens=6))[0].outputs[0].text
+
+
+def test_generate_prints_the_greedy_continuation(tiny_continuation):
+    done = _cli("generate", "--model", "tiny", "--device", "cpu", "--max-tokens", "6", PROMPT)
     assert done.returncode == 0, done.stderr
-    expected = LLM("tiny", device="cpu", progress=False).generate(
-        ["The capital of France is"], SamplingParams(temperature=0.0, max_tokens=6))[0].outputs[0].text
-    assert done.stdout == expected + "\n"
+    assert done.stdout == tiny_continuation + "\n"
+
+
+def test_generate_from_a_checkpoint_folder(tiny_continuation, tmp_path):
+    """The tiny preset saved as a checkpoint (no tokenizer.json: the bundled one) continues alike."""
+    import torch
+
+    from v4serve.model.loader import build_model, save_pretrained
+
+    save_pretrained(*build_model("tiny", "cpu", torch.float32, progress=False), tmp_path)
+    done = _cli("generate", "--model", str(tmp_path), "--device", "cpu", "--max-tokens", "6", PROMPT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == tiny_continuation + "\n"
 
 
 def test_bad_input_exits_2_with_a_clear_message():

@@ -22,6 +22,7 @@ FLASH_OFFICIAL = {  # as the official V4-Flash checkpoint writes it (legacy name
                      "original_max_position_embeddings": 65536},
     "rms_norm_eps": 1e-6, "max_position_embeddings": 1048576, "eos_token_id": 1,
 }
+FLASH_LAYER_TYPES = [SLIDING, SLIDING] + [CSA, HCA] * 20 + [CSA]  # FLASH_OFFICIAL's ratios, transformers' way
 
 
 def test_official_legacy_names():
@@ -77,6 +78,36 @@ def test_inference_short_names_fill_in(tmp_path):
         ({"scoring_func": "relu"}, "scoring_func"),
         ({"rope_scaling": {"type": "yarn", "factor": 16}}, "original_max_position_embeddings"),
         ({"num_experts_per_tok": 300}, "num_experts_per_tok"),
+        # Non-numbers: a ConfigError naming the field and the value, not a bare float() ValueError.
+        ({"routed_scaling_factor": "fast"}, "`routed_scaling_factor` must be a number, got 'fast'"),
+        ({"rope_theta": "1e4"}, "`rope_theta` must be a number, got '1e4'"),
+        ({"hc_eps": [1e-6]}, "`hc_eps` must be a number, got \\[1e-06\\]"),
+        ({"rms_norm_eps": float("nan")}, "`rms_norm_eps` must be a number, got nan"),
+        ({"compress_ratios": [0, "four"] + [4, 128] * 21}, "`compress_ratios\\[1\\]` must be an integer, got 'four'"),
+        ({"compress_rates": {HCA: "128"}}, f"`compress_rates.{HCA}` must be an integer, got '128'"),
+        ({"qk_rope_head_dim": None, "partial_rotary_factor": "1/8"},
+         "`partial_rotary_factor` must be a number, got '1/8'"),
+        ({"rope_scaling": {**FLASH_OFFICIAL["rope_scaling"], "beta_fast": "32"}},
+         "`rope_scaling.beta_fast` must be a number, got '32'"),
+        ({"num_hash_layers": 3.5}, "`num_hash_layers` must be an integer, got 3.5"),
+        ({"n_shared_experts": True}, "`n_shared_experts` must be an integer, got True"),
+        ({"hidden_size": "4096"}, "`hidden_size` must be an integer, got '4096'"),
+        # Out of range.
+        ({"swiglu_limit": 0}, "`swiglu_limit` must be a positive number, got 0"),
+        ({"rms_norm_eps": -1e-6}, "`rms_norm_eps` must be a positive number, got -1e-06"),
+        ({"rope_theta": 0.0}, "`rope_theta` must be a positive number, got 0.0"),
+        ({"routed_scaling_factor": -1.5}, "`routed_scaling_factor` must be a positive number, got -1.5"),
+        ({"rope_scaling": {**FLASH_OFFICIAL["rope_scaling"], "factor": -16}},
+         "`rope_scaling.factor` must be a positive number, got -16"),
+        ({"num_hash_layers": -1}, "`num_hash_layers` must be a non-negative integer, got -1"),
+        ({"qk_rope_head_dim": None, "partial_rotary_factor": 1.5},
+         "`partial_rotary_factor` must be in \\(0, 1\\], got 1.5"),
+        ({"eos_token_id": [1, -1]}, "`eos_token_id` must be a non-negative integer, got -1"),
+        # The transformers spelling contradicting the legacy one.
+        ({"layer_types": FLASH_LAYER_TYPES[:2] + [HCA] + FLASH_LAYER_TYPES[3:]},
+         "`layer_types`/`compress_rates` give layer 2 compress ratio 128 but the legacy `compress_ratios` gives 4"),
+        ({"compress_rates": {HCA: 64}},
+         "`layer_types`/`compress_rates` give layer 3 compress ratio 64 but the legacy `compress_ratios` gives 128"),
     ],
 )
 def test_bad_fields_are_named(change, field):
@@ -84,6 +115,19 @@ def test_bad_fields_are_named(change, field):
     raw = {k: v for k, v in raw.items() if v is not None}
     with pytest.raises(ConfigError, match=field):
         ModelConfig.from_dict(raw)
+
+
+def test_both_layer_spellings_are_accepted_when_they_agree():
+    both = {**FLASH_OFFICIAL, "layer_types": FLASH_LAYER_TYPES, "compress_rates": {CSA: 4, HCA: 128}}
+    assert ModelConfig.from_dict(both) == preset_config("deepseek-v4-flash")
+
+
+def test_swiglu_limit_has_no_off_spelling():
+    """The experts always clamp: a missing limit is transformers' default, null is not "no limit"."""
+    missing = {k: v for k, v in FLASH_OFFICIAL.items() if k != "swiglu_limit"}
+    assert ModelConfig.from_dict(missing).swiglu_limit == 10.0
+    with pytest.raises(ConfigError, match="`swiglu_limit` must be a number, got None"):
+        ModelConfig.from_dict({**FLASH_OFFICIAL, "swiglu_limit": None})
 
 
 def test_inconsistent_layer_types(tmp_path):

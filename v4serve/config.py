@@ -145,9 +145,16 @@ class ModelConfig:
             "max_position_embeddings",
         )
         for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"config field `{name}` must be a positive integer, got {value!r}")
+            _positive(getattr(self, name), name, int)
+        # `swiglu_limit` too: the experts always clamp, there is no "no limit" spelling (a missing
+        # field is transformers' default, 10).
+        for name in ("routed_scaling_factor", "swiglu_limit", "hc_eps", "rms_norm_eps", "rope_theta",
+                     "compress_rope_theta"):
+            _positive(getattr(self, name), name)
+        token_ids = (("bos_token_id", self.bos_token_id), *(("eos_token_id", t) for t in self.eos_token_ids))
+        for name, value in (("n_shared_experts", self.n_shared_experts), *token_ids):
+            if _number(value, name, int) < 0:
+                raise ConfigError(f"config field `{name}` must be a non-negative integer, got {value!r}")
         n = self.num_hidden_layers
         for name in ("layer_types", "compress_ratios", "mlp_layer_types"):
             if len(getattr(self, name)) != n:
@@ -220,15 +227,12 @@ class ModelConfig:
                 raise ConfigError(f"config.json is missing the required field `{name}`")
             return raw[name]
 
-        n_layers = need("num_hidden_layers")
-        if not isinstance(n_layers, int):
-            raise ConfigError(f"config field `num_hidden_layers` must be an integer, got {n_layers!r}")
+        def number(name: str, default: float) -> float:
+            return _number(raw.get(name, default), name)
+
+        n_layers = _positive(need("num_hidden_layers"), "num_hidden_layers", int)
         layer_types, ratios = _resolve_layer_types(raw, n_layers)
         head_dim = need("head_dim")
-        rope_dim = raw.get("qk_rope_head_dim")
-        if rope_dim is None:
-            factor = raw.get("partial_rotary_factor")
-            rope_dim = int(head_dim * factor) if factor else 64
         rope_theta, compress_theta, yarn = _resolve_rope(raw)
         eos = raw.get("eos_token_id", 1)
         eos_ids = tuple(eos) if isinstance(eos, list) else (eos,)
@@ -239,7 +243,7 @@ class ModelConfig:
             num_hidden_layers=n_layers,
             num_attention_heads=need("num_attention_heads"),
             head_dim=head_dim,
-            qk_rope_head_dim=int(rope_dim),
+            qk_rope_head_dim=_resolve_rope_head_dim(raw, head_dim),
             q_lora_rank=need("q_lora_rank"),
             o_lora_rank=need("o_lora_rank"),
             o_groups=need("o_groups"),
@@ -254,14 +258,14 @@ class ModelConfig:
             n_shared_experts=raw.get("n_shared_experts", 1),
             num_experts_per_tok=need("num_experts_per_tok"),
             moe_intermediate_size=need("moe_intermediate_size"),
-            routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)),
+            routed_scaling_factor=number("routed_scaling_factor", 1.0),
             scoring_func=raw.get("scoring_func", "sqrtsoftplus"),
             norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
-            swiglu_limit=float(raw.get("swiglu_limit", 10.0)),
+            swiglu_limit=number("swiglu_limit", 10.0),
             hc_mult=raw.get("hc_mult", 4),
             hc_sinkhorn_iters=raw.get("hc_sinkhorn_iters", 20),
-            hc_eps=float(raw.get("hc_eps", 1e-6)),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            hc_eps=number("hc_eps", 1e-6),
+            rms_norm_eps=number("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             compress_rope_theta=compress_theta,
             compress_yarn=yarn,
@@ -334,38 +338,78 @@ class ModelConfig:
 
 def _resolve_layer_types(raw: dict[str, Any], n: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """Per-layer attention type and compress ratio from `layer_types`+`compress_rates` or legacy
-    `compress_ratios` (one trailing entry per MTP layer is dropped)."""
+    `compress_ratios` (one trailing entry per MTP layer is dropped). When a config carries both
+    spellings (an official `inference/config.json` beside a converted `config.json`, say) they must
+    agree: we cannot tell which one the weights were trained with."""
+    legacy = _legacy_compress_ratios(raw, n) if raw.get("compress_ratios") is not None else None
     if raw.get("layer_types") is not None:
         types = raw["layer_types"]
         if not isinstance(types, list) or len(types) < n:
             raise ConfigError(f"config field `layer_types` must list {n} layer types, got {types!r}")
         types = tuple(types[:n])
-        rates = {CSA: 4, HCA: 128, **(raw.get("compress_rates") or {})}
         for t in types:
             if t not in LAYER_TYPES:
                 raise ConfigError(f"config field `layer_types` has unknown entry {t!r}; expected one of {LAYER_TYPES}")
-        ratios = tuple(0 if t == SLIDING else int(rates[t]) for t in types)
-        return types, ratios
-    if raw.get("compress_ratios") is not None:
-        ratios = raw["compress_ratios"]
-        if not isinstance(ratios, list) or len(ratios) < n:
-            raise ConfigError(f"config field `compress_ratios` must have at least {n} entries, got {ratios!r}")
-        ratios = tuple(int(r) for r in ratios[:n])
-        bad = [r for r in ratios if r not in _RATIO_TO_LAYER_TYPE]
-        if bad:
-            raise ConfigError(f"config field `compress_ratios` has ratios {bad}; legacy configs allow 0, 4 and 128")
-        return tuple(_RATIO_TO_LAYER_TYPE[r] for r in ratios), ratios
-    raise ConfigError("config.json is missing the required field `layer_types` (or legacy `compress_ratios`)")
+    elif legacy is not None:
+        types = tuple(_RATIO_TO_LAYER_TYPE[r] for r in legacy)
+    else:
+        raise ConfigError("config.json is missing the required field `layer_types` (or legacy `compress_ratios`)")
+    rates = _compress_rates(raw)
+    ratios = tuple(0 if t == SLIDING else rates[t] for t in types)
+    if legacy is not None and ratios != legacy:
+        i = next(i for i, (new, old) in enumerate(zip(ratios, legacy)) if new != old)
+        raise ConfigError(
+            f"config fields `layer_types`/`compress_rates` give layer {i} compress ratio {ratios[i]} but the "
+            f"legacy `compress_ratios` gives {legacy[i]}; keep one spelling or make them agree"
+        )
+    return types, ratios
+
+
+def _legacy_compress_ratios(raw: dict[str, Any], n: int) -> tuple[int, ...]:
+    ratios = raw["compress_ratios"]
+    if not isinstance(ratios, list) or len(ratios) < n:
+        raise ConfigError(f"config field `compress_ratios` must have at least {n} entries, got {ratios!r}")
+    ratios = tuple(_number(r, f"compress_ratios[{i}]", int) for i, r in enumerate(ratios[:n]))
+    bad = [r for r in ratios if r not in _RATIO_TO_LAYER_TYPE]
+    if bad:
+        raise ConfigError(f"config field `compress_ratios` has ratios {bad}; legacy configs allow 0, 4 and 128")
+    return ratios
+
+
+def _compress_rates(raw: dict[str, Any]) -> dict[str, int]:
+    """Compress ratio per compressing layer type: `compress_rates` over transformers' defaults."""
+    rates = raw.get("compress_rates") or {}
+    if not isinstance(rates, dict):
+        raise ConfigError(f"config field `compress_rates` must map layer types to ratios, got {rates!r}")
+    return {CSA: 4, HCA: 128, **{t: _number(r, f"compress_rates.{t}", int) for t, r in rates.items()}}
 
 
 def _resolve_mlp_layer_types(raw: dict[str, Any], n: int) -> tuple[str, ...]:
+    """`mlp_layer_types`, else legacy `num_hash_layers` hash-routed layers (default 3) then score-routed ones."""
     if raw.get("mlp_layer_types") is not None:
         types = raw["mlp_layer_types"]
         if not isinstance(types, list) or len(types) < n:
             raise ConfigError(f"config field `mlp_layer_types` must list {n} entries, got {types!r}")
         return tuple(types[:n])
-    n_hash = raw.get("num_hash_layers", 3)
+    n_hash = _number(raw.get("num_hash_layers", 3), "num_hash_layers", int)
+    if n_hash < 0:
+        raise ConfigError(f"config field `num_hash_layers` must be a non-negative integer, got {n_hash}")
+    # More hash layers than layers (a model cut with `num_hidden_layers`) routes every layer by hash.
     return tuple("hash_moe" if i < n_hash else "moe" for i in range(n))
+
+
+def _resolve_rope_head_dim(raw: dict[str, Any], head_dim: Any) -> Any:
+    """RoPE channels per head: official `qk_rope_head_dim`, else transformers'
+    `head_dim * partial_rotary_factor` (truncated, as transformers does), else DeepSeek-V4's 64."""
+    if raw.get("qk_rope_head_dim") is not None:
+        return raw["qk_rope_head_dim"]  # checked with the other integer fields
+    factor = raw.get("partial_rotary_factor")
+    if factor is None:
+        return 64
+    factor = _number(factor, "partial_rotary_factor")
+    if not 0 < factor <= 1:
+        raise ConfigError(f"config field `partial_rotary_factor` must be in (0, 1], got {factor!r}")
+    return int(_number(head_dim, "head_dim", int) * factor)
 
 
 def _resolve_rope(raw: dict[str, Any]) -> tuple[float, float, YarnScaling | None]:
@@ -374,12 +418,13 @@ def _resolve_rope(raw: dict[str, Any]) -> tuple[float, float, YarnScaling | None
     params = raw.get("rope_parameters") or {}
     if isinstance(params.get("main"), dict) and isinstance(params.get("compress"), dict):
         main, compress = params["main"], params["compress"]
-        rope_theta = float(main.get("rope_theta", raw.get("rope_theta", 10000.0)))
-        compress_theta = float(compress.get("rope_theta", raw.get("compress_rope_theta", 160000.0)))
+        rope_theta = _number(main.get("rope_theta", raw.get("rope_theta", 10000.0)), "rope_theta")
+        compress_theta = _number(compress.get("rope_theta", raw.get("compress_rope_theta", 160000.0)),
+                                 "compress_rope_theta")
         scaling = compress if compress.get("rope_type", compress.get("type")) == "yarn" else None
     else:
-        rope_theta = float(raw.get("rope_theta", 10000.0))
-        compress_theta = float(raw.get("compress_rope_theta", 160000.0))
+        rope_theta = _number(raw.get("rope_theta", 10000.0), "rope_theta")
+        compress_theta = _number(raw.get("compress_rope_theta", 160000.0), "compress_rope_theta")
         scaling = raw.get("rope_scaling") or (params if params.get("rope_type") == "yarn" else None)
         if scaling is None and raw.get("rope_factor"):
             scaling = {"type": "yarn", "factor": raw["rope_factor"],
@@ -391,17 +436,36 @@ def _resolve_rope(raw: dict[str, Any]) -> tuple[float, float, YarnScaling | None
     if kind != "yarn":
         raise ConfigError(f"config field `rope_scaling.type` = {kind!r}; only 'yarn' is supported")
     original = scaling.get("original_max_position_embeddings")
-    factor = scaling.get("factor")
     if original is None:
         raise ConfigError("config field `rope_scaling.original_max_position_embeddings` is required for YaRN")
+    original = _positive(original, "rope_scaling.original_max_position_embeddings", int)
+    factor = scaling.get("factor")
     if factor is None:
-        factor = raw.get("max_position_embeddings", 1048576) / original
-    if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
-        raise ConfigError(f"config field `rope_scaling.factor` must be a positive number, got {factor!r}")
+        factor = _positive(raw.get("max_position_embeddings", 1048576), "max_position_embeddings", int) / original
     yarn = YarnScaling(
-        factor=float(factor),
-        original_max_position_embeddings=int(original),
-        beta_fast=float(scaling.get("beta_fast") or 32),
-        beta_slow=float(scaling.get("beta_slow") or 1),
+        factor=_positive(factor, "rope_scaling.factor"),
+        original_max_position_embeddings=original,
+        beta_fast=_positive(scaling.get("beta_fast", 32), "rope_scaling.beta_fast"),
+        beta_slow=_positive(scaling.get("beta_slow", 1), "rope_scaling.beta_slow"),
     )
     return rope_theta, compress_theta, yarn
+
+
+def _number(value: Any, name: str, kind: type[int] | type[float] = float) -> Any:
+    """`value` as a `kind` (int or float), or a ConfigError naming the field. Only JSON numbers pass
+    (an int field takes only ints): a string or bool that happens to convert is a typo, not a
+    setting, and `float("abc")` would fail with no field name."""
+    accepted = int if kind is int else (int, float)
+    if (isinstance(value, bool) or not isinstance(value, accepted)
+            or (isinstance(value, float) and not math.isfinite(value))):
+        raise ConfigError(f"config field `{name}` must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+    return kind(value)
+
+
+def _positive(value: Any, name: str, kind: type[int] | type[float] = float) -> Any:
+    """`value` as a `kind` that is > 0, or a ConfigError naming the field."""
+    number = _number(value, name, kind)
+    if number <= 0:
+        raise ConfigError(f"config field `{name}` must be a positive {'integer' if kind is int else 'number'}, "
+                          f"got {value!r}")
+    return number

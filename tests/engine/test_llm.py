@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -64,6 +66,24 @@ def test_stop_conditions(llm):
                                                        stop=[stop_text]))[0].outputs[0]
         assert by_text.finish_reason == "stop" and by_text.stop_reason == stop_text
         assert stop_text not in by_text.text
+
+
+def test_bfloat16_on_the_cpu_matches_float32(llm):
+    """The whole model in bf16: it decodes, and its prompt logprobs stay within bf16 rounding of
+    float32's. Mean |difference| measured 0.002 on this prompt; a bf16 run with the experts'
+    clamp at 0.05 or RoPE theta 500 measured 0.018 and 0.026, so the bound catches such bugs.
+    Greedy tokens are not compared: on random weights the top two are as close as 3e-4."""
+    prompt = torch.randint(2, 129280, (96,), generator=torch.Generator().manual_seed(0)).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=0, prompt_logprobs=0)
+    bf16 = LLM("tiny", device="cpu", dtype="bfloat16", max_model_len=256, progress=False)
+    assert bf16.engine.model.lm_head.weight.dtype == torch.bfloat16
+    runs = [model.generate(prompt_token_ids=[prompt], sampling_params=params)[0] for model in (llm, bf16)]
+    f32, b16 = (torch.tensor([pos[t].logprob for pos, t in zip(out.prompt_logprobs[1:], prompt[1:])]) for out in runs)
+    assert torch.isfinite(b16).all()
+    assert 0 < (b16 - f32).abs().mean() < 0.01
+    completion = runs[1].outputs[0]
+    assert len(completion.token_ids) == 8 and completion.finish_reason == "length"
+    assert all(math.isfinite(pos[t].logprob) for pos, t in zip(completion.logprobs, completion.token_ids))
 
 
 def test_n_completions(llm):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -12,7 +13,7 @@ from safetensors.torch import save_file
 
 from oracle import random_prompt, save_hf_checkpoint
 from v4serve import LLM, SamplingParams
-from v4serve.model.weights import WeightsError
+from v4serve.model.weights import WeightsError, compact_names
 
 # transformers writes official per-layer names under `model.`, but keeps its own names for the
 # top-level tensors and spells the attention kv norm `attn.norm`; this finishes the job by hand.
@@ -101,9 +102,71 @@ def test_every_problem_is_reported_together(checkpoints, tmp_path):
     assert "model.layers.1.attn.wq_a.weight" in message and "wrong shape" in message
 
 
-def test_quantized_tensors_are_refused_clearly(checkpoints, tmp_path):
+def test_an_error_names_every_tensor_compactly(checkpoints, tmp_path):
     tensors = _read(checkpoints["saved"])
-    tensors["model.layers.0.attn.wq_a.weight"] = tensors["model.layers.0.attn.wq_a.weight"].to(torch.float8_e4m3fn)
-    fp8 = _write(tmp_path / "fp8", tensors, checkpoints["saved"])
-    with pytest.raises(WeightsError, match="not supported yet.*layers.0.attn.wq_a.weight"):
-        LLM(str(fp8), device="cpu", dtype="float32", progress=False)
+    for layer in range(4):
+        del tensors[f"model.layers.{layer}.attn.wq_a.weight"]
+    for layer in range(30):  # more than a cut-off list would show
+        tensors[f"model.layers.{layer}.attn.not_a_weight"] = torch.zeros(3)
+    broken = _write(tmp_path / "broken", tensors, checkpoints["saved"])
+    with pytest.raises(WeightsError) as err:
+        LLM(str(broken), device="cpu", dtype="float32", progress=False)
+    assert str(err.value).splitlines()[1:] == [
+        "  missing tensors (4):",
+        "    model.layers.{0-3}.self_attn.q_a_proj.weight",
+        "  unexpected tensors (30):",
+        "    model.layers.{0-29}.attn.not_a_weight",
+    ]
+
+
+def test_compact_names_merges_layer_and_expert_indices_exactly():
+    q_a = [f"model.layers.{layer}.self_attn.q_a_proj.weight" for layer in (5, 0, 1, 2, 3)]
+    assert compact_names([*q_a, "model.norm.weight"]) == [
+        "model.layers.{0-3,5}.self_attn.q_a_proj.weight", "model.norm.weight"]
+    assert compact_names(["layers.7.attn.wq_a.weight"]) == ["layers.7.attn.wq_a.weight"]
+    experts = [f"layers.{layer}.ffn.experts.{e}.w1.weight" for layer in range(3) for e in range(256)]
+    assert compact_names([*experts, "layers.3.ffn.experts.7.w1.weight"]) == [
+        "layers.{0-2}.ffn.experts.{0-255}.w1.weight", "layers.3.ffn.experts.7.w1.weight"]
+    # Layer 1 lacks expert 0: merging it with layers 0 and 2 would name a tensor that is not listed.
+    uneven = [f"layers.{layer}.ffn.experts.{e}.w1.weight" for layer, e in ((0, 0), (0, 1), (1, 1), (2, 0), (2, 1))]
+    assert compact_names(uneven) == ["layers.{0,2}.ffn.experts.{0-1}.w1.weight", "layers.1.ffn.experts.1.w1.weight"]
+    shapes = [f"layers.{layer}.attn.wq_a.weight: checkpoint (64, {n}), model (64, 32)"
+              for layer, n in enumerate((31, 31, 30))]
+    assert compact_names(shapes) == ["layers.{0-1}.attn.wq_a.weight: checkpoint (64, 31), model (64, 32)",
+                                     "layers.2.attn.wq_a.weight: checkpoint (64, 30), model (64, 32)"]
+
+
+def _fp4(t: torch.Tensor) -> torch.Tensor:
+    """Two e2m1 values per byte, as the official checkpoint packs its experts."""
+    return torch.zeros(t.shape[0], t.shape[1] // 2, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+
+
+@pytest.mark.parametrize(
+    "name, quantize, dtype",
+    [
+        ("model.layers.0.attn.wq_a.weight", lambda t: t.to(torch.float8_e4m3fn), "F8_E4M3"),
+        ("model.layers.1.ffn.experts.0.w1.weight", _fp4, "F4"),
+    ],
+)
+def test_quantized_tensors_are_refused_clearly(checkpoints, tmp_path, name, quantize, dtype):
+    tensors = _read(checkpoints["saved"])
+    tensors[name] = quantize(tensors[name])
+    quantized = _write(tmp_path / "quantized", tensors, checkpoints["saved"])
+    with pytest.raises(WeightsError, match=f"not supported yet.*{re.escape(name)} \\({dtype}\\)"):
+        LLM(str(quantized), device="cpu", dtype="float32", progress=False)
+
+
+def test_the_checkpoint_tokenizer_wins_over_the_bundled_one(checkpoints, tmp_path):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    folder = shutil.copytree(checkpoints["saved"], tmp_path / "with_tokenizer")
+    words = Tokenizer(WordLevel({f"w{i}": i for i in range(512)}, unk_token="w0"))
+    words.pre_tokenizer = WhitespaceSplit()
+    words.save(str(folder / "tokenizer.json"))
+    llm = LLM(str(folder), device="cpu", dtype="float32", progress=False)
+    assert llm.tokenizer.file == folder / "tokenizer.json"
+    out = llm.generate(["w5 w7 w9"], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))[0]
+    assert out.prompt_token_ids == [5, 7, 9]
+    assert out.outputs[0].text == " ".join(f"w{i}" for i in out.outputs[0].token_ids)

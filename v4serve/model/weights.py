@@ -4,7 +4,8 @@ Our module tree uses transformers' names (`model.layers.N.self_attn.q_a_proj.wei
 `mlp.experts.gate_up_proj`, ...). The official checkpoint's names (`layers.N.attn.wq_a.weight`,
 per-expert `layers.N.ffn.experts.E.w1.weight`, ...) are mapped onto them by ONE declared table,
 `OFFICIAL_NAMES`, plus the per-expert rule `official_expert_target`. Missing, unexpected or
-wrongly shaped tensors are collected and reported together in one `WeightsError`.
+wrongly shaped tensors are collected and reported together in one `WeightsError`, every name
+listed, with names that differ only in layer / expert indices merged into one line.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ _OFFICIAL_EXPERT = re.compile(r"^layers\.(\d+)\.ffn\.experts\.(\d+)\.(w1|w2|w3)\
 # Tensors of the checkpoint we do not run (multi-token prediction) are skipped.
 _IGNORED = re.compile(r"^(model\.)?mtp\.")
 _UNSUPPORTED_DTYPES = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "I8", "U8", "F4"}
+# A whole dotted component of digits in a tensor name: a layer or an expert index.
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.)")
 
 
 class WeightsError(ValueError):
@@ -163,13 +166,12 @@ def load_weights(model: torch.nn.Module, path: str | Path, config: ModelConfig, 
             f"{len(unsupported)} tensors, e.g. " + ", ".join(unsupported[:5])
         )
     missing = [name for name, parts in loaded.items() if not parts or not _complete(name, parts, params, config)]
-    problems = []
-    if missing:
-        problems.append(f"missing tensors ({len(missing)}): " + ", ".join(missing[:20]))
-    if unexpected:
-        problems.append(f"unexpected tensors ({len(unexpected)}): " + ", ".join(unexpected[:20]))
-    if bad_shape:
-        problems.append(f"tensors with the wrong shape ({len(bad_shape)}): " + "; ".join(bad_shape[:20]))
+    problems = [
+        f"{what} ({len(names)}):" + "".join(f"\n    {line}" for line in compact_names(names))
+        for what, names in (("missing tensors", missing), ("unexpected tensors", unexpected),
+                            ("tensors with the wrong shape", bad_shape))
+        if names
+    ]
     if problems:
         raise WeightsError(f"checkpoint {path} does not match the model config:\n  " + "\n  ".join(problems))
 
@@ -181,3 +183,43 @@ def _complete(name: str, parts: set, params: dict[str, torch.Tensor], config: Mo
     n_experts = params[name].shape[0]
     halves = 2 if name.endswith("gate_up_proj") else 1
     return len(parts) == n_experts * halves
+
+
+def compact_names(names: list[str]) -> list[str]:
+    """Every name, with those that differ only in their layer / expert indices merged into one
+    line such as `model.layers.{0-3,5}.self_attn.q_a_proj.weight`: a checkpoint with thousands of
+    problems still gives an error one can read, and it still names every tensor. Text after the
+    name (a shape mismatch) must be equal too. Names of one pattern stay where its first one was."""
+    groups: dict[tuple[str, ...], list[tuple[int, ...]]] = {}
+    for name in names:
+        groups.setdefault(tuple(_INDEX.split(name)), []).append(tuple(int(i) for i in _INDEX.findall(name)))
+    return [
+        "".join(text + index for text, index in zip(texts, (*row, "")))
+        for texts, rows in groups.items()
+        for row in _merge_indices(sorted(set(rows)))
+    ]
+
+
+def _merge_indices(rows: list[tuple[int, ...]]) -> list[tuple[str, ...]]:
+    """Index tuples merged one position at a time, innermost (expert) first: rows equal but at that
+    position become one row holding the range text of their values there. The result stands for
+    exactly the input: layers merge only when their expert sets are equal."""
+    for j in reversed(range(len(rows[0]))):
+        merged: dict[tuple, list[int]] = {}
+        for row in rows:
+            merged.setdefault(row[:j] + row[j + 1:], []).append(row[j])
+        rows = [rest[:j] + (_ranges(values),) + rest[j:] for rest, values in merged.items()]
+    return rows
+
+
+def _ranges(values: list[int]) -> str:
+    """[3] -> "3"; [5, 0, 1, 2, 3] -> "{0-3,5}"."""
+    if len(values) == 1:
+        return str(values[0])
+    values = sorted(values)
+    runs, start = [], values[0]
+    for previous, value in zip(values, [*values[1:], None]):
+        if value != previous + 1:
+            runs.append(str(start) if start == previous else f"{start}-{previous}")
+            start = value
+    return "{" + ",".join(runs) + "}"
