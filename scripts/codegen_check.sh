@@ -1,41 +1,62 @@
 #!/usr/bin/env bash
-# CI stage: compile every registered Triton kernel without a GPU under one Triton version and
-# check its machine code (docs/codegen.md).
+# CI stage: compile every registered Triton kernel without a GPU under each given Triton version
+# and check its machine code (docs/codegen.md).
 #
-#   scripts/codegen_check.sh 3.8.0 [extra args for python -m v4serve.codegen]
+#   scripts/codegen_check.sh 3.6.0 3.8.0 3.9.0 [extra args for python -m v4serve.codegen]
 #
-# Creates or reuses .venv-triton-VERSION (scripts/make_triton_env.sh), runs the codegen tests
-# (the unhinted tl.where gather must fail under >= 3.8 and pass under 3.6), then
-# `python -m v4serve.codegen --check`, writing the JSON record to
-# .venv-triton-VERSION/codegen-report.json. Triton's compile cache is kept per version.
+# Creates or reuses .venv-triton-VERSION for every version at once (scripts/make_triton_env.sh:
+# pip mostly waits on downloads and disk, so the venvs build side by side), then, as each venv is
+# ready and one version after the other, runs tests/test_codegen.py in it (the unhinted tl.where
+# gather must fail under >= 3.8 and pass under 3.6) and `python -m v4serve.codegen --check`,
+# which writes its JSON record to .venv-triton-VERSION/codegen-report.json. Triton's compile
+# cache is kept per version. tests/test_codegen_parse.py does not depend on Triton: the main
+# test suite runs it.
 set -euo pipefail
 
-version=${1:?usage: $0 TRITON_VERSION [args]}
-shift
+versions=()
+while (($#)) && [[ $1 =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]]; do
+    versions+=("$1")
+    shift
+done
+((${#versions[@]})) || { echo "usage: $0 TRITON_VERSION... [args]" >&2; exit 2; }
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-t0=$SECONDS
-venv=$(scripts/make_triton_env.sh "$version" | tail -n 1)
-t_env=$((SECONDS - t0))
-
-export TRITON_CACHE_DIR="$venv/triton-cache"
 export TRITON_DEFAULT_FP_FUSION=1  # Triton 3.9's default, stated so that it does not warn
 unset TRITON_INTERPRET
 
-# --noconftest: tests/conftest.py sets up the interpreter for the pinned Triton only.
-# Both steps always run; the stage fails if either does.
-t1=$SECONDS
-tests=0
-"$venv/bin/python" -m pytest -q --noconftest -p no:cacheprovider \
-    tests/test_codegen.py tests/test_codegen_parse.py || tests=$?
-t_test=$((SECONDS - t1))
+# Tests, then the check, in one venv. Both always run; it fails if either does.
+check() {
+    local version=$1 venv=$2
+    shift 2
+    local -x TRITON_CACHE_DIR="$venv/triton-cache"
+    local t1=$SECONDS tests=0
+    # --noconftest: tests/conftest.py sets up the interpreter for the pinned Triton only.
+    "$venv/bin/python" -m pytest -q --noconftest -p no:cacheprovider tests/test_codegen.py || tests=$?
+    local t2=$SECONDS report=0
+    "$venv/bin/python" -m v4serve.codegen --check --json "$venv/codegen-report.json" "$@" || report=$?
+    echo "[codegen_check] triton $version: tests $((t2 - t1))s (exit $tests)," \
+         "report $((SECONDS - t2))s (exit $report)" >&2
+    ((tests == 0 && report == 0))
+}
 
-t2=$SECONDS
-report=0
-"$venv/bin/python" -m v4serve.codegen --check --json "$venv/codegen-report.json" "$@" || report=$?
-t_check=$((SECONDS - t2))
+paths=$(mktemp -d)
+trap 'rm -rf "$paths"' EXIT
+declare -A env_pid
+for version in "${versions[@]}"; do
+    scripts/make_triton_env.sh "$version" > "$paths/$version" &
+    env_pid[$version]=$!
+done
 
-echo "[codegen_check] triton $version: venv ${t_env}s, tests ${t_test}s (exit $tests)," \
-     "report ${t_check}s (exit $report)" >&2
-((tests == 0 && report == 0))
+status=0
+for version in "${versions[@]}"; do
+    if wait "${env_pid[$version]}"; then
+        echo "[codegen_check] triton $version: venv ready at ${SECONDS}s" >&2
+        check "$version" "$(tail -n 1 "$paths/$version")" "$@" || status=1
+    else
+        echo "[codegen_check] triton $version: creating the venv failed" >&2
+        status=1
+    fi
+done
+echo "[codegen_check] ${versions[*]}: ${SECONDS}s (exit $status)" >&2
+exit "$status"

@@ -6,13 +6,13 @@
 #
 # A venv is reused when its triton has the requested version (otherwise only triton and numpy
 # are swapped, in seconds) and the runtime dependencies are reinstalled only when pyproject.toml
-# changes. PYTHON picks the interpreter (default python3.11).
+# changes. PYTHON picks the interpreter (default python3; the project needs 3.11 or newer).
 set -euo pipefail
 
 version=${1:?usage: $0 TRITON_VERSION}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$root/.venv-triton-$version"
-python=${PYTHON:-python3.11}
+python=${PYTHON:-python3}
 pip_q=(-q --no-compile)
 
 # NOTE: Triton 3.6's interpreter breaks with numpy >= 2.4; 3.8 and 3.9 work with it.
@@ -49,7 +49,9 @@ PY
     if ((${#deps[@]})); then
         "$venv/bin/pip" install "${pip_q[@]}" "${deps[@]}" "triton==$version" "$numpy_spec" >&2
     fi
-    "$venv/bin/pip" install "${pip_q[@]}" --no-deps -e "$root" >&2
+    # The editable install writes $root/v4serve.egg-info: one venv at a time (codegen_check.sh
+    # builds several at once).
+    flock "$root" "$venv/bin/pip" install "${pip_q[@]}" --no-deps -e "$root" >&2
     echo "$want" > "$stamp"
 fi
 echo "$venv"

@@ -13,12 +13,15 @@ Tile configurations are copied from the launching wrapper; each entry says which
 from v4serve.ops.hc_coefficients_triton import HC_CONFIG
 from v4serve.ops.hc_mix_triton import HC_MIX_CONFIGS
 from v4serve.ops.sparse_attn_gluon import MAX_REGS as WS_MAX_REGS
-from v4serve.ops.sparse_attn_triton import DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG_WS, PREFILL_CONFIGS
+from v4serve.ops.sparse_attn_triton import (
+    DECODE_CONFIG_SMALL, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG_WS, PREFILL_CONFIGS)
 
 from .spec import Expect, KernelSpec
 
 _CANARY = "v4serve.codegen.samples"
 _TWO_PASS = DECODE_CONFIG_TWO_PASS
+_DECODE = DECODE_CONFIG_SMALL
+_MIX = HC_MIX_CONFIGS
 _OPS = "v4serve.ops"
 
 _SPARSE_ATTN_TYPES = dict(
@@ -93,6 +96,10 @@ _COMPRESS_DECODE_TYPES = dict(
 _COMPRESS_DECODE_ALIGNED = ("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_ptr", "s0_ptr", "s1_ptr", "s2_ptr",
                             "w_ptr", "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "d",
                             "stride_in", "stride_slot")
+# Register bounds, per arch, about 10% above the most measured under Triton 3.6 / 3.8 / 3.9
+# (docs/codegen.md): prefill 183 / 195 (32 heads; 3.9) / 184 / 169, decode 151 / 150 / 138 / 147.
+_PREFILL_MAX_REGS = {80: 202, 90: 215, 100: 203, 120: 186}
+_DECODE_MAX_REGS = {80: 167, 90: 165, 100: 152, 120: 162}
 KERNELS: tuple[KernelSpec, ...] = (
     # ---- canaries: fixed copies of the production access patterns (samples.py) ----
     KernelSpec(
@@ -127,16 +134,21 @@ KERNELS: tuple[KernelSpec, ...] = (
         expect=Expect(kv_load_bytes=16, max_regs=168, tensor_cores=True),
     ),
     # ---- sparse attention (ops/sparse_attn_triton.py), DeepSeek-V4: H 64, D 512, window 128,
-    # top-k 512 -> C = 640 columns; PREFILL_CONFIG and decode_config(n_tokens, n_columns) ----
+    # top-k 512 -> C = 640 columns; PREFILL_CONFIGS and decode_config(n_tokens, n_columns) ----
     *(
-        KernelSpec(  # PREFILL_CONFIGS[arch]
+        KernelSpec(  # PREFILL_CONFIGS[arch]; no split, so the launch passes n_splits 1 and `out` as
+            # the partial and ticket pointers
             f"sparse_attn.prefill_sm{arch}", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
-            types=dict(_SPARSE_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16"),
+            types=dict(_SPARSE_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16", ticket_ptr="*bf16"),
             aligned=_SPARSE_ATTN_ALIGNED,
-            constexprs=dict(HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=cfg["BLOCK_H"],
+            constexprs=dict(n_splits=1, HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=cfg["BLOCK_H"],
                             BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=(arch,),
-            expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
+            # The 64-head tile (sm_90 before Triton 3.9) is meant to fill the register file: its
+            # [64, 512] fp32 accumulator over 256 threads compiles to 255 registers, the hardware's
+            # maximum, so what bounds it is the no-spill expectation (3.9's ptxas spills it).
+            expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", tensor_cores=True,
+                          max_regs=255 if cfg["BLOCK_H"] == 64 else _PREFILL_MAX_REGS[arch]),
         )
         for arch, cfg in PREFILL_CONFIGS.items()
     ),
@@ -146,29 +158,27 @@ KERNELS: tuple[KernelSpec, ...] = (
         constexprs=dict(n_splits=1, HAS_COUNTS=True, SPLIT=False, BLOCK_T=PREFILL_CONFIG_WS["BLOCK_T"], D=512,
                         KV_STAGES=PREFILL_CONFIG_WS["KV_STAGES"]),
         num_warps=4, num_stages=1, maxnreg=WS_MAX_REGS, archs=(90,),
+        # Registers: the kernel takes the whole register file on purpose. Every thread starts at
+        # maxnreg, and the setmaxnreg budgets (producer 24, two consumers 240) add up to the same
+        # 384 x 168 = 64512 of 65536 registers, so the bound is maxnreg: ptxas must honour it.
         # Spills: the 24-register producer keeps a few loop scalars in local memory, and each
         # consumer saves ~6 per-item values around its tile loop, whose body has none (SASS,
         # 77 / 56 / 30 STL/LDL instructions in all under Triton 3.6 / 3.8 / 3.9).
-        expect=Expect(kv_load_bytes=16, kv_lines=r"_cp_async\(kv_smem", max_regs=255, tensor_cores=True,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"_cp_async\(kv_smem", max_regs=WS_MAX_REGS, tensor_cores=True,
                       max_spill_ops=96),
     ),
-    KernelSpec(  # DECODE_CONFIG_SMALL / _LARGE (32 or 64 columns per split, merge kernel after)
-        "sparse_attn.decode", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
-        types=dict(_SPARSE_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
-        aligned=_SPARSE_ATTN_ALIGNED,
-        constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=16, BLOCK_T=32,
-                        BLOCK_D=512, PDL=False, EVEN_D=True),
-        num_warps=4, num_stages=2,
-        expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
-    ),
-    KernelSpec(  # the same with PDL=True (production on sm_90+: griddepcontrol needs sm_90)
-        "sparse_attn.decode_pdl", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
-        types=dict(_SPARSE_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
-        aligned=_SPARSE_ATTN_ALIGNED,
-        constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=16, BLOCK_T=32,
-                        BLOCK_D=512, PDL=True, EVEN_D=True),
-        num_warps=4, num_stages=2, archs=(90, 100, 120),
-        expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=255, tensor_cores=True),
+    *(
+        KernelSpec(  # DECODE_CONFIG_SMALL (_LARGE differs only in the runtime cols_per_split, 64 not
+            # 32), merge kernel after; PDL on sm_90+ (griddepcontrol needs sm_90)
+            f"sparse_attn.decode{suffix}", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
+            types=dict(_SPARSE_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
+            aligned=_SPARSE_ATTN_ALIGNED,
+            constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=_DECODE["BLOCK_H"],
+                            BLOCK_T=_DECODE["BLOCK_T"], BLOCK_D=512, PDL=pdl, EVEN_D=True),
+            num_warps=_DECODE["num_warps"], num_stages=_DECODE["num_stages"], archs=archs,
+            expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=_DECODE_MAX_REGS, tensor_cores=True),
+        )
+        for suffix, pdl, archs in (("", False, None), ("_pdl", True, (90, 100, 120)))
     ),
     KernelSpec(  # B1 r4: 640 columns / 32 per split = 20 splits -> BLOCK_S 32; the [32, 512]
         # fp32 tile alone is 128 registers per thread
@@ -246,7 +256,9 @@ KERNELS: tuple[KernelSpec, ...] = (
         aligned=("q_ptr", "w_ptr", "k_ptr", "rows_ptr", "n_visible_ptr", "out_ptr", "H", "Dk",
                  "stride_qb", "stride_qs", "stride_qh", "stride_wb", "stride_ws", "stride_k"),
         constexprs=dict(PDL=False, BLOCK_H=64, BLOCK_T=64, BLOCK_D=128), num_warps=4, num_stages=2,
-        expect=Expect(kv_load_bytes=16, kv_lines=r"k = tl\.load", max_regs=255, tensor_cores=True),
+        # Registers: about 10% above the most measured under 3.6 / 3.8 / 3.9, 104 / 127 / 162 / 103.
+        expect=Expect(kv_load_bytes=16, kv_lines=r"k = tl\.load", tensor_cores=True,
+                      max_regs={80: 115, 90: 140, 100: 179, 120: 114}),
     ),
     # ---- ue8m0 round trips (ops/kv_quant_triton.py): bf16 rows, BLOCK_ROWS 16, 4 warps ----
     KernelSpec(  # V4 reference KV: fp8 e4m3, scale per 64 on the 448 non-rope channels of 512
@@ -314,18 +326,21 @@ KERNELS: tuple[KernelSpec, ...] = (
     ),
     # ---- mHC mixer input, collapse, expand (ops/hc_mix_triton.py, hc_collapse_triton.py,
     # hc_expand_triton.py): V4-Flash, 4 streams of 4096, fn [24, 16384] fp32, bf16 streams ----
+    # No tensor_cores for mhc.mix: its tl.dot is fp32 in IEEE precision (no TF32), which compiles to FFMA.
     KernelSpec(  # HC_MIX_CONFIGS["decode"], T = 1: 128 splits of two 64-wide K blocks, ticket merge
         "mhc.mix_decode", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
         types=_HC_MIX_TYPES, aligned=(*_HC_MIX_ALIGNED, "n_splits"),
-        constexprs=dict(PDL=False, BLOCK_T=16, BLOCK_M=32, BLOCK_K=HC_MIX_CONFIGS["decode"]["BLOCK_K"], BLOCK_S=128,
-                        SPLIT=True),
-        num_warps=HC_MIX_CONFIGS["decode"]["num_warps"], num_stages=3,
+        constexprs=dict(PDL=False, BLOCK_T=_MIX["decode"]["BLOCK_T"], BLOCK_M=32, BLOCK_K=_MIX["decode"]["BLOCK_K"],
+                        BLOCK_S=128, SPLIT=True),
+        num_warps=_MIX["decode"]["num_warps"], num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
     ),
     KernelSpec(  # HC_MIX_CONFIGS["prefill"], T = 2048: 64 token blocks x 2 splits
         "mhc.mix_prefill", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
         types=_HC_MIX_TYPES, aligned=_HC_MIX_ALIGNED,
-        constexprs=dict(PDL=False, BLOCK_T=32, BLOCK_M=32, BLOCK_K=64, BLOCK_S=2, SPLIT=True), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, BLOCK_T=_MIX["prefill"]["BLOCK_T"], BLOCK_M=32, BLOCK_K=_MIX["prefill"]["BLOCK_K"],
+                        BLOCK_S=2, SPLIT=True),
+        num_warps=_MIX["prefill"]["num_warps"], num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
     ),
     KernelSpec(  # HC_COLLAPSE_CONFIG

@@ -32,7 +32,8 @@ class Expect:
         the kernel has any global load narrower than 4 bytes, or no load of this width at all.
     kv_lines: optional regex over source lines; when set, every global load compiled from a
         matching line must be at least ``kv_load_bytes`` wide (and at least one must exist).
-    max_regs: registers per thread, per arch (an int applies to every arch).
+    max_regs: registers per thread: an int for every arch, or a dict naming each arch the entry
+        compiles for (an arch it leaves out gets the hardware maximum, 255: no bound at all).
     tensor_cores: the kernel has a ``tl.dot``, so its SASS must contain tensor-core instructions.
     max_shared: bytes of shared memory; the arch limit always applies as well.
     max_spill_ops: STL/LDL instructions the kernel may contain (default: none). Only for a
