@@ -1,5 +1,6 @@
 """Shared argument checks for the ops' dispatching functions, and the launch options they share."""
 
+import functools
 import os
 
 import torch
@@ -27,8 +28,10 @@ def check_16_byte_aligned(name: str, t: torch.Tensor) -> None:
         )
 
 
+@functools.lru_cache
 def triton_at_least(major: int, minor: int) -> bool:
-    """The installed Triton is major.minor or newer (tile configs that differ across releases)."""
+    """The installed Triton is major.minor or newer (tile configs that differ across releases);
+    cached: launch paths ask on every call and the answer cannot change within a process."""
     return tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (major, minor)
 
 

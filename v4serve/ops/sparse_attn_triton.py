@@ -272,25 +272,25 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     out = torch.empty(T, H, D, dtype=q.dtype, device=q.device)
     if T == 0:
         return out.reshape(B, M, H, D)
-    BLOCK_D = max(16, triton.next_power_of_2(D))
-    even_d = BLOCK_D == D
     qk_scale_log2 = float(scale) * LOG2E
-    common = (qt, win, cmp, it, ct, sink, out)
     if M > 1:
         cfg = dict(prefill_config(q.device, D) if tile_config is None else tile_config)
     else:
         cfg = dict(decode_config(T, C) if tile_config is None else tile_config)
     kernel = cfg.pop("KERNEL", "tl")
+    pdl = cfg.pop("PDL", False) and pdl_supported(q.device)
     if kernel == "two_pass":
         return sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, counts is not None,
-                                    cfg.pop("PDL", False) and pdl_supported(q.device), cfg).reshape(B, M, H, D)
+                                    pdl, cfg).reshape(B, M, H, D)
     ws = kernel == "ws"
     if ws and D != WS_HEAD_DIM:
         raise ValueError(f"the warp-specialised kernel takes D = {WS_HEAD_DIM}, got {D}")
     cols_per_split = cfg.pop("COLS_PER_SPLIT", None)
     cols_per_split = max(1, C) if cols_per_split is None else max(1, min(cols_per_split, C))
     merge = cfg.pop("MERGE", "kernel")
-    pdl = cfg.pop("PDL", False) and pdl_supported(q.device)
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    even_d = BLOCK_D == D
+    common = (qt, win, cmp, it, ct, sink, out)
     n_splits = max(1, triton.cdiv(C, cols_per_split)) if M == 1 else 1
     if ws:
         return _run_ws(qt, win, cmp, it, ct, sink, out, n_window, cols_per_split, n_splits, qk_scale_log2,
