@@ -16,5 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 if not HAS_CUDA:
     import triton_interpreter_bf16
+    import triton_interpreter_scope
 
     triton_interpreter_bf16.apply()
+    triton_interpreter_scope.apply()
