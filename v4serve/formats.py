@@ -46,29 +46,51 @@ def row_format(name: str) -> RowFormat:
 
 @dataclass(frozen=True)
 class CacheFormat:
-    """What a KV cache stores: the row format of window and compressed KV rows, and the one
-    indexer queries and keys are rounded through after a Hadamard rotation (None: as computed)."""
+    """What a KV cache stores (`kv_cache_dtype`, vLLM's name): the row format of window and
+    compressed KV rows, and the one indexer keys (and queries) are rounded through after a Hadamard
+    rotation. `bf16` keeps every row as the model computes it (in the model's dtype: fp32 on the
+    CPU), which is what transformers computes."""
 
     name: str
     kv_rows: str
-    index_rows: str | None
+    index_rows: str
+
+    @property
+    def quantized(self) -> bool:
+        return self.kv_rows != "bf16" or self.index_rows != "bf16"
 
 
 CACHE_FORMATS = {
     f.name: f
     for f in (
-        # What transformers computes: rows kept as the model computes them.
-        CacheFormat("bf16", "bf16", None),
-        # The official DeepSeek-V4 numerics: fp8 KV with ue8m0 scales per 64 (rope tail in bf16),
-        # indexer q and keys rotated by a Hadamard transform and rounded to fp4 with ue8m0 per 32.
-        CacheFormat("reference", "fp8_e8m0_b64_rope64", "fp4_e8m0_b32"),
+        # Unquantized rows: what transformers computes.
+        CacheFormat("bf16", "bf16", "bf16"),
+        # The model's native formats (the official DeepSeek-V4 numerics): fp8 KV with ue8m0 scales
+        # per 64 (rope tail in bf16), indexer q and keys rotated by a Hadamard transform and
+        # rounded to fp4 with ue8m0 per 32.
+        CacheFormat("auto", "fp8_e8m0_b64_rope64", "fp4_e8m0_b32"),
     )
 }
+# Old names of `kv_cache_dtype` values (the `kv_format` argument's).
+_DEPRECATED_NAMES = {"reference": "auto"}
 
 
-def cache_format(name: str | None) -> CacheFormat:
+def default_kv_cache_dtype(device_type: str) -> str:
+    """"auto" (the native packed formats) on CUDA, "bf16" on the CPU, where parity tests run."""
+    return "auto" if device_type == "cuda" else "bf16"
+
+
+def cache_format(name: str | None, device_type: str = "cpu") -> CacheFormat:
+    """The `kv_cache_dtype` named `name` (None: the device's default); "reference" is the old
+    spelling of "auto" (a DeprecationWarning says so)."""
     if name is None:
-        return CACHE_FORMATS["bf16"]
+        name = default_kv_cache_dtype(device_type)
+    if name in _DEPRECATED_NAMES:
+        import warnings
+
+        new = _DEPRECATED_NAMES[name]
+        warnings.warn(f"kv_cache_dtype {name!r} is deprecated; use {new!r}", DeprecationWarning, stacklevel=3)
+        name = new
     if name not in CACHE_FORMATS:
-        raise ValueError(f"kv_format {name!r} is not one of {sorted(CACHE_FORMATS)}")
+        raise ValueError(f"kv_cache_dtype {name!r} is not one of {sorted(CACHE_FORMATS)}")
     return CACHE_FORMATS[name]
