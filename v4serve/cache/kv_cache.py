@@ -27,7 +27,8 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | st
            ) -> torch.Tensor:
     t = torch.zeros(shape, dtype=dtype, device=device)
     if t.numel() and (t.data_ptr() % _ALIGNMENT or (t.stride(0) * t.element_size()) % row_align):
-        raise RuntimeError(f"pool of shape {shape} is not {_ALIGNMENT}-byte aligned")
+        raise RuntimeError(f"pool of shape {shape} {dtype} does not start {_ALIGNMENT}-byte aligned with rows "
+                           f"{row_align}-byte aligned")
     return t
 
 
