@@ -55,8 +55,12 @@ def _index_scores_kernel(
         tl.store(out_ptrs, tl.full([BLOCK_T], float("-inf"), tl.float32), mask=keys < T)
 
 
-def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None) -> torch.Tensor:
+def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None, row_format=None) -> torch.Tensor:
     B, S, H, Dk = q.shape
+    if row_format is not None:
+        from v4serve.ops.kv_pack import unpack_rows
+
+        k_pool = unpack_rows(k_pool, row_format, Dk, torch.bfloat16)
     T = key_rows.shape[1]
     out = torch.empty(B, S, T, dtype=torch.float32, device=q.device)
     if out.numel() == 0:

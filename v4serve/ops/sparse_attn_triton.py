@@ -248,10 +248,17 @@ def _sparse_attn_merge_kernel(
     tl.store(out_ptr + tok * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dims < D)
 
 
-def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, tile_config=None):
-    """Launch the kernels; q [B, M, H, D] and both pools bf16. tile_config defaults to the production one
-    (prefill_config(device) when M > 1, decode_config(B, C) when M == 1)."""
+def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, tile_config=None,
+                             row_format=None):
+    """Launch the kernels; q [B, M, H, D] and both pools bf16 (or uint8 rows of the packed
+    `row_format`). tile_config defaults to the production one (prefill_config(device) when M > 1,
+    decode_config(B, C) when M == 1)."""
     B, M, H, D = q.shape
+    if row_format is not None:
+        from v4serve.ops.kv_pack import unpack_rows
+
+        win_pool = unpack_rows(win_pool, row_format, D, torch.bfloat16)
+        cmp_pool = unpack_rows(cmp_pool, row_format, D, torch.bfloat16)
     C = idx.shape[2]
     check_16_byte_aligned("win_pool", win_pool)
     check_16_byte_aligned("cmp_pool", cmp_pool)
