@@ -91,3 +91,30 @@ def test_norm_rope_packed_store_kernel():
     for impl, pool in pools.items():
         rms_norm_rope(x, 1e-6, w, cos, sin, impl=impl, pool=pool, rows=rows, row_format="fp8_e8m0_b64_rope64")
     assert torch.equal(pools["torch"], pools["triton"]) and pools["torch"].any()
+
+
+@pytest.mark.parametrize("Dk", [128, 64])
+def test_index_scores_over_packed_keys_equals_the_bf16_kernel_over_unpacked(Dk):
+    from v4serve.ops.indexer import index_scores
+    from v4serve.ops.kv_quant import hadamard
+
+    g = torch.Generator().manual_seed(Dk)
+    B, S, H, N, T = 2, 3, 16, 50, 70
+    q = torch.randn(B, S, H, Dk, generator=g).bfloat16()
+    w = torch.randn(B, S, H, generator=g)
+    keys = hadamard(torch.randn(N, Dk, generator=g) * torch.exp2(torch.randint(-40, 40, (N, 1), generator=g).float()))
+    keys[0] = 0.0
+    keys[1] = 1e-38  # blocks at the scale floor: 0.5 * 2^-126 is a subnormal
+    packed = pack_rows(keys.bfloat16(), "fp4_e8m0_b32")
+    buf = torch.zeros(N + 1, packed.shape[1], dtype=torch.uint8)
+    pool = buf[1:]  # a view 68 B into its buffer: 4-byte aligned, not 16
+    pool.copy_(packed)
+    rows = torch.randint(-1, N, (B, T), generator=g).to(torch.int32)
+    rows[0, :4] = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+    vis = torch.randint(0, T + 1, (B, S), generator=g).to(torch.int32)
+    vis[0, 0] = T
+    out = index_scores(q, w, pool, rows, vis, row_format="fp4_e8m0_b32", impl="triton")
+    unpacked = unpack_rows(pool, "fp4_e8m0_b32", Dk, impl="torch")
+    ref = index_scores(q, w, unpacked, rows, vis, impl="triton")
+    assert torch.equal(out, ref)
+    assert torch.isfinite(out).any()
