@@ -117,9 +117,11 @@ def _checked(name: str, dim: int, field: str) -> RowFormat:
     return fmt
 
 
-def layer_plans(config: ModelConfig, cache: CacheFormat = CACHE_FORMATS["bf16"], packed: bool = False) -> ModelPlan:
-    """The plan of every layer of `config` for a cache storing `cache`'s formats; `packed`: pools
-    hold the formats' packed bytes (else rows in the model dtype, rounded through the format)."""
+def layer_plans(config: ModelConfig, cache: CacheFormat = CACHE_FORMATS["bf16"], packed: bool | None = None
+                ) -> ModelPlan:
+    """The plan of every layer of `config` for a cache storing `cache`'s formats. `packed`: pools
+    hold the formats' packed bytes (the default for a quantized `cache`); False keeps rows of the
+    model's dtype, rounded through the formats (the same numerics, bf16's memory)."""
     kv = _checked(cache.kv_rows, config.head_dim, "head_dim")
     plans = []
     for layer, (kind, ratio) in enumerate(zip(config.layer_types, config.compress_ratios)):
@@ -128,6 +130,6 @@ def layer_plans(config: ModelConfig, cache: CacheFormat = CACHE_FORMATS["bf16"],
         plans.append(LayerPlan(
             layer=layer, ratio=ratio, compressor=compressor, indexer=indexer, kv_source=layer,
             head_dim=config.head_dim, index_head_dim=config.index_head_dim, window_format=kv,
-            compressed_format=kv if ratio else None, index_format=index, packed=packed and cache.quantized,
+            compressed_format=kv if ratio else None, index_format=index, packed=cache.quantized if packed is None else packed and cache.quantized,
         ))
     return ModelPlan(cache, tuple(plans))

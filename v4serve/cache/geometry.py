@@ -67,7 +67,7 @@ class LayerGeometry:
 
 def stored_row_bytes(fmt: RowFormat, dim: int, packed: bool, element_size: int) -> int:
     """Bytes a pool row of `dim` channels takes: the format's packed row, or `dim` values."""
-    return fmt.row_bytes(dim) if packed and fmt.name != "bf16" else dim * element_size
+    return fmt.row_bytes(dim) if packed and fmt.packed else dim * element_size
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class CacheGeometry:
 
     @classmethod
     def from_config(cls, config: ModelConfig, cache: CacheFormat = CACHE_FORMATS["bf16"],
-                    packed: bool = False) -> "CacheGeometry":
+                    packed: bool | None = None) -> "CacheGeometry":
         return cls.from_plan(layer_plans(config, cache, packed), config.page_size)
 
     @classmethod

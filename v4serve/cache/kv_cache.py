@@ -35,7 +35,7 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | st
 def _pool(rows: int, fmt: RowFormat, dim: int, packed: bool, dtype: torch.dtype, device: torch.device | str) -> Pool:
     """A tier's pool: `rows` packed rows of `fmt.row_bytes(dim)` bytes (uint8, rows start on a
     4-byte word; the format pads rows read with 16-byte loads to 16), or rows of `dim` values."""
-    packed = packed and fmt.name != "bf16"
+    packed = packed and fmt.packed
     if packed:
         return Pool(_zeros((rows, fmt.row_bytes(dim)), torch.uint8, device, row_align=4), fmt, dim, True, dtype)
     return Pool(_zeros((rows, dim), dtype, device), fmt, dim, False, dtype)

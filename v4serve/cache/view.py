@@ -1,9 +1,10 @@
 """What one layer reads and writes of the KV cache: `PagedKVCache.view(layer)`.
 
-A `Pool` is one tier's rows with their `RowFormat`. Unpacked (`kv_cache_dtype="bf16"`, or a
-quantized format before its packed kernels exist) it is `[N, dim]` in the model's dtype and a
-stored row is the format's round trip of the value; packed it is `[N, row_bytes]` uint8, each row
-the format's bytes (layouts in `v4serve/formats.py` / `ops/kv_pack.py`). Pools are 16-byte aligned.
+A `Pool` is one tier's rows with their `RowFormat`. Packed (`kv_cache_dtype="auto"`) it is
+`[N, row_bytes]` uint8, each row the format's bytes (layouts in `v4serve/formats.py`, ops in
+`ops/kv_pack.py`), and kernels decode the rows they gather; unpacked (`"bf16"`) it is `[N, dim]`
+in the model's dtype, a stored row being the format's round trip of the value. Pools start
+16-byte aligned.
 
 A `LayerCache` holds a layer's window pool, its compressed and index-key pools (a V4.1 layer
 that reads a source layer's pools gets the source's `Pool` objects here), its compressor and
@@ -19,6 +20,7 @@ import torch
 
 from v4serve.formats import RowFormat
 from v4serve.layer_plan import LayerPlan
+from v4serve.ops.kv_pack import store_rows, unpack_rows
 from v4serve.ops.kv_quant import apply_kv_format
 
 
@@ -53,11 +55,15 @@ class Pool:
         """Write `values` [n, dim] (any float dtype) to pool rows `rows` [n], quantized and packed
         when the pool is packed, else rounded through the format in the pool's dtype."""
         if self.packed:
-            from v4serve.ops.kv_pack import pack_rows  # packed formats' bytes (ops/kv_pack.py)
-
-            self.data[rows] = pack_rows(values, self.row_format)
+            store_rows(self.data, rows, values.to(self.value_dtype), self.row_format, impl=impl)
         else:
             self.data[rows] = self.round(values, impl)
+
+    def values(self, rows: slice | torch.Tensor = slice(None)) -> torch.Tensor:
+        """The values rows `rows` hold, [n, dim] in `value_dtype` (packed rows decoded)."""
+        if self.packed:
+            return unpack_rows(self.data[rows], self.row_format, self.dim, self.value_dtype)
+        return self.data[rows]
 
     def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Row-for-row copy inside the pool (the window ring keeps a chunk's last rows)."""

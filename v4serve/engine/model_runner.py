@@ -9,8 +9,6 @@ lives in the engine.
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
@@ -20,12 +18,6 @@ from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.formats import CacheFormat, cache_format
 from v4serve.layer_plan import ModelPlan, layer_plans
 from v4serve.model.loader import build_model
-
-
-def packed_kernels_available() -> bool:
-    """Whether the packed row formats' ops exist (`ops/kv_pack.py`): until then a quantized cache
-    stores each row's rounded values in the model's dtype."""
-    return importlib.util.find_spec("v4serve.ops.kv_pack") is not None
 
 
 def kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, device: torch.device,
@@ -52,7 +44,7 @@ class ModelRunner:
                 f"max_model_len ({self.max_model_len}) exceeds the model's max_position_embeddings "
                 f"({config.max_position_embeddings})"
             )
-        self.plan: ModelPlan = layer_plans(config, self.cache_format, packed=packed_kernels_available())
+        self.plan: ModelPlan = layer_plans(config, self.cache_format)
         geometry = CacheGeometry.from_plan(self.plan, config.page_size)
         pages_per_seq = -(-self.max_model_len // config.page_size)
         self.kv_budget = kv_budget(args, geometry, dtype, device, pages_per_seq)

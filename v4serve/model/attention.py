@@ -67,20 +67,22 @@ class Attention(UsesKernels, nn.Module):
         qr = self.q_a_norm(q_low)
         q = rms_norm_rope(self.q_b_proj(qr).view(t, self.n_heads, self.head_dim), self.eps,
                           cos=angles.cos, sin=angles.sin, impl=self.impl)
-        kv = rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=self.impl)
-
         window = cache.window
-        window.store(batch.staging_rows, kv, self.impl)
+        if window.packed:  # the norm kernel quantizes and packs the rows into the window pool too
+            rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=self.impl,
+                          pool=window.data, rows=batch.staging_rows, row_format=window.row_format)
+        else:
+            kv = rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=self.impl)
+            window.store(batch.staging_rows, kv, self.impl)
         cmp, columns, counts = window, batch.window_columns, None
         if self.compressor is not None:
             cmp = cache.compressed
             columns, counts = self._compress_and_select(x, qr, batch, cache, step)
         rows = step.attn_rows
-        packed = {} if window.read_format is None else {"row_format": window.read_format}
         o = sparse_attn_paged(
             q.to(window.value_dtype).reshape(*rows, *q.shape[1:]), window.data, cmp.data, columns.reshape(*rows, -1),
             self.window, self.sinks, self.head_dim**-0.5, counts=None if counts is None else counts.reshape(rows),
-            impl=self.impl, **packed,
+            row_format=window.read_format, impl=self.impl,
         ).reshape(q.shape)
         if not batch.is_decode:  # decode wrote its rows straight to the ring
             window.copy_rows(batch.ring_dst, batch.ring_src)

@@ -89,12 +89,14 @@ class Compressor(UsesKernels, nn.Module):
         pool's scratch row."""
         r = self.ratio
         angles = rope.block_starts(r)  # rows are rotated at their block's start position
+        fused = pool.packed and not rotate  # the kernel packs its rows into the pool itself
         rows, target = compress_decode(
             kv, score, batch.positions, batch.slots, self.position_bias, state.tensors(), r, self.kv_norm.weight,
             self.kv_norm.eps, angles.cos, angles.sin, batch.compressed_rows[r], pool.scratch_row, pool.value_dtype,
-            impl=self.impl,
+            impl=self.impl, **(dict(pool=pool.data, row_format=pool.row_format) if fused else {}),
         )
-        pool.store(target, hadamard(rows) if rotate else rows, self.impl)
+        if not fused:
+            pool.store(target, hadamard(rows) if rotate else rows, self.impl)
 
     def normalize_and_rotate(self, rows: torch.Tensor, starts: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
         """kv_norm, then RoPE at each row's block start position."""

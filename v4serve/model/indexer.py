@@ -57,7 +57,7 @@ class Indexer(Compressor):
         q = rms_norm_rope(q, cos=rope.compress.cos, sin=rope.compress.sin, impl=self.impl).to(keys.value_dtype)
         q = keys.round(hadamard(q) if rotate else q, self.impl)
         pool = keys.data
-        packed = {} if keys.read_format is None else {"row_format": keys.read_format}
+        packed = {"row_format": keys.read_format}
         weights = head_weights * self.weight_scale
         rows_of = batch.compressed_rows[self.ratio]
         k = min(self.topk, rows_of.shape[1])
