@@ -79,3 +79,12 @@ def test_banner_says_what_fits():
     assert "Maximum concurrency for 1000 tokens per request: 3.12x" in lines
     for tier in ("compressed rows", "index keys", "window ring", "compressor state"):
         assert re.search(rf"^\s+{tier}\s+[\d.]+ bytes/(token|sequence)", text, re.M), tier
+
+
+def test_generate_prints_the_banner_to_stderr(capsys):
+    from v4serve.cli import main
+
+    assert main(["generate", "Hello", "--max-tokens", "2", "--device", "cpu", "--max-model-len", "256"]) == 0
+    captured = capsys.readouterr()
+    assert "KV cache size: " in captured.err and "Maximum concurrency for 256 tokens per request: " in captured.err
+    assert "KV cache size" not in captured.out
