@@ -28,7 +28,7 @@ import enum
 from dataclasses import dataclass
 
 from v4serve.config import CSA, HCA, SLIDING, ModelConfig
-from v4serve.formats import CACHE_FORMATS, CacheFormat, RowFormat, row_format
+from v4serve.formats import CACHE_FORMATS, CacheFormat, RowFormat, cache_format, row_format
 
 
 class CompressorKind(enum.Enum):
@@ -106,6 +106,32 @@ class ModelPlan:
 
 _KINDS = {SLIDING: (CompressorKind.NONE, IndexerMode.NONE), CSA: (CompressorKind.OVERLAPPING, IndexerMode.OWN),
           HCA: (CompressorKind.PLAIN, IndexerMode.NONE)}
+
+
+def native_formats_fit(config: ModelConfig, cache: CacheFormat) -> bool:
+    """Whether `cache`'s row formats describe rows of this model: the KV format's bf16 tail is
+    the model's RoPE part and both formats' blocks divide the quantized channels (the official
+    V4 geometry: 448 + 64 KV channels, 128 index channels)."""
+    kv, index = row_format(cache.kv_rows), row_format(cache.index_rows)
+    try:
+        kv.row_bytes(config.head_dim), index.row_bytes(config.index_head_dim)
+    except ValueError:
+        return False
+    return kv.plain_tail in (0, config.qk_rope_head_dim) and config.head_dim > kv.plain_tail
+
+
+def resolve_cache_format(config: ModelConfig, name: str | None, device_type: str) -> tuple[CacheFormat, str | None]:
+    """The cache format for `kv_cache_dtype` = `name` on this model, and why it is not the one
+    asked for (None when it is): "auto" means the model's native formats, and a model whose rows
+    they do not describe (the `tiny` preset: head_dim 64 with 16 RoPE channels) has none, so it
+    stores bf16 rows."""
+    cache = cache_format(name, device_type)
+    if cache.quantized and not native_formats_fit(config, cache):
+        reason = (f"kv_cache_dtype {cache.name!r}: the native formats ({cache.kv_rows}, {cache.index_rows}) do not "
+                  f"fit head_dim {config.head_dim} / qk_rope_head_dim {config.qk_rope_head_dim} / index_head_dim "
+                  f"{config.index_head_dim}; storing bf16 rows")
+        return CACHE_FORMATS["bf16"], reason
+    return cache, None
 
 
 def _checked(name: str, dim: int, field: str) -> RowFormat:

@@ -83,3 +83,15 @@ def test_no_module_derives_a_layer_role_from_the_config():
     readers = [str(f.relative_to(root)) for f in root.rglob("*.py")
                if re.search(r"\.(layer_types|compress_ratios|indexed_layers)\b", f.read_text())]
     assert sorted(readers) == ["config.py", "layer_plan.py"]
+
+
+def test_auto_falls_back_to_bf16_where_the_native_formats_do_not_fit():
+    from v4serve.layer_plan import resolve_cache_format
+
+    tiny = preset_config("tiny")  # head_dim 64 with 16 RoPE channels: no native packed format
+    cache, note = resolve_cache_format(tiny, "auto", "cuda")
+    assert cache.name == "bf16" and "qk_rope_head_dim 16" in note
+    flash = preset_config("deepseek-v4-flash")
+    cache, note = resolve_cache_format(flash, "auto", "cuda")
+    assert cache.name == "auto" and note is None
+    assert resolve_cache_format(flash, None, "cpu")[0].name == "bf16"  # the CPU default

@@ -9,15 +9,19 @@ lives in the engine.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
 from v4serve.cache.budget import KVBudget, budget_for_pages, free_gpu_memory, solve_kv_budget
 from v4serve.engine.args import EngineArgs
 from v4serve.engine.decode_runner import DecodeRunner
-from v4serve.formats import CacheFormat, cache_format
-from v4serve.layer_plan import ModelPlan, layer_plans
+from v4serve.formats import CacheFormat
+from v4serve.layer_plan import ModelPlan, layer_plans, resolve_cache_format
 from v4serve.model.loader import build_model
+
+logger = logging.getLogger(__name__)
 
 
 def kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, device: torch.device,
@@ -33,8 +37,11 @@ def kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, dev
 class ModelRunner:
     def __init__(self, args: EngineArgs, device: torch.device, dtype: torch.dtype):
         self.device = device
-        self.cache_format: CacheFormat = cache_format(args.kv_cache_dtype, device.type)
         self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress)
+        self.cache_format: CacheFormat
+        self.cache_format, self.cache_format_note = resolve_cache_format(config, args.kv_cache_dtype, device.type)
+        if self.cache_format_note:
+            logger.warning(self.cache_format_note)
         self.model.fuse_projections()
         self.model.bind_kernels(args.kernels)
         self.config = config
@@ -71,7 +78,8 @@ class ModelRunner:
 
     def banner(self) -> list[str]:
         """The start-up lines: what fits (vLLM's words), then every tier's bytes."""
-        return [f"KV cache dtype: {self.cache_format.name}", *self.kv_budget.describe(self.max_model_len)]
+        note = f" ({self.cache_format_note})" if self.cache_format_note else ""
+        return [f"KV cache dtype: {self.cache_format.name}{note}", *self.kv_budget.describe(self.max_model_len)]
 
     def prefill(self, chunks: list[SequenceChunk], token_ids: list[int], logits_rows: list[int]) -> torch.Tensor:
         """Logits [len(logits_rows), vocab] of a step of chunks (prefill or mixed)."""
