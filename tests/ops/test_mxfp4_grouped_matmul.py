@@ -1,0 +1,75 @@
+"""MXFP4 grouped matmul: the torch reference and the Triton kernel (interpreted on the CPU)
+against a per-pick loop over weights decoded nibble by nibble, with empty groups, uneven group
+sizes and K, N not multiples of the tiles."""
+
+import math
+
+import pytest
+import torch
+
+from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
+
+_E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def _case(sizes, n, k, t=9, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, k, generator=gen).to(dtype)
+    weight = torch.randint(0, 256, (len(sizes), n, k // 2), generator=gen, dtype=torch.int32).to(torch.uint8)
+    scale = torch.randint(118, 130, (len(sizes), n, k // 32), generator=gen, dtype=torch.int32).to(torch.uint8)
+    rows = torch.randint(0, t, (sum(sizes),), generator=gen)
+    ends = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    return x, weight, scale, rows, ends
+
+
+def _naive_weight(packed, scale):
+    n, half = packed.shape
+    w = torch.empty(n, 2 * half, dtype=torch.float64)
+    for i in range(n):
+        for j in range(2 * half):
+            byte = int(packed[i, j // 2])
+            code = byte & 0xF if j % 2 == 0 else byte >> 4
+            v = _E2M1[code & 7] * (-1 if code & 8 else 1)
+            w[i, j] = math.ldexp(v, int(scale[i, j // 32]) - 127)
+    return w
+
+
+def _naive(x, weight, scale, rows, ends):
+    group = torch.searchsorted(ends.long(), torch.arange(rows.shape[0]), right=True)
+    cache = {}
+    out = []
+    for g, r in zip(group.tolist(), rows.tolist()):
+        if g not in cache:
+            cache[g] = _naive_weight(weight[g], scale[g])
+        out.append(cache[g] @ x[r].double())
+    return torch.stack(out) if out else torch.zeros(0, weight.shape[1], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("sizes, n, k", [([3, 0, 5, 1], 48, 64), ([0, 17, 0, 2, 40], 80, 96), ([1], 16, 32), ([0, 0, 33], 20, 160)])
+def test_matches_a_loop_over_picks(impl, sizes, n, k):
+    x, weight, scale, rows, ends = _case(sizes, n, k)
+    got = mxfp4_grouped_matmul(x, weight, scale, rows, ends, impl=impl)
+    want = _naive(x, weight, scale, rows, ends)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_bf16_without_rows(impl):
+    sizes = [3, 0, 5, 1, 20]
+    x, weight, scale, _, ends = _case(sizes, 48, 64, t=sum(sizes), dtype=torch.bfloat16)
+    got = mxfp4_grouped_matmul(x, weight, scale, None, ends, impl=impl)
+    assert got.dtype == torch.bfloat16
+    want = _naive(x, weight, scale, torch.arange(sum(sizes)), ends)
+    # fp32 accumulation of exact products, one rounding to bf16: within one bf16 ulp.
+    torch.testing.assert_close(got.double(), want, rtol=2**-8, atol=1e-6 * want.abs().max().item())
+
+
+def test_bad_arguments_are_named():
+    x, weight, scale, rows, ends = _case([2, 2], 16, 64)
+    with pytest.raises(ValueError, match="ends must be int32"):
+        mxfp4_grouped_matmul(x, weight, scale, rows, ends.long())
+    with pytest.raises(ValueError, match="scale must be"):
+        mxfp4_grouped_matmul(x, weight, scale[..., :1], rows, ends)
+    with pytest.raises(ValueError, match="weight"):
+        mxfp4_grouped_matmul(x[:, :32], weight, scale, rows, ends)
