@@ -73,3 +73,25 @@ def test_bad_arguments_are_named():
         mxfp4_grouped_matmul(x, weight, scale[..., :1], rows, ends)
     with pytest.raises(ValueError, match="weight"):
         mxfp4_grouped_matmul(x[:, :32], weight, scale, rows, ends)
+
+
+def test_kernel_decodes_every_code_with_every_finite_scale_exactly():
+    # Row b of expert 0 holds all 256 bytes (every code pair) with scale byte b; x = identity, so
+    # y = W^T element for element (fp32 dot of one-hot rows: exact). b <= 252: 6 * 2^(b-127) is finite.
+    n_scales = 253
+    weight = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(n_scales, 1)[None]
+    scale = torch.arange(n_scales, dtype=torch.int32).to(torch.uint8)[:, None].expand(n_scales, 16).contiguous()[None]
+    x = torch.eye(512)
+    got = mxfp4_grouped_matmul(x, weight, scale, None, torch.tensor([512], dtype=torch.int32), impl="triton")
+    want = _naive_weight(weight[0], scale[0]).T.float()
+    assert torch.equal(got, want)
+
+
+def test_prefill_tiles_match_the_reference():
+    from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_PREFILL_CONFIG, mxfp4_grouped_matmul_triton
+
+    sizes = [70, 0, 5, 130]
+    x, weight, scale, rows, ends = _case(sizes, 136, 160, t=40, dtype=torch.bfloat16)
+    got = mxfp4_grouped_matmul_triton(x, weight, scale, rows, ends, sum(sizes), MXFP4_PREFILL_CONFIG)
+    want = _naive(x, weight, scale, rows, ends)
+    torch.testing.assert_close(got.double(), want, rtol=2**-8, atol=1e-6 * want.abs().max().item())
