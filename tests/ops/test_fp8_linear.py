@@ -111,3 +111,53 @@ def test_leading_dims_and_errors():
         fp8_linear(x[..., :30], weight, scale, (8, 16), impl="torch")
     with pytest.raises(ValueError, match="act_block"):
         fp8_linear(x, weight, scale, (8, 16), act_block=0, impl="torch")
+
+
+# Triton (interpreted) against the reference. Under the interpreter the dots are fp32 sums of exact
+# products, as in the reference: only the summation order differs, so fp32 outputs agree to 1e-5
+# and bf16 outputs to one bf16 ulp (up to 2^-7 relative at the bottom of a binade).
+_TRITON_CASES = [
+    # m, n, k, block, act_block, scale_fmt
+    (1, 20, 36, (8, 16), None, "ue8m0"),      # odd blocks: pre-scaled weight tiles, partial edges
+    (3, 130, 200, (128, 128), None, "fp32"),  # post-scaled partials (any fp32 scale), partial blocks
+    (3, 130, 200, (128, 128), 128, "ue8m0"),  # the V4 numerics
+    (1, 72, 100, (32, 32), 32, "ue8m0"),      # the V4.1 numerics
+    (64, 70, 160, (32, 32), None, "ue8m0"),   # prefill tiles, pre-scaled (block_k 32 < BLOCK_K)
+    (64, 40, 300, (128, 128), 128, "fp32"),   # prefill tiles, act mode, fp32 weight scales
+]
+
+
+@pytest.mark.parametrize("fp8_hw", [True, False], ids=["fp8", "bytes"])
+@pytest.mark.parametrize("m, n, k, block, act_block, scale_fmt", _TRITON_CASES)
+def test_triton_matches_the_reference(m, n, k, block, act_block, scale_fmt, fp8_hw):
+    from v4serve.ops.fp8_linear_triton import fp8_linear_triton
+
+    weight, scale = _weights(n, k, block, scale_fmt, seed=m + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)).bfloat16()
+    want = fp8_linear(x, weight, scale, block, act_block=act_block, impl="torch")
+    got = fp8_linear_triton(x, weight, scale, block, act_block, fp8_hw=fp8_hw)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6 * want.float().abs().max().item())
+    if act_block is None:
+        want32 = fp8_linear(x.float(), weight, scale, block, impl="torch")
+        got32 = fp8_linear_triton(x.float(), weight, scale, block, None, fp8_hw=fp8_hw)
+        torch.testing.assert_close(got32, want32, rtol=1e-5, atol=1e-5 * want32.abs().max().item())
+
+
+@pytest.mark.parametrize("act_block", [None, 128])
+def test_triton_decode_split_k_sums_in_order(act_block):
+    from v4serve.ops.fp8_linear_triton import fp8_linear_triton
+
+    weight, scale = _weights(70, 600, (128, 128))
+    x = torch.randn(5, 600, generator=torch.Generator().manual_seed(2)).bfloat16()
+    want = fp8_linear(x, weight, scale, act_block=act_block, impl="torch")
+    one = fp8_linear_triton(x, weight, scale, (128, 128), act_block, split_k=1)
+    three = fp8_linear_triton(x, weight, scale, (128, 128), act_block, split_k=3)
+    for got in (one, three):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6 * want.float().abs().max().item())
+
+
+def test_triton_dispatch_keeps_leading_dims():
+    weight, scale = _weights(20, 36, (8, 16))
+    x = torch.randn(2, 3, 36)
+    got = fp8_linear(x, weight, scale, (8, 16), impl="triton")
+    torch.testing.assert_close(got, fp8_linear(x, weight, scale, (8, 16), impl="torch"), rtol=1e-5, atol=1e-5)

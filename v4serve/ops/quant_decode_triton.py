@@ -20,7 +20,8 @@ def e4m3_bits_to_f32(b):
     m = b & 7
     normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
     mag = tl.where(e > 0, normal, m.to(tl.float32) * 0.001953125)
-    return tl.where((b & 0x80) != 0, -mag, mag)
+    # the sign as a bit (Triton's unary minus is 0 - x, which would turn -0 into +0)
+    return (mag.to(tl.int32, bitcast=True) | ((b & 0x80) << 24)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
