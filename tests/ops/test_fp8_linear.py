@@ -161,3 +161,53 @@ def test_triton_dispatch_keeps_leading_dims():
     x = torch.randn(2, 3, 36)
     got = fp8_linear(x, weight, scale, (8, 16), impl="triton")
     torch.testing.assert_close(got, fp8_linear(x, weight, scale, (8, 16), impl="torch"), rtol=1e-5, atol=1e-5)
+
+
+# GPU: Flash and Pro projections (out, in), decode and prefill sizes. Not run in this session.
+FLASH_PROJECTIONS = {"wq_a": (1024, 4096), "wq_b": (32768, 1024), "wkv": (512, 4096), "wo_b": (4096, 8192),
+                     "shared w1": (2048, 4096), "shared w2": (4096, 2048)}
+PRO_PROJECTIONS = {"wq_a": (1536, 7168), "wq_b": (65536, 1536), "wkv": (512, 7168), "wo_b": (7168, 16384),
+                   "shared w1": (3072, 7168), "shared w2": (7168, 3072)}
+_GPU_SHAPES = [(f"{model} {name}", n, k) for model, table in (("flash", FLASH_PROJECTIONS), ("pro", PRO_PROJECTIONS))
+               for name, (n, k) in table.items()]
+
+
+def _gpu_weights(n, k, block, scale_fmt, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return quantize_fp8_blocks(torch.randn(n, k, generator=gen, device="cuda") * k**-0.5, block, scale_fmt)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 8, 64, 2048])
+@pytest.mark.parametrize("name, n, k", _GPU_SHAPES, ids=[s[0] for s in _GPU_SHAPES])
+def test_triton_on_gpu_at_model_shapes(name, n, k, m):
+    weight, scale = _gpu_weights(n, k, (128, 128), "ue8m0", seed=n + k)
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(m)).bfloat16()
+    # The activation quantization is the same math in both: bit-identical.
+    codes, scales = act_quant(x, 128, impl="triton")
+    want_codes, want_scales = act_quant(x, 128, impl="torch")
+    assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8)) and torch.equal(scales, want_scales)
+    # Weight-only: exact products (e4m3 codes in bf16, power-of-two scales), fp32 sums in another
+    # order: one bf16 ulp, plus the fp32 rounding of the sums where they cancel.
+    want = fp8_linear(x, weight, scale, impl="torch").float()
+    got = fp8_linear(x, weight, scale, impl="triton").float()
+    torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-4 * want.abs().max().item())
+    # Official numerics: the FP8 tensor cores sum each 128-long block product with fewer bits than
+    # fp32 (DeepSeek-V3 report: about 14), before the fp32 promotion: 2^-6 relative, 1e-3 of max.
+    want = fp8_linear(x, weight, scale, act_block=128, impl="torch").float()
+    got = fp8_linear(x, weight, scale, act_block=128, impl="triton").float()
+    torch.testing.assert_close(got, want, rtol=2**-6, atol=1e-3 * want.abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 64])
+def test_triton_on_gpu_v41_blocks_and_fp32_scales(m):
+    x = torch.randn(m, 5120, device="cuda", generator=torch.Generator(device="cuda").manual_seed(m)).bfloat16()
+    for block, act_block, scale_fmt in (((32, 32), 32, "ue8m0"), ((32, 32), None, "ue8m0"), ((128, 128), None, "fp32")):
+        weight, scale = _gpu_weights(1280, 5120, block, scale_fmt, seed=m)
+        want = fp8_linear(x, weight, scale, block, act_block=act_block, impl="torch").float()
+        got = fp8_linear(x, weight, scale, block, act_block=act_block, impl="triton").float()
+        tol = (2**-7, 1e-4) if act_block is None else (2**-6, 1e-3)
+        torch.testing.assert_close(got, want, rtol=tol[0], atol=tol[1] * want.abs().max().item())
