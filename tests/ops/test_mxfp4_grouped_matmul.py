@@ -46,7 +46,7 @@ def _naive(x, weight, scale, rows, ends):
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
-@pytest.mark.parametrize("sizes, n, k", [([3, 0, 5, 1], 48, 64), ([0, 17, 0, 2, 40], 80, 96), ([1], 16, 32), ([0, 0, 33], 20, 160)])
+@pytest.mark.parametrize("sizes, n, k", [([3, 0, 5, 1], 48, 64), ([0, 17, 0, 2, 40], 80, 96), ([1], 16, 32), ([0, 0, 33], 20, 160), ([3, 0, 5, 1], 48, 256)])
 def test_matches_a_loop_over_picks(impl, sizes, n, k):
     x, weight, scale, rows, ends = _case(sizes, n, k)
     got = mxfp4_grouped_matmul(x, weight, scale, rows, ends, impl=impl)
@@ -87,11 +87,12 @@ def test_kernel_decodes_every_code_with_every_finite_scale_exactly():
     assert torch.equal(got, want)
 
 
-def test_prefill_tiles_match_the_reference():
+@pytest.mark.parametrize("k", [160, 256])  # scale bytes; scale words (K % 128 == 0)
+def test_prefill_tiles_match_the_reference(k):
     from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_PREFILL_CONFIG, mxfp4_grouped_matmul_triton
 
     sizes = [70, 0, 5, 130]
-    x, weight, scale, rows, ends = _case(sizes, 136, 160, t=40, dtype=torch.bfloat16)
+    x, weight, scale, rows, ends = _case(sizes, 136, k, t=40, dtype=torch.bfloat16)
     got = mxfp4_grouped_matmul_triton(x, weight, scale, rows, ends, sum(sizes), MXFP4_PREFILL_CONFIG)
     want = _naive(x, weight, scale, rows, ends)
     torch.testing.assert_close(got.double(), want, rtol=2**-8, atol=1e-6 * want.abs().max().item())

@@ -44,6 +44,10 @@ from v4serve.ops.quant_decode_triton import e4m3_bits_to_f32
 DECODE_MAX_M = 16
 FP8_DECODE_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
 FP8_PREFILL_CONFIG = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
+# Weight-only, or no fp8 on the GPU (sm_80): the tiles are decoded in registers, so a shorter K step.
+FP8_PREFILL_DEQUANT_CONFIG = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
+# sm_80 with act quantization: both operands decoded from bytes.
+FP8_PREFILL_SM80_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
 ACT_QUANT_CONFIG = dict(BLOCK_G=1024, num_warps=4)
 # Split-K until the decode grid has at least this many programs per SM.
 DECODE_PROGRAMS_PER_SM = 2
@@ -243,10 +247,14 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     n = weight.shape[0]
     bn, bk = block
     decode = m <= DECODE_MAX_M
-    cfg = dict(config or (FP8_DECODE_CONFIG if decode else FP8_PREFILL_CONFIG))
     if x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError("x and weight must have a unit stride along K")
     fp8_hw = native_fp8(x.device) if fp8_hw is None else fp8_hw
+    if act_block is None:
+        prefill_cfg = FP8_PREFILL_DEQUANT_CONFIG
+    else:
+        prefill_cfg = FP8_PREFILL_CONFIG if fp8_hw else FP8_PREFILL_SM80_CONFIG
+    cfg = dict(config or (FP8_DECODE_CONFIG if decode else prefill_cfg))
     if act_block is None:
         post = bk % cfg["BLOCK_K"] == 0
         a, a_scale, ab = x, scale, 1  # (a_scale is not read in weight-only mode)

@@ -1,6 +1,7 @@
 """Triton kernel of the MXFP4 (W4A16) grouped matmul: y[m] = x[rows[m]] @ W[g(m)]^T.
 
-Layouts: x [T, K] (row stride `stride_x`, unit column stride), bf16 / fp16 / fp32; weight uint8
+Layouts (K_BYTES = K / 2 and K_SCALES = K / 32 are passed so the JIT sees them 16-divisible and
+the packed / scale rows load in 16-byte / 4-byte pieces): x [T, K] (row stride `stride_x`, unit column stride), bf16 / fp16 / fp32; weight uint8
 [E, N, K/2] packed e2m1 (element 2j in the low nibble of byte j); scale uint8 ue8m0 [E, N, K/32];
 rows [M] int64 sorted by group, or none (row m = pick m); ends [E] int32 cumulative group ends;
 y [M, N] in x.dtype.
@@ -11,7 +12,7 @@ from `ends` in registers (no setup launch, no host count: CUDA-graph safe). Grid
 (cdiv(M, BLOCK_M) + E, cdiv(N, BLOCK_N)); programs past the last block exit at once.
 
 Per K step a program loads its [BLOCK_N, BLOCK_K/2] packed bytes and [BLOCK_N, BLOCK_K/32] scale
-bytes once, splits the nibbles (join low/high -> element order 2j, 2j+1), decodes them to fp32 and
+bytes once (one int32 word per row when BLOCK_K = 128 and K % 128 == 0: SCALE_WORDS), splits the nibbles (join low/high -> element order 2j, 2j+1), decodes them to fp32 and
 multiplies by 2^(b-127) (exact: at most two significant bits), casts to x.dtype (exact in bf16) and
 runs a tensor-core dot with fp32 accumulation (fp32 x: an IEEE fp32 dot). So y differs from the
 reference (fp32 products, fp32 sums) only in the order of the fp32 sums. The weights cross HBM once
@@ -29,7 +30,7 @@ from v4serve.ops.quant_decode_triton import e2m1_to_f32, ue8m0_to_f32
 
 # Decode: a handful of picks per expert. Prefill: tens of picks per expert (2048 tokens x 6 / 256).
 MXFP4_DECODE_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
-MXFP4_PREFILL_CONFIG = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
+MXFP4_PREFILL_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
 # Average picks per expert from which the prefill tiles pay off.
 PREFILL_PICKS_PER_EXPERT = 32
 
@@ -37,8 +38,8 @@ PREFILL_PICKS_PER_EXPERT = 32
 @triton.jit
 def _mxfp4_grouped_matmul_kernel(
     x_ptr, w_ptr, s_ptr, rows_ptr, ends_ptr, y_ptr,
-    N, K, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y,
-    N_GROUPS: tl.constexpr, HAS_ROWS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+    N, K, K_BYTES, K_SCALES, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y,
+    N_GROUPS: tl.constexpr, HAS_ROWS: tl.constexpr, IEEE: tl.constexpr, SCALE_WORDS: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr = False,
 ):
     if PDL:
@@ -74,11 +75,15 @@ def _mxfp4_grouped_matmul_kernel(
         a = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :],
                     mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
         offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        packed = tl.load(w_rows + offs_b[None, :], mask=mask_n[:, None] & (offs_b[None, :] < K // 2),
+        packed = tl.load(w_rows + offs_b[None, :], mask=mask_n[:, None] & (offs_b[None, :] < K_BYTES),
                          other=0).to(tl.int32)
-        offs_s = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        sb = tl.load(s_rows + offs_s[None, :], mask=mask_n[:, None] & (offs_s[None, :] < K // 32),
-                     other=127).to(tl.int32)
+        if SCALE_WORDS:  # BLOCK_K = 128: the 4 scale bytes of a row are one aligned int32 word
+            word = tl.load(s_rows.to(tl.pointer_type(tl.int32)) + k0 // 128, mask=mask_n[:, None], other=0)
+            sb = (word >> (tl.arange(0, 4) * 8)[None, :]) & 0xFF
+        else:
+            offs_s = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            sb = tl.load(s_rows + offs_s[None, :], mask=mask_n[:, None] & (offs_s[None, :] < K_SCALES),
+                         other=127).to(tl.int32)
         codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_N, BLOCK_K))
         w = tl.reshape(e2m1_to_f32(codes), (BLOCK_N, BLOCK_K // 32, 32)) * ue8m0_to_f32(sb)[:, :, None]
         b = tl.trans(tl.reshape(w, (BLOCK_N, BLOCK_K)).to(a.dtype))
@@ -88,6 +93,12 @@ def _mxfp4_grouped_matmul_kernel(
             acc += tl.dot(a, b)
     tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_y + offs_n[None, :],
              acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def _scale_words(scale: torch.Tensor, k: int, block_k: int) -> bool:
+    """The scales can be read as int32 words: 4 per 128 channels, rows and base 4-byte aligned."""
+    return (block_k == 128 and k % 128 == 0 and scale.data_ptr() % 4 == 0
+            and all(st % 4 == 0 for st in scale.stride()[:2]))
 
 
 def mxfp4_config(n_picks: int, n_experts: int) -> dict:
@@ -106,9 +117,9 @@ def mxfp4_grouped_matmul_triton(x: torch.Tensor, weight: torch.Tensor, scale: to
         return y
     grid = (triton.cdiv(n_picks, block_m) + e, triton.cdiv(n, cfg["BLOCK_N"]))
     _mxfp4_grouped_matmul_kernel[grid](
-        x, weight, scale, rows if rows is not None else ends, ends, y, n, k, x.stride(0), weight.stride(0),
+        x, weight, scale, rows if rows is not None else ends, ends, y, n, k, k // 2, k // 32, x.stride(0), weight.stride(0),
         weight.stride(1), scale.stride(0), scale.stride(1), y.stride(0), N_GROUPS=e, HAS_ROWS=rows is not None,
-        IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        IEEE=x.dtype == torch.float32, SCALE_WORDS=_scale_words(scale, k, cfg["BLOCK_K"]), BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         BLOCK_E=triton.next_power_of_2(e), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **pdl_launch(x),
     )
