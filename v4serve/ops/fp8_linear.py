@@ -8,6 +8,12 @@ x [..., K] (bf16 / fp16 / fp32, unit stride along K); weight float8_e4m3fn [N, K
 act_block None: weight-only numerics y = x @ (w * s)^T (fp32 accumulation, rounded to x.dtype once);
 act_block 128 (V4) / 32 (V4.1): the official numerics, x quantized to e4m3 per act_block channels
 with ue8m0 scales first (`act_quant`).
+
+Not used: torch._scaled_mm / torch.nn.functional.scaled_mm. PyTorch's blockwise recipe (1x128
+activation scales x 128x128 weight scales, cuBLASLt) covers only the V4 / V4-Pro act_block=128 path,
+only on sm_90 and only in torch builds against CUDA >= 12.9 (M padded to a multiple of 4); it does
+not cover V4.1's 32x32 blocks, the weight-only numerics, sm_80/100/120 or partial blocks. A candidate
+for large-M prefill on the H200 once measured against the Triton prefill kernel.
 """
 
 import torch
