@@ -12,7 +12,7 @@ with ue8m0 scales first (`act_quant`).
 Not used: torch._scaled_mm / torch.nn.functional.scaled_mm. PyTorch's blockwise recipe (1x128
 activation scales x 128x128 weight scales, cuBLASLt) covers only the V4 / V4-Pro act_block=128 path,
 only on sm_90 and only in torch builds against CUDA >= 12.9 (M padded to a multiple of 4); it does
-not cover V4.1's 32x32 blocks, the weight-only numerics, sm_80/100/120 or partial blocks. A candidate
+not cover V4.1's 32x32 blocks, the weight-only numerics or sm_80/100/120. A candidate
 for large-M prefill on the H200 once measured against the Triton prefill kernel.
 """
 
