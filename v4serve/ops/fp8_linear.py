@@ -1,0 +1,55 @@
+"""FP8 block-scaled linear: public entry points (math in fp8_linear_reference.py, kernels in
+fp8_linear_triton.py).
+
+    fp8_linear(x, weight, scale, block=(128, 128), act_block=None, impl="auto") -> y [..., N]
+
+x [..., K] (bf16 / fp16 / fp32, unit stride along K); weight float8_e4m3fn [N, K]; scale float32
+[ceil(N / bn), ceil(K / bk)] (ue8m0 checkpoints: powers of two; V4-Flash-Base: any fp32).
+act_block None: weight-only numerics y = x @ (w * s)^T (fp32 accumulation, rounded to x.dtype once);
+act_block 128 (V4) / 32 (V4.1): the official numerics, x quantized to e4m3 per act_block channels
+with ue8m0 scales first (`act_quant`).
+
+Not used: torch._scaled_mm / torch.nn.functional.scaled_mm. PyTorch's blockwise recipe (1x128
+activation scales x 128x128 weight scales, cuBLASLt) covers only the V4 / V4-Pro act_block=128 path,
+only on sm_90 and only in torch builds against CUDA >= 12.9 (M padded to a multiple of 4); it does
+not cover V4.1's 32x32 blocks, the weight-only numerics or sm_80/100/120. A candidate
+for large-M prefill on the H200 once measured against the Triton prefill kernel.
+"""
+
+import torch
+
+from v4serve.ops._dispatch import use_triton
+from v4serve.ops.fp8_linear_reference import act_quant_reference, fp8_linear_reference
+from v4serve.ops.fp8_linear_triton import act_quant_triton, fp8_linear_triton
+from v4serve.ops.weight_formats import check_fp8_weight
+
+
+def _check(x, weight, scale, block, act_block):
+    check_fp8_weight(weight, scale, tuple(block))
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x [..., K] must match weight [N, K] = {list(weight.shape)}, got x {list(x.shape)}")
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"x must be bf16, fp16 or fp32, got {x.dtype}")
+    if act_block is not None and (not isinstance(act_block, int) or act_block < 1):
+        raise ValueError(f"act_block must be None or a positive int, got {act_block!r}")
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block=(128, 128),
+               act_block: int | None = None, impl: str = "auto") -> torch.Tensor:
+    """y [..., N] = A @ (weight * scale)^T, A = x or its e4m3 / ue8m0 quantization per act_block."""
+    block = tuple(block)
+    _check(x, weight, scale, block, act_block)
+    if use_triton(impl, x, weight, scale):
+        y = fp8_linear_triton(x.reshape(-1, x.shape[-1]), weight, scale, block, act_block)
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+    return fp8_linear_reference(x, weight, scale, block, act_block)
+
+
+def act_quant(x: torch.Tensor, block: int, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes float8_e4m3fn [M, K], scales float32 [M, ceil(K / block)]) of x [M, K]: the official
+    activation quantization (ue8m0 scale per `block` channels, e4m3 round-to-nearest-even)."""
+    if x.dim() != 2:
+        raise ValueError(f"x must be [M, K], got {list(x.shape)}")
+    if use_triton(impl, x):
+        return act_quant_triton(x, block)
+    return act_quant_reference(x, block)

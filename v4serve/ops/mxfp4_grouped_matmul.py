@@ -1,0 +1,31 @@
+"""MXFP4 (W4A16) MoE grouped matmul: public entry point (math in mxfp4_grouped_matmul_reference.py,
+kernel in mxfp4_grouped_matmul_triton.py). Same contract as `grouped_matmul` with the expert
+weights kept packed; group sizes never leave the device on the Triton path."""
+
+import torch
+
+from v4serve.ops._dispatch import use_triton
+from v4serve.ops.mxfp4_grouped_matmul_reference import mxfp4_grouped_matmul_reference
+from v4serve.ops.mxfp4_grouped_matmul_triton import mxfp4_grouped_matmul_triton
+from v4serve.ops.weight_formats import check_mxfp4_weight
+
+
+def mxfp4_grouped_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor | None,
+                         ends: torch.Tensor, impl: str = "auto") -> torch.Tensor:
+    """y [M, N] with y[m] = x[rows[m]] @ W[g(m)]^T, picks sorted by group g.
+
+    x [T, K] (bf16 / fp16 / fp32); weight uint8 [E, N, K/2] packed e2m1; scale uint8 ue8m0
+    [E, N, K/32]; rows [M] int64, or None for rows[m] = m (M = T); ends [E] int32, the cumulative
+    ends of the groups (group e owns picks ends[e-1] .. ends[e] - 1). y in x.dtype.
+    """
+    check_mxfp4_weight(weight, scale)
+    if x.dim() != 2 or weight.dim() != 3 or 2 * weight.shape[2] != x.shape[1]:
+        raise ValueError(f"x must be [T, K] and weight [E, N, K/2], got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if ends.dtype != torch.int32 or ends.shape != (weight.shape[0],):
+        raise ValueError(f"ends must be int32 [{weight.shape[0]}], got {ends.dtype} {tuple(ends.shape)}")
+    if x.stride(1) != 1 or weight.stride(2) != 1 or scale.stride(2) != 1:
+        raise ValueError("x, weight and scale must have a unit stride along K")
+    n_picks = x.shape[0] if rows is None else rows.shape[0]
+    if use_triton(impl, x, weight, scale, ends):
+        return mxfp4_grouped_matmul_triton(x, weight.view(torch.uint8), scale, rows, ends, n_picks)
+    return mxfp4_grouped_matmul_reference(x if rows is None else x[rows], weight.view(torch.uint8), scale, ends)
