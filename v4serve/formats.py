@@ -52,6 +52,11 @@ class CacheFormat:
     name: str
     kv_rows: str
     index_rows: str | None
+    compressed_rows: str | None = None  # V4.1: main compressed rows, when not `kv_rows` (None: kv_rows)
+
+    @property
+    def compressed_row_format(self) -> str:
+        return self.compressed_rows or self.kv_rows
 
 
 CACHE_FORMATS = {
@@ -62,6 +67,9 @@ CACHE_FORMATS = {
         # The official DeepSeek-V4 numerics: fp8 KV with ue8m0 scales per 64 (rope tail in bf16),
         # indexer q and keys rotated by a Hadamard transform and rounded to fp4 with ue8m0 per 32.
         CacheFormat("reference", "fp8_e8m0_b64_rope64", "fp4_e8m0_b32"),
+        # DeepSeek-V4.1's official numerics: fp8 window rows with ue8m0 per 32 (rope tail included),
+        # fp4 compressed rows with e4m3 scales per 16, fp4 index queries / keys (no Hadamard).
+        CacheFormat("v41", "fp8_e8m0_b32", "fp4_e8m0_b32", "fp4_e4m3_b16"),
     )
 }
 

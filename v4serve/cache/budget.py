@@ -74,16 +74,17 @@ def tier_costs(geometry: CacheGeometry, kv_dtype: torch.dtype) -> tuple[dict[str
     per_seq = {"window ring": 0, "compressor state": 0}
     for g in geometry.layers:
         per_seq["window ring"] += geometry.page_size * geometry.head_dim * size
-        if g.ratio:
+        if g.ratio and g.source is None:  # V4.1: a layer reading a source's pools costs nothing here
             per_token["compressed rows"] += geometry.head_dim * size / g.ratio
-        if g.indexer:
+        if g.indexer or g.index_keys:
             per_token["index keys"] += geometry.index_head_dim * size / g.ratio
         for c in (g.compressor, g.indexer):
             if c is not None:
                 per_seq["compressor state"] += c.state_bytes
     staging = len(geometry.layers) * geometry.head_dim * size
     scratch = sum(
-        (geometry.head_dim * size if g.ratio else 0) + (geometry.index_head_dim * size if g.indexer else 0)
+        (geometry.head_dim * size if g.ratio and g.source is None else 0)
+        + (geometry.index_head_dim * size if g.indexer or g.index_keys else 0)
         for g in geometry.layers
     )
     return per_token, per_seq, staging, sum(per_seq.values()) + scratch

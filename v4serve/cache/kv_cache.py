@@ -123,6 +123,16 @@ class PagedKVCache:
             if g.indexer is not None:
                 self.index_pools[layer] = _zeros((rows, geometry.index_head_dim), dtype, device)
                 self.indexer_states[layer] = compressor_state(g.indexer, slots, device)
+            if g.index_keys:  # V4.1 kv source: keys written from the main latent, no state of their own
+                self.index_pools[layer] = _zeros((rows, geometry.index_head_dim), dtype, device)
+        self.token_history = None  # V4.1 Engram: [slots, n] int64 last token ids of each sequence
+        if geometry.token_history:
+            self.token_history = torch.full((slots, geometry.token_history), geometry.token_pad, dtype=torch.int64,
+                                            device=self.device)
+        for layer, g in enumerate(geometry.layers):  # V4.1: a layer reading a source layer's pools
+            if g.source is not None:
+                self.compressed_pools[layer] = self.compressed_pools[g.source]
+                self.index_pools[layer] = self.index_pools[g.source]
 
     # ------------------------------------------------------------------ sequences and pages
     @property
@@ -141,6 +151,8 @@ class PagedKVCache:
         self._pages[slot] = []
         for state in (*self.compressor_states.values(), *self.indexer_states.values()):
             state.reset(slot)
+        if self.token_history is not None:
+            self.token_history[slot].fill_(self.geometry.token_pad)
         return slot
 
     def reserve(self, slot: int, num_tokens: int) -> None:

@@ -19,6 +19,7 @@ from torch import nn
 from v4serve.cache import ForwardBatch, PagedKVCache
 from v4serve.config import CSA, ModelConfig
 from v4serve.model.compressor import Compressor
+from v4serve.model.csa2 import IndexerV41, SourceCompressor, compressed_columns
 from v4serve.model.fusion import fuse_rows, widths
 from v4serve.model.indexer import Indexer
 from v4serve.model.norm import RMSNorm
@@ -55,7 +56,15 @@ class Attention(nn.Module):
         self.register_buffer("input_proj", None, persistent=False)  # [q_a_proj; kv_proj] once fused
         self.register_buffer("compressor_proj", None, persistent=False)  # the fp32 compressor projections, fused
         self.compressor = None
-        if self.ratio:
+        # --- DeepSeek-V4.1 (`model/csa2.py`): no per-head q RMS; the role decides what the layer owns.
+        self.v41_role = config.v41.role(layer) if config.v41 is not None else None
+        self.indexer = None
+        if self.v41_role is not None:
+            if self.v41_role == "full":
+                self.compressor = SourceCompressor(config, self.ratio)
+            if self.v41_role in ("full", "reindex"):
+                self.indexer = IndexerV41(config, layer)
+        elif self.ratio:
             is_csa = config.layer_types[layer] == CSA
             self.compressor = Compressor(
                 config, d, self.ratio, overlap=is_csa, indexer=Indexer(config, self.ratio) if is_csa else None
@@ -66,7 +75,8 @@ class Attention(nn.Module):
         angles = rope.for_ratio(self.ratio)
         q_low, kv = self._project_input(x)
         qr = self.q_a_norm(q_low, kernels)
-        q = rms_norm_rope(self.q_b_proj(qr).view(t, self.n_heads, self.head_dim), self.eps,
+        q_eps = None if self.v41_role is not None else self.eps  # V4.1: no per-head q RMS
+        q = rms_norm_rope(self.q_b_proj(qr).view(t, self.n_heads, self.head_dim), q_eps,
                           cos=angles.cos, sin=angles.sin, impl=kernels)
         kv = rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=kernels)
         kv = apply_kv_format(kv, cache.kv_format.kv_rows, impl=batch.kernels)
@@ -74,7 +84,10 @@ class Attention(nn.Module):
         win_pool = cache.window_pools[self.layer]
         win_pool[batch.staging_rows] = kv.to(win_pool.dtype)
         cmp_pool, columns, counts = win_pool, batch.window_columns, None
-        if self.compressor is not None:
+        if self.v41_role not in (None, "window"):
+            cmp_pool = cache.compressed_pools[self.layer]  # a non-source layer's is its source's
+            columns = compressed_columns(self, x, qr, batch, cache, rope)
+        elif self.compressor is not None:
             cmp_pool = cache.compressed_pools[self.layer]
             columns, counts = self._compress_and_select(x, qr, batch, cache, rope)
         # A decode step of up to DECODE_ROWS_MAX_TOKENS sequences goes in as [T, 1] (one query per

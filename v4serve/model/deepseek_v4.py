@@ -44,6 +44,22 @@ class DecoderLayer(nn.Module):
                        batch.route_rows)
         return HyperConnection.expand(out, streams, post, comb, batch.kernels)
 
+    def forward_lagged(
+        self, streams: torch.Tensor, pre_in: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, rope: StepRope
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeepSeek-V4.1's lagged mHC: each sublayer collapses its input with the `pre` the previous
+        sublayer computed (`pre_in`: the previous block's ffn `pre`, one-hot for layer 0) and hands
+        its own on. Returns (streams, this block's ffn `pre`)."""
+        k = batch.kernels
+        a_pre, post, comb = self.attn_hc.coefficients(streams, k, batch.tickets)
+        y = HyperConnection.collapse(streams, pre_in, k)
+        out = self.self_attn(self.input_layernorm(y, k), batch, cache, rope)
+        streams = HyperConnection.expand(out, streams, post, comb, k)
+        f_pre, post, comb = self.ffn_hc.coefficients(streams, k, batch.tickets)
+        y = HyperConnection.collapse(streams, a_pre, k)
+        out = self.mlp(self.post_attention_layernorm(y, k), batch.token_ids, k, batch.route_rows)
+        return HyperConnection.expand(out, streams, post, comb, k), f_pre
+
 
 class DeepseekV4Model(nn.Module):
     def __init__(self, config: ModelConfig):

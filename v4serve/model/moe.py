@@ -63,6 +63,8 @@ class RoutedExperts(nn.Module):
         self.limit = config.swiglu_limit
         self.gate_up_proj = nn.Parameter(torch.zeros(e, 2 * i, d))
         self.down_proj = nn.Parameter(torch.zeros(e, d, i))
+        # V4.1 (FP4 experts): what the GEMMs see of their inputs (`v41_quant.act_quant`); None: as is.
+        self.act_quant = None
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, kernels: str,
                 add: torch.Tensor | None = None) -> torch.Tensor:
@@ -71,8 +73,9 @@ class RoutedExperts(nn.Module):
         expert's output). No host synchronisation (group sizes stay on the device), so decode can
         be graph-captured. A selection may repeat an expert (hash tables can): each pick contributes."""
         rows, ends, pos = moe_sort(experts, self.gate_up_proj.shape[0], impl=kernels)
-        gate, up = grouped_matmul(x, self.gate_up_proj, rows, ends, impl=kernels).chunk(2, dim=-1)
-        hidden = clamped_swiglu(gate, up, self.limit, impl=kernels)
+        q = self.act_quant or (lambda t: t)
+        gate, up = grouped_matmul(q(x), self.gate_up_proj, rows, ends, impl=kernels).chunk(2, dim=-1)
+        hidden = q(clamped_swiglu(gate, up, self.limit, impl=kernels))
         y = grouped_matmul(hidden, self.down_proj, None, ends, impl=kernels)  # hidden is already in pick order
         return moe_combine(y, pos, weights, add, impl=kernels)
 
