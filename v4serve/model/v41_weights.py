@@ -114,7 +114,7 @@ def build_v41_model(path: str | Path, config: ModelConfig, device: torch.device 
         if name.split("model.layers.")[-1].split(".", 1)[-1] in _FP8_GEMM_INPUTS:
             quantize_linear_inputs(module)
         if name.endswith("mlp.experts"):
-            module.act_quant = act_quant
+            module.act_quant, module.weight_before_down = act_quant, True
     return net.eval()
 
 
