@@ -25,7 +25,7 @@ from v4serve.engine.request import Request, Status
 from v4serve.engine.sampler import position_logprobs, sample_batch
 from v4serve.engine.sampling_params import SamplingParams
 from v4serve.engine.scheduler import ScheduledChunk, Scheduler
-from v4serve.model.loader import build_model
+from v4serve.model.loader import build_model, resolve_config
 from v4serve.tokenizer import Tokenizer
 from v4serve.presets import is_preset
 
@@ -93,6 +93,9 @@ class Engine:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = resolve_dtype(args.dtype, device)
         kv_format = cache_format(args.kv_format)
+        if resolve_config(args.model, args.hf_overrides).v41 is not None:  # DeepSeek-V4.1 defaults:
+            dtype = resolve_dtype(args.dtype or torch.bfloat16, device)  # its reference's activations
+            kv_format = cache_format(args.kv_format or "v41")  # and its official cache formats
         self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress)
         self.model.fuse_projections()
         self.config = config
