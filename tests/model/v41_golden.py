@@ -41,6 +41,7 @@ class GoldenRunner:
     def __init__(self, model=None):
         self.config = ModelConfig.from_pretrained(GOLDEN)
         self.model = model if model is not None else build_v41_model(GOLDEN, self.config, "cpu", torch.bfloat16)
+        self.model.bind_kernels("torch")
         self.golden = load_golden()
         self.feed = None  # (phase, token rows) when teacher-forced
         self.record = Record()
@@ -50,7 +51,7 @@ class GoldenRunner:
     def _wrap_layer(self, i: int, layer) -> None:
         run = layer.forward_lagged
 
-        def forward_lagged(streams, pre, batch, cache, rope):
+        def forward_lagged(streams, pre, batch, cache, step):
             if self.feed is not None:
                 phase, rows = self.feed
                 g = self.golden
@@ -64,7 +65,7 @@ class GoldenRunner:
                 if src is not None:
                     streams = src[rows].to(streams.dtype).contiguous()
                 pre = g[f"{phase}.layers.{i}.pre_mix_in"][rows].float()
-            out, f_pre = run(streams, pre, batch, cache, rope)
+            out, f_pre = run(streams, pre, batch, cache, step)
             self.record.h_out.setdefault(i, []).append(out.detach().clone())
             return out, f_pre
 
@@ -83,9 +84,8 @@ class GoldenRunner:
             indexer.select = wrapped
 
     def new_cache(self) -> PagedKVCache:
-        return PagedKVCache(CacheGeometry.from_config(self.config), num_pages=16, max_seqs=2, max_step_tokens=128,
-                            max_pages_per_seq=8, dtype=torch.bfloat16, device="cpu",
-                            kv_format=CACHE_FORMATS["v41"])
+        return PagedKVCache(CacheGeometry.from_config(self.config, CACHE_FORMATS["auto"]), num_pages=16, max_seqs=2,
+                            max_step_tokens=128, max_pages_per_seq=8, dtype=torch.bfloat16, device="cpu")
 
     def prefill(self, cache, slot, ids, chunks=None, teacher_forced=False):
         """Prefill `ids` in chunks of the given lengths (default one); logits of every position [T, V]."""
@@ -94,7 +94,7 @@ class GoldenRunner:
         out, start = [], 0
         for n in chunks:
             piece = ids[start:start + n]
-            batch = cache.build_batch([SequenceChunk(slot, start, n, 0)], piece, list(range(n)), kernels="torch")
+            batch = cache.build_batch([SequenceChunk(slot, start, n, 0)], piece, list(range(n)))
             self.feed = ("prefill", slice(start, start + n)) if teacher_forced else None
             out.append(self.model(batch, cache))
             start += n
@@ -105,8 +105,7 @@ class GoldenRunner:
         """One decode step per token at positions start, start+1, ...; logits [n, V]."""
         out = []
         for i, t in enumerate(tokens):
-            batch = cache.build_decode_batch(torch.tensor([t]), torch.tensor([start + i]), torch.tensor([slot]),
-                                             kernels="torch")
+            batch = cache.build_decode_batch(torch.tensor([t]), torch.tensor([start + i]), torch.tensor([slot]))
             self.feed = ("decode", slice(i, i + 1)) if teacher_forced else None
             out.append(self.model(batch, cache))
         self.feed = None

@@ -9,7 +9,7 @@ Source compressor, per complete block g of `ratio` tokens (row start s = g * rat
     ratio 1: latent = kv_norm(x Wkv^T)                                  (bf16, gateless, no state)
     index key  = fp4_e8m0_b32(rope(k_norm(latent Wk^T), s))             -> the source's index pool
     main row   = fp4_e4m3_b16(rope(latent, s))                          -> the source's compressed pool
-(no Hadamard; the cache format names the row formats: `CacheFormat.index_rows` / `compressed_row_format`).
+(no Hadamard; the layer plan names the row formats, the view's pools round or pack to them).
 
 Indexer (full and reindex layers), query at position p seeing n = (p + 1) // ratio source rows:
     q = fp4_e8m0_b32(rope(Wq_b qr, p));  w = bf16(x Ww^T * index_head_dim^-0.5 * index_n_heads^-0.5)
@@ -23,18 +23,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from v4serve.cache import ForwardBatch, PagedKVCache
+from v4serve.cache import ForwardBatch, LayerCache
 from v4serve.config import ModelConfig
 from v4serve.model.compressor import Compressor
+from v4serve.model.kernels import UsesKernels
 from v4serve.model.norm import RMSNorm
 from v4serve.model.rope import StepRope, rotary_angles
 from v4serve.ops.compress_decode import compress_decode
-from v4serve.ops.kv_quant import apply_kv_format
 from v4serve.ops.norm_rope import rms_norm_rope
 from v4serve.ops.v41_index import candidate_mask, index_scores_v41, select_sorted
 
 
-class IndexerV41(nn.Module):
+class IndexerV41(UsesKernels, nn.Module):
     """Index queries and head weights of a full / reindex layer; a kv source also owns the key
     projection (`wk`, `k_norm`) applied to its compressor's latent."""
 
@@ -55,25 +55,23 @@ class IndexerV41(nn.Module):
             self.wk = nn.Linear(config.head_dim, self.head_dim, bias=False)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def keys(self, latent: torch.Tensor, starts: torch.Tensor, inv_freq: torch.Tensor, row_format: str | None,
-             kernels: str) -> torch.Tensor:
-        """Index keys of latents [N, head_dim] rotated at their block starts [N], rounded to the format."""
+    def keys(self, latent: torch.Tensor, starts: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+        """Index keys of latents [N, head_dim] rotated at their block starts [N] (the pool rounds them)."""
         angles = rotary_angles(starts, inv_freq)
-        k = rms_norm_rope(self.wk(latent), self.k_norm.eps, self.k_norm.weight, angles.cos, angles.sin, impl=kernels)
-        return k if row_format is None else apply_kv_format(k, row_format, impl=kernels)
+        return rms_norm_rope(self.wk(latent), self.k_norm.eps, self.k_norm.weight, angles.cos, angles.sin,
+                             impl=self.impl)
 
-    def select(self, x: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache,
+    def select(self, x: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: LayerCache,
                rope: StepRope) -> torch.Tensor:
         """[T, topk] int32 compressed rows (sequence-local ids) each token attends to, -1 = none;
         publishes them (and, at the candidate source, the candidate mask) on `batch.published`."""
-        t_all, kernels = x.shape[0], batch.kernels
-        fmt = cache.kv_format.index_rows
+        t_all, keys = x.shape[0], cache.index_keys
+        if keys.packed:
+            raise NotImplementedError("V4.1 index keys in packed pools (the int32-word indexer) are not wired yet")
         q = self.q_b_proj(qr).unflatten(-1, (self.n_heads, self.head_dim))
-        q = rms_norm_rope(q, cos=rope.compress.cos, sin=rope.compress.sin, impl=kernels)
-        if fmt is not None:
-            q = apply_kv_format(q, fmt, impl=kernels)
+        q = keys.round(rms_norm_rope(q, cos=rope.compress.cos, sin=rope.compress.sin, impl=self.impl), self.impl)
         w = (self.weights_proj(x).float() * self.weight_scale).to(torch.bfloat16)
-        pool = cache.index_pools[self.layer]
+        pool = keys.data
         rows_of = batch.compressed_rows[self.ratio]  # [B, R]
         visible = batch.visible_compressed(self.ratio)
         width = rows_of.shape[1]
@@ -114,11 +112,10 @@ class SourceCompressor(Compressor):
     def projections(self) -> list[nn.Linear]:
         return [self.kv_proj] + ([self.gate_proj] if self.gate_proj is not None else [])
 
-    def write(self, x: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, layer: int, rope: StepRope,
+    def write(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache, rope: StepRope,
               indexer: IndexerV41) -> None:
         """Pool the blocks the step completes; write their compressed rows and index keys."""
-        fmt = cache.kv_format
-        pool, keys = cache.compressed_pools[layer], cache.index_pools[layer]
+        pool, keys = cache.compressed, cache.index_keys
         if self.gate_proj is None:
             kv = self.kv_proj(x).float()
             score = torch.zeros_like(kv)
@@ -126,11 +123,11 @@ class SourceCompressor(Compressor):
             xf = x.float()
             kv, score = F.linear(xf, self.kv_proj.weight.float()), F.linear(xf, self.gate_proj.weight.float())
         inv_freq = rope.compress.inv_freq
-        state = cache.compressor_states[layer]
+        state = cache.compressor_state
         if batch.is_decode:
             latent, target = self._latent_decode(kv, score, batch, state, pool)
             starts = batch.positions + 1 - self.ratio
-            self._emit(latent, starts.clamp(min=0), target, pool, keys, inv_freq, fmt, indexer, batch.kernels)
+            self._emit(latent, starts.clamp(min=0), target, pool, keys, inv_freq, indexer)
             return
         rows_of = batch.compressed_rows[self.ratio]
         for b, c in enumerate(batch.chunks):
@@ -138,13 +135,12 @@ class SourceCompressor(Compressor):
             if self.ratio == 1:
                 rows, first = kv[span], c.start
             else:
-                rows, first = self._pool_chunk(kv[span], score[span], state, c.slot, c.start, batch.kernels)
+                rows, first = self._pool_chunk(kv[span], score[span], state, c.slot, c.start)
             if rows is None:
                 continue
             groups = torch.arange(first, first + rows.shape[0], device=rows.device)
-            latent = rms_norm_rope(rows.to(pool.dtype), self.kv_norm.eps, self.kv_norm.weight, impl=batch.kernels)
-            self._emit(latent, groups * self.ratio, rows_of[b, groups].long(), pool, keys, inv_freq, fmt, indexer,
-                       batch.kernels)
+            latent = rms_norm_rope(rows.to(pool.value_dtype), self.kv_norm.eps, self.kv_norm.weight, impl=self.impl)
+            self._emit(latent, groups * self.ratio, rows_of[b, groups].long(), pool, keys, inv_freq, indexer)
 
     def _latent_decode(self, kv, score, batch, state, pool):
         """One token per sequence through the shared decode op with a zero rotation: the normalised,
@@ -153,22 +149,21 @@ class SourceCompressor(Compressor):
         return compress_decode(
             kv, score, batch.positions, batch.slots, self.position_bias, state.tensors(), self.ratio,
             self.kv_norm.weight, self.kv_norm.eps, zeros + 1, zeros, batch.compressed_rows[self.ratio],
-            pool.shape[0] - 1, pool.dtype, impl=batch.kernels,
+            pool.scratch_row, pool.value_dtype, impl=self.impl,
         )
 
-    def _emit(self, latent, starts, target, pool, keys, inv_freq, fmt, indexer, kernels):
-        keys[target] = indexer.keys(latent, starts, inv_freq, fmt.index_rows, kernels).to(keys.dtype)
+    def _emit(self, latent, starts, target, pool, keys, inv_freq, indexer):
+        keys.store(target, indexer.keys(latent, starts, inv_freq), self.impl)
         angles = rotary_angles(starts, inv_freq)
-        rows = rms_norm_rope(latent, cos=angles.cos, sin=angles.sin, impl=kernels)
-        pool[target] = apply_kv_format(rows, fmt.compressed_row_format, impl=kernels).to(pool.dtype)
+        pool.store(target, rms_norm_rope(latent, cos=angles.cos, sin=angles.sin, impl=self.impl), self.impl)
 
 
 def compressed_columns(attn: nn.Module, x: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch,
-                       cache: PagedKVCache, rope: StepRope) -> torch.Tensor:
+                       cache: LayerCache, rope: StepRope) -> torch.Tensor:
     """[T, W + topk] int32 columns of a V4.1 compressed layer: its window columns, then the pool rows
     of its selection (its own indexer's, or the one published last), -1 = none."""
     if attn.compressor is not None:
-        attn.compressor.write(x, batch, cache, attn.layer, rope, attn.indexer)
+        attn.compressor.write(x, batch, cache, rope, attn.indexer)
     picks = attn.indexer.select(x, qr, batch, cache, rope) if attn.indexer is not None else batch.published["topk"]
     rows_of = batch.compressed_rows[attn.ratio]
     per_token = rows_of if batch.is_decode else rows_of[batch.token_chunk]

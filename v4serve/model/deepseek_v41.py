@@ -19,18 +19,21 @@ from v4serve.cache import ForwardBatch, PagedKVCache
 from v4serve.config import ModelConfig
 from v4serve.model.deepseek_v4 import DecoderLayer
 from v4serve.model.engram import Engram
+from v4serve.layer_plan import ModelPlan, layer_plans
 from v4serve.model.engram_hash import EngramHashTables
-from v4serve.model.mhc import HyperConnection
+from v4serve.model.kernels import UsesKernels, bind_kernels
 from v4serve.model.norm import RMSNorm
 from v4serve.model.rope import RopeTables
+from v4serve.model.step_plan import plan_step
+from v4serve.ops.hc_collapse import hc_collapse
 
 
 class DeepseekV41Model(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, plan: ModelPlan):
         super().__init__()
         self.hc_mult = config.hc_mult
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, p) for p in plan)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         v = config.v41
         self.engram = nn.ModuleDict({
@@ -38,11 +41,14 @@ class DeepseekV41Model(nn.Module):
         })
 
 
-class DeepseekV41ForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig):
+class DeepseekV41ForCausalLM(UsesKernels, nn.Module):
+    """The modules follow `plan` (default: `layer_plans(config)`: the roles of `config.v41`)."""
+
+    def __init__(self, config: ModelConfig, plan: ModelPlan | None = None):
         super().__init__()
         self.config = config
-        self.model = DeepseekV41Model(config)
+        self.plan = plan if plan is not None else layer_plans(config)
+        self.model = DeepseekV41Model(config, self.plan)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self._rope: RopeTables | None = None
         v = config.v41
@@ -55,13 +61,16 @@ class DeepseekV41ForCausalLM(nn.Module):
         self.hash_tables = EngramHashTables.build(self.config, token_map)
         self.token_map = token_map.to(self.lm_head.weight.device)
 
+    def bind_kernels(self, impl: str) -> "DeepseekV41ForCausalLM":
+        return bind_kernels(self, impl)
+
     def fuse_projections(self) -> None:
         """Nothing to fuse: each V4.1 GEMM rounds its own input (`v41_quant.quantize_linear_inputs`)."""
 
     def rope(self) -> RopeTables:
         device = self.lm_head.weight.device
         if self._rope is None or self._rope.main.device != device:
-            self._rope = RopeTables(self.config, device)
+            self._rope = RopeTables(self.config, self.plan.ratios, device)
         return self._rope
 
     def engram_rows(self, batch: ForwardBatch, cache: PagedKVCache) -> list[torch.Tensor]:
@@ -89,7 +98,7 @@ class DeepseekV41ForCausalLM(nn.Module):
         streams = x.unsqueeze(1).expand(-1, self.model.hc_mult, -1).contiguous()
         pre = torch.zeros(x.shape[0], self.model.hc_mult, dtype=torch.float32, device=x.device)
         pre[:, 0] = 1.0
-        rope = self.rope().at(batch.positions)
+        step = plan_step(batch, self.rope())
         if self.config.v41.engram_layer_ids and self.hash_tables is None:
             raise RuntimeError("a DeepSeek-V4.1 model with Engram layers needs `set_token_map` before it runs")
         rows = self.engram_rows(batch, cache) if self.hash_tables is not None else []
@@ -97,8 +106,8 @@ class DeepseekV41ForCausalLM(nn.Module):
         for i, layer in enumerate(self.model.layers):
             if i in engram_index:
                 streams = self.model.engram[str(i)](streams, rows[engram_index[i]])
-            streams, pre = layer.forward_lagged(streams, pre, batch, cache, rope)
+            streams, pre = layer.forward_lagged(streams, pre, batch, cache.view(i), step)
         if not batch.is_decode:
             streams, pre = streams[batch.logits_indices], pre[batch.logits_indices]
-        h = self.model.norm(HyperConnection.collapse(streams, pre, batch.kernels), batch.kernels)
+        h = self.model.norm(hc_collapse(streams, pre, impl=self.impl))
         return F.linear(h.float(), self.lm_head.weight.float())

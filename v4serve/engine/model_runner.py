@@ -1,0 +1,87 @@
+"""The model runner: the model, its layer plan, the KV cache it writes and the decode graphs.
+
+Built once from `EngineArgs`: the model with its kernels bound (`model/kernels.py`) and its
+projections fused, the layer plan for the cache's `kv_cache_dtype` (`v4serve/layer_plan.py`),
+the memory budget solved from that plan (`cache/budget.py`), the cache, and the decode runner
+(CUDA graphs). `prefill` and `decode` turn a step's tokens into logits; everything about requests
+lives in the engine.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
+from v4serve.cache.budget import KVBudget, budget_for_pages, free_gpu_memory, solve_kv_budget
+from v4serve.engine.args import EngineArgs, resolve_dtype
+from v4serve.engine.decode_runner import DecodeRunner
+from v4serve.formats import CacheFormat, cache_format
+from v4serve.layer_plan import ModelPlan, layer_plans
+from v4serve.model.loader import build_model, resolve_config
+
+
+def kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, device: torch.device,
+              pages_per_seq: int) -> KVBudget:
+    """Pages: given, or solved from the byte budget (given, or free GPU memory), or full length."""
+    shape = (args.max_num_seqs, pages_per_seq, args.max_num_batched_tokens)
+    if args.num_kv_pages is None and (args.kv_cache_memory is not None or device.type == "cuda"):
+        memory = args.kv_cache_memory if args.kv_cache_memory is not None else free_gpu_memory(device)
+        return solve_kv_budget(geometry, dtype, memory, *shape)
+    return budget_for_pages(geometry, dtype, args.num_kv_pages or args.max_num_seqs * pages_per_seq, *shape)
+
+
+class ModelRunner:
+    def __init__(self, args: EngineArgs, device: torch.device, dtype: torch.dtype):
+        self.device = device
+        self.cache_format: CacheFormat = cache_format(args.kv_cache_dtype, device.type)
+        if resolve_config(args.model, args.hf_overrides).v41 is not None:
+            # DeepSeek-V4.1 defaults on any device: its reference's bf16 activations and its native
+            # cache formats (what its golden outputs were made with).
+            dtype = resolve_dtype(args.dtype or torch.bfloat16, device)
+            self.cache_format = cache_format(args.kv_cache_dtype or "auto", device.type)
+        self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress)
+        self.model.fuse_projections()
+        self.model.bind_kernels(args.kernels)
+        self.config = config
+        self.max_model_len = args.max_model_len or min(config.max_position_embeddings, 8192)
+        if self.max_model_len > config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) exceeds the model's max_position_embeddings "
+                f"({config.max_position_embeddings})"
+            )
+        self.plan: ModelPlan = layer_plans(config, self.cache_format)
+        geometry = CacheGeometry.from_plan(self.plan, config.page_size)
+        pages_per_seq = -(-self.max_model_len // config.page_size)
+        self.kv_budget = kv_budget(args, geometry, dtype, device, pages_per_seq)
+        if self.kv_budget.num_pages < pages_per_seq:  # a long request would preempt itself forever
+            raise ValueError(
+                f"the KV cache holds {self.kv_budget.num_pages} pages ({self.kv_budget.num_tokens} tokens), fewer "
+                f"than one sequence of max_model_len {self.max_model_len} needs ({pages_per_seq} pages): give it "
+                f"more memory (kv_cache_memory / num_kv_pages) or lower max_model_len"
+            )
+        self.cache = PagedKVCache(
+            geometry,
+            num_pages=self.kv_budget.num_pages,
+            max_seqs=args.max_num_seqs,
+            max_step_tokens=args.max_num_batched_tokens,
+            max_pages_per_seq=pages_per_seq,
+            dtype=dtype,
+            device=device,
+        )
+        self.decode_runner = DecodeRunner(
+            self.model, self.cache, args.max_num_seqs,
+            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs,
+            graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
+        )
+
+    def banner(self) -> list[str]:
+        """The start-up lines: what fits (vLLM's words), then every tier's bytes."""
+        return [f"KV cache dtype: {self.cache_format.name}", *self.kv_budget.describe(self.max_model_len)]
+
+    def prefill(self, chunks: list[SequenceChunk], token_ids: list[int], logits_rows: list[int]) -> torch.Tensor:
+        """Logits [len(logits_rows), vocab] of a step of chunks (prefill or mixed)."""
+        return self.model(self.cache.build_batch(chunks, token_ids, logits_rows), self.cache)
+
+    def decode(self, token_ids: list[int] | torch.Tensor, positions: list[int], slots: list[int]) -> torch.Tensor:
+        """Logits [n, vocab] of one token per sequence (graph-replayed on CUDA)."""
+        return self.decode_runner.run(token_ids, positions, slots)
