@@ -63,6 +63,10 @@ class LayerPlan:
     index_format: RowFormat | None
     packed: bool = False
     q_head_rms: bool = True  # V4's weightless per-head RMS of q (V4.1 has none)
+    # V4.1 candidate selection: this layer publishes the candidate mask (the candidate source) /
+    # scores only the published candidates (a reindex layer after it).
+    publishes_candidates: bool = False
+    candidate_restricted: bool = False
 
     @property
     def compressed(self) -> bool:
@@ -183,7 +187,8 @@ def _v41_plans(config: ModelConfig, cache: CacheFormat) -> ModelPlan:
             kv_source=v.kv_source(layer) if ratio else layer, head_dim=config.head_dim,
             index_head_dim=config.index_head_dim, window_format=window,
             compressed_format=compressed if ratio else None, index_format=index if ratio else None,
-            packed=False, q_head_rms=False,
+            packed=False, q_head_rms=False, publishes_candidates=layer == v.candidate_source_layer_id,
+            candidate_restricted=v.candidate_restricted(layer),
         ))
     history = v.engram_max_ngram_size - 1 if v.engram_layer_ids else 0
     return ModelPlan(cache, tuple(plans), token_history=history, token_pad=v.engram_pad_token_id)

@@ -61,7 +61,7 @@ class Attention(UsesKernels, nn.Module):
             if plan.compressed:
                 self.compressor = SourceCompressor(config, self.ratio)
             if plan.indexer in (IndexerMode.FULL, IndexerMode.REINDEX):
-                self.indexer = IndexerV41(config, self.layer)
+                self.indexer = IndexerV41(config, plan)
         elif plan.compressed:
             if plan.indexer not in (IndexerMode.NONE, IndexerMode.OWN):
                 raise NotImplementedError(f"layer {plan.layer}: indexer mode {plan.indexer.value!r} (V4.1)")

@@ -25,6 +25,7 @@ from torch import nn
 
 from v4serve.cache import ForwardBatch, LayerCache
 from v4serve.config import ModelConfig
+from v4serve.layer_plan import IndexerMode, LayerPlan
 from v4serve.model.compressor import Compressor
 from v4serve.model.kernels import UsesKernels
 from v4serve.model.norm import RMSNorm
@@ -38,20 +39,20 @@ class IndexerV41(UsesKernels, nn.Module):
     """Index queries and head weights of a full / reindex layer; a kv source also owns the key
     projection (`wk`, `k_norm`) applied to its compressor's latent."""
 
-    def __init__(self, config: ModelConfig, layer: int):
+    def __init__(self, config: ModelConfig, plan: LayerPlan):
         super().__init__()
         v = config.v41
-        self.layer = layer
-        self.ratio = config.compress_ratios[layer]
+        self.layer = plan.layer
+        self.ratio = plan.ratio
         self.n_heads, self.head_dim = config.index_n_heads, config.index_head_dim
         self.topk = config.index_topk
         self.weight_scale = config.index_head_dim**-0.5 * config.index_n_heads**-0.5
-        self.is_candidate_source = layer == v.candidate_source_layer_id
-        self.restricted = v.candidate_restricted(layer)
+        self.is_candidate_source = plan.publishes_candidates
+        self.restricted = plan.candidate_restricted
         self.block, self.n_blocks = v.candidate_block_size, v.candidate_topk_blocks
         self.q_b_proj = nn.Linear(config.q_lora_rank, self.n_heads * self.head_dim, bias=False)
         self.weights_proj = nn.Linear(config.hidden_size, self.n_heads, bias=False)
-        if v.role(layer) == "full":
+        if plan.indexer is IndexerMode.FULL:
             self.wk = nn.Linear(config.head_dim, self.head_dim, bias=False)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 

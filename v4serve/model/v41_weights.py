@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from v4serve.config import ModelConfig
+from v4serve.model.csa2 import SourceCompressor
 from v4serve.model.deepseek_v41 import DeepseekV41ForCausalLM
 from v4serve.model.engram_hash import compressed_token_map
 from v4serve.model.v41_quant import act_quant, dequant_fp8_blocks, dequant_mxfp4, quantize_linear_inputs
@@ -97,9 +98,11 @@ def build_v41_model(path: str | Path, config: ModelConfig, device: torch.device 
         token_map = tokenizer_token_map(path)
     with torch.device("meta"):
         net = DeepseekV41ForCausalLM(config)
+    # The gated (ratio-2) compressors' projections run in fp32, as the reference promotes them.
+    gated = {f"{n}.{w}.weight" for n, m in net.named_modules()
+             if isinstance(m, SourceCompressor) and m.gate_proj is not None for w in ("kv_proj", "gate_proj")}
     for name, p in net.named_parameters():
-        keep32 = any(f in name for f in _FP32) or (".compressor." in name and "_proj" in name
-                                                   and p.dtype == torch.float32 and _ratio_of(name, config) == 2)
+        keep32 = any(f in name for f in _FP32) or name in gated
         if p.is_floating_point() and not keep32:
             p.data = p.data.to(dtype)
     net.to_empty(device=device)
@@ -116,11 +119,6 @@ def build_v41_model(path: str | Path, config: ModelConfig, device: torch.device 
         if name.endswith("mlp.experts"):
             module.act_quant, module.weight_before_down = act_quant, True
     return net.eval()
-
-
-def _ratio_of(name: str, config: ModelConfig) -> int:
-    m = re.match(r"model\.layers\.(\d+)\.", name)
-    return config.compress_ratios[int(m.group(1))] if m else 0
 
 
 def tokenizer_token_map(path: Path) -> torch.Tensor:
