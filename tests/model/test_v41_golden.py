@@ -204,3 +204,27 @@ def test_llm_loads_the_golden_folder_and_generates_greedily(golden):
     # the largest gap a one-ulp perturbation flipped); after a flip the continuations differ.
     assert first is None or margins[first] < TOL["largest_golden_margin_flipped"], (got, want)
     assert first is None or first >= 1
+
+
+def test_two_sequences_in_every_step(runner, golden):
+    """The golden sequence prefilled and decoded beside another one (two chunks in one prefill step,
+    two tokens per decode step): per-sequence state (compressor, token history, published top-k and
+    candidates) stays apart, and the golden sequence still meets the bounds."""
+    from v4serve.cache.batch import SequenceChunk
+
+    cache, slot = _fresh(runner)
+    other = cache.open_sequence()
+    ids = golden["input_ids"].tolist()
+    noise = torch.randint(0, 1024, (50 + 24,), generator=torch.Generator().manual_seed(5)).tolist()
+    for s in (slot, other):
+        cache.reserve(s, PROMPT_LEN + 32)
+    batch = cache.build_batch([SequenceChunk(other, 0, 50, 0), SequenceChunk(slot, 0, PROMPT_LEN, 50)],
+                              noise[:50] + ids, list(range(50, 50 + PROMPT_LEN)))
+    prefill = runner.model(batch, cache)
+    _assert_bounds(logit_stats(prefill, golden["prefill.logits"]))
+    steps = []
+    for i, token in enumerate(golden["decode.tokens_in"].tolist()):
+        batch = cache.build_decode_batch(torch.tensor([noise[50 + i], token]), torch.tensor([50 + i, PROMPT_LEN + i]),
+                                         torch.tensor([other, slot]))
+        steps.append(runner.model(batch, cache)[1])
+    _assert_bounds(logit_stats(torch.stack(steps), golden["decode.logits"]))
