@@ -66,3 +66,19 @@ def test_code_bytes_match_golden(name):
     assert torch.equal(nibbles, TABLES[f"{name}.nibbles"])
     packed = nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)  # even element in the low nibble
     assert torch.equal(packed, TABLES[f"{name}.codes"])
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_packed_rows_hold_the_golden_bytes(name):
+    """v4serve's packed row layout (ops/kv_pack.py): codes then scales, as the reference stores them."""
+    from v4serve.formats import row_format
+    from v4serve.ops.kv_pack import pack_rows, unpack_rows
+
+    fmt, x = row_format(name), TABLES[f"{name}.input"]
+    dim = x.shape[1]
+    packed = pack_rows(x, fmt, impl="torch")
+    codes = packed[:, fmt.codes_offset(dim):fmt.codes_offset(dim) + fmt.codes_bytes(dim)]
+    scales = packed[:, fmt.scales_offset(dim):fmt.scales_offset(dim) + fmt.n_scales(dim)]
+    assert torch.equal(codes, TABLES[f"{name}.codes"])
+    assert torch.equal(scales, TABLES[f"{name}.scales"])
+    assert torch.equal(_bits(unpack_rows(packed, fmt, dim, torch.bfloat16, impl="torch")), _bits(TABLES[f"{name}.dequant"]))
