@@ -204,6 +204,8 @@ def test_llm_loads_the_golden_folder_and_generates_greedily(golden):
     # the largest gap a one-ulp perturbation flipped); after a flip the continuations differ.
     assert first is None or margins[first] < TOL["largest_golden_margin_flipped"], (got, want)
     assert first is None or first >= 1
+    with pytest.raises(ValueError, match="image"):  # text only: the image token is refused by name
+        llm.generate(prompt_token_ids=[[5, 129264]], sampling_params=SamplingParams(max_tokens=1))
 
 
 def test_two_sequences_in_every_step(runner, golden):
