@@ -145,7 +145,7 @@ def layer_plans(config: ModelConfig, cache: CacheFormat = CACHE_FORMATS["bf16"],
     hold the formats' packed bytes (the default for a quantized `cache`); False keeps rows of the
     model's dtype, rounded through the formats (the same numerics, bf16's memory)."""
     if config.v41 is not None:
-        return _v41_plans(config, cache)
+        return _v41_plans(config, cache, packed)
     kv = _checked(cache.kv_rows, config.head_dim, "head_dim")
     plans = []
     for layer, (kind, ratio) in enumerate(zip(config.layer_types, config.compress_ratios)):
@@ -162,15 +162,15 @@ def layer_plans(config: ModelConfig, cache: CacheFormat = CACHE_FORMATS["bf16"],
 # ---------------------------------------------------------------------------------- DeepSeek-V4.1
 # Roles from `config.v41` (config.py): full (kv source: compressor, index keys, own indexer), reindex,
 # reuse, window. Its native formats ("auto"): window rows fp8_e8m0_b32, compressed rows fp4_e4m3_b16,
-# index keys fp4_e8m0_b32 (no Hadamard); "bf16" keeps every row unrounded. Pools hold rounded rows
-# in the model dtype (packed=False): the attention reads window and compressed rows of two different
-# packed formats, which the packed kernels do not take yet.
+# index keys fp4_e8m0_b32 (no Hadamard); "bf16" keeps every row unrounded. Packed pools (the default
+# of a quantized cache) hold each format's bytes; the attention then reads window and compressed
+# rows of two formats (torch reference only for now: `ops/sparse_attn.py`).
 _V41_NATIVE = ("fp8_e8m0_b32", "fp4_e4m3_b16", "fp4_e8m0_b32")
 _V41_MODES = {"window": IndexerMode.NONE, "full": IndexerMode.FULL, "reindex": IndexerMode.REINDEX,
               "reuse": IndexerMode.REUSE}
 
 
-def _v41_plans(config: ModelConfig, cache: CacheFormat) -> ModelPlan:
+def _v41_plans(config: ModelConfig, cache: CacheFormat, packed: bool | None) -> ModelPlan:
     v = config.v41
     names = _V41_NATIVE if cache.quantized else ("bf16",) * 3
     window = _checked(names[0], config.head_dim, "head_dim")
@@ -187,7 +187,8 @@ def _v41_plans(config: ModelConfig, cache: CacheFormat) -> ModelPlan:
             kv_source=v.kv_source(layer) if ratio else layer, head_dim=config.head_dim,
             index_head_dim=config.index_head_dim, window_format=window,
             compressed_format=compressed if ratio else None, index_format=index if ratio else None,
-            packed=False, q_head_rms=False, publishes_candidates=layer == v.candidate_source_layer_id,
+            packed=cache.quantized if packed is None else packed and cache.quantized, q_head_rms=False,
+            publishes_candidates=layer == v.candidate_source_layer_id,
             candidate_restricted=v.candidate_restricted(layer),
         ))
     history = v.engram_max_ngram_size - 1 if v.engram_layer_ids else 0

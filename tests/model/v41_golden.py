@@ -48,6 +48,13 @@ class GoldenRunner:
         for i, layer in enumerate(self.model.model.layers):
             self._wrap_layer(i, layer)
 
+    @classmethod
+    def config_only(cls) -> "GoldenRunner":
+        """The golden config without building the model."""
+        runner = cls.__new__(cls)
+        runner.config = ModelConfig.from_pretrained(GOLDEN)
+        return runner
+
     def _wrap_layer(self, i: int, layer) -> None:
         run = layer.forward_lagged
 

@@ -67,12 +67,9 @@ class IndexerV41(UsesKernels, nn.Module):
         """[T, topk] int32 compressed rows (sequence-local ids) each token attends to, -1 = none;
         publishes them (and, at the candidate source, the candidate mask) on `batch.published`."""
         t_all, keys = x.shape[0], cache.index_keys
-        if keys.packed:
-            raise NotImplementedError("V4.1 index keys in packed pools (the int32-word indexer) are not wired yet")
         q = self.q_b_proj(qr).unflatten(-1, (self.n_heads, self.head_dim))
         q = keys.round(rms_norm_rope(q, cos=rope.compress.cos, sin=rope.compress.sin, impl=self.impl), self.impl)
         w = (self.weights_proj(x).float() * self.weight_scale).to(torch.bfloat16)
-        pool = keys.data
         rows_of = batch.compressed_rows[self.ratio]  # [B, R]
         visible = batch.visible_compressed(self.ratio)
         width = rows_of.shape[1]
@@ -81,7 +78,10 @@ class IndexerV41(UsesKernels, nn.Module):
         allowed = batch.published.get("candidates") if self.restricted else None
         for span, b in _token_groups(batch):
             allow = None if allowed is None else allowed[span]
-            scores = index_scores_v41(q[span], w[span], pool, rows_of[b], visible[span], allow)
+            rows = rows_of[b]
+            k = keys.values(rows.clamp(min=0).long())  # the sequence's keys, decoded when packed
+            local = torch.where(rows >= 0, torch.arange(rows.shape[0], device=rows.device, dtype=rows.dtype), -1)
+            scores = index_scores_v41(q[span], w[span], k, local, visible[span], allow)
             if candidates is not None:
                 candidates[span] = candidate_mask(scores, visible[span], self.block, self.n_blocks)
             picks[span] = select_sorted(scores, self.topk, visible[span])
