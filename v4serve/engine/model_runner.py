@@ -70,7 +70,8 @@ class ModelRunner:
         )
         self.decode_runner = DecodeRunner(
             self.model, self.cache, args.max_num_seqs,
-            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs,
+            # V4.1's selection path (ops/v41_index.py, torch) still decides on the host: no graphs yet.
+            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs and config.v41 is None,
             graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
         )
 
