@@ -20,7 +20,10 @@ def test_scores_round_like_the_reference_at_every_step():
     pool = torch.randn(N, D, generator=g).to(torch.bfloat16)
     rows = torch.tensor([3, 0, 7, -1, 10, 2], dtype=torch.int32)
     visible = torch.tensor([0, 2, 4, 5, 6], dtype=torch.int32)
-    got = index_scores_v41(q, w, pool, rows, visible)
+    got = index_scores_v41(q, w, pool[rows.clamp(min=0).long()], rows >= 0, visible)
+    per_query = index_scores_v41(q, w, pool[rows.clamp(min=0).long()].expand(S, -1, -1), (rows >= 0).expand(S, -1),
+                                 visible)
+    assert torch.equal(got, per_query)  # the decode form (each query its own keys) computes the same
     for s in range(S):
         for t in range(rows.shape[0]):
             if t >= visible[s] or rows[t] < 0:

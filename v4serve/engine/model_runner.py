@@ -70,7 +70,7 @@ class ModelRunner:
         )
         self.decode_runner = DecodeRunner(
             self.model, self.cache, args.max_num_seqs,
-            # V4.1's selection path (ops/v41_index.py, torch) still decides on the host: no graphs yet.
+            # V4.1's torch selection path (ops/v41_index.py) is not yet checked graph-safe: no graphs yet.
             use_cuda_graphs=device.type == "cuda" and args.cuda_graphs and config.v41 is None,
             graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
         )

@@ -78,10 +78,9 @@ class IndexerV41(UsesKernels, nn.Module):
         allowed = batch.published.get("candidates") if self.restricted else None
         for span, b in _token_groups(batch):
             allow = None if allowed is None else allowed[span]
-            rows = rows_of[b]
-            k = keys.values(rows.clamp(min=0).long())  # the sequence's keys, decoded when packed
-            local = torch.where(rows >= 0, torch.arange(rows.shape[0], device=rows.device, dtype=rows.dtype), -1)
-            scores = index_scores_v41(q[span], w[span], k, local, visible[span], allow)
+            rows = rows_of[b]  # [R] (a prefill chunk) or [B, R] (a decode step: each token its sequence's)
+            k = keys.values(rows.clamp(min=0).long().flatten()).view(*rows.shape, -1)  # decoded when packed
+            scores = index_scores_v41(q[span], w[span], k, rows >= 0, visible[span], allow)
             if candidates is not None:
                 candidates[span] = candidate_mask(scores, visible[span], self.block, self.n_blocks)
             picks[span] = select_sorted(scores, self.topk, visible[span])
@@ -92,9 +91,10 @@ class IndexerV41(UsesKernels, nn.Module):
 
 
 def _token_groups(batch: ForwardBatch):
-    """(token span, sequence index) runs sharing one sequence's rows: prefill chunks, or each decode token."""
+    """(token span, sequence index) runs sharing one sequence's rows: prefill chunks; a decode step
+    is one run with every sequence's rows ([B, R])."""
     if batch.is_decode:
-        return [(slice(i, i + 1), i) for i in range(batch.num_tokens)]
+        return [(slice(None), slice(None))]
     return [(slice(c.offset, c.offset + c.length), b) for b, c in enumerate(batch.chunks)]
 
 

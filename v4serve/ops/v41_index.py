@@ -22,16 +22,18 @@ import torch
 _NEG = float("-inf")
 
 
-def index_scores_v41(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tensor, key_rows: torch.Tensor,
+def index_scores_v41(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, key_valid: torch.Tensor,
                      n_visible: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
-    """q [S, H, D] and weights [S, H] (bf16 values), k_pool [N, D], key_rows [T] int (-1 = hole),
-    n_visible [S] int, allowed [S, T] bool or None -> fp32 [S, T] holding bf16 values."""
-    keys = k_pool[key_rows.clamp(min=0).long()].float()  # [T, D]
-    logits = torch.einsum("shd,td->sht", q.float(), keys).to(torch.bfloat16).float().relu_()
+    """q [S, H, D] and weights [S, H] (bf16 values); keys [T, D] shared by every query, or [S, T, D]
+    (each query its own sequence's keys: a decode step), already gathered (and decoded);
+    key_valid [T] / [S, T] bool (False: a hole); n_visible [S] int; allowed [S, T] bool or None
+    -> fp32 [S, T] holding bf16 values, -inf where masked."""
+    spec = "shd,td->sht" if keys.dim() == 2 else "shd,std->sht"
+    logits = torch.einsum(spec, q.float(), keys.float()).to(torch.bfloat16).float().relu_()
     prod = (logits * weights.to(torch.bfloat16).float()[:, :, None]).to(torch.bfloat16).float()
     scores = prod.sum(1).to(torch.bfloat16).float()
-    t = torch.arange(key_rows.shape[0], device=q.device)
-    visible = (t[None, :] < n_visible[:, None].long()) & (key_rows[None, :] >= 0)
+    t = torch.arange(keys.shape[-2], device=q.device)
+    visible = (t[None, :] < n_visible[:, None].long()) & key_valid
     if allowed is not None:
         visible &= allowed
     return scores.masked_fill_(~visible, _NEG)
@@ -44,8 +46,9 @@ def candidate_mask(scores: torch.Tensor, n_visible: torch.Tensor, block: int, n_
     padded = torch.nn.functional.pad(scores, (0, nb * block - T), value=_NEG)
     b = padded.view(S, nb, block).amax(-1)
     newest = ((n_visible.long() - 1).clamp(min=0) // block)
-    live = n_visible > 0
-    b[live, newest[live]] = float("inf")
+    live = (n_visible > 0)[:, None]
+    pinned = torch.where(live, float("inf"), b.gather(1, newest[:, None]))  # no host sync
+    b.scatter_(1, newest[:, None], pinned)
     keep = min(n_blocks, nb)
     values, picks = torch.topk(b, keep, dim=-1)
     chosen = torch.zeros(S, nb, dtype=torch.bool, device=scores.device)
