@@ -230,3 +230,17 @@ def test_two_sequences_in_every_step(runner, golden):
                                          torch.tensor([other, slot]))
         steps.append(runner.model(batch, cache)[1])
     _assert_bounds(logit_stats(torch.stack(steps), golden["decode.logits"]))
+
+
+def test_llm_chunked_by_the_scheduler(golden):
+    """The engine's own chunked prefill (at most 24 tokens a step) on the golden folder."""
+    from v4serve import LLM, SamplingParams
+
+    llm = LLM(str(GOLDEN), kernels="torch", max_model_len=128, max_num_batched_tokens=24)
+    n = 4
+    out = llm.generate(prompt_token_ids=[golden["input_ids"].tolist()],
+                       sampling_params=SamplingParams(temperature=0.0, max_tokens=n, prompt_logprobs=0))
+    got, want = out[0].outputs[0].token_ids, golden["greedy.tokens"][:n].tolist()
+    margins = META["greedy"]["top2_margins"]
+    first = next((i for i in range(n) if got[i] != want[i]), None)
+    assert first is None or (first >= 1 and margins[first] < TOL["largest_golden_margin_flipped"]), (got, want)
