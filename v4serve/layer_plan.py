@@ -34,15 +34,19 @@ from v4serve.formats import CACHE_FORMATS, CacheFormat, RowFormat, cache_format,
 class CompressorKind(enum.Enum):
     NONE = "none"
     OVERLAPPING = "overlapping"  # CSA: ratio 4, 2 * ratio candidates per row
-    PLAIN = "plain"  # HCA: one block per row, folded online
+    PLAIN = "plain"  # HCA: one block per row, folded online (also V4.1's ratio-2 kv sources, no ape)
+    GATELESS = "gateless"  # V4.1 ratio 1: each token's normalised latent is its row
 
 
 class IndexerMode(enum.Enum):
     NONE = "none"
     OWN = "own"  # V4: own index keys, own top-k
-    FULL = "full"  # V4.1 (reserved)
-    REINDEX = "reindex"  # V4.1 (reserved)
-    REUSE = "reuse"  # V4.1 (reserved)
+    FULL = "full"  # V4.1 kv source: index keys from its latent, scores every visible row
+    REINDEX = "reindex"  # V4.1: own queries over the source's keys (candidate-restricted after the candidate source)
+    REUSE = "reuse"  # V4.1: the top-k published last in the step
+
+
+V41_INDEXER_MODES = (IndexerMode.FULL, IndexerMode.REINDEX, IndexerMode.REUSE)
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,11 @@ class LayerPlan:
     compressed_format: RowFormat | None
     index_format: RowFormat | None
     packed: bool = False
+    q_head_rms: bool = True  # V4's weightless per-head RMS of q (V4.1 has none)
+    # V4.1 candidate selection: this layer publishes the candidate mask (the candidate source) /
+    # scores only the published candidates (a reindex layer after it).
+    publishes_candidates: bool = False
+    candidate_restricted: bool = False
 
     @property
     def compressed(self) -> bool:
@@ -78,8 +87,18 @@ class LayerPlan:
 
     @property
     def index_rotated(self) -> bool:
-        """Index queries and keys go through a Hadamard rotation before their (quantized) format."""
-        return self.index_format is not None and self.index_format.name != "bf16"
+        """Index queries and keys go through a Hadamard rotation before their (quantized) format
+        (V4's own indexer; V4.1 rounds them unrotated)."""
+        return self.indexer is IndexerMode.OWN and self.index_format is not None and self.index_format.name != "bf16"
+
+    @property
+    def v41(self) -> bool:
+        return self.indexer in V41_INDEXER_MODES
+
+    @property
+    def index_pool(self) -> bool:
+        """The layer owns an index-key pool (V4 CSA, V4.1 kv sources)."""
+        return self.indexer in (IndexerMode.OWN, IndexerMode.FULL) and self.owns_pools
 
 
 @dataclass(frozen=True)
@@ -88,6 +107,9 @@ class ModelPlan:
 
     cache_format: CacheFormat
     layers: tuple[LayerPlan, ...]
+    # V4.1 Engram: the cache keeps each sequence's last `token_history` token ids (`token_pad` first).
+    token_history: int = 0
+    token_pad: int = 0
 
     def __getitem__(self, layer: int) -> LayerPlan:
         return self.layers[layer]
@@ -125,6 +147,8 @@ def resolve_cache_format(config: ModelConfig, name: str | None, device_type: str
     asked for (None when it is): "auto" means the model's native formats, and a model whose rows
     they do not describe (the `tiny` preset: head_dim 64 with 16 RoPE channels) has none, so it
     stores bf16 rows."""
+    if config.v41 is not None:  # V4.1's native formats on any device (layer_plans picks its row formats)
+        return cache_format(name or "auto", device_type), None
     cache = cache_format(name, device_type)
     if cache.quantized and not native_formats_fit(config, cache):
         reason = (f"kv_cache_dtype {cache.name!r}: the native formats ({cache.kv_rows}, {cache.index_rows}) do not "
@@ -148,6 +172,8 @@ def layer_plans(config: ModelConfig, cache: CacheFormat = CACHE_FORMATS["bf16"],
     """The plan of every layer of `config` for a cache storing `cache`'s formats. `packed`: pools
     hold the formats' packed bytes (the default for a quantized `cache`); False keeps rows of the
     model's dtype, rounded through the formats (the same numerics, bf16's memory)."""
+    if config.v41 is not None:
+        return _v41_plans(config, cache, packed)
     kv = _checked(cache.kv_rows, config.head_dim, "head_dim")
     plans = []
     for layer, (kind, ratio) in enumerate(zip(config.layer_types, config.compress_ratios)):
@@ -159,3 +185,39 @@ def layer_plans(config: ModelConfig, cache: CacheFormat = CACHE_FORMATS["bf16"],
             compressed_format=kv if ratio else None, index_format=index, packed=cache.quantized if packed is None else packed and cache.quantized,
         ))
     return ModelPlan(cache, tuple(plans))
+
+
+# ---------------------------------------------------------------------------------- DeepSeek-V4.1
+# Roles from `config.v41` (config.py): full (kv source: compressor, index keys, own indexer), reindex,
+# reuse, window. Its native formats ("auto"): window rows fp8_e8m0_b32, compressed rows fp4_e4m3_b16,
+# index keys fp4_e8m0_b32 (no Hadamard); "bf16" keeps every row unrounded. Packed pools (the default
+# of a quantized cache) hold each format's bytes; the attention then reads window and compressed
+# rows of two formats (torch reference only for now: `ops/sparse_attn.py`).
+_V41_NATIVE = ("fp8_e8m0_b32", "fp4_e4m3_b16", "fp4_e8m0_b32")
+_V41_MODES = {"window": IndexerMode.NONE, "full": IndexerMode.FULL, "reindex": IndexerMode.REINDEX,
+              "reuse": IndexerMode.REUSE}
+
+
+def _v41_plans(config: ModelConfig, cache: CacheFormat, packed: bool | None) -> ModelPlan:
+    v = config.v41
+    names = _V41_NATIVE if cache.quantized else ("bf16",) * 3
+    window = _checked(names[0], config.head_dim, "head_dim")
+    compressed = _checked(names[1], config.head_dim, "head_dim")
+    index = _checked(names[2], config.index_head_dim, "index_head_dim")
+    plans = []
+    for layer, ratio in enumerate(config.compress_ratios):
+        role = v.role(layer)
+        kind = CompressorKind.NONE
+        if role == "full":
+            kind = CompressorKind.PLAIN if ratio > 1 else CompressorKind.GATELESS
+        plans.append(LayerPlan(
+            layer=layer, ratio=ratio, compressor=kind, indexer=_V41_MODES[role],
+            kv_source=v.kv_source(layer) if ratio else layer, head_dim=config.head_dim,
+            index_head_dim=config.index_head_dim, window_format=window,
+            compressed_format=compressed if ratio else None, index_format=index if ratio else None,
+            packed=cache.quantized if packed is None else packed and cache.quantized, q_head_rms=False,
+            publishes_candidates=layer == v.candidate_source_layer_id,
+            candidate_restricted=v.candidate_restricted(layer),
+        ))
+    history = v.engram_max_ngram_size - 1 if v.engram_layer_ids else 0
+    return ModelPlan(cache, tuple(plans), token_history=history, token_pad=v.engram_pad_token_id)

@@ -118,3 +118,30 @@ def test_index_scores_over_packed_keys_equals_the_bf16_kernel_over_unpacked(Dk):
     ref = index_scores(q, w, unpacked, rows, vis, impl="triton")
     assert torch.equal(out, ref)
     assert torch.isfinite(out).any()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_compress_decode_packed_output_is_the_pack_of_its_rows(overlap, impl):
+    g = torch.Generator().manual_seed(5)
+    B, r, d, fmt = 4, 4, 128, "fp8_e8m0_b64_rope64"
+    width = (2 if overlap else 1) * d
+    if overlap:
+        kv_state = torch.zeros(B + 1, 2 * r, width)
+        state = (kv_state, torch.full_like(kv_state, float("-inf")))
+    else:
+        state = tuple(torch.full((B + 1, d), v) for v in (float("-inf"), 0.0, 0.0))
+    rows_of = torch.arange(B * 4, dtype=torch.int32).view(B, 4)
+    pool = torch.full((B * 4 + 1, 208), 0x5A, dtype=torch.uint8)
+    positions = torch.tensor([3, 7, 6, 11])  # three complete a block, one goes to scratch
+    cos, sin = torch.randn(B, 32, generator=g), torch.randn(B, 32, generator=g)
+    kv, score = torch.randn(B, width, generator=g), torch.randn(B, width, generator=g)
+    rows, target = compress_decode(kv, score, positions, torch.arange(B), torch.randn(r, width, generator=g), state, r,
+                                   torch.rand(d, generator=g) + 0.5, 1e-6, cos, sin, rows_of, B * 4, torch.bfloat16,
+                                   impl=impl, pool=pool, row_format=fmt)
+    packed = pack_rows(rows, fmt, impl="torch")
+    assert torch.equal(pool[target], packed)
+    assert rows[2].abs().sum() == 0 and target[2] == B * 4 and rows[0].abs().sum() > 0
+    untouched = torch.ones(pool.shape[0], dtype=torch.bool)
+    untouched[target] = False
+    assert (pool[untouched] == 0x5A).all()

@@ -95,8 +95,40 @@ def _build_mxfp4_moe(model, tokens, device, seed):
     return layer, nbytes, flops, nbytes, H200_TFLOPS
 
 
+# ---- packed KV rows (issue 17): the "... fp8kv" rows run the same cases over packed pools ----
+KV_ROW_FORMAT, INDEX_ROW_FORMAT = "fp8_e8m0_b64_rope64", "fp4_e8m0_b32"
+
+
+def _build_fp8kv(kind, args, device, seed):
+    """The case of `kind` with its pools packed (rows quantized once, outside the timing)."""
+    from v4serve.formats import row_format
+    from v4serve.ops.kv_pack import pack_rows
+
+    if kind == "indexer":
+        q, w, k_pool, key_rows, n_visible = indexer_case(*args, device=device, seed=seed)
+        B, S, H, Dk = q.shape
+        T = key_rows.shape[1]
+        packed = pack_rows(k_pool, INDEX_ROW_FORMAT)
+        live = int(n_visible.clamp(max=T).sum())
+        keys = int(n_visible.clamp(max=T).amax(1).sum())
+        nbytes = q.numel() * 2 + w.numel() * 4 + keys * packed.shape[1] + key_rows.numel() * 4 + B * S * T * 4
+        fn = lambda: index_scores(q, w, packed, key_rows, n_visible, row_format=INDEX_ROW_FORMAT)  # noqa: E731
+        return fn, nbytes, 2 * H * Dk * live, nbytes
+    case = (sparse_prefill_case if kind == "prefill" else sparse_decode_case)(*args, device=device, seed=seed)
+    nbytes, flops = _sparse_work(case)
+    row_bytes = row_format(KV_ROW_FORMAT).row_bytes(HEAD_DIM)
+    q, win, cmp, idx, n_window, sink, scale, counts = case.args()
+    rows_read = (nbytes - 2 * case.q.numel() * case.q.element_size() - case.idx.numel() * 4) // (HEAD_DIM * 2)
+    nbytes += rows_read * (row_bytes - HEAD_DIM * 2)
+    pw, pc = pack_rows(win, KV_ROW_FORMAT), pack_rows(cmp, KV_ROW_FORMAT)
+    fn = lambda: sparse_attn_paged(q, pw, pc, idx, n_window, sink, scale, counts, row_format=KV_ROW_FORMAT)  # noqa: E731
+    return fn, nbytes, flops, nbytes
+
+
 def build(kind, args, device, seed=0):
     """-> (fn, bytes, flops, bytes of one input set[, MMA peak TFLOP/s of the floor])."""
+    if kind.endswith("_fp8kv"):
+        return _build_fp8kv(kind.removesuffix("_fp8kv"), args, device, seed)
     if kind == "fp8_linear":
         return _build_fp8_linear(*args, device=device, seed=seed)
     if kind == "mxfp4_moe":
@@ -165,7 +197,7 @@ def run(names, cold: bool, device="cuda"):
         kind = shapes[n][0]
         rows.append(dict(
             shape=n, us=round(us, 2),
-            cold_us=round(time_cold(kind, shapes[n][1], device, set_bytes), 2) if cold and kind != "prefill" else None,
+            cold_us=round(time_cold(kind, shapes[n][1], device, set_bytes), 2) if cold and not kind.startswith("prefill") else None,
             bytes=nbytes, flops=flops, tbps=round(nbytes / us / 1e6, 3), tflops=round(flops / us / 1e6, 1),
             floor_frac=round(floor_us / us, 3), pr_h100_us=PR_NEW38_US.get(n),
             speedup_vs_pr=round(PR_NEW38_US[n] / us, 2) if n in PR_NEW38_US else None,

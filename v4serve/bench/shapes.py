@@ -243,5 +243,10 @@ def all_shapes():
     for fmt, D in (("fp8_e8m0_b64_rope64", 512), ("fp4_e8m0_b32", 128)):
         for rows in (8, 8192):
             shapes[f"kv round trip {fmt} R{rows} D{D}"] = ("quant", (fmt, rows, D))
+    # ---- packed KV rows (issue 17): every sparse-attention and indexer shape again over packed
+    # pools (fp8_e8m0_b64_rope64 rows, fp4_e8m0_b32 index keys), kind "<kind>_fp8kv" ----
+    for name, (kind, args) in list(shapes.items()):
+        if kind in ("prefill", "decode", "indexer"):
+            shapes[f"{name} fp8kv"] = (f"{kind}_fp8kv", args)
     shapes.update(quant_weight_shapes())
     return shapes

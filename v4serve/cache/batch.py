@@ -61,6 +61,9 @@ class ForwardBatch:
     # [T] int64, decode graphs padded past their live rows: the MoE routes token t as token
     # route_rows[t] (padding rows as live rows, so they add no experts). None: each as itself.
     route_rows: torch.Tensor | None = None
+    # V4.1: what index layers publish for the layers after them in this step ("topk": [T, k] int32
+    # compressed rows, -1 = none; "candidates": [T, R] bool), written and read in layer order.
+    published: dict = field(default_factory=dict, repr=False)
 
     @property
     def num_tokens(self) -> int:

@@ -64,6 +64,11 @@ class LayerGeometry:
         own = p.indexer is IndexerMode.OWN and p.owns_pools
         return CompressorShape(p.ratio, p.index_head_dim, True) if own else None
 
+    @property
+    def index_pool(self) -> bool:
+        """An index-key pool of its own (V4 CSA; a V4.1 kv source, whose keys need no state)."""
+        return self.plan.index_pool
+
 
 def stored_row_bytes(fmt: RowFormat, dim: int, packed: bool, element_size: int) -> int:
     """Bytes a pool row of `dim` channels takes: the format's packed row, or `dim` values."""
@@ -102,7 +107,7 @@ class CacheGeometry:
             rows["window"] = stored_row_bytes(p.window_format, p.head_dim, p.packed, element_size)
             if g.compressor is not None:
                 rows["compressed"] = stored_row_bytes(p.compressed_format, p.head_dim, p.packed, element_size)
-            if g.indexer is not None:
+            if g.index_pool:
                 rows["index"] = stored_row_bytes(p.index_format, p.index_head_dim, p.packed, element_size)
             out.append(rows)
         return out

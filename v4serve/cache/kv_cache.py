@@ -128,9 +128,15 @@ class PagedKVCache:
             if g.compressor is not None:
                 compressed[layer] = _pool(rows, p.compressed_format, p.head_dim, p.packed, dtype, device)
                 compressor_states[layer] = compressor_state(g.compressor, slots, device)
-            if g.indexer is not None:
+            if g.index_pool:
                 index_keys[layer] = _pool(rows, p.index_format, p.index_head_dim, p.packed, dtype, device)
+            if g.indexer is not None:
                 indexer_states[layer] = compressor_state(g.indexer, slots, device)
+        # V4.1 Engram: [slots, n] int64, each sequence's last n token ids (reset to the pad id).
+        self.token_history = None
+        if geometry.plan.token_history:
+            self.token_history = torch.full((slots, geometry.plan.token_history), geometry.plan.token_pad,
+                                            dtype=torch.int64, device=self.device)
         # One view per layer; a layer reading another layer's pools (plan.kv_source) gets its source's.
         self._views = tuple(
             LayerCache(
@@ -170,6 +176,8 @@ class PagedKVCache:
         self._pages[slot] = []
         for state in self._states:
             state.reset(slot)
+        if self.token_history is not None:
+            self.token_history[slot].fill_(self.plan.token_pad)
         return slot
 
     def reserve(self, slot: int, num_tokens: int) -> None:

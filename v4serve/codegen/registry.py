@@ -23,8 +23,14 @@ from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_SMALL, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG_WS, PREFILL_CONFIGS)
 
 from .spec import Expect, KernelSpec
+from .registry_packed_kv import PACKED_KV_KERNELS
 
 _CANARY = "v4serve.codegen.samples"
+# The packed-row constexprs (issue 17) at their bf16-pool defaults: every kernel that can read or
+# write packed rows takes them; the packed entries live in registry_packed_kv.py.
+_NO_PK = dict(PACKED=False, PK_FP4=False, PK_NQ=0, PK_BLOCK=1, PK_TAIL_OFF=0, PK_SCALE_OFF=0, PK_HAS_TAIL=False,
+              PK_PAYLOAD=0, PK_ROW_BYTES=0)
+_NO_PK_LOAD = dict(PACKED=False, PK_NQ=0, PK_BLOCK=1, PK_TAIL_OFF=0, PK_SCALE_OFF=0, PK_HAS_TAIL=False)
 _TWO_PASS = DECODE_CONFIG_TWO_PASS
 _DECODE = DECODE_CONFIG_SMALL
 _MIX = HC_MIX_CONFIGS
@@ -83,9 +89,12 @@ _GATED_POOL_TYPES = dict(kv_ptr="*fp32", score_ptr="*fp32", out_ptr="*bf16", R="
 _GATED_POOL_ALIGNED = ("kv_ptr", "score_ptr", "out_ptr", "D", "stride_kb", "stride_kr",
                        "stride_sb", "stride_sr", "stride_ob")
 
-_NORM_ROPE_TYPES = dict(x_ptr="*bf16", w_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32", out_ptr="*bf16", D="i32",
-                        R="i32", heads="i32", eps="fp32", stride_x="i32", stride_o="i32", stride_cs="i32")
-_NORM_ROPE_ALIGNED = ("x_ptr", "w_ptr", "cos_ptr", "sin_ptr", "out_ptr", "D", "stride_x", "stride_o")
+_NORM_ROPE_TYPES = dict(x_ptr="*bf16", w_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32", out_ptr="*bf16",
+                        pool_ptr="*bf16", pool_rows_ptr="*bf16", D="i32", R="i32", heads="i32", eps="fp32",
+                        stride_x="i32", stride_o="i32", stride_cs="i32", stride_pool="i32")
+# Without a packed store the launch passes the rows again as pool_ptr / pool_rows_ptr and stride_pool 0.
+_NORM_ROPE_ALIGNED = ("x_ptr", "w_ptr", "cos_ptr", "sin_ptr", "out_ptr", "pool_ptr", "pool_rows_ptr", "D", "stride_x",
+                      "stride_o", "stride_pool")
 
 _HC_MIX_TYPES = dict(x_ptr="*bf16", fn_ptr="*fp32", part_ptr="*fp32", mix_ptr="*fp32", row_scale_ptr="*fp32",
                      ticket_ptr="*i32", T="i32", K="i32", M="i32", k_per_split="i32", n_splits="i32", eps="fp32",
@@ -97,11 +106,12 @@ _HC_MIX_ALIGNED = ("x_ptr", "fn_ptr", "part_ptr", "mix_ptr", "row_scale_ptr", "t
 _COMPRESS_DECODE_TYPES = dict(
     kv_ptr="*fp32", score_ptr="*fp32", pos_ptr="*i64", slot_ptr="*i64", bias_ptr="*fp32", s0_ptr="*fp32",
     s1_ptr="*fp32", s2_ptr="*fp32", w_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32", rows_of_ptr="*i32",
-    rows_ptr="*bf16", target_ptr="*i64", d="i32", R="i32", scratch="i32", eps="fp32", stride_in="i32",
-    stride_slot="i32", stride_rows_of="i32", stride_cs="i32")
+    rows_ptr="*bf16", target_ptr="*i64", pool_ptr="*bf16", d="i32", R="i32", scratch="i32", eps="fp32",
+    stride_in="i32", stride_slot="i32", stride_rows_of="i32", stride_cs="i32", stride_pool="i32")
+# Without a packed store pool_ptr is the rows again and stride_pool 0.
 _COMPRESS_DECODE_ALIGNED = ("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_ptr", "s0_ptr", "s1_ptr", "s2_ptr",
-                            "w_ptr", "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "d",
-                            "stride_in", "stride_slot")
+                            "w_ptr", "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "pool_ptr", "d",
+                            "stride_in", "stride_slot", "stride_pool")
 # Register bounds, per arch, about 10% above the most measured under Triton 3.6 / 3.8 / 3.9
 # (docs/codegen.md): prefill 183 / 195 (32 heads; 3.9) / 184 / 169, decode 151 / 150 / 138 / 147.
 # Quantized-weight kernels: ~1.1 x the registers measured under Triton 3.6 (255 = the hardware
@@ -158,7 +168,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=dict(_SPARSE_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16", ticket_ptr="*bf16"),
             aligned=_SPARSE_ATTN_ALIGNED,
             constexprs=dict(n_splits=1, HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=cfg["BLOCK_H"],
-                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True),
+                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True, **_NO_PK),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=(arch,),
             # The 64-head tile (sm_90 before Triton 3.9) is meant to fill the register file: its
             # [64, 512] fp32 accumulator over 256 threads compiles to 255 registers, the hardware's
@@ -190,7 +200,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=dict(_SPARSE_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
             aligned=_SPARSE_ATTN_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=_DECODE["BLOCK_H"],
-                            BLOCK_T=_DECODE["BLOCK_T"], BLOCK_D=512, PDL=pdl, EVEN_D=True),
+                            BLOCK_T=_DECODE["BLOCK_T"], BLOCK_D=512, PDL=pdl, EVEN_D=True, **_NO_PK),
             num_warps=_DECODE["num_warps"], num_stages=_DECODE["num_stages"], archs=archs,
             expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=_DECODE_MAX_REGS, tensor_cores=True),
         )
@@ -221,7 +231,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             f"sparse_attn.two_pass_scores{suffix}", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",
             types=_SCORES_TYPES, aligned=_SCORES_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
-                            BLOCK_K=_TWO_PASS["BLOCK_K"], PDL=pdl),
+                            BLOCK_K=_TWO_PASS["BLOCK_K"], PDL=pdl, **_NO_PK_LOAD),
             archs=archs, **_TWO_PASS["SCORES"],
             expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=192, tensor_cores=True),
         )
@@ -232,7 +242,8 @@ KERNELS: tuple[KernelSpec, ...] = (
             f"sparse_attn.two_pass_values{suffix}", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
             types=_VALUES_TYPES, aligned=_VALUES_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
-                            BLOCK_DV=_TWO_PASS["BLOCK_DV"], BLOCK_J=16, EVEN_D=True, PDL=pdl),
+                            BLOCK_DV=_TWO_PASS["BLOCK_DV"], BLOCK_J=16, EVEN_D=True, PDL=pdl,
+                            **_NO_PK_LOAD),
             archs=archs, **_TWO_PASS["VALUES"],
             # Triton 3.8's sm_100 build keeps one 8-byte value in local memory (2 STL/LDL); the
             # other versions and archs spill nothing.
@@ -271,7 +282,7 @@ KERNELS: tuple[KernelSpec, ...] = (
                         "stride_rb", "stride_nb", "stride_ob", "stride_os"), "i32")),
         aligned=("q_ptr", "w_ptr", "k_ptr", "rows_ptr", "n_visible_ptr", "out_ptr", "H", "Dk",
                  "stride_qb", "stride_qs", "stride_qh", "stride_wb", "stride_ws", "stride_k"),
-        constexprs=dict(PDL=False, BLOCK_H=64, BLOCK_T=64, BLOCK_D=128), num_warps=4, num_stages=2,
+        constexprs=dict(PDL=False, BLOCK_H=64, BLOCK_T=64, BLOCK_D=128, PACKED=False), num_warps=4, num_stages=2,
         # Registers: about 10% above the most measured under 3.6 / 3.8 / 3.9, 104 / 127 / 162 / 103.
         expect=Expect(kv_load_bytes=16, kv_lines=r"k = tl\.load", tensor_cores=True,
                       max_regs={80: 115, 90: 140, 100: 179, 120: 114}),
@@ -306,26 +317,26 @@ KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec(  # per-head q: weightless norm + rope, D 512, rope 64
         "norm_rope.q", f"{_OPS}.norm_rope_triton:_rms_norm_rope_kernel",
         types=_NORM_ROPE_TYPES, aligned=_NORM_ROPE_ALIGNED,
-        constexprs=dict(PDL=False, NORM=True, HAS_WEIGHT=False, ROPE=True, INVERSE=False, BLOCK_D=512), num_warps=2,
+        constexprs=dict(PDL=False, NORM=True, HAS_WEIGHT=False, ROPE=True, INVERSE=False, BLOCK_D=512, **_NO_PK), num_warps=2,
         num_stages=3, expect=Expect(max_regs=128),
     ),
     KernelSpec(  # a layer's input norm: weighted, D 4096 (Flash hidden size), no rope
         "norm_rope.hidden", f"{_OPS}.norm_rope_triton:_rms_norm_rope_kernel",
         types=_NORM_ROPE_TYPES, aligned=_NORM_ROPE_ALIGNED,
-        constexprs=dict(PDL=False, NORM=True, HAS_WEIGHT=True, ROPE=False, INVERSE=False, BLOCK_D=4096), num_warps=8,
+        constexprs=dict(PDL=False, NORM=True, HAS_WEIGHT=True, ROPE=False, INVERSE=False, BLOCK_D=4096, **_NO_PK), num_warps=8,
         num_stages=3, expect=Expect(max_regs=128),
     ),
     # ---- compressor decode step (ops/compress_decode_triton.py): one program per sequence, 4 warps ----
     KernelSpec(  # CSA kv compressor: overlap, ratio 4, head_dim 512
         "compress_decode.csa", f"{_OPS}.compress_decode_triton:_compress_decode_kernel",
         types=_COMPRESS_DECODE_TYPES, aligned=_COMPRESS_DECODE_ALIGNED,
-        constexprs=dict(PDL=False, RATIO=4, OVERLAP=True, BLOCK_R=4, BLOCK_D=512), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, RATIO=4, OVERLAP=True, BLOCK_R=4, BLOCK_D=512, **_NO_PK), num_warps=4, num_stages=3,
         expect=Expect(max_regs=168),
     ),
     KernelSpec(  # HCA: online softmax state, ratio 128, head_dim 512
         "compress_decode.hca", f"{_OPS}.compress_decode_triton:_compress_decode_kernel",
         types=_COMPRESS_DECODE_TYPES, aligned=_COMPRESS_DECODE_ALIGNED,
-        constexprs=dict(PDL=False, RATIO=128, OVERLAP=False, BLOCK_R=1, BLOCK_D=512), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, RATIO=128, OVERLAP=False, BLOCK_R=1, BLOCK_D=512, **_NO_PK), num_warps=4, num_stages=3,
         expect=Expect(max_regs=128),
     ),
     # ---- MoE grouped matmul (ops/grouped_matmul_triton.py): bf16 activations and expert weights,
@@ -478,6 +489,8 @@ KERNELS: tuple[KernelSpec, ...] = (
         )
         for phase, cfg in (("decode", _MXFP4_DECODE), ("prefill", _MXFP4_PREFILL))
     ),
+    # ---- packed KV rows (issue 17): v4serve/codegen/registry_packed_kv.py ----
+    *PACKED_KV_KERNELS,
 )
 
 

@@ -88,6 +88,12 @@ class Engine:
     def validate_prompt(self, prompt_token_ids: list[int]) -> None:
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
+        v41 = self.config.v41  # DeepSeek-V4.1 runs text only here (no vision tower)
+        if v41 is not None and v41.image_token_id is not None and v41.image_token_id in prompt_token_ids:
+            raise ValueError(
+                f"the prompt holds the image token id {v41.image_token_id}: image inputs are not supported "
+                "(this engine runs DeepSeek-V4.1's text model only)"
+            )
         vocab = self.config.vocab_size
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:

@@ -15,11 +15,11 @@ import torch
 
 from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
 from v4serve.cache.budget import KVBudget, budget_for_pages, free_gpu_memory, solve_kv_budget
-from v4serve.engine.args import EngineArgs
+from v4serve.engine.args import EngineArgs, resolve_dtype
 from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.formats import CacheFormat
 from v4serve.layer_plan import ModelPlan, layer_plans, resolve_cache_format
-from v4serve.model.loader import build_model
+from v4serve.model.loader import build_model, resolve_config
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +37,16 @@ def kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, dev
 class ModelRunner:
     def __init__(self, args: EngineArgs, device: torch.device, dtype: torch.dtype):
         self.device = device
-        self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress)
+        config = resolve_config(args.model, args.hf_overrides)
+        if config.v41 is not None:
+            # DeepSeek-V4.1 defaults on any device: its reference's bf16 activations (its golden
+            # outputs were made with them); resolve_cache_format gives it its native cache formats.
+            dtype = resolve_dtype(args.dtype or torch.bfloat16, device)
         self.cache_format: CacheFormat
         self.cache_format, self.cache_format_note = resolve_cache_format(config, args.kv_cache_dtype, device.type)
         if self.cache_format_note:
             logger.warning(self.cache_format_note)
+        self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress)
         self.model.fuse_projections()
         self.model.bind_kernels(args.kernels)
         self.config = config
@@ -72,7 +77,8 @@ class ModelRunner:
         )
         self.decode_runner = DecodeRunner(
             self.model, self.cache, args.max_num_seqs,
-            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs,
+            # V4.1's torch selection path (ops/v41_index.py) is not yet checked graph-safe: no graphs yet.
+            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs and config.v41 is None,
             graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
         )
 

@@ -20,6 +20,7 @@ from v4serve.cache import ForwardBatch, LayerCache
 from v4serve.config import ModelConfig
 from v4serve.layer_plan import IndexerMode, LayerPlan
 from v4serve.model.compressor import Compressor
+from v4serve.model.csa2 import IndexerV41, SourceCompressor, compressed_columns
 from v4serve.model.fusion import fuse_rows, widths
 from v4serve.model.indexer import Indexer
 from v4serve.model.kernels import UsesKernels
@@ -54,7 +55,14 @@ class Attention(UsesKernels, nn.Module):
         self.register_buffer("input_proj", None, persistent=False)  # [q_a_proj; kv_proj] once fused
         self.register_buffer("compressor_proj", None, persistent=False)  # the fp32 compressor projections, fused
         self.compressor = None
-        if plan.compressed:
+        self.indexer = None  # V4.1's (a V4 CSA indexer sits under its compressor)
+        self.plan = plan
+        if plan.v41:  # DeepSeek-V4.1 (`model/csa2.py`): the role decides what the layer owns
+            if plan.compressed:
+                self.compressor = SourceCompressor(config, self.ratio)
+            if plan.indexer in (IndexerMode.FULL, IndexerMode.REINDEX):
+                self.indexer = IndexerV41(config, plan)
+        elif plan.compressed:
             if plan.indexer not in (IndexerMode.NONE, IndexerMode.OWN):
                 raise NotImplementedError(f"layer {plan.layer}: indexer mode {plan.indexer.value!r} (V4.1)")
             indexer = Indexer(config, self.ratio) if plan.indexer is IndexerMode.OWN else None
@@ -65,7 +73,8 @@ class Attention(UsesKernels, nn.Module):
         angles = step.rope.for_ratio(self.ratio)
         q_low, kv = self._project_input(x)
         qr = self.q_a_norm(q_low)
-        q = rms_norm_rope(self.q_b_proj(qr).view(t, self.n_heads, self.head_dim), self.eps,
+        q_eps = self.eps if self.plan.q_head_rms else None  # V4.1: no per-head q RMS
+        q = rms_norm_rope(self.q_b_proj(qr).view(t, self.n_heads, self.head_dim), q_eps,
                           cos=angles.cos, sin=angles.sin, impl=self.impl)
         window = cache.window
         if window.packed:  # the norm kernel quantizes and packs the rows into the window pool too
@@ -75,14 +84,17 @@ class Attention(UsesKernels, nn.Module):
             kv = rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=self.impl)
             window.store(batch.staging_rows, kv, self.impl)
         cmp, columns, counts = window, batch.window_columns, None
-        if self.compressor is not None:
+        if self.plan.v41 and self.ratio:  # V4.1: a non-source layer's compressed pool is its source's
+            cmp = cache.compressed
+            columns = compressed_columns(self, x, qr, batch, cache, step.rope)
+        elif self.compressor is not None:
             cmp = cache.compressed
             columns, counts = self._compress_and_select(x, qr, batch, cache, step)
         rows = step.attn_rows
         o = sparse_attn_paged(
             q.to(window.value_dtype).reshape(*rows, *q.shape[1:]), window.data, cmp.data, columns.reshape(*rows, -1),
             self.window, self.sinks, self.head_dim**-0.5, counts=None if counts is None else counts.reshape(rows),
-            row_format=window.read_format, impl=self.impl,
+            row_format=window.read_format, impl=self.impl, cmp_row_format=cmp.read_format,
         ).reshape(q.shape)
         if not batch.is_decode:  # decode wrote its rows straight to the ring
             window.copy_rows(batch.ring_dst, batch.ring_src)

@@ -44,6 +44,20 @@ class DecoderLayer(nn.Module):
         out = self.mlp(self.post_attention_layernorm(y), batch.token_ids, batch.route_rows)
         return self.ffn_hc.expand(out, streams, post, comb)
 
+    def forward_lagged(
+        self, streams: torch.Tensor, pre_in: torch.Tensor, batch: ForwardBatch, cache: LayerCache, step: StepPlan
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeepSeek-V4.1's lagged mHC: each sublayer collapses its input with the `pre` the previous
+        sublayer computed (`pre_in`: the previous block's ffn `pre`, one-hot for layer 0) and hands
+        its own on. Returns (streams, this block's ffn `pre`)."""
+        a_pre, post, comb = self.attn_hc.coefficients(streams, batch.tickets)
+        out = self.self_attn(self.input_layernorm(self.attn_hc.collapse(streams, pre_in)), batch, cache, step)
+        streams = self.attn_hc.expand(out, streams, post, comb)
+        f_pre, post, comb = self.ffn_hc.coefficients(streams, batch.tickets)
+        out = self.mlp(self.post_attention_layernorm(self.ffn_hc.collapse(streams, a_pre)), batch.token_ids,
+                       batch.route_rows)
+        return self.ffn_hc.expand(out, streams, post, comb), f_pre
+
 
 class DeepseekV4Model(nn.Module):
     def __init__(self, config: ModelConfig, plan: ModelPlan):

@@ -39,6 +39,11 @@ def build_model(
 ) -> tuple[DeepseekV4ForCausalLM, ModelConfig]:
     """The model with weights: random (fixed seed) for presets, loaded for checkpoints."""
     config = resolve_config(model, overrides)
+    if config.v41 is not None:  # DeepSeek-V4.1: official-format checkpoints (model/v41_weights.py)
+        if is_preset(model):
+            raise ValueError(f"preset {model!r}: DeepSeek-V4.1 presets are not available yet")
+        from v4serve.model.v41_weights import build_v41_model
+        return build_v41_model(model, config, device, dtype), config
     with torch.device("meta"):
         net = DeepseekV4ForCausalLM(config)
     for name, p in net.named_parameters():  # still on "meta": costs no memory

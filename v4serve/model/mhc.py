@@ -45,11 +45,21 @@ class HyperConnection(UsesKernels, nn.Module):
         is a per-token scalar, so it commutes with fn and the coefficients apply it), the
         coefficients with Sinkhorn (`hc_coefficients`), the weighted sum (`hc_collapse`).
         `tickets`: the step's zeroed counters (`ForwardBatch.tickets`) for hc_mix's split reduction."""
+        pre, post, comb = self.coefficients(streams, tickets)
+        return hc_collapse(streams, pre, impl=self.impl), post, comb
+
+    def coefficients(self, streams: torch.Tensor, tickets: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(pre [T, n], post [T, n], comb [T, n, n]) fp32 of the streams (V4.1's lagged wiring collapses
+        with the previous sublayer's `pre` and hands its own on)."""
         mixes, row_scale = hc_mix(streams.flatten(1), self.fn, self.rms_eps, tickets, impl=self.impl)
-        pre, post, comb = hc_coefficients(
+        return hc_coefficients(
             mixes, row_scale, self.base, self.scale, self.hc_mult, self.sinkhorn_iters, self.hc_eps, impl=self.impl,
         )
-        return hc_collapse(streams, pre, impl=self.impl), post, comb
+
+    def collapse(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        """sum_j pre_j X_j -> [T, D] in streams.dtype."""
+        return hc_collapse(streams, pre, impl=self.impl)
 
     def expand(self, output: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
                ) -> torch.Tensor:

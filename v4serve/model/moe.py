@@ -64,6 +64,11 @@ class RoutedExperts(UsesKernels, nn.Module):
         self.limit = config.swiglu_limit
         self.gate_up_proj = nn.Parameter(torch.zeros(e, 2 * i, d))
         self.down_proj = nn.Parameter(torch.zeros(e, d, i))
+        # V4.1 (FP4 experts), as its reference runs them: what the GEMMs see of their inputs
+        # (`v41_quant.act_quant`; None: as is), and the routing weight applied to the fp32 SwiGLU
+        # output before the down projection (its input rounding then sees the weighted values).
+        self.act_quant = None
+        self.weight_before_down = False
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                 add: torch.Tensor | None = None) -> torch.Tensor:
@@ -72,8 +77,16 @@ class RoutedExperts(UsesKernels, nn.Module):
         expert's output). No host synchronisation (group sizes stay on the device), so decode can
         be graph-captured. A selection may repeat an expert (hash tables can): each pick contributes."""
         rows, ends, pos = moe_sort(experts, self.gate_up_proj.shape[0], impl=self.impl)
-        gate, up = grouped_matmul(x, self.gate_up_proj, rows, ends, impl=self.impl).chunk(2, dim=-1)
-        hidden = clamped_swiglu(gate, up, self.limit, impl=self.impl)
+        q = self.act_quant or (lambda t: t)
+        gate, up = grouped_matmul(q(x), self.gate_up_proj, rows, ends, impl=self.impl).chunk(2, dim=-1)
+        if self.weight_before_down:
+            sorted_weights = torch.empty_like(weights.flatten())
+            sorted_weights[pos] = weights.flatten()
+            hidden = clamped_swiglu(gate.float(), up.float(), self.limit, impl=self.impl) * sorted_weights[:, None]
+            hidden, weights = hidden.to(x.dtype), torch.ones_like(weights)
+        else:
+            hidden = clamped_swiglu(gate, up, self.limit, impl=self.impl)
+        hidden = q(hidden)
         y = grouped_matmul(hidden, self.down_proj, None, ends, impl=self.impl)  # hidden is already in pick order
         return moe_combine(y, pos, weights, add, impl=self.impl)
 

@@ -14,6 +14,9 @@ second half, this block's row j taken from registers, not re-read; then this blo
 over the previous one), RMS-normalises the row (rounded to the pool dtype, as the reference),
 rotates the pairs (y[2i], y[2i+1]) of its last 2R channels, and writes the row and its target.
 A step that completes no block writes a zero row aimed at the pool's scratch row.
+
+Packed output (PACKED): the program also quantizes and packs its row into pool[target] (uint8
+rows of a packed format, kv_pack_triton.pack_row): the cache write, fused.
 """
 
 import torch
@@ -22,6 +25,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import pdl_launch
+from v4serve.ops.kv_pack_triton import pack_row, packed_constexprs
 
 
 @triton.jit
@@ -84,9 +88,12 @@ def _pool_online_step(kv_ptr, score_ptr, bias_ptr, state_max, state_sum, state_a
 @triton.jit
 def _compress_decode_kernel(
     kv_ptr, score_ptr, pos_ptr, slot_ptr, bias_ptr, s0_ptr, s1_ptr, s2_ptr,
-    w_ptr, cos_ptr, sin_ptr, rows_of_ptr, rows_ptr, target_ptr,
-    d, R, scratch, eps, stride_in, stride_slot, stride_rows_of, stride_cs,
+    w_ptr, cos_ptr, sin_ptr, rows_of_ptr, rows_ptr, target_ptr, pool_ptr,
+    d, R, scratch, eps, stride_in, stride_slot, stride_rows_of, stride_cs, stride_pool,
     RATIO: tl.constexpr, OVERLAP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
+    PACKED: tl.constexpr = False, PK_FP4: tl.constexpr = False, PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1,
+    PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0, PK_HAS_TAIL: tl.constexpr = False,
+    PK_PAYLOAD: tl.constexpr = 0, PK_ROW_BYTES: tl.constexpr = 0,
 ):
     if PDL:
         gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
@@ -120,7 +127,11 @@ def _compress_decode_kernel(
 
     group = tl.maximum((p + 1) // RATIO - 1, 0)
     target = tl.load(rows_of_ptr + b * stride_rows_of + group).to(tl.int64)
-    tl.store(target_ptr + b, tl.where(complete & (target >= 0), target, scratch))
+    target = tl.where(complete & (target >= 0), target, scratch)
+    tl.store(target_ptr + b, target)
+    if PACKED:
+        y = tl.where(complete & ch_ok, y, 0.0).to(rows_ptr.dtype.element_ty).to(tl.float32)
+        pack_row(pool_ptr + target * stride_pool, y, d, BLOCK_D, PK_FP4, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_PAYLOAD, PK_ROW_BYTES)
 
 
 def compress_decode_triton(kv, score, positions, slots, position_bias, state, ratio, norm_weight, eps, cos, sin,
@@ -133,15 +144,16 @@ def compress_decode_triton(kv, score, positions, slots, position_bias, state, ra
     overlap = len(state) == 2
     s0, s1 = state[0], state[1]
     s2 = state[2] if not overlap else s0
+    pk = {} if pool is None else dict(PACKED=True, **packed_constexprs(row_format, d))
+    block_d = triton.next_power_of_2(d)
+    if pk and block_d < row_format.block:
+        raise ValueError(f"rows of {d} channels are narrower than a {row_format.name} block")
     _compress_decode_kernel[(B,)](
         kv, score, positions, slots, position_bias, s0, s1, s2,
-        norm_weight, cos, sin, rows_of, rows, target,
+        norm_weight, cos, sin, rows_of, rows, target, rows if pool is None else pool,
         d, cos.shape[1], scratch, float(eps), kv.stride(0), s0.stride(0), rows_of.stride(0), cos.stride(0),
+        0 if pool is None else pool.stride(0),
         RATIO=ratio, OVERLAP=overlap, BLOCK_R=triton.next_power_of_2(ratio) if overlap else 1,
-        BLOCK_D=triton.next_power_of_2(d), num_warps=4, **pdl_launch(kv),
+        BLOCK_D=block_d, num_warps=4, **pdl_launch(kv), **pk,
     )
-    if pool is not None:
-        from v4serve.ops.kv_pack import store_rows
-
-        store_rows(pool, target, rows, row_format, impl="triton")
     return rows, target

@@ -18,7 +18,7 @@ becomes the fp16 with bits (c & 0x80) << 8 | (c & 0x7f) << 7, which is decode(c)
 times 2^8 (now decode(c), a normal fp32 or 0) and times 2^(b - 127); every step is exact, as is
 the final cast to bf16 (at most 4 significant bits). The tile is loaded as [R, G, SUB] with SUB = min(K, PK_BLOCK)
 contiguous bytes per (row, group), so each group is one or more 16-byte loads at 16-byte aligned
-row strides, and the G scale bytes of a row are one small load.
+row strides; the scale bytes are read as the int32 words that hold them (4-byte loads).
 
 Grids: `_store_rows_kernel` (N,): one program per row (skipped when rows[i] < 0);
 `_unpack_rows_kernel` (cdiv(N, 16),): 16 rows per program.
@@ -35,6 +35,8 @@ def packed_constexprs(fmt, dim: int) -> dict:
     """The PK_* constexprs the packed-row device functions take, for rows of `dim` channels."""
     if fmt.scale_kind != "ue8m0":
         raise ValueError(f"row format {fmt.name} has no Triton kernel (torch only)")
+    if fmt.scales_offset(dim) % 4 or fmt.scales_offset(dim) + -(-fmt.n_scales(dim) // 4) * 4 > fmt.row_bytes(dim):
+        raise ValueError(f"{fmt.name} rows of {dim} channels: the scale words must be 4-byte aligned inside the row")
     return dict(PK_FP4=fmt.value_bits == 4, PK_NQ=fmt.n_quant(dim), PK_BLOCK=fmt.block,
                 PK_TAIL_OFF=fmt.tail_offset(dim), PK_SCALE_OFF=fmt.scales_offset(dim),
                 PK_HAS_TAIL=fmt.plain_tail > 0, PK_PAYLOAD=fmt.payload_bytes(dim), PK_ROW_BYTES=fmt.row_bytes(dim))
@@ -115,8 +117,11 @@ def load_packed(row_ptrs, live, d0, D, K: tl.constexpr, PK_NQ: tl.constexpr, PK_
     base = tl.multiple_of(row_ptrs, 16)[:, None, None]
     codes = tl.load(base + ch[None, :, :], mask=live[:, None, None] & is_q[None, :, :], other=0)
     group = (d0 + g * SUB) // PK_BLOCK
-    sb = tl.load(row_ptrs[:, None] + PK_SCALE_OFF + group[None, :],
-                 mask=live[:, None] & (group < PK_NQ // PK_BLOCK)[None, :], other=127).to(tl.int32)
+    # The scale bytes come from the aligned int32 word holding them (PK_SCALE_OFF is a multiple of
+    # 4 and the row pads the last word), so no load is narrower than 4 bytes.
+    words = (row_ptrs + PK_SCALE_OFF).to(tl.pointer_type(tl.int32))
+    sw = tl.load(words[:, None] + (group // 4)[None, :], mask=live[:, None], other=0x7F7F7F7F)
+    sb = (sw >> (8 * (group % 4))[None, :]) & 0xFF
     v = _e4m3_scaled(codes, sb[:, :, None])
     if PK_HAS_TAIL:
         tail_ptr = (base + PK_TAIL_OFF).to(tl.pointer_type(tl.bfloat16))
@@ -165,8 +170,13 @@ def store_rows_triton(pool, rows, x, fmt):
     pk = packed_constexprs(fmt, D)
     _store_rows_kernel[(n,)](
         x, x if rows is None else rows.contiguous(), pool, D, x.stride(0), pool.stride(0), HAS_ROWS=rows is not None,
-        BLOCK_D=max(triton.next_power_of_2(D), fmt.block), num_warps=4, **pk,
+        BLOCK_D=max(triton.next_power_of_2(D), fmt.block), num_warps=store_warps(D), **pk,
     )
+
+
+def store_warps(dim: int) -> int:
+    """Warps of the store kernel: 8 channels (16 bytes of bf16) per thread, 1 to 4 warps."""
+    return max(1, min(4, triton.next_power_of_2(dim) // 256))
 
 
 UNPACK_ROWS = 16

@@ -8,6 +8,10 @@ as the reference does, then rotates each rope channel with its pair partner (cha
 loaded a second time: the same cache lines), and stores. NORM / HAS_WEIGHT / ROPE / INVERSE
 select the parts, so RMSNorm alone, RoPE alone (the output's inverse rotation) and both (q, kv)
 are each one launch.
+
+Packed store (PACKED, the window append): x [T, D] (heads 1) and pool uint8 rows of a packed
+format; the program also quantizes and packs its finished row (rounded to the output dtype) into
+pool[rows[t]] (kv_pack_triton.pack_row; skipped when rows[t] < 0).
 """
 
 import torch
@@ -16,6 +20,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import pdl_launch
+from v4serve.ops.kv_pack_triton import pack_row, packed_constexprs
 
 
 @triton.jit
@@ -30,10 +35,13 @@ def _normalized(x_ptr, w_ptr, cols, mask, scale, HAS_WEIGHT: tl.constexpr):
 
 @triton.jit
 def _rms_norm_rope_kernel(
-    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
-    D, R, heads, eps, stride_x, stride_o, stride_cs,
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pool_ptr, pool_rows_ptr,
+    D, R, heads, eps, stride_x, stride_o, stride_cs, stride_pool,
     NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROPE: tl.constexpr, INVERSE: tl.constexpr,
     BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
+    PACKED: tl.constexpr = False, PK_FP4: tl.constexpr = False, PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1,
+    PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0, PK_HAS_TAIL: tl.constexpr = False,
+    PK_PAYLOAD: tl.constexpr = 0, PK_ROW_BYTES: tl.constexpr = 0,
 ):
     if PDL:
         gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
@@ -60,6 +68,11 @@ def _rms_norm_rope_kernel(
         signed_sin = tl.where((cols - first) % 2 == 0, -sin, sin)
         y = tl.where(in_rope, y * cos + partner * signed_sin, y)
     tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
+    if PACKED:
+        target = tl.load(pool_rows_ptr + row).to(tl.int64)
+        if target >= 0:
+            pack_row(pool_ptr + target * stride_pool, tl.where(ok, y, 0.0).to(out_ptr.dtype.element_ty).to(tl.float32),
+                     D, BLOCK_D, PK_FP4, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_PAYLOAD, PK_ROW_BYTES)
 
 
 def norm_rope_warps(block_d: int) -> int:
@@ -81,15 +94,15 @@ def rms_norm_rope_triton(x, eps=None, weight=None, cos=None, sin=None, inverse=F
     heads = max(1, n // cos.shape[0]) if cos is not None and cos.shape[0] else 1
     block_d = triton.next_power_of_2(D)
     cs = cos if cos is not None else rows  # unused pointers when ROPE is off
+    pk = {} if pool is None else dict(PACKED=True, **packed_constexprs(row_format, D))
+    if pk:
+        block_d = max(block_d, row_format.block)
     _rms_norm_rope_kernel[(n,)](
         rows, weight if weight is not None else rows, cs, sin if sin is not None else rows, out,
+        rows if pool is None else pool, rows if pool is None else rows_out.contiguous(),
         D, 0 if cos is None else cos.shape[-1], heads, 0.0 if eps is None else float(eps),
-        rows.stride(0), D, 0 if cos is None else cos.stride(0),
+        rows.stride(0), D, 0 if cos is None else cos.stride(0), 0 if pool is None else pool.stride(0),
         NORM=eps is not None, HAS_WEIGHT=weight is not None, ROPE=cos is not None, INVERSE=inverse,
-        BLOCK_D=block_d, num_warps=norm_rope_warps(block_d), **pdl_launch(rows),
+        BLOCK_D=block_d, num_warps=norm_rope_warps(block_d), **pdl_launch(rows), **pk,
     )
-    if pool is not None:
-        from v4serve.ops.kv_pack import store_rows
-
-        store_rows(pool, rows_out, out, row_format, impl="triton")
     return out

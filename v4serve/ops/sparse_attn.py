@@ -44,7 +44,8 @@ def _check_args(q, win_pool, cmp_pool, idx, n_window, sink, counts, fmt=None):
         raise ValueError(f"counts must be int32 [{B}, {M}], got {counts.dtype} {tuple(counts.shape)}")
 
 
-def sparse_attn_paged(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, row_format=None, impl="auto"):
+def sparse_attn_paged(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, row_format=None, impl="auto",
+                      cmp_row_format="same"):
     """Attention of q [B, M, H, D] over the rows idx [B, M, n_window + K] names (-1 = hole).
 
     Columns < n_window index win_pool [N_w, D], the rest cmp_pool [N_c, D] (same dtype and row
@@ -56,6 +57,11 @@ def sparse_attn_paged(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=
     fmt = None if row_format is None else _row_format(row_format)
     if fmt is not None and not fmt.packed:
         fmt = None
+    if not (isinstance(cmp_row_format, str) and cmp_row_format == "same"):
+        cmp_fmt = None if cmp_row_format is None else _row_format(cmp_row_format)
+        cmp_fmt = cmp_fmt if cmp_fmt is not None and cmp_fmt.packed else None
+        if cmp_fmt != fmt:  # V4.1: window and compressed rows in two formats (torch reference only)
+            return _mixed_formats(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, fmt, cmp_fmt, impl)
     _check_args(q, win_pool, cmp_pool, idx, n_window, sink, counts, fmt)
     if fmt is not None:
         if use_triton(impl, q, win_pool, cmp_pool, idx) and (q.dtype == torch.bfloat16 or impl == "triton"):
@@ -70,3 +76,19 @@ def sparse_attn_paged(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=
             raise ValueError(f"the Triton kernels take bf16 q and pools, got {q.dtype} and {win_pool.dtype}")
         return sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts)
     return sparse_attn_paged_reference(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts)
+
+
+def _mixed_formats(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, fmt, cmp_fmt, impl):
+    """Window rows in `fmt`, compressed rows in `cmp_fmt` (either None: plain rows of D values)."""
+    B, M, H, D = q.shape
+    for name, pool, f in (("win_pool", win_pool, fmt), ("cmp_pool", cmp_pool, cmp_fmt)):
+        if f is not None:
+            check_pool(name, pool, f, D)
+        elif pool.dim() != 2 or pool.shape[1] != D:
+            raise ValueError(f"{name} must be [N, {D}], got shape {tuple(pool.shape)}")
+    if impl == "triton":  # "auto" runs the reference, on the GPU too
+        raise NotImplementedError(
+            f"sparse attention over window rows in {getattr(fmt, 'name', 'values')} and compressed rows in "
+            f"{getattr(cmp_fmt, 'name', 'values')} has no Triton kernel yet (DeepSeek-V4.1's packed cache)"
+        )
+    return sparse_attn_paged_reference(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, fmt, cmp_fmt)

@@ -44,7 +44,12 @@ def _gather(pool: torch.Tensor, rows: torch.Tensor, row_format=None, dim: int = 
     return flat.float().reshape(*rows.shape, dim)
 
 
-def sparse_attn_paged_reference(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, row_format=None):
+def sparse_attn_paged_reference(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, row_format=None,
+                                cmp_row_format="same"):
+    """`cmp_row_format`: the compressed pool's format when it differs from the window's (V4.1:
+    fp8_e8m0_b32 window rows, fp4_e4m3_b16 compressed rows; None: plain rows); "same": row_format."""
+    if isinstance(cmp_row_format, str) and cmp_row_format == "same":
+        cmp_row_format = row_format
     B, M, H, D = q.shape
     C = idx.shape[-1]
     qf = q.reshape(B * M, H, D)
@@ -56,7 +61,7 @@ def sparse_attn_paged_reference(q, win_pool, cmp_pool, idx, n_window, sink, scal
     for s in range(0, B * M, chunk):
         rows, ok = idx_f[s : s + chunk], live[s : s + chunk]
         kv = torch.cat([_gather(win_pool, rows[:, :n_window], row_format, D),
-                        _gather(cmp_pool, rows[:, n_window:], row_format, D)], 1)
+                        _gather(cmp_pool, rows[:, n_window:], cmp_row_format, D)], 1)
         logits = torch.einsum("nhd,ncd->nhc", qf[s : s + chunk].float(), kv) * scale
         logits = logits.masked_fill(~ok[:, None, :], float("-inf"))
         m = torch.maximum(logits.amax(-1), sink_f[None, :])

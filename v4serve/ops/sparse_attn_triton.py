@@ -81,6 +81,7 @@ from v4serve.ops.sparse_attn_two_pass import sparse_attn_two_pass
 PREFILL_CONFIG = dict(BLOCK_H=64, BLOCK_T=64, num_warps=8, num_stages=1)
 PREFILL_CONFIG_H32 = dict(BLOCK_H=32, BLOCK_T=64, num_warps=8, num_stages=1)
 PREFILL_CONFIG_SMALL_SMEM = dict(BLOCK_H=32, BLOCK_T=32, num_warps=8, num_stages=1)
+PREFILL_CONFIG_PACKED = PREFILL_CONFIG_H32  # prefill over packed rows where the bf16 tiles take 64 heads or the Gluon kernel
 PREFILL_CONFIGS = {
     80: dict(PREFILL_CONFIG_H32, num_stages=2),
     90: PREFILL_CONFIG_H32 if triton_at_least(3, 9) else PREFILL_CONFIG,
@@ -295,9 +296,10 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     if kernel == "two_pass":
         return sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, counts is not None,
                                     pdl, cfg, pk).reshape(B, M, H, D)
-    if kernel == "ws" and pk:
-        kernel = "tl"  # packed rows: the Gluon kernel reads bf16 rows only; packed prefill takes the tl kernel
-        cfg = dict(PREFILL_CONFIG_H32 if triton_at_least(3, 9) else PREFILL_CONFIG)
+    if pk and M > 1 and tile_config is None and (kernel == "ws" or cfg.get("BLOCK_H", 0) > 32):
+        # Packed rows: the Gluon kernel reads bf16 rows only, so packed prefill takes the tl kernel,
+        # at 32 heads (the 64-head tile plus the dequantization spills under 3.6 on sm_90: codegen check).
+        kernel, cfg = "tl", dict(PREFILL_CONFIG_PACKED)
     ws = kernel == "ws"
     if ws and D != WS_HEAD_DIM:
         raise ValueError(f"the warp-specialised kernel takes D = {WS_HEAD_DIM}, got {D}")

@@ -1,0 +1,143 @@
+"""Codegen registry entries of the kernels over packed KV rows (issue 17; v4serve/ops/kv_pack*.py),
+kept in their own file so that merges with other registry edits stay trivial. registry.py appends
+PACKED_KV_KERNELS to KERNELS.
+
+Shapes: DeepSeek-V4 main / window rows fp8_e8m0_b64_rope64 at D 512 (592-byte rows: 448 e4m3
+codes, 64 bf16 rope channels, 7 ue8m0 scales, padding), indexer keys fp4_e8m0_b32 at Dk 128
+(68-byte rows read as 17 int32 words). Expectations: the code and tail gathers of `load_packed`
+stay 16-byte loads, the scale words 4-byte loads (no load narrower than 4 bytes anywhere), the
+indexer's key words 4-byte loads; no spills. Register bounds are not set yet (no measurement):
+255, the hardware's maximum.
+"""
+from v4serve.formats import row_format
+from v4serve.ops.kv_pack_triton import packed_constexprs, store_warps
+from v4serve.ops.sparse_attn_triton import (
+    DECODE_CONFIG_SMALL, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG_PACKED, PREFILL_CONFIGS)
+
+from .spec import Expect, KernelSpec
+
+_OPS = "v4serve.ops"
+_FP8 = packed_constexprs(row_format("fp8_e8m0_b64_rope64"), 512)
+_FP4 = packed_constexprs(row_format("fp4_e8m0_b32"), 128)
+_LOAD_PK = {k: _FP8[k] for k in ("PK_NQ", "PK_BLOCK", "PK_TAIL_OFF", "PK_SCALE_OFF", "PK_HAS_TAIL")}
+_GATHER_LINES = r"codes = tl\.load|tail = tl\.load"
+_STRIDES = ("stride_qt", "stride_qh", "stride_pool", "stride_it", "stride_ot", "stride_oh", "stride_pt", "stride_ps",
+            "stride_ph", "stride_mt", "stride_ms")
+_ATTN_TYPES = dict(
+    q_ptr="*bf16", win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
+    out_ptr="*bf16", ticket_ptr="*i32", H="i32", D="i32", C="i32", n_window="i32", cols_per_split="i32",
+    n_splits="i32", qk_scale_log2="fp32", **dict.fromkeys(_STRIDES, "i32"))
+# stride_pool 592 is a multiple of 16; the rest as in registry.py's sparse-attention entries.
+_ATTN_ALIGNED = ("q_ptr", "win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "sink_ptr", "out_ptr", "part_ptr", "m_ptr",
+                 "l_ptr", "ticket_ptr", "H", "D", "C", "n_window", "cols_per_split", *_STRIDES)
+_TP = DECODE_CONFIG_TWO_PASS
+_TP_STRIDES = ("stride_pool", "stride_it", "stride_pt", "stride_ph", "stride_mt", "stride_mj")
+_SCORES_TYPES = dict(
+    q_ptr="*bf16", win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
+    p_ptr="*bf16", m_ptr="*fp32", l_ptr="*fp32", H="i32", D="i32", C="i32", n_window="i32",
+    qk_scale_log2="fp32", **dict.fromkeys(("stride_qt", "stride_qh", *_TP_STRIDES), "i32"))
+_VALUES_TYPES = dict(
+    win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32", p_ptr="*bf16",
+    m_ptr="*fp32", l_ptr="*fp32", out_ptr="*bf16", H="i32", D="i32", C="i32", n_window="i32",
+    **dict.fromkeys((*_TP_STRIDES, "stride_ot", "stride_oh"), "i32"))
+
+PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
+    # ---- sparse attention over packed rows: prefill (the tl kernel: packed prefill never takes the
+    # Gluon kernel), split-K decode, two-pass decode ----
+    *(
+        KernelSpec(  # PREFILL_CONFIGS[arch], or PREFILL_CONFIG_PACKED where those take 64 heads (sm_90 < 3.9)
+            f"sparse_attn.prefill_fp8kv_sm{arch}", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
+            types=dict(_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16", ticket_ptr="*bf16"),
+            aligned=_ATTN_ALIGNED,
+            constexprs=dict(n_splits=1, HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=cfg["BLOCK_H"],
+                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True, PACKED=True, **_FP8),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=(arch,),
+            expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
+        )
+        for arch, cfg in ((a, PREFILL_CONFIG_PACKED if c["BLOCK_H"] > 32 else c) for a, c in PREFILL_CONFIGS.items())
+    ),
+    KernelSpec(
+        "sparse_attn.decode_fp8kv_pdl", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
+        types=dict(_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"), aligned=_ATTN_ALIGNED,
+        constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=DECODE_CONFIG_SMALL["BLOCK_H"],
+                        BLOCK_T=DECODE_CONFIG_SMALL["BLOCK_T"], BLOCK_D=512, PDL=True, EVEN_D=True, PACKED=True,
+                        **_FP8),
+        num_warps=DECODE_CONFIG_SMALL["num_warps"], num_stages=DECODE_CONFIG_SMALL["num_stages"],
+        archs=(90, 100, 120),
+        expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
+    ),
+    KernelSpec(
+        "sparse_attn.two_pass_scores_fp8kv_pdl", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",
+        types=_SCORES_TYPES, aligned=tuple(k for k in _SCORES_TYPES if k != "qk_scale_log2"),
+        constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_K=_TP["BLOCK_K"],
+                        PDL=True, PACKED=True, **_LOAD_PK),
+        archs=(90, 100, 120), **_TP["SCORES"],
+        expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
+    ),
+    KernelSpec(
+        "sparse_attn.two_pass_values_fp8kv_pdl", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
+        types=_VALUES_TYPES, aligned=tuple(_VALUES_TYPES),
+        constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
+                        BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, **_LOAD_PK),
+        archs=(90, 100, 120), **_TP["VALUES"],
+        expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
+    ),
+    # ---- indexer scores over packed fp4 keys: 17-word rows, 4-byte aligned only ----
+    KernelSpec(
+        "indexer.scores_fp8kv", f"{_OPS}.indexer_triton:_index_scores_kernel",
+        types=dict(q_ptr="*bf16", w_ptr="*fp32", k_ptr="*i32", rows_ptr="*i32", n_visible_ptr="*i32",
+                   out_ptr="*fp32", H="i32", Dk="i32", T="i32", **dict.fromkeys(
+                       ("stride_qb", "stride_qs", "stride_qh", "stride_wb", "stride_ws", "stride_k",
+                        "stride_rb", "stride_nb", "stride_ob", "stride_os"), "i32")),
+        aligned=("q_ptr", "w_ptr", "k_ptr", "rows_ptr", "n_visible_ptr", "out_ptr", "H", "Dk",
+                 "stride_qb", "stride_qs", "stride_qh", "stride_wb", "stride_ws"),
+        constexprs=dict(PDL=False, BLOCK_H=64, BLOCK_T=64, BLOCK_D=128, PACKED=True), num_warps=4, num_stages=2,
+        expect=Expect(kv_load_bytes=4, kv_lines=r"words = tl\.load|scale_word = tl\.load", tensor_cores=True),
+    ),
+    # ---- writes: pack kernels, and the fused packed outputs of the window append and the compressor ----
+    *(
+        KernelSpec(
+            f"kv_pack.store_{name}", f"{_OPS}.kv_pack_triton:_store_rows_kernel",
+            types=dict(x_ptr="*bf16", rows_ptr="*i64", pool_ptr="*u8", D="i32", stride_x="i32", stride_pool="i32"),
+            aligned=("x_ptr", "rows_ptr", "pool_ptr", "D", "stride_x") + (("stride_pool",) if name == "fp8" else ()),
+            constexprs=dict(HAS_ROWS=True, BLOCK_D=dim, **pk), num_warps=store_warps(dim), num_stages=3,
+            expect=Expect(max_regs=128),
+        )
+        for name, dim, pk in (("fp8", 512, _FP8), ("fp4", 128, _FP4))
+    ),
+    KernelSpec(
+        "kv_pack.unpack_fp8", f"{_OPS}.kv_pack_triton:_unpack_rows_kernel",
+        types=dict(packed_ptr="*u8", out_ptr="*bf16", N="i32", D="i32", stride_p="i32", stride_o="i32"),
+        aligned=("packed_ptr", "out_ptr", "D", "stride_p", "stride_o"),
+        constexprs=dict(BLOCK_R=16, BLOCK_D=512, **_LOAD_PK), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES),
+    ),
+    KernelSpec(  # the window append: kv_norm (weighted) + rope 64 at D 512, packed into the window ring
+        "norm_rope.kv_fp8kv", f"{_OPS}.norm_rope_triton:_rms_norm_rope_kernel",
+        types=dict(x_ptr="*bf16", w_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32", out_ptr="*bf16", pool_ptr="*u8",
+                   pool_rows_ptr="*i64", D="i32", R="i32", heads="i32", eps="fp32", stride_x="i32", stride_o="i32",
+                   stride_cs="i32", stride_pool="i32"),
+        aligned=("x_ptr", "w_ptr", "cos_ptr", "sin_ptr", "out_ptr", "pool_ptr", "pool_rows_ptr", "D", "stride_x",
+                 "stride_o", "stride_pool"),
+        constexprs=dict(PDL=False, NORM=True, HAS_WEIGHT=True, ROPE=True, INVERSE=False, BLOCK_D=512, heads=1,
+                        PACKED=True, **_FP8),
+        num_warps=2, num_stages=3, expect=Expect(max_regs=128),
+    ),
+    *(
+        KernelSpec(
+            f"compress_decode.{kind}_fp8kv", f"{_OPS}.compress_decode_triton:_compress_decode_kernel",
+            types=dict(kv_ptr="*fp32", score_ptr="*fp32", pos_ptr="*i64", slot_ptr="*i64", bias_ptr="*fp32",
+                       s0_ptr="*fp32", s1_ptr="*fp32", s2_ptr="*fp32", w_ptr="*bf16", cos_ptr="*fp32",
+                       sin_ptr="*fp32", rows_of_ptr="*i32", rows_ptr="*bf16", target_ptr="*i64", pool_ptr="*u8",
+                       d="i32", R="i32", scratch="i32", eps="fp32", stride_in="i32", stride_slot="i32",
+                       stride_rows_of="i32", stride_cs="i32", stride_pool="i32"),
+            aligned=("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_ptr", "s0_ptr", "s1_ptr", "s2_ptr", "w_ptr",
+                     "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "pool_ptr", "d", "stride_in",
+                     "stride_slot", "stride_pool"),
+            constexprs=dict(PDL=False, RATIO=ratio, OVERLAP=overlap, BLOCK_R=block_r, BLOCK_D=512, PACKED=True,
+                            **_FP8),
+            num_warps=4, num_stages=3, expect=Expect(max_regs=168),
+        )
+        for kind, ratio, overlap, block_r in (("csa", 4, True, 4), ("hca", 128, False, 1))
+    ),
+)

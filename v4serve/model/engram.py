@@ -1,0 +1,63 @@
+"""Engram (DeepSeek-V4.1): hashed n-gram embeddings added to the residual streams before a block.
+
+For a token with streams X [n, D] (n = hc_mult) and its table rows r [R] (`engram_hash.py`,
+R = (max_ngram - 1) * heads), with e = concat_i dequant(table[r_i]) [R * head_dim]:
+
+    [k_0 .. k_{n-1}, v] = Wkv e                    (FP8 GEMM: e rounded to e4m3 / ue8m0 per 32)
+    a_j    = <rms(X_j) * q_weight[j], rms(k_j) * k_weight[j]> / sqrt(D)
+    gate_j = sigmoid(sign(a_j) sqrt(|a_j|))        (|a_j| floored at 1e-6 before the root)
+    X_j   += gate_j * v
+
+rms = RMSNorm without weight (eps = rms_norm_eps), fp32 math. The table is e4m3 rows [rows, head_dim]
+with one ue8m0 scale per row (head_dim = 32): rows are dequantized when looked up, so the table
+itself can stay in host memory (the real ones are ~183 GiB); only the step's rows move.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from v4serve.config import ModelConfig
+from v4serve.model.v41_quant import act_quant
+
+
+class Engram(nn.Module):
+    def __init__(self, config: ModelConfig, num_embeddings: int):
+        super().__init__()
+        v = config.v41
+        self.hc_mult = n = config.hc_mult
+        self.dim = d = config.hidden_size
+        self.eps = config.rms_norm_eps
+        self.head_dim = v.engram_head_dim
+        rows = (v.engram_max_ngram_size - 1) * v.engram_n_heads
+        # e4m3 codes and fp32 row scales: not parameters (never cast to the model dtype).
+        self.register_buffer("table", torch.zeros(num_embeddings, self.head_dim, dtype=torch.float8_e4m3fn))
+        self.register_buffer("table_scale", torch.ones(num_embeddings, 1, dtype=torch.float32))
+        self.wkv = nn.Linear(rows * self.head_dim, (n + 1) * d, bias=False)
+        self.q_weight = nn.Parameter(torch.ones(n, d))
+        self.k_weight = nn.Parameter(torch.ones(n, d))
+
+    def lookup(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """rows int64 [T, R] -> dequantized embeddings [T, R * head_dim] (gathered where the table lives)."""
+        flat = rows.to(self.table.device).flatten()
+        e = self.table[flat].float() * self.table_scale[flat]
+        return e.to(dtype).view(rows.shape[0], -1).to(rows.device)
+
+    def forward(self, streams: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """streams [T, n, D], rows [T, R] -> streams with the gated n-gram value added."""
+        e = self.lookup(rows, self.wkv.weight.dtype)
+        kv = nn.functional.linear(act_quant(e), self.wkv.weight)
+        keys, value = kv[:, : self.hc_mult * self.dim].view(-1, self.hc_mult, self.dim), kv[:, self.hc_mult * self.dim:]
+        q = _rms(streams) * self.q_weight.float()
+        k = _rms(keys) * self.k_weight.float()
+        a = (q * k).sum(-1) / math.sqrt(self.dim)
+        gate = torch.sigmoid(a.abs().clamp(min=1e-6).sqrt() * a.sign())
+        return (streams.float() + gate[..., None] * value.float()[:, None]).to(streams.dtype)
+
+
+def _rms(x: torch.Tensor, eps: float = 1e-20) -> torch.Tensor:
+    x = x.float()
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
