@@ -32,6 +32,7 @@ from v4serve.server.context import ServingContext
 from v4serve.server.engine_loop import EngineLoop
 from v4serve.server.errors import APIError, server_error
 from v4serve.server.metrics import Metrics
+from v4serve.server.limits import MAX_SEQS_PER_REQUEST
 from v4serve.server.prompt_length import PromptLimit
 from v4serve.server.protocol import MAX_BODY_BYTES
 from v4serve.server.responses import now
@@ -39,7 +40,6 @@ from v4serve.tokenizer import Tokenizer
 
 log = logging.getLogger("v4serve.server")
 
-MAX_SEQS_PER_REQUEST = 256  # prompts x n of one request (--max-seqs-per-request)
 NUM_WORKERS = 4  # threads that parse and tokenize request bodies
 
 Prepare = Callable[[ServingContext, bytes], Any]
