@@ -60,12 +60,16 @@ def collect(specs: list[KernelSpec], archs: list[int], jobs: int,
         return rows
     # NOTE: fork before this process compiles anything; each worker owns its MLIR contexts.
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = {pool.submit(run_one, s, a): i for i, (s, a) in enumerate(pairs)}
+        futures = {pool.submit(_run_one, s, a): i for i, (s, a) in enumerate(pairs)}
         rows: list[dict | None] = [None] * len(pairs)
         for done, future in enumerate(as_completed(futures), start=1):
             rows[futures[future]] = future.result()
             report(rows[futures[future]], done, len(pairs))
         return rows
+
+
+def _run_one(spec: KernelSpec, arch: int) -> dict:
+    return run_one(spec, arch)  # looked up in the worker: what the parent process had at fork
 
 
 def print_progress(start: float) -> Callable[[dict, int, int], None]:
