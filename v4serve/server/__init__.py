@@ -12,6 +12,7 @@
     tool_schemas.py  `tools`: names unique, `parameters` a JSON Schema object
     prompt_length.py refusing an over-long prompt from its length before tokenizing it
     limits.py        per-request limits (sequences per request)
+    memory.py        returning freed heap to the system after a large body
 """
 
 __all__ = ["create_app"]

@@ -9,7 +9,8 @@ after uvicorn has drained the requests in flight (SIGTERM).
 The event loop only moves bytes: a body is read here, then parsed, validated and tokenized on
 a worker thread (`prepare_*`; the tokenizer releases the GIL), so a large or slow request never
 stalls `/health` or the streams of others. The raw body is not kept once it has been handed over,
-and an error raised there drops the worker's frames (which hold the body's strings).
+and an error raised there drops the worker's frames (which hold the body's strings); after a large
+body the freed heap goes back to the system (memory.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from v4serve.server.engine_loop import EngineLoop
 from v4serve.server.errors import APIError, server_error
 from v4serve.server.metrics import Metrics
 from v4serve.server.limits import MAX_SEQS_PER_REQUEST
+from v4serve.server.memory import release_free_memory
 from v4serve.server.prompt_length import PromptLimit
 from v4serve.server.protocol import MAX_BODY_BYTES
 from v4serve.server.responses import now
@@ -41,6 +43,8 @@ from v4serve.tokenizer import Tokenizer
 log = logging.getLogger("v4serve.server")
 
 NUM_WORKERS = 4  # threads that parse and tokenize request bodies
+LARGE_BODY_BYTES = 2**20  # after a body this large, free heap memory goes back to the system
+TRIM_DELAY_S = 0.2
 
 Prepare = Callable[[ServingContext, bytes], Any]
 Handler = Callable[[ServingContext, Any, HTTPRequest], Awaitable[Response]]
@@ -104,6 +108,7 @@ def create_app(engine: Engine, model_name: str, max_body_bytes: int = MAX_BODY_B
 async def _off_loop(ctx: ServingContext, prepare: Prepare, raw: bytes) -> Any:
     """`prepare(ctx, raw)` on a worker thread. Deep recursion anywhere in it is a client's
     doing (a nested body): a 400, not a 500."""
+    large = len(raw) >= LARGE_BODY_BYTES
     job = asyncio.get_running_loop().run_in_executor(ctx.workers, prepare, ctx, raw)
     del raw  # the worker holds the only reference, and drops it when done
     try:
@@ -112,6 +117,9 @@ async def _off_loop(ctx: ServingContext, prepare: Prepare, raw: bytes) -> Any:
         raise e.with_traceback(None) from None
     except RecursionError:
         raise APIError("body: nested too deeply", param="body") from None
+    finally:
+        if large:  # once this request's objects are gone (its answer sent), not now
+            asyncio.get_running_loop().call_later(TRIM_DELAY_S, ctx.workers.submit, release_free_memory)
 
 
 async def _read_body(http: HTTPRequest, limit: int) -> bytes:
