@@ -35,7 +35,7 @@ class ServingContext:
     def check_model(self, model: str | None) -> None:
         """A request may omit `model`; if it names one, it must be the model served here."""
         if model is not None and model != self.model_name:
-            raise APIError(f"model: {model!r} does not exist; this server serves {self.model_name!r}",
+            raise APIError(f"model: {model[:100]!r} does not exist; this server serves {self.model_name!r}",
                            param="model", status=404, code="model_not_found")
 
     def check_fan_out(self, num_prompts: int, n: int, param: str) -> None:
