@@ -15,8 +15,8 @@ body the freed heap goes back to the system (memory.py).
 
 from __future__ import annotations
 
-import logging
 import asyncio
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any, Awaitable, Callable
@@ -119,7 +119,14 @@ async def _off_loop(ctx: ServingContext, prepare: Prepare, raw: bytes) -> Any:
         raise APIError("body: nested too deeply", param="body") from None
     finally:
         if large:  # once this request's objects are gone (its answer sent), not now
-            asyncio.get_running_loop().call_later(TRIM_DELAY_S, ctx.workers.submit, release_free_memory)
+            asyncio.get_running_loop().call_later(TRIM_DELAY_S, _trim, ctx.workers)
+
+
+def _trim(workers: ThreadPoolExecutor) -> None:
+    try:
+        workers.submit(release_free_memory)
+    except RuntimeError:  # the server is shutting down
+        pass
 
 
 async def _read_body(http: HTTPRequest, limit: int) -> bytes:

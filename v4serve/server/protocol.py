@@ -3,6 +3,8 @@
 Every error is an `APIError` whose message starts with the field's name and whose `param` is
 that name, so a client sees exactly what to fix. Fields this server does not know are ignored
 (OpenAI clients send extras); fields it knows but cannot honour are refused, not ignored.
+Every string of the body (extras included) is valid Unicode and the nesting is bounded
+(json_body.py); `tools` are checked as JSON Schemas (tool_schemas.py).
 Checks that need the prompt (its length against the context) happen later, in `sampling`.
 """
 
