@@ -8,7 +8,8 @@ import json
 import pytest
 
 from v4serve.server.errors import APIError
-from v4serve.server.prompt_length import PromptLimit, max_chars_per_token
+from v4serve.chat import encode_messages
+from v4serve.server.prompt_length import PromptLimit, max_chars_per_token, rendered_content_chars
 from v4serve.tokenizer import Tokenizer, bundled_tokenizer_file
 
 TEXTS = [
@@ -59,3 +60,27 @@ def test_no_bound_for_a_tokenizer_with_a_normalizer(tmp_path):
     path.write_text(json.dumps(spec), encoding="utf-8")
     assert max_chars_per_token(path) is None
     assert PromptLimit.for_tokenizer(path, 10).min_tokens("x" * 10**6) == 0
+
+
+def test_message_content_is_a_lower_bound_of_the_encoded_prompt():
+    """Every content the bound counts is in the prompt, in both modes (thinking drops earlier
+    reasoning and developer messages: the bound counts neither)."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    conversations = [
+        [{"role": "user", "content": "hello there"}],
+        [{"role": "system", "content": "be brief"}, {"role": "developer", "content": "dev " * 50},
+         {"role": "user", "content": [{"type": "text", "text": "part one "}, {"type": "text", "text": "two"}]},
+         {"role": "assistant", "content": "answer " * 20, "reasoning_content": "thought " * 40},
+         {"role": "user", "content": "again"}],
+        [{"role": "user", "content": "call it"},
+         {"role": "assistant", "content": "", "tool_calls": [
+             {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+         {"role": "tool", "tool_call_id": "c", "content": "result " * 30},
+         {"role": "latest_reminder", "content": "remember"}, {"role": "user", "content": "done?"}],
+    ]
+    for messages in conversations:
+        for mode in ("chat", "thinking"):
+            for tools in (None, [tool]):
+                prompt = encode_messages(messages, mode, tools=tools)
+                assert 0 < rendered_content_chars(messages) <= len(prompt)
+    assert rendered_content_chars(conversations[1]) == len("be brief") + len("part one two") + 7 * 20 + len("again")

@@ -22,6 +22,7 @@ from v4serve.engine import RequestOutput, SamplingParams
 from v4serve.server import sse
 from v4serve.server.context import ServingContext
 from v4serve.server.errors import APIError
+from v4serve.server.prompt_length import rendered_content_chars
 from v4serve.server.protocol import ChatRequest, parse_body, parse_chat_request
 from v4serve.server.responses import IncrementalText, new_id, now, usage
 from v4serve.server.serving import Generation, check_prompt, respond, sampling_params
@@ -41,6 +42,7 @@ def prepare_chat_completion(ctx: ServingContext, raw: bytes) -> PreparedChat:
     req = parse_chat_request(parse_body(raw))
     ctx.check_model(req.model)
     ctx.check_fan_out(1, req.sampling.n, "n")
+    ctx.prompt_limit.check_chars(rendered_content_chars(req.messages), "messages")  # before encoding it
     ids = ctx.tokenize(_encode(req), "messages")
     check_prompt(ids, ctx.vocab_size, ctx.max_model_len, "messages")
     params = sampling_params(req.sampling, len(ids), ctx.max_model_len, req.logprobs)

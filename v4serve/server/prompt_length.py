@@ -12,6 +12,11 @@ ceil(L / C) tokens. The DeepSeek-V4 tokenizer has C = 128 (a run of 128 dots), s
 has at least 57,000 tokens: it is refused on its length alone, in microseconds, where tokenizing
 it takes seconds and ~1 GiB of memory. Prompts within the bound are tokenized and counted
 exactly. A tokenizer with a normalizer (which may merge characters) gets no shortcut.
+
+Chat prompts are bounded before they are even encoded: the DeepSeek-V4 encoding writes the
+`content` of every message verbatim, except developer messages (dropped before the last user
+turn in thinking mode), so the prompt has at least `rendered_content_chars(messages)` characters
+(tests/server/test_prompt_length.py checks this against `encode_messages`).
 """
 
 from __future__ import annotations
@@ -40,12 +45,32 @@ class PromptLimit:
 
     def check_text(self, text: str, param: str) -> None:
         """Refuse `text` when it surely has at least `max_model_len` tokens."""
-        at_least = self.min_tokens(text)
+        self.check_chars(len(text), param)
+
+    def check_chars(self, num_chars: int, param: str) -> None:
+        """Refuse a prompt of at least `num_chars` characters when it surely has too many tokens."""
+        if self.max_chars_per_token is None:
+            return
+        at_least = -(-num_chars // self.max_chars_per_token)
         if at_least >= self.max_model_len:
             raise APIError(
-                f"{param}: the prompt has at least {at_least} tokens ({len(text)} characters), but this model's "
-                f"context is {self.max_model_len} tokens (prompt plus at least one generated token)",
+                f"{param}: the prompt has at least {at_least} tokens ({num_chars} characters or more), but this "
+                f"model's context is {self.max_model_len} tokens (prompt plus at least one generated token)",
                 param=param, code="context_length_exceeded")
+
+
+def rendered_content_chars(messages: list) -> int:
+    """Characters of message content that any encoding of `messages` contains (see above)."""
+    total = 0
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") == "developer":
+            continue
+        content = m.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return total
 
 
 def max_chars_per_token(tokenizer_file: str | Path) -> int | None:
