@@ -3,27 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from v4serve.engine_flags import add_engine_args, engine_kwargs
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="preset name (tiny, deepseek-v4-flash, deepseek-v4-pro) or checkpoint folder")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when present")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="default: bfloat16 on cuda, float32 on cpu")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--hf-overrides", type=json.loads, default=None,
-                   help='JSON object of config.json fields to override, e.g. \'{"num_hidden_layers": 8}\'')
+DEFAULTS = argparse.ArgumentDefaultsHelpFormatter
 
 
 def _generate(args: argparse.Namespace) -> int:
     from v4serve import LLM, SamplingParams
 
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed)
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-              hf_overrides=args.hf_overrides)
+                            max_tokens=args.max_tokens)
+    llm = LLM(**engine_kwargs(args))
     print("\n".join(llm.engine.banner()), file=sys.stderr)
     out = llm.generate([args.prompt], params)[0].outputs[0]
     print(out.text)
@@ -31,17 +23,22 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="v4serve", description="DeepSeek-V4 inference engine")
+    parser = argparse.ArgumentParser(prog="v4serve", description="DeepSeek-V4 inference engine",
+                                     formatter_class=DEFAULTS)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    gen = commands.add_parser("generate", help="complete one prompt and print the continuation")
-    _add_model_args(gen)
-    gen.add_argument("prompt")
-    gen.add_argument("--max-tokens", type=int, default=32)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=-1)
-    gen.add_argument("--seed", type=int, default=None)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # its options live with the server
+        return _delegate("v4serve.server.serve", argv[1:])
+    gen = commands.add_parser("generate", help="complete one prompt and print the continuation",
+                              formatter_class=DEFAULTS)
+    gen.add_argument("prompt", help="the text to continue (encoded as written, no chat template)")
+    sampling = gen.add_argument_group("sampling")
+    sampling.add_argument("--max-tokens", type=int, default=32, help="tokens to generate at most")
+    sampling.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    sampling.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    sampling.add_argument("--top-k", type=int, default=-1, help="sample among the k most likely (-1: all)")
+    add_engine_args(gen)
     gen.set_defaults(run=_generate)
 
     serve = commands.add_parser("serve", add_help=False,
@@ -49,20 +46,18 @@ def main(argv: list[str] | None = None) -> int:
     serve.set_defaults(run=lambda a: _delegate("v4serve.server.serve", []))
 
     bench = commands.add_parser(
-        "bench", help="benchmarks: `bench kernels`, `bench engine` (TTFT/TPOT offline), `bench serve` (load on a server)"
+        "bench", formatter_class=DEFAULTS, help="benchmarks: `bench kernels`, `bench engine` (TTFT/TPOT offline), `bench serve` (load on a server)"
     )
-    bench.add_argument("what", choices=["kernels", "engine", "serve"])
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.add_argument("what", choices=["kernels", "engine", "serve"], help="which benchmark")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="its options (`v4serve bench WHAT --help`)")
     bench.set_defaults(run=lambda a: _delegate(f"v4serve.bench.{a.what}", a.rest))
 
-    kernels = commands.add_parser("kernels", help="`kernels report`: compile-only codegen report of every Triton kernel")
-    kernels.add_argument("what", choices=["report"])
-    kernels.add_argument("rest", nargs=argparse.REMAINDER)
+    kernels = commands.add_parser("kernels", formatter_class=DEFAULTS,
+                                  help="`kernels report`: compile-only codegen report of every Triton kernel")
+    kernels.add_argument("what", choices=["report"], help="what to do")
+    kernels.add_argument("rest", nargs=argparse.REMAINDER, help="its options (`v4serve kernels report --help`)")
     kernels.set_defaults(run=lambda a: _delegate("v4serve.codegen", a.rest))
 
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["serve"]:  # its options live with the server (imported only when serving)
-        return _delegate("v4serve.server.serve", argv[1:])
     args = parser.parse_args(argv)
     try:
         return args.run(args)

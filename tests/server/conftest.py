@@ -9,12 +9,13 @@ import sys
 
 import pytest
 
-from server_harness import HERE, SCRIPT, ServerProcess, launch, tiny_server_args
+from server_harness import HERE, SCRIPT, SERVER_MAX_SEQS_PER_REQUEST, ServerProcess, launch, tiny_server_args
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> ServerProcess:
-    s = launch(tiny_server_args(), tmp_path_factory.mktemp("server") / "server.log")
+    s = launch(tiny_server_args("--max-seqs-per-request", str(SERVER_MAX_SEQS_PER_REQUEST)),
+               tmp_path_factory.mktemp("server") / "server.log")
     yield s
     s.stop()
 

@@ -20,6 +20,7 @@ import pytest
 
 HERE = Path(__file__).parent
 STARTUP_TIMEOUT_S = 120
+SERVER_MAX_SEQS_PER_REQUEST = 1000  # the session server's --max-seqs-per-request (the starvation test)
 
 
 def free_port() -> int:

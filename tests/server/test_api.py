@@ -115,6 +115,23 @@ def test_logprobs(client, llm):
     assert content[0].logprob == pytest.approx(content[0].top_logprobs[0].logprob)  # greedy = the top token
 
 
+def test_decoded_tokens_are_text_as_the_server_shows(client, llm):
+    """`Logprob.decoded_token` reads as text (' nesta', not the vocabulary entry 'Ġnesta'), the
+    same strings as the server's `logprobs.tokens` and `top_logprobs` keys."""
+    expected = llm.generate([PROMPT], greedy(6, logprobs=3, prompt_logprobs=2))[0]
+    out = expected.outputs[0]
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert lp.tokens == [entry[t].decoded_token for t, entry in zip(out.token_ids, out.logprobs)]
+    for top, entry in zip(lp.top_logprobs, out.logprobs):
+        assert set(top) <= {e.decoded_token for e in entry.values()}
+    pieces = [e for entry in out.logprobs + expected.prompt_logprobs[1:] for e in entry.values()]
+    vocab_entries = {llm.tokenizer.id_to_token(t) for entry in out.logprobs for t in entry}
+    assert any("Ġ" in v for v in vocab_entries), "no byte-level entry among the tokens: the test proves nothing"
+    assert not any("Ġ" in e.decoded_token for e in pieces)
+    assert "".join(entry[t].decoded_token for t, entry in zip(out.token_ids, out.logprobs)) == out.text
+
+
 def _stream_concurrently(server, requests: list[dict]) -> list[tuple[str, list[str], openai.types.CompletionUsage]]:
     """Stream every completion request at once; (text, tokens or [] without logprobs, usage) of each."""
     aclient = AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)

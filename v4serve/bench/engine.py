@@ -191,21 +191,22 @@ def host_profile(engine: Engine, concurrency: int, steps: int = 20, top: int = 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="v4serve bench engine")
-    parser.add_argument("--model", default="deepseek-v4-flash")
-    parser.add_argument("--hf-overrides", type=json.loads, default={"num_hidden_layers": 8})
-    parser.add_argument("--prompt-len", type=int, default=2048)
-    parser.add_argument("--output-len", type=int, default=256)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
-    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser = argparse.ArgumentParser(prog="v4serve bench engine", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", default="deepseek-v4-flash", help="preset name or checkpoint folder")
+    parser.add_argument("--hf-overrides", type=json.loads, default={"num_hidden_layers": 8},
+                        help="JSON object of config.json overrides")
+    parser.add_argument("--prompt-len", type=int, default=2048, help="prompt tokens per request (TTFT)")
+    parser.add_argument("--output-len", type=int, default=256, help="tokens generated per request (TPOT)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64], help="concurrent requests, one run each")
+    parser.add_argument("--max-model-len", type=int, default=4096, help="the engine's context length")
     parser.add_argument("--max-num-seqs", type=int, default=None,
-                        help="the engine's sequence limit (default: the largest concurrency); it sets the KV pages "
+                        help="the engine's sequence limit (None: the largest concurrency); it sets the KV pages "
                              "and the default graph ladder (four or more graphs lengthen every graph's launch gaps: "
                              "docs/performance.md)")
     parser.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None, metavar="N",
-                        help="decode batch sizes captured as CUDA graphs (default: 1 2 4 ... max-num-seqs)")
+                        help="decode batch sizes captured as CUDA graphs (None: 1 2 4 ... max-num-seqs)")
     parser.add_argument("--num-kv-pages", type=int, default=None,
-                        help="KV pages (default: solved from free GPU memory for max_num_seqs full-length sequences)")
+                        help="KV pages (None: solved from free GPU memory for max_num_seqs full-length sequences)")
     parser.add_argument("--host-profile", action="store_true", help="only profile the host side of decode steps")
     parser.add_argument("--profile-only", action="store_true", help="only the GPU-busy profile of decode steps")
     args = parser.parse_args(argv)

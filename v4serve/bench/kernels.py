@@ -226,7 +226,8 @@ def print_table(rows, out=sys.stdout):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="v4serve bench kernels", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="v4serve bench kernels", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--only", default="", help="substring filter on shape names, e.g. 'decode'")
     parser.add_argument("--no-cold", action="store_true", help="skip the L2-cold figures")
     parser.add_argument("--json", default=None, help="also write the JSON line to this file")

@@ -133,17 +133,18 @@ def print_table(s: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="v4serve bench serve", description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--model", default=None, help="default: the first model of /v1/models")
-    parser.add_argument("--num-requests", type=int, default=64)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser = argparse.ArgumentParser(prog="v4serve bench serve", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the server to load")
+    parser.add_argument("--model", default=None, help="None: the first model of /v1/models")
+    parser.add_argument("--num-requests", type=int, default=64, help="requests in all")
+    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
     parser.add_argument("--request-rate", type=float, default=float("inf"), help="requests per second (inf: all)")
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per request")
+    parser.add_argument("--output-len", type=int, default=64, help="tokens generated per request")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts; request i samples with seed + i")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     parser.add_argument("--json", default=None, help="also write the JSON line to this file")
     args = parser.parse_args(argv)
     for name in ("num_requests", "concurrency", "prompt_len", "output_len"):

@@ -2,7 +2,8 @@
 
     python -m v4serve.codegen [--arch 80,90,100,120] [--json PATH] [--check] [-k REGEX]
 
-Prints one table row per (kernel, arch), then, with ``--check``, one line per broken
+Prints a progress line per (kernel, arch) on stderr as each compile ends, then one table row
+per (kernel, arch), then, with ``--check``, one line per broken
 expectation, then one JSON record as the last line of stdout. Exit status 1 when ``--check``
 finds a violation, a kernel fails to compile for an arch this Triton supports, or this Triton
 cannot compile for one of the default archs at all.
@@ -16,7 +17,8 @@ import os
 import re
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import Callable
 
 import triton
 
@@ -44,14 +46,41 @@ def run_one(spec: KernelSpec, arch: int) -> dict:
         return {**row, "status": "error", "error": toolchain.first_line(e)}
 
 
-def collect(specs: list[KernelSpec], archs: list[int], jobs: int) -> list[dict]:
-    """Run every (kernel, arch) pair, in parallel worker processes when ``jobs > 1``."""
+def collect(specs: list[KernelSpec], archs: list[int], jobs: int,
+            progress: Callable[[dict, int, int], None] | None = None) -> list[dict]:
+    """Run every (kernel, arch) pair, in parallel worker processes when ``jobs > 1``; rows come
+    back in (kernel, arch) order, and ``progress(row, done, total)`` hears of each as it ends."""
     pairs = [(s, a) for s in specs for a in archs if s.archs is None or a in s.archs]
+    report = progress or (lambda row, done, total: None)
     if jobs <= 1:
-        return [run_one(s, a) for s, a in pairs]
+        rows = []
+        for s, a in pairs:
+            rows.append(run_one(s, a))
+            report(rows[-1], len(rows), len(pairs))
+        return rows
     # NOTE: fork before this process compiles anything; each worker owns its MLIR contexts.
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        return list(pool.map(run_one, *zip(*pairs)))
+        futures = {pool.submit(_run_one, s, a): i for i, (s, a) in enumerate(pairs)}
+        rows: list[dict | None] = [None] * len(pairs)
+        for done, future in enumerate(as_completed(futures), start=1):
+            rows[futures[future]] = future.result()
+            report(rows[futures[future]], done, len(pairs))
+        return rows
+
+
+def _run_one(spec: KernelSpec, arch: int) -> dict:
+    return run_one(spec, arch)  # looked up in the worker: what the parent process had at fork
+
+
+def print_progress(start: float) -> Callable[[dict, int, int], None]:
+    """One line per finished (kernel, arch) on stderr, flushed (a full report takes minutes)."""
+    version = triton.__version__
+
+    def show(row: dict, done: int, total: int) -> None:
+        print(f"[{done}/{total} {time.perf_counter() - start:6.1f}s] {row['kernel']} sm_{row['arch']} "
+              f"triton {version}: {row['status']}", file=sys.stderr, flush=True)
+
+    return show
 
 
 def add_violations(rows: list[dict], specs: dict[str, KernelSpec]) -> None:
@@ -97,13 +126,15 @@ def format_table(rows: list[dict]) -> str:
 
 
 def _parse_args(argv):
-    p = argparse.ArgumentParser(prog="v4serve kernels report", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="v4serve kernels report", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--arch", default=",".join(map(str, DEFAULT_ARCHS)),
-                   help="comma-separated SM versions (default: %(default)s)")
+                   help="comma-separated SM versions")
     p.add_argument("--json", metavar="PATH", help="also write the JSON record to PATH")
     p.add_argument("--check", action="store_true", help="exit 1 if an expectation is broken")
     p.add_argument("-k", "--kernel", default="", help="only kernels whose name matches REGEX")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines (on stderr) while compiling")
     return p.parse_args(argv)
 
 
@@ -116,7 +147,7 @@ def main(argv=None, kernels: tuple[KernelSpec, ...] = KERNELS) -> int:
     start = time.perf_counter()
     archs = [int(a.strip().removeprefix("sm_")) for a in args.arch.split(",") if a.strip()]
     specs = {s.name: s for s in kernels if re.search(args.kernel, s.name)}
-    rows = collect(list(specs.values()), archs, args.jobs)
+    rows = collect(list(specs.values()), archs, args.jobs, None if args.quiet else print_progress(start))
     add_violations(rows, specs)
     version = triton.__version__
     print(f"triton {version}: " + ", ".join(f"sm_{a} {toolchain.ptxas_version(a)}" for a in archs))

@@ -11,6 +11,13 @@ from __future__ import annotations
 from v4serve.tokenizer import Tokenizer
 
 
+def token_text(tokenizer: Tokenizer, token_id: int) -> str:
+    """One token as text, as users read it: `'Ġnesta'` (the byte-level vocabulary entry) is
+    `' nesta'`; special tokens are kept; a token holding part of a multi-byte character reads as
+    U+FFFD. What `Logprob.decoded_token` holds and what the server shows for a token."""
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool):
         self.tokenizer = tokenizer

@@ -14,7 +14,7 @@ import torch
 
 from v4serve.cache import OutOfPages, SequenceChunk
 from v4serve.engine.args import EngineArgs, resolve_device, resolve_dtype
-from v4serve.engine.detokenizer import IncrementalDetokenizer
+from v4serve.engine.detokenizer import IncrementalDetokenizer, token_text
 from v4serve.engine.model_runner import ModelRunner
 from v4serve.engine.outputs import RequestOutput
 from v4serve.engine.request_output import request_output
@@ -105,8 +105,11 @@ class Engine:
             )
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None,
+        group: str | None = None,
     ) -> None:
+        """Queue a request. `group` (default: the request itself) is what the scheduler shares
+        admission between: the sequences of one API request (prompts x n) form one group."""
         self.validate_prompt(prompt_token_ids)
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -117,6 +120,7 @@ class Engine:
             params=params,
             arrival=next(self._arrivals),
             prompt=prompt,
+            group=group,
             generator=torch.Generator(device=self.device).manual_seed(seed),
             detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
         )
@@ -273,15 +277,18 @@ class Engine:
             if scored < len(request.prompt_token_ids) and scored == len(request.prompt_logprobs):
                 token = request.prompt_token_ids[scored]
                 request.prompt_logprobs.append(
-                    position_logprobs(logprobs[i], token, request.params.prompt_logprobs, self.tokenizer.id_to_token)
+                    position_logprobs(logprobs[i], token, request.params.prompt_logprobs, self._token_text)
                 )
+
+    def _token_text(self, token_id: int) -> str:
+        return token_text(self.tokenizer, token_id)
 
     def _append_token(self, request: Request, token: int, logprob: float, logits: torch.Tensor) -> None:
         request.output_token_ids.append(token)
         request.cumulative_logprob += logprob
         if request.params.logprobs is not None:
             request.output_logprobs.append(position_logprobs(
-                torch.log_softmax(logits, dim=-1), token, request.params.logprobs, self.tokenizer.id_to_token
+                torch.log_softmax(logits, dim=-1), token, request.params.logprobs, self._token_text
             ))
         update_after_token(request, token, self.config.eos_token_ids, self.max_model_len)
         if request.finish_reason is not None:

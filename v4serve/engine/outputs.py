@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 class Logprob:
     logprob: float
     rank: int  # 1 = most likely
-    decoded_token: str | None = None
+    decoded_token: str | None = None  # the token as text (' nesta', not the vocabulary entry 'Ġnesta')
 
 
 # Per position: token id -> Logprob, holding the top-N tokens and the token actually there.

@@ -25,6 +25,7 @@ class Request:
     params: SamplingParams
     arrival: int  # arrival order: first come, first served
     prompt: str | None = None
+    group: str | None = None  # the API request this sequence belongs to (None: its own group)
     generator: torch.Generator | None = None
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[PositionLogprobs] = field(default_factory=list)
@@ -38,6 +39,10 @@ class Request:
     text: str = ""
     detokenizer: IncrementalDetokenizer | None = None
     num_preemptions: int = 0
+
+    @property
+    def group_key(self) -> str:
+        return self.request_id if self.group is None else self.group
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -2,15 +2,24 @@
 
 Each step has a token budget. Running requests go first, in arrival order (a decoding request
 needs one token, a request still prefilling gets the next chunk of its prompt); then waiting
-requests are admitted in arrival order while a sequence slot, budget and KV pages remain.
+requests are admitted while a sequence slot, budget and KV pages remain.
 When pages run out, the most recently arrived running request is preempted: its slot and pages
 are freed at once and it waits again, to be recomputed from its prompt and the tokens it has
-generated so far (nothing is lost). A request is never admitted ahead of an earlier one.
+generated so far (nothing is lost).
+
+Admission is shared between groups (a group: the sequences of one API request, prompts x n;
+an ungrouped request is a group of its own). The next sequence admitted is the earliest
+waiting sequence of the group that has the fewest running sequences; ties go to the group
+whose earliest waiting sequence arrived first. So a request of 1,000 sequences takes the free
+slots while nothing else waits, but a request arriving after it gets the next free slot
+instead of waiting for all 1,000; within a group, and among single-sequence requests,
+admission is first-come-first-served. When the chosen sequence does not fit the free pages,
+admission stops for this step (nothing overtakes it, so it cannot starve either).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from v4serve.cache import OutOfPages, PagedKVCache
@@ -74,11 +83,11 @@ class Scheduler:
             plan.append(ScheduledChunk(request, request.num_computed, length))
             budget -= length
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.cache.num_free_slots:
-            request = self.waiting[0]
+            request = self._next_admission()
             length = min(request.num_tokens, budget)
             if self.cache.pages_needed(None, length) > self.cache.allocator.num_free:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(request)
             request.slot = self.cache.open_sequence()
             request.status = Status.RUNNING
             request.num_computed = 0
@@ -87,6 +96,26 @@ class Scheduler:
             plan.append(ScheduledChunk(request, 0, length))
             budget -= length
         return plan
+
+    def _next_admission(self) -> Request:
+        """The earliest waiting sequence of the group with the fewest running sequences (ties:
+        the group whose earliest waiting sequence arrived first). The waiting queue is in
+        arrival order, so a group's first occurrence there is its earliest waiting sequence."""
+        if len(self.waiting) == 1:
+            return self.waiting[0]
+        running = Counter(r.group_key for r in self.running)
+        best, best_count, seen = None, 0, set()
+        for request in self.waiting:
+            key = request.group_key
+            if key in seen:
+                continue
+            seen.add(key)
+            count = running[key]
+            if best is None or count < best_count:
+                best, best_count = request, count
+                if count == 0:
+                    break  # nothing beats an idle group that arrived first
+        return best
 
     def _reserve(self, request: Request, num_tokens: int) -> bool:
         """Pages for `num_tokens`; preempt later arrivals (or this request, if it is the latest) when short."""

@@ -5,13 +5,21 @@
 
 The app owns an `EngineLoop` over the engine it is given; the loop starts with the app and stops
 after uvicorn has drained the requests in flight (SIGTERM).
+
+The event loop only moves bytes: a body is read here, then parsed, validated and tokenized on
+a worker thread (`prepare_*`; the tokenizer releases the GIL), so a large or slow request never
+stalls `/health` or the streams of others. The raw body is not kept once it has been handed over,
+and an error raised there drops the worker's frames (which hold the body's strings); after a large
+body the freed heap goes back to the system (memory.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -19,22 +27,31 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request as HTTPRequest
 
 from v4serve.engine import Engine
-from v4serve.server.chat import create_chat_completion
-from v4serve.server.completions import create_completion
+from v4serve.server.chat import create_chat_completion, prepare_chat_completion
+from v4serve.server.completions import create_completion, prepare_completion
 from v4serve.server.context import ServingContext
 from v4serve.server.engine_loop import EngineLoop
 from v4serve.server.errors import APIError, server_error
 from v4serve.server.metrics import Metrics
-from v4serve.server.protocol import MAX_BODY_BYTES, parse_body
+from v4serve.server.limits import MAX_SEQS_PER_REQUEST
+from v4serve.server.memory import release_free_memory
+from v4serve.server.prompt_length import PromptLimit
+from v4serve.server.protocol import MAX_BODY_BYTES
 from v4serve.server.responses import now
 from v4serve.tokenizer import Tokenizer
 
 log = logging.getLogger("v4serve.server")
 
-Handler = Callable[[ServingContext, dict, HTTPRequest], Awaitable[Response]]
+NUM_WORKERS = 4  # threads that parse and tokenize request bodies
+LARGE_BODY_BYTES = 2**20  # after a body this large, free heap memory goes back to the system
+TRIM_DELAY_S = 0.2
+
+Prepare = Callable[[ServingContext, bytes], Any]
+Handler = Callable[[ServingContext, Any, HTTPRequest], Awaitable[Response]]
 
 
-def create_app(engine: Engine, model_name: str, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+def create_app(engine: Engine, model_name: str, max_body_bytes: int = MAX_BODY_BYTES,
+               max_seqs_per_request: int = MAX_SEQS_PER_REQUEST) -> FastAPI:
     metrics = Metrics(model_name)
     ctx = ServingContext(
         engine_loop=EngineLoop(engine, metrics),
@@ -44,6 +61,9 @@ def create_app(engine: Engine, model_name: str, max_body_bytes: int = MAX_BODY_B
         max_model_len=engine.max_model_len,
         vocab_size=engine.config.vocab_size,
         max_body_bytes=max_body_bytes,
+        max_seqs_per_request=max_seqs_per_request,
+        prompt_limit=PromptLimit.for_tokenizer(engine.tokenizer.file, engine.max_model_len),
+        workers=ThreadPoolExecutor(NUM_WORKERS, thread_name_prefix="v4serve-prepare"),
     )
 
     @asynccontextmanager
@@ -51,19 +71,20 @@ def create_app(engine: Engine, model_name: str, max_body_bytes: int = MAX_BODY_B
         ctx.engine_loop.start()
         yield
         ctx.engine_loop.stop()
+        ctx.workers.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="v4serve", lifespan=lifespan)
     _add_error_handlers(app)
 
-    def endpoint(handler: Handler):
+    def endpoint(prepare: Prepare, handler: Handler):
         async def run(http: HTTPRequest) -> Response:
-            body = parse_body(await _read_body(http, ctx.max_body_bytes))
-            return await handler(ctx, body, http)
+            prepared = await _off_loop(ctx, prepare, await _read_body(http, ctx.max_body_bytes))
+            return await handler(ctx, prepared, http)
 
         return run
 
-    app.post("/v1/completions")(endpoint(create_completion))
-    app.post("/v1/chat/completions")(endpoint(create_chat_completion))
+    app.post("/v1/completions")(endpoint(prepare_completion, create_completion))
+    app.post("/v1/chat/completions")(endpoint(prepare_chat_completion, create_chat_completion))
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -82,6 +103,30 @@ def create_app(engine: Engine, model_name: str, max_body_bytes: int = MAX_BODY_B
                                  media_type="text/plain; version=0.0.4")
 
     return app
+
+
+async def _off_loop(ctx: ServingContext, prepare: Prepare, raw: bytes) -> Any:
+    """`prepare(ctx, raw)` on a worker thread. Deep recursion anywhere in it is a client's
+    doing (a nested body): a 400, not a 500."""
+    large = len(raw) >= LARGE_BODY_BYTES
+    job = asyncio.get_running_loop().run_in_executor(ctx.workers, prepare, ctx, raw)
+    del raw  # the worker holds the only reference, and drops it when done
+    try:
+        return await job
+    except APIError as e:
+        raise e.with_traceback(None) from None
+    except RecursionError:
+        raise APIError("body: nested too deeply", param="body") from None
+    finally:
+        if large:  # once this request's objects are gone (its answer sent), not now
+            asyncio.get_running_loop().call_later(TRIM_DELAY_S, _trim, ctx.workers)
+
+
+def _trim(workers: ThreadPoolExecutor) -> None:
+    try:
+        workers.submit(release_free_memory)
+    except RuntimeError:  # the server is shutting down
+        pass
 
 
 async def _read_body(http: HTTPRequest, limit: int) -> bytes:

@@ -11,32 +11,48 @@ OpenAI clients keep the field in `choice.model_extra`.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
 from fastapi.responses import Response
 from starlette.requests import Request as HTTPRequest
 
 from v4serve.chat import StreamingParser, encode_messages, parse_completion
-from v4serve.engine import RequestOutput
+from v4serve.engine import RequestOutput, SamplingParams
 from v4serve.server import sse
 from v4serve.server.context import ServingContext
 from v4serve.server.errors import APIError
-from v4serve.server.protocol import ChatRequest, parse_chat_request
+from v4serve.server.prompt_length import rendered_content_chars
+from v4serve.server.protocol import ChatRequest, parse_body, parse_chat_request
 from v4serve.server.responses import IncrementalText, new_id, now, usage
 from v4serve.server.serving import Generation, check_prompt, respond, sampling_params
 
 log = logging.getLogger("v4serve.server")
 
 
-async def create_chat_completion(ctx: ServingContext, body: dict, http: HTTPRequest) -> Response:
-    req = parse_chat_request(body)
+@dataclass(frozen=True)
+class PreparedChat:
+    req: ChatRequest  # its messages dropped once encoded (no big strings kept)
+    ids: list[int]
+    params: SamplingParams
+
+
+def prepare_chat_completion(ctx: ServingContext, raw: bytes) -> PreparedChat:
+    """Parse, check, encode and tokenize a body (on a worker thread: the CPU-heavy part)."""
+    req = parse_chat_request(parse_body(raw))
     ctx.check_model(req.model)
-    prompt = _encode(req)
-    ids = ctx.tokenizer.encode(prompt)
+    ctx.check_fan_out(1, req.sampling.n, "n")
+    ctx.prompt_limit.check_chars(rendered_content_chars(req.messages), "messages")  # before encoding it
+    ids = ctx.tokenize(_encode(req), "messages")
     check_prompt(ids, ctx.vocab_size, ctx.max_model_len, "messages")
     params = sampling_params(req.sampling, len(ids), ctx.max_model_len, req.logprobs)
+    return PreparedChat(replace(req, messages=[]), ids, params)
+
+
+async def create_chat_completion(ctx: ServingContext, prepared: PreparedChat, http: HTTPRequest) -> Response:
+    req = prepared.req
     request_id = new_id("chatcmpl")
-    generation = Generation(ctx.engine_loop, request_id, [ids], [params], req.sampling.n)
+    generation = Generation(ctx.engine_loop, request_id, [prepared.ids], [prepared.params], req.sampling.n)
     stream = _stream(ctx, req, generation, request_id) if req.sampling.stream else None
     return await respond(generation, http, stream, lambda outputs: {
         "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name,

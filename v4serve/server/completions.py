@@ -2,31 +2,47 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import AsyncIterator
 
 from fastapi.responses import Response
 from starlette.requests import Request as HTTPRequest
 
-from v4serve.engine import RequestOutput
+from v4serve.engine import RequestOutput, SamplingParams
 from v4serve.server import sse
 from v4serve.server.context import ServingContext
 from v4serve.server.errors import APIError
-from v4serve.server.protocol import CompletionRequest, parse_completion_request
+from v4serve.server.protocol import CompletionRequest, parse_body, parse_completion_request
 from v4serve.server.responses import IncrementalText, new_id, now, usage
 from v4serve.server.serving import Generation, check_prompt, respond, sampling_params
 
 
-async def create_completion(ctx: ServingContext, body: dict, http: HTTPRequest) -> Response:
-    req = parse_completion_request(body)
+@dataclass(frozen=True)
+class PreparedCompletion:
+    req: CompletionRequest  # its prompts dropped once tokenized (no big strings kept)
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+
+
+def prepare_completion(ctx: ServingContext, raw: bytes) -> PreparedCompletion:
+    """Parse, check and tokenize a body (on a worker thread: this is the CPU-heavy part)."""
+    req = parse_completion_request(parse_body(raw))
     ctx.check_model(req.model)
+    ctx.check_fan_out(len(req.prompts), req.sampling.n, "prompt")
     prompts = []
     for i, prompt in enumerate(req.prompts):
-        ids = ctx.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        check_prompt(ids, ctx.vocab_size, ctx.max_model_len, "prompt" if len(req.prompts) == 1 else f"prompt[{i}]")
+        param = "prompt" if len(req.prompts) == 1 else f"prompt[{i}]"
+        ids = ctx.tokenize(prompt, param) if isinstance(prompt, str) else list(prompt)
+        check_prompt(ids, ctx.vocab_size, ctx.max_model_len, param)
         prompts.append(ids)
     params = [sampling_params(req.sampling, len(ids), ctx.max_model_len, req.logprobs) for ids in prompts]
+    return PreparedCompletion(replace(req, prompts=[]), prompts, params)
+
+
+async def create_completion(ctx: ServingContext, prepared: PreparedCompletion, http: HTTPRequest) -> Response:
+    req = prepared.req
     request_id = new_id("cmpl")
-    generation = Generation(ctx.engine_loop, request_id, prompts, params, req.sampling.n)
+    generation = Generation(ctx.engine_loop, request_id, prepared.prompts, prepared.params, req.sampling.n)
     stream = _stream(ctx, req, generation, request_id) if req.sampling.stream else None
     return await respond(generation, http, stream, lambda outputs: {
         "id": request_id, "object": "text_completion", "created": now(), "model": ctx.model_name,

@@ -68,12 +68,14 @@ class EngineLoop:
             self._cond.notify()
         self._thread.join()
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, sink: Sink) -> None:
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, sink: Sink,
+               group: str | None = None) -> None:
+        """Queue a request; `group` names the API request it belongs to (Scheduler fairness)."""
         submitted = time.monotonic()
 
         def add() -> None:
             try:
-                self._engine.add_request(request_id, prompt_token_ids, params)
+                self._engine.add_request(request_id, prompt_token_ids, params, group=group)
             except Exception as e:  # ValueError: bad request; anything else: a bug, this request only
                 sink(e)
                 return

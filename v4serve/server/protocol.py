@@ -3,6 +3,8 @@
 Every error is an `APIError` whose message starts with the field's name and whose `param` is
 that name, so a client sees exactly what to fix. Fields this server does not know are ignored
 (OpenAI clients send extras); fields it knows but cannot honour are refused, not ignored.
+Every string of the body (extras included) is valid Unicode and the nesting is bounded
+(json_body.py); `tools` are checked as JSON Schemas (tool_schemas.py).
 Checks that need the prompt (its length against the context) happen later, in `sampling`.
 """
 
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from v4serve.server.errors import APIError, bad_field
+from v4serve.server.json_body import parse_json_body, parse_json_text
+from v4serve.server.tool_schemas import check_tools
 
 MAX_BODY_BYTES = 8 * 2**20  # default request body limit
 MAX_LOGPROBS = 20  # top logprobs per position
@@ -25,18 +29,9 @@ REASONING_EFFORTS = {"low": "high", "medium": "high", "high": "high", "max": "ma
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """A JSON object from raw request bytes (strict UTF-8)."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise APIError(f"body: not valid UTF-8 (byte {e.start})", param="body") from None
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise APIError(f"body: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})", param="body") from None
-    if not isinstance(body, dict):
-        raise APIError("body: expected a JSON object", param="body")
-    return body
+    """A JSON object from raw request bytes: strict UTF-8, nesting and code points checked
+    (json_body.py)."""
+    return parse_json_body(raw)
 
 
 class Fields:
@@ -151,8 +146,9 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     if tool_choice not in ("auto", "none"):
         raise bad_field("tool_choice", f"only 'auto' and 'none' are supported, got {json.dumps(tool_choice)}")
     tools = f.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise bad_field("tools", f"expected a list of tools, got {_kind(tools)}")
+    if tools is not None:
+        check_tools(tools, "tools")
+    _check_messages_json(messages)
     response_format = f.obj("response_format")
     if response_format.get("type", "text") != "text":
         raise bad_field("response_format.type", "only 'text' is supported")
@@ -174,6 +170,31 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
         sampling=_sampling(f, default_max_tokens=None),
         logprobs=top_logprobs if want_logprobs else None,
     )
+
+
+def _check_messages_json(messages: list[Any]) -> None:
+    """What the chat encoder does not check: tools given on a message (their schemas and names)
+    and tool-call `arguments` strings (a JSON document of their own: nesting, code points)."""
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            continue  # the encoder names it
+        if m.get("tools") is not None:
+            check_tools(m["tools"], f"messages[{i}].tools")
+        calls = m.get("tool_calls")
+        for j, call in enumerate(calls if isinstance(calls, list) else []):
+            fn = call.get("function") if isinstance(call, dict) else None
+            arguments = fn.get("arguments") if isinstance(fn, dict) else None
+            if isinstance(arguments, str):
+                parse_json_text(arguments, f"messages[{i}].tool_calls[{j}].function.arguments")
+
+
+def check_fan_out(num_prompts: int, n: int, limit: int, param: str) -> None:
+    """At most `limit` sequences (prompts x n) per request: one request must not flood the queue."""
+    if num_prompts * n > limit:
+        shape = f"{num_prompts} prompts x n={n}" if num_prompts > 1 else f"n={n}"
+        raise APIError(
+            f"{param}: {shape} makes {num_prompts * n} sequences, more than this server's limit of {limit} "
+            f"sequences per request (--max-seqs-per-request)", param=param, code="too_many_sequences")
 
 
 def _thinking(f: Fields) -> bool:

@@ -6,6 +6,7 @@ import time
 import uuid
 
 from v4serve.engine import RequestOutput
+from v4serve.engine.detokenizer import token_text
 from v4serve.engine.outputs import PositionLogprobs
 from v4serve.tokenizer import Tokenizer
 
@@ -54,7 +55,7 @@ class LogprobFormatter:
         self._tokenizer = tokenizer
 
     def token(self, token_id: int) -> str:
-        return self._tokenizer.decode([token_id], skip_special_tokens=False)
+        return token_text(self._tokenizer, token_id)
 
     def completions(self, positions: list[PositionLogprobs], token_ids: list[int], top_n: int, offset: int) -> dict:
         """`{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`; offsets start at `offset`."""

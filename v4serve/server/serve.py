@@ -8,40 +8,43 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
+import importlib.util
+import sys
 from typing import Callable
 
 from v4serve.cache.budget import parse_size
 from v4serve.engine import Engine, EngineArgs
+from v4serve.engine_flags import add_engine_args, engine_kwargs
+from v4serve.server.limits import MAX_SEQS_PER_REQUEST
 from v4serve.server.protocol import MAX_BODY_BYTES
+
+# The event loop, the engine thread and the body workers share the GIL: a thread that wants it
+# waits up to this long for the holder to let go (CPython: 5 ms). Shorter keeps /health and the
+# streams responsive while a worker parses a large body.
+SWITCH_INTERVAL_S = 0.001
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="preset name (tiny, deepseek-v4-flash, ...) or checkpoint folder")
-    p.add_argument("--served-model-name", default=None, help="the name clients use (default: --model)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when present")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=EngineArgs.max_num_seqs)
-    p.add_argument("--max-num-batched-tokens", type=int, default=EngineArgs.max_num_batched_tokens)
-    p.add_argument("--kv-cache-memory", type=parse_size, default=None,
-                   help="bytes for the KV cache, e.g. 2GiB (default: free GPU memory on cuda, full length on cpu)")
-    p.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None, metavar="N",
-                   help="decode batch sizes captured as CUDA graphs (default: 1 2 4 ... max-num-seqs)")
-    p.add_argument("--hf-overrides", type=json.loads, default=None, help="JSON object of config.json overrides")
-    p.add_argument("--max-body-bytes", type=parse_size, default=MAX_BODY_BYTES)
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    """The server's own flags, then every engine flag (derived from EngineArgs, as `generate`'s)."""
+    p.add_argument("--served-model-name", default=None, help="the name clients use (None: --model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument("--max-body-bytes", type=parse_size, default=MAX_BODY_BYTES,
+                   help="largest request body accepted (413 beyond), e.g. 8MiB")
+    p.add_argument("--max-seqs-per-request", type=int, default=MAX_SEQS_PER_REQUEST,
+                   help="most sequences (prompts x n) one request may ask for (400 beyond)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's and v4serve's log level")
+    add_engine_args(p)
 
 
 def engine_args(args: argparse.Namespace) -> EngineArgs:
-    return EngineArgs(
-        model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_cache_memory=args.kv_cache_memory, hf_overrides=args.hf_overrides, progress=False,
-        cuda_graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
-    )
+    return EngineArgs(**engine_kwargs(args), progress=False)
+
+
+def missing_packages() -> list[str]:
+    """The server's packages that are not installed (both are in the default install)."""
+    return [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
 
 
 def serve(args: argparse.Namespace, make_engine: Callable[[EngineArgs], Engine] = Engine) -> int:
@@ -56,10 +59,12 @@ def serve(args: argparse.Namespace, make_engine: Callable[[EngineArgs], Engine] 
     print(f"v4serve: serving {name!r} on {engine.device} (max_model_len {engine.max_model_len}, "
           f"max_num_seqs {engine.scheduler.max_num_seqs})")
     print("\n".join(engine.banner()), flush=True)
-    app = create_app(engine, name, max_body_bytes=args.max_body_bytes)
+    app = create_app(engine, name, max_body_bytes=args.max_body_bytes,
+                     max_seqs_per_request=args.max_seqs_per_request)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             log_config=_log_config(args.log_level), timeout_graceful_shutdown=None,
                             access_log=args.log_level == "debug")
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     uvicorn.Server(config).run()
     return 0
 
@@ -76,9 +81,18 @@ def _log_config(level: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="v4serve serve", description="OpenAI-compatible HTTP server")
+    parser = argparse.ArgumentParser(prog="v4serve serve", description="OpenAI-compatible HTTP server",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_serve_args(parser)
-    return serve(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    missing = missing_packages()
+    if missing:
+        print(f"error: `v4serve serve` needs {' and '.join(missing)}, not installed here; install them with: "
+              f"pip install 'fastapi>=0.110' 'uvicorn>=0.29'", file=sys.stderr)
+        return 2
+    if args.max_seqs_per_request < 1:
+        parser.error(f"--max-seqs-per-request must be >= 1, got {args.max_seqs_per_request}")
+    return serve(args)
 
 
 if __name__ == "__main__":

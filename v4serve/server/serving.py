@@ -53,6 +53,7 @@ class Generation:
     def __init__(self, engine_loop: EngineLoop, request_id: str, prompts: list[list[int]],
                  params: list[SamplingParams], n: int):
         self._engine_loop = engine_loop
+        self.request_id = request_id
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[int, RequestOutput | Exception]] = asyncio.Queue()
         self.choices: list[tuple[str, list[int], SamplingParams]] = []
@@ -63,8 +64,10 @@ class Generation:
         self._open = set(range(len(self.choices)))
 
     def start(self) -> None:
+        """Submit every choice, as one scheduling group: the scheduler interleaves admission
+        across groups, so a request with many choices cannot starve the others."""
         for index, (engine_id, prompt, params) in enumerate(self.choices):
-            self._engine_loop.submit(engine_id, prompt, params, self._sink(index))
+            self._engine_loop.submit(engine_id, prompt, params, self._sink(index), group=self.request_id)
 
     def _sink(self, index: int):
         def deliver(item: RequestOutput | Exception) -> None:  # runs on the engine thread
