@@ -122,6 +122,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = (1,)
     tie_word_embeddings: bool = False
     model_type: str = "deepseek_v4"
+    num_nextn_predict_layers: int = 0  # MTP layers in the checkpoint (`mtp.N.*`; the draft of speculative decoding)
     v41: "V41Config | None" = None  # DeepSeek-V4.1 only (layer roles, candidates, Engram)
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -284,6 +285,7 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             model_type="deepseek_v4" if v41 is None else "deepseek_v41",
+            num_nextn_predict_layers=_number(raw.get("num_nextn_predict_layers", 0) or 0, "num_nextn_predict_layers", int),
             v41=v41,
             extra={k: v for k, v in raw.items() if k not in known},
         )
@@ -342,6 +344,7 @@ class ModelConfig:
                 "compress": compress,
             },
             "max_position_embeddings": self.max_position_embeddings,
+            "num_nextn_predict_layers": self.num_nextn_predict_layers,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else list(self.eos_token_ids),
             "tie_word_embeddings": self.tie_word_embeddings,

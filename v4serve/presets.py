@@ -65,6 +65,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "routed_scaling_factor": 1.5,
         "rope_scaling": {**_YARN, "original_max_position_embeddings": 64},
         "max_position_embeddings": 4096,
+        "num_nextn_predict_layers": 1,  # one MTP layer (random weights), for speculative decoding
     },
     "deepseek-v4-flash": {
         **_COMMON_V4,

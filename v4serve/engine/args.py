@@ -30,6 +30,9 @@ class EngineArgs:
     cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes captured (default 1, 2, 4, ..., max_num_seqs)
     overlap_decode: bool = True  # launch decode step N+1 before reading step N's tokens
     seed: int = 0
+    # Speculative decoding, as vLLM spells it: {"method": "mtp", "num_speculative_tokens": k}
+    # (the checkpoint's MTP layer drafts k tokens, the model verifies them in one step; runs eagerly).
+    speculative_config: dict[str, Any] | None = None
     progress: bool = True
 
 

@@ -58,6 +58,13 @@ class Engine:
         self._in_flight: StepInFlight | None = None  # a launched decode step whose tokens are not yet read
         self.overlap_decode = args.overlap_decode
         self.decode_continuations = 0  # decode steps launched before their predecessor's tokens were read
+        # Speculative decoding (engine/speculative.py): its own step, eager, no decode overlap.
+        self.spec = None
+        if self.runner.speculative is not None:
+            from v4serve.engine.speculative import SpeculativeStepper
+
+            self.spec = SpeculativeStepper(self, self.runner.speculative)
+            self.overlap_decode = False
 
     # The runner's parts, by the names the server, the benchmarks and the tests use.
     @property
@@ -150,6 +157,8 @@ class Engine:
         step queued. A request that finishes (or is aborted) meanwhile has its extra row
         discarded; the GPU's stream order keeps that row's cache writes ahead of any later reuse
         of its slot and pages."""
+        if self.spec is not None:
+            return self.spec.step()
         previous, self._in_flight = self._in_flight, None
         if previous is not None and self._can_continue(previous):
             self._in_flight = self._launch_continuation(previous)

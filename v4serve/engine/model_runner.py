@@ -46,7 +46,11 @@ class ModelRunner:
         self.cache_format, self.cache_format_note = resolve_cache_format(config, args.kv_cache_dtype, device.type)
         if self.cache_format_note:
             logger.warning(self.cache_format_note)
-        self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress)
+        from v4serve.engine.speculative import SpeculativeConfig
+
+        self.speculative = SpeculativeConfig.from_dict(args.speculative_config)
+        self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress,
+                                         mtp=self.speculative is not None and self.speculative.method == "mtp")
         self.model.fuse_projections()
         self.model.bind_kernels(args.kernels)
         self.config = config
@@ -70,7 +74,7 @@ class ModelRunner:
             geometry,
             num_pages=self.kv_budget.num_pages,
             max_seqs=args.max_num_seqs,
-            max_step_tokens=args.max_num_batched_tokens,
+            max_step_tokens=self.max_step_tokens(args),
             max_pages_per_seq=pages_per_seq,
             dtype=dtype,
             device=device,
@@ -86,6 +90,16 @@ class ModelRunner:
         """The start-up lines: what fits (vLLM's words), then every tier's bytes."""
         note = f" ({self.cache_format_note})" if self.cache_format_note else ""
         return [f"KV cache dtype: {self.cache_format.name}{note}", *self.kv_budget.describe(self.max_model_len)]
+
+    def max_step_tokens(self, args: EngineArgs) -> int:
+        """Tokens one step may hold: the batch budget, plus k drafts per sequence when speculating."""
+        extra = self.speculative.num_speculative_tokens * args.max_num_seqs if self.speculative else 0
+        return args.max_num_batched_tokens + extra
+
+    def prefill_with_streams(self, chunks: list[SequenceChunk], token_ids: list[int], logits_rows: list[int]
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`prefill`, plus the final residual streams of every token [T, hc, D] (the MTP layer's input)."""
+        return self.model.forward_with_streams(self.cache.build_batch(chunks, token_ids, logits_rows), self.cache)
 
     def prefill(self, chunks: list[SequenceChunk], token_ids: list[int], logits_rows: list[int]) -> torch.Tensor:
         """Logits [len(logits_rows), vocab] of a step of chunks (prefill or mixed)."""

@@ -73,12 +73,21 @@ class DeepseekV4ForCausalLM(nn.Module):
     """The modules follow `plan` (default: `layer_plans(config)`); only its structure matters here
     (ratios, compressor kinds, indexer modes): row formats come with the cache's views."""
 
-    def __init__(self, config: ModelConfig, plan: ModelPlan | None = None):
+    def __init__(self, config: ModelConfig, plan: ModelPlan | None = None, mtp: bool = False):
+        """`mtp`: build the checkpoint's MTP layers too (`mtp.N.*`, `model/mtp.py`; the draft of
+        speculative decoding), `config.num_nextn_predict_layers` of them."""
         super().__init__()
         self.config = config
         self.plan = plan if plan is not None else layer_plans(config)
         self.model = DeepseekV4Model(config, self.plan)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if mtp:
+            from v4serve.model.mtp import MTPLayer, mtp_layer_plan
+
+            if config.num_nextn_predict_layers < 1:
+                raise ValueError("the model has no MTP layer (config field `num_nextn_predict_layers` is 0)")
+            self.mtp = nn.ModuleList(MTPLayer(config, mtp_layer_plan(self.plan, i))
+                                     for i in range(config.num_nextn_predict_layers))
         self._rope: RopeTables | None = None  # fp32 frequency tables, built on the weights' device
 
     def bind_kernels(self, impl: str) -> "DeepseekV4ForCausalLM":
@@ -88,7 +97,7 @@ class DeepseekV4ForCausalLM(nn.Module):
     def fuse_projections(self) -> None:
         """Once the weights are in place: every layer runs the projections that share an input as
         one GEMM (`model/fusion.py`)."""
-        for layer in self.model.layers:
+        for layer in [*self.model.layers, *getattr(self, "mtp", ())]:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
 
@@ -101,12 +110,29 @@ class DeepseekV4ForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
         """Run one step; return fp32 logits [len(batch.logits_indices), vocab]."""
+        return self.forward_with_streams(batch, cache)[0]
+
+    @torch.inference_mode()
+    def forward_with_streams(self, batch: ForwardBatch, cache: PagedKVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run one step; return fp32 logits [len(batch.logits_indices), vocab] and the final residual
+        streams of every token [T, hc_mult, D] (what the MTP layer reads)."""
         x = self.model.embed_tokens(batch.token_ids)
         streams = x.unsqueeze(1).expand(-1, self.model.hc_mult, -1).contiguous()
         step = plan_step(batch, self.rope())
         for i, layer in enumerate(self.model.layers):
             streams = layer(streams, batch, cache.view(i), step)
-        if not batch.is_decode:  # a decode step wants every token's logits
-            streams = streams[batch.logits_indices]
-        h = self.model.norm(self.model.hc_head(streams, batch.tickets))
-        return self.lm_head(h).float()
+        picked = streams if batch.is_decode else streams[batch.logits_indices]  # decode: every token's logits
+        h = self.model.norm(self.model.hc_head(picked, batch.tickets))
+        return self.lm_head(h).float(), streams
+
+    @torch.inference_mode()
+    def forward_mtp(self, main_streams: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, index: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """MTP layer `index` over `batch` (addressed in the MTP layer's own one-layer cache `cache`):
+        `batch.token_ids` [T] are the tokens that follow the positions of `main_streams` [T, hc, D].
+        Returns fp32 logits at `batch.logits_indices` and the layer's output streams [T, hc, D]."""
+        layer = self.mtp[index]
+        step = plan_step(batch, self.rope())
+        streams = layer(self.model.embed_tokens(batch.token_ids), main_streams, batch, cache.view(0), step)
+        picked = streams if batch.is_decode else streams[batch.logits_indices]
+        return self.lm_head(layer.head_input(picked, batch)).float(), streams

@@ -35,17 +35,20 @@ def resolve_config(model: str, overrides: dict[str, Any] | None = None) -> Model
 
 def build_model(
     model: str, device: torch.device | str, dtype: torch.dtype, overrides: dict[str, Any] | None = None,
-    progress: bool = True,
+    progress: bool = True, mtp: bool = False,
 ) -> tuple[DeepseekV4ForCausalLM, ModelConfig]:
-    """The model with weights: random (fixed seed) for presets, loaded for checkpoints."""
+    """The model with weights: random (fixed seed) for presets, loaded for checkpoints. `mtp`: with
+    the checkpoint's MTP layers (speculative decoding's draft)."""
     config = resolve_config(model, overrides)
+    if config.v41 is not None and mtp:
+        raise ValueError("speculative decoding with MTP: DeepSeek-V4.1's DSpark draft stages are not supported")
     if config.v41 is not None:  # DeepSeek-V4.1: official-format checkpoints (model/v41_weights.py)
         if is_preset(model):
             raise ValueError(f"preset {model!r}: DeepSeek-V4.1 presets are not available yet")
         from v4serve.model.v41_weights import build_v41_model
         return build_v41_model(model, config, device, dtype), config
     with torch.device("meta"):
-        net = DeepseekV4ForCausalLM(config)
+        net = DeepseekV4ForCausalLM(config, mtp=mtp)
     for name, p in net.named_parameters():  # still on "meta": costs no memory
         if p.is_floating_point() and not any(frag in name for frag in FP32_PARAMETERS):
             p.data = p.data.to(dtype)
@@ -64,7 +67,9 @@ def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: i
     random hash-routing tables. Generated on the model's device, parameter by parameter."""
     device = net.lm_head.weight.device
     gen = torch.Generator(device=device).manual_seed(seed)
-    for name, t in list(net.named_parameters()) + list(net.named_buffers()):
+    tensors = list(net.named_parameters()) + list(net.named_buffers())
+    # The MTP layer's tensors last: the main model's weights do not depend on whether it is built.
+    for name, t in [*(n for n in tensors if not n[0].startswith("mtp.")), *(n for n in tensors if n[0].startswith("mtp."))]:
         if name.endswith("tid2eid"):
             t.copy_(torch.randint(0, config.n_routed_experts, t.shape, generator=gen, device=device))
         elif name.endswith(("norm.weight", ".scale", "hc_scale")):

@@ -110,7 +110,9 @@ class SharedExpert(UsesKernels, nn.Module):
 class MoE(UsesKernels, nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
-        self.gate = Router(config, hashed=config.mlp_layer_types[layer] == "hash_moe")
+        # Layers past the main stack (the MTP layer) route by score.
+        hashed = layer < len(config.mlp_layer_types) and config.mlp_layer_types[layer] == "hash_moe"
+        self.gate = Router(config, hashed=hashed)
         self.experts = RoutedExperts(config)
         self.shared_experts = SharedExpert(config)
         self.register_buffer("input_proj", None, persistent=False)  # [router; shared gate; shared up] once fused

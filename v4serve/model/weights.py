@@ -65,9 +65,17 @@ OFFICIAL_TOP_NAMES = {
     "hc_head_base": "model.hc_head.hc_base",
     "hc_head_scale": "model.hc_head.hc_scale",
 }
+# The MTP layer's own tensors under `mtp.N.` (its block's tensors use the layer names above).
+OFFICIAL_MTP_NAMES = {
+    "e_proj.weight": "e_proj.weight", "h_proj.weight": "h_proj.weight", "enorm.weight": "enorm.weight",
+    "hnorm.weight": "hnorm.weight", "norm.weight": "norm.weight", "hc_head_fn": "hc_head.hc_fn",
+    "hc_head_base": "hc_head.hc_base", "hc_head_scale": "hc_head.hc_scale",
+}
+_OFFICIAL_MTP = re.compile(r"^mtp\.(\d+)\.(.+)$")
+_MTP_SHARED = re.compile(r"^(model\.)?mtp\.\d+\.(embed|head|embed_tokens|lm_head)\.weight$")  # the main model's
 _OFFICIAL_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _OFFICIAL_EXPERT = re.compile(r"^layers\.(\d+)\.ffn\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
-# Tensors of the checkpoint we do not run (multi-token prediction) are skipped.
+# The MTP layers' tensors are skipped unless the model was built with them (speculative decoding).
 _IGNORED = re.compile(r"^(model\.)?mtp\.")
 _UNSUPPORTED_DTYPES = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "I8", "U8", "F4"}
 # A whole dotted component of digits in a tensor name: a layer or an expert index.
@@ -87,9 +95,10 @@ class Target:
     rows: slice | None = None
 
 
-def official_expert_target(layer: int, expert: int, which: str, intermediate: int) -> Target:
+def official_expert_target(layer: int, expert: int, which: str, intermediate: int,
+                           block: str = "model.layers.{}") -> Target:
     """w1 (gate) and w3 (up) are the two halves of the fused `gate_up_proj`; w2 is `down_proj`."""
-    prefix = f"model.layers.{layer}.mlp.experts."
+    prefix = block.format(layer) + ".mlp.experts."
     if which == "w2":
         return Target(prefix + "down_proj", expert)
     half = slice(0, intermediate) if which == "w1" else slice(intermediate, 2 * intermediate)
@@ -100,6 +109,13 @@ def official_target(name: str, config: ModelConfig) -> Target | None:
     """Map an official checkpoint name onto our parameter; None if it is not an official name.
     transformers' `save_pretrained` writes official per-layer names under a `model.` prefix."""
     name = name.removeprefix("model.")
+    m = _OFFICIAL_MTP.match(name)
+    if m:  # an MTP layer: its own tensors, or a decoder block's under official or our names
+        rest = m[2]
+        expert = _OFFICIAL_EXPERT.match("layers.0." + rest)
+        if expert:
+            return official_expert_target(int(m[1]), int(expert[2]), expert[3], config.moe_intermediate_size, "mtp.{}")
+        return Target(f"mtp.{m[1]}." + OFFICIAL_MTP_NAMES.get(rest, OFFICIAL_LAYER_NAMES.get(rest, rest)))
     if name in OFFICIAL_TOP_NAMES:
         return Target(OFFICIAL_TOP_NAMES[name])
     m = _OFFICIAL_EXPERT.match(name)
@@ -129,6 +145,7 @@ def load_weights(model: torch.nn.Module, path: str | Path, config: ModelConfig, 
     """Copy a checkpoint into `model` (parameters and buffers, cast to their dtype)."""
     path = Path(path)
     params = dict(model.named_parameters()) | dict(model.named_buffers())
+    with_mtp = any(name.startswith("mtp.") for name in params)  # else the checkpoint's MTP tensors are skipped
     loaded: dict[str, set] = {name: set() for name in params}
     unexpected, bad_shape, unsupported = [], [], []
     files = checkpoint_files(path)
@@ -138,7 +155,7 @@ def load_weights(model: torch.nn.Module, path: str | Path, config: ModelConfig, 
         for f in handles:
             for key in f.keys():
                 bar.update(1)
-                if _IGNORED.match(key):
+                if _IGNORED.match(key) and (not with_mtp or _MTP_SHARED.match(key)):
                     continue
                 target = Target(key) if key in params else official_target(key, config)
                 if target is None or target.name not in params:

@@ -1,0 +1,81 @@
+"""Accepting draft tokens: greedy prefix matching and the rejection-sampling rule.
+
+A verify step scores one sequence's last token and its k drafts d_1..d_k in one target forward:
+row i of its logits is the target's next-token distribution p_i after d_1..d_i (row 0: after the
+last committed token). What is emitted:
+
+* greedy: the longest prefix of drafts with d_{i+1} == argmax p_i, then argmax p_a at the first
+  mismatch a (or the bonus argmax p_k when all k match): a + 1 tokens, exactly the tokens greedy
+  decoding without drafts would produce.
+* sampled (Leviathan et al. / Chen et al. 2023): draft d_{i+1} was drawn from the draft's q_i;
+  accept it with probability min(1, p_i(d) / q_i(d)); at the first rejection emit a token drawn from
+  norm(max(0, p_i - q_i)) and stop; when all k are accepted emit a bonus token drawn from p_k. Every
+  emitted token is then distributed exactly as the target's p (both p and q are the distributions
+  after temperature / top-k / top-p, `sampler.processed_probs`). A draft given as a single token
+  (no q: a deterministic draft) is q = one-hot(d).
+
+Draws use the request's own generator, in a fixed order (one uniform per draft, then one
+categorical draw), so seeded requests reproduce.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def accept_greedy(target_logits: torch.Tensor, drafts: list[int]) -> list[int]:
+    """Tokens emitted for fp32 target logits [k+1, V] and k drafts (greedy)."""
+    best = torch.argmax(target_logits, dim=-1).tolist()
+    out = []
+    for i, d in enumerate(drafts):
+        if d != best[i]:
+            break
+        out.append(d)
+    out.append(best[len(out)])
+    return out
+
+
+def accept_sampled(target_probs: torch.Tensor, drafts: list[int], draft_probs: torch.Tensor | None,
+                   generator: torch.Generator | None) -> list[int]:
+    """Tokens emitted for the target's processed probabilities [k+1, V], k drafts and the draft's
+    probabilities [k, V] they were drawn from (None: deterministic drafts, q = one-hot)."""
+    device = target_probs.device
+    out = []
+    for i, d in enumerate(drafts):
+        p = target_probs[i]
+        if draft_probs is None:
+            q = torch.zeros_like(p)
+            q[d] = 1.0
+        else:
+            q = draft_probs[i]
+        u = torch.rand((), generator=generator, device=device)
+        ratio = p[d] / q[d] if q[d] > 0 else torch.tensor(float("inf"), device=device)
+        if u < torch.clamp(ratio, max=1.0):
+            out.append(d)
+            continue
+        residual = torch.clamp(p - q, min=0.0)
+        total = residual.sum()
+        # p == q on their support leaves no residual mass; then p itself is the correct law.
+        dist = residual / total if total > 0 else p
+        out.append(int(torch.multinomial(dist, 1, generator=generator)[0]))
+        return out
+    out.append(int(torch.multinomial(target_probs[len(drafts)], 1, generator=generator)[0]))
+    return out
+
+
+def processed_probs(logits: torch.Tensor, params) -> torch.Tensor:
+    """fp32 probabilities [N, V] that a sampled request draws from: softmax of logits / temperature
+    with top-k and top-p applied (the same rule as `sampler.sample`; kept here so that the sampler
+    can be rewritten without touching speculative decoding: `test_spec_decode_sampling.py` checks
+    the two agree)."""
+    scaled = logits.float() / params.temperature
+    vocab = scaled.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop = (probs.cumsum(-1) - probs) >= params.top_p
+        scaled = scaled.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    return torch.softmax(scaled, dim=-1)

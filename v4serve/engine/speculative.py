@@ -1,0 +1,286 @@
+"""Speculative decoding: a draft proposes k tokens per sequence, one target step verifies them.
+
+`SpeculativeConfig` is vLLM's `speculative_config` ({"method": "mtp", "num_speculative_tokens": k}).
+`SpeculativeStepper.step()` replaces the engine's step when it is set:
+
+1. Schedule as usual. A decode chunk (one token at position p, the sequence's last) is extended by
+   the sequence's drafts d_1..d_k (fewer near max_model_len / max_tokens, none when pages run
+   short): tokens [t_p, d_1..d_k] at positions p..p+k. Prefill chunks stay as they are. All chunks
+   go through one prefill-style target forward (rows of several tokens per sequence; eager, no
+   CUDA graph), logits at every row of a verify chunk.
+2. Accept (`spec_decode.py`): greedy prefix matching or rejection sampling; a + 1 tokens emitted.
+3. Roll back (`cache/rollback.py`): a sequence that rejected drafts gets its snapshot restored
+   (taken before the forward) and its accepted tokens p..p+a replayed, all such sequences in one
+   more forward: the cache then holds exactly what a step of only those tokens writes. A
+   sequence that accepted every draft keeps what the verify step wrote.
+4. Emit the tokens one at a time through the engine's bookkeeping (stop strings, EOS, max_tokens
+   end the sequence mid-list; the rest are dropped).
+5. Draft (`Drafter.propose`): the draft sees each chunk's committed positions with the target's
+   final streams there, and proposes the next k tokens of every sequence that is decoding.
+
+Exactness of the output does not depend on the draft: a wrong draft only costs a rejection.
+Metrics follow vLLM's spec-decode counters (`SpecDecodeMetrics`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from v4serve.cache import CacheGeometry, OutOfPages, PagedKVCache, SequenceChunk
+from v4serve.cache.rollback import SlotSnapshot
+from v4serve.engine.outputs import RequestOutput
+from v4serve.engine.request import Request, Status
+from v4serve.engine.request_output import request_output
+from v4serve.engine.sampler import sample_batch
+from v4serve.engine.scheduler import ScheduledChunk
+from v4serve.engine.spec_decode import accept_greedy, accept_sampled, processed_probs
+
+METHODS = ("mtp",)
+MAX_SPECULATIVE_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> "SpeculativeConfig | None":
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise ValueError(f"speculative_config must be a dict such as {{\"method\": \"mtp\", "
+                             f"\"num_speculative_tokens\": 3}}, got {raw!r}")
+        unknown = sorted(set(raw) - {"method", "num_speculative_tokens"})
+        if unknown:
+            raise ValueError(f"speculative_config: unknown field(s) {unknown} (known: method, num_speculative_tokens)")
+        method = raw.get("method", "mtp")
+        if method not in METHODS:
+            raise ValueError(f"speculative_config.method must be one of {list(METHODS)}, got {method!r}")
+        k = raw.get("num_speculative_tokens")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"speculative_config.num_speculative_tokens must be an integer in "
+                             f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
+        return cls(method, k)
+
+
+@dataclass
+class SpecDecodeMetrics:
+    """vLLM's counters: drafts (verify steps of a sequence with >= 1 draft), draft tokens, accepted
+    tokens, and accepted tokens by draft position. Mean acceptance length = 1 + accepted / drafts."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+        while len(self.accepted_per_position) < drafted:
+            self.accepted_per_position.append(0)
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+@dataclass
+class DraftItem:
+    """One chunk's committed positions [start, start + n) for the draft: the target's final
+    streams there [n, hc, D] (None for a draft that does not read them), the tokens that follow
+    each position (`next_tokens`, n of them) and whether the sequence wants drafts now."""
+
+    request: Request
+    start: int
+    next_tokens: list[int]
+    streams: torch.Tensor | None
+    wants_drafts: bool
+
+
+class Drafter(Protocol):
+    def propose(self, items: list[DraftItem], k: int) -> list[tuple[list[int], torch.Tensor | None]]:
+        """For each item: its drafts (<= k tokens; any for items not wanting drafts) and the draft
+        probabilities [len, V] they were drawn from (None: deterministic drafts)."""
+
+
+class MTPDrafter:
+    """The model's MTP layer as the draft, with its own window-only cache (one layer; slots are
+    the target cache's). Each step it runs over every committed position (prompt chunks too, so
+    its window holds the whole recent history), then drafts recursively: draft j + 1 reads the
+    layer's own output streams of draft j in place of the target's."""
+
+    def __init__(self, model, target: PagedKVCache):
+        from v4serve.model.mtp import mtp_model_plan
+
+        self.model = model
+        geometry = CacheGeometry.from_plan(mtp_model_plan(target.plan), target.page_size)
+        self.cache = PagedKVCache(geometry, num_pages=1, max_seqs=target.max_seqs,
+                                  max_step_tokens=target.max_step_tokens, max_pages_per_seq=1,
+                                  dtype=target.dtype, device=target.device)
+
+    def _run(self, chunks: list[SequenceChunk], tokens: list[int], streams: torch.Tensor, rows: list[int]):
+        batch = self.cache.build_batch(chunks, tokens, rows)
+        return self.model.forward_mtp(streams, batch, self.cache)
+
+    def propose(self, items: list[DraftItem], k: int) -> list[tuple[list[int], torch.Tensor | None]]:
+        chunks, tokens, rows, wanting = [], [], [], []
+        for i, item in enumerate(items):
+            offset = len(tokens)
+            chunks.append(SequenceChunk(item.request.slot, item.start, len(item.next_tokens), offset))
+            tokens.extend(item.next_tokens)
+            if item.wants_drafts:
+                rows.append(len(tokens) - 1)
+                wanting.append(i)
+        out: list[tuple[list[int], torch.Tensor | None]] = [([], None) for _ in items]
+        if not chunks:
+            return out
+        logits, streams = self._run(chunks, tokens, torch.cat([it.streams for it in items]), rows or [0])
+        if not wanting:
+            return out
+        drafts = [[] for _ in wanting]
+        probs = [[] for _ in wanting]
+        last = streams[torch.tensor(rows, device=streams.device)]
+        for j in range(k):
+            picked = self._pick(logits, [items[i].request for i in wanting], drafts, probs)
+            if j == k - 1:
+                break
+            step_chunks = [SequenceChunk(items[i].request.slot, items[i].start + len(items[i].next_tokens) + j, 1, b)
+                           for b, i in enumerate(wanting)]
+            logits, last = self._run(step_chunks, picked, last, list(range(len(wanting))))
+        for b, i in enumerate(wanting):
+            sampled = not items[i].request.params.greedy
+            out[i] = (drafts[b], torch.stack(probs[b]) if sampled else None)
+        return out
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, requests: list[Request], drafts: list[list[int]], probs: list[list]) -> list[int]:
+        picked = torch.argmax(logits, dim=-1).tolist()
+        for b, request in enumerate(requests):
+            if not request.params.greedy:
+                q = processed_probs(logits[b:b + 1], request.params)[0]
+                picked[b] = int(torch.multinomial(q, 1, generator=request.generator)[0])
+                probs[b].append(q)
+            drafts[b].append(picked[b])
+        return picked
+
+
+class SpeculativeStepper:
+    def __init__(self, engine, config: SpeculativeConfig, drafter: Drafter | None = None):
+        if engine.config.v41 is not None:
+            raise ValueError("speculative decoding: DeepSeek-V4.1's DSpark draft is not supported")
+        self.engine = engine
+        self.k = config.num_speculative_tokens
+        self.drafter: Drafter = drafter if drafter is not None else MTPDrafter(engine.runner.model, engine.cache)
+        self.metrics = SpecDecodeMetrics()
+        self._drafts: dict[str, tuple[list[int], torch.Tensor | None]] = {}
+
+    def _is_decode(self, chunk: ScheduledChunk) -> bool:
+        r = chunk.request
+        return chunk.length == 1 and chunk.end == r.num_tokens and r.num_tokens > len(r.prompt_token_ids)
+
+    def _drafts_for(self, chunk: ScheduledChunk) -> tuple[list[int], torch.Tensor | None]:
+        r = chunk.request
+        drafts, probs = self._drafts.pop(r.request_id, ([], None))
+        room = min(self.engine.max_model_len - 1 - chunk.start,  # positions fed stay < max_model_len
+                   r.params.max_tokens - len(r.output_token_ids) - 1 if r.params.max_tokens is not None else self.k)
+        drafts = drafts[:max(0, min(room, self.k))]
+        if drafts:
+            try:
+                self.engine.cache.reserve(r.slot, chunk.end + len(drafts))
+            except OutOfPages:
+                drafts = []
+        return drafts, None if probs is None or not drafts else probs[:len(drafts)]
+
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        engine = self.engine
+        plan = engine.scheduler.schedule()
+        if not plan:
+            return []
+        chunks, tokens, logits_rows, wanted, verify = [], [], [], [], []
+        for chunk in plan:
+            r = chunk.request
+            offset = len(tokens)
+            if self._is_decode(chunk):
+                drafts, probs = self._drafts_for(chunk)
+                n = 1 + len(drafts)
+                snapshot = SlotSnapshot(engine.cache, r.slot, chunk.start, n) if drafts else None
+                verify.append((drafts, probs, snapshot))
+                tokens.extend([r.token_at(chunk.start), *drafts])
+                positions = list(range(n))
+            else:
+                verify.append(None)
+                n = chunk.length
+                tokens.extend(r.all_token_ids[chunk.start:chunk.end])
+                positions = engine._logit_positions(chunk)
+            chunks.append(SequenceChunk(r.slot, chunk.start, n, offset))
+            logits_rows.extend(offset + i for i in positions)
+            wanted.append(positions)
+        logits, streams = engine.runner.prefill_with_streams(chunks, tokens, logits_rows)
+        bounds = torch.tensor([0] + [len(w) for w in wanted]).cumsum(0).tolist()
+
+        emitted: list[list[int]] = []
+        replay: list[tuple[int, list[int]]] = []
+        for i, (chunk, spec) in enumerate(zip(plan, verify)):
+            rows = logits[bounds[i]:bounds[i + 1]]
+            r = chunk.request
+            if spec is None:
+                engine._record_prompt_logprobs(chunk, wanted[i], rows)
+                ends = chunk.end == r.num_tokens
+                emitted.append([int(sample_batch(rows[-1:], [r.params], [r.generator])[0])] if ends else [])
+                continue
+            drafts, probs, snapshot = spec
+            if r.params.greedy:
+                out = accept_greedy(rows, drafts)
+            else:
+                out = accept_sampled(processed_probs(rows, r.params), drafts, probs, r.generator)
+            accepted = len(out) - 1
+            self.metrics.record(len(drafts), accepted)
+            if accepted < len(drafts):
+                snapshot.restore()
+                replay.append((i, tokens[chunks[i].offset:chunks[i].offset + accepted + 1]))
+            emitted.append(out)
+        if replay:
+            replay_chunks, replay_tokens = [], []
+            for i, toks in replay:
+                replay_chunks.append(SequenceChunk(chunks[i].slot, chunks[i].start, len(toks), len(replay_tokens)))
+                replay_tokens.extend(toks)
+            engine.runner.prefill(replay_chunks, replay_tokens, [len(replay_tokens) - 1])
+
+        updated, items = [], []
+        for i, (chunk, out) in enumerate(zip(plan, emitted)):
+            r = chunk.request
+            if r.status is not Status.RUNNING:
+                continue
+            rows = logits[bounds[i]:bounds[i + 1]]
+            committed = chunks[i].length if verify[i] is None else len(out)
+            r.num_computed = chunk.start + committed
+            row0 = len(rows) - 1 if verify[i] is None else 0
+            for j, token in enumerate(out):
+                row = rows[row0 + j]
+                engine._append_token(r, token, float(row[token] - torch.logsumexp(row, dim=-1)), row)
+                if r.finish_reason is not None:
+                    break
+            if out:
+                updated.append(r)
+            if r.status is Status.RUNNING:
+                start = chunks[i].offset
+                items.append(DraftItem(r, chunk.start, r.all_token_ids[chunk.start + 1:chunk.start + committed + 1],
+                                       streams[start:start + committed],
+                                       wants_drafts=r.num_computed == r.num_tokens - 1))
+            else:
+                self._drafts.pop(r.request_id, None)
+        if items:
+            for item, proposal in zip(items, self.drafter.propose(items, self.k)):
+                if item.wants_drafts:
+                    self._drafts[item.request.request_id] = proposal
+        return [request_output(r) for r in updated]
