@@ -1,0 +1,120 @@
+"""Speculative decoding, greedy: the output is the plain engine's, token for token, whatever the draft
+proposes (the MTP layer with random weights: nearly always wrong; a draft forced to be right: every
+token accepted; a draft right up to a varying position: partial acceptance and rollback), with
+chunked prefill, mixed prefill / verify batches, stop strings and preemption."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from v4serve.engine import Engine, EngineArgs, SamplingParams
+from v4serve.engine.speculative import DraftItem, SpeculativeConfig
+
+torch.set_num_threads(1)
+
+PAGE = 32  # the tiny preset's window = page size
+PROMPTS = [list(range(10, 10 + n)) for n in (3, 40, 70)]
+PARAMS = [
+    SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True, stop=["e"]),
+    SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
+]
+# A 32-token step budget: the 40- and 70-token prompts are prefilled in chunks, beside the verify
+# rows of the sequences already decoding.
+ARGS = dict(model="tiny", device="cpu", max_num_seqs=3, max_num_batched_tokens=32, progress=False)
+
+
+def _run(engine: Engine, prompts=PROMPTS, params=PARAMS) -> dict[str, tuple]:
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), prompt, p)
+    finished = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = (out.outputs[0].token_ids, out.outputs[0].text, out.outputs[0].finish_reason)
+    assert engine.cache.allocator.num_used == 0 and engine.cache.num_free_slots == engine.cache.max_seqs
+    return finished
+
+
+def _spec_engine(k: int, **overrides) -> Engine:
+    return Engine(EngineArgs(**{**ARGS, **overrides}, speculative_config={"method": "mtp", "num_speculative_tokens": k}))
+
+
+@pytest.fixture(scope="module")
+def plain():
+    out = _run(Engine(EngineArgs(**ARGS)))
+    assert any(why == "stop" for _, _, why in out.values()), "the workload must end one request on a stop string"
+    return out
+
+
+class ScriptedDraft:
+    """Drafts the plain run's own tokens (`expected`: request id -> its output tokens), the draft at
+    position `wrong(step) % k` replaced by a wrong token (None: always right)."""
+
+    def __init__(self, expected: dict[str, list[int]], wrong=None):
+        self.expected, self.wrong, self.steps = expected, wrong, 0
+
+    def propose(self, items: list[DraftItem], k: int):
+        out = []
+        for item in items:
+            r = item.request
+            n = len(r.output_token_ids)
+            drafts = list(self.expected[r.request_id][n:n + k])
+            if self.wrong is not None and drafts:
+                j = self.wrong(self.steps) % k
+                if j < len(drafts):
+                    drafts[j] = (drafts[j] + 1) % 1000
+            out.append((drafts, None))
+        self.steps += 1
+        return out
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_mtp_greedy_equals_plain(plain, k):
+    engine = _spec_engine(k)
+    assert _run(engine) == plain
+    m = engine.spec.metrics
+    assert m.num_drafts > 0 and m.num_draft_tokens > 0 and len(m.accepted_per_position) == k
+
+
+def test_forced_correct_draft_accepts_everything(plain):
+    engine = _spec_engine(3)
+    engine.spec.drafter = ScriptedDraft({rid: toks for rid, (toks, _, _) in plain.items()})
+    assert _run(engine) == plain
+    m = engine.spec.metrics
+    assert m.num_accepted_tokens == m.num_draft_tokens > 0
+    assert all(n > 0 for n in m.accepted_per_position) and m.mean_acceptance_length > 2.0
+
+
+def test_partly_correct_draft_rolls_back_exactly(plain):
+    engine = _spec_engine(4)
+    engine.spec.drafter = ScriptedDraft({rid: toks for rid, (toks, _, _) in plain.items()}, wrong=lambda s: s)
+    assert _run(engine) == plain
+    m = engine.spec.metrics
+    assert 0 < m.num_accepted_tokens < m.num_draft_tokens
+    per = m.accepted_per_position
+    assert per[0] > 0 and per[0] >= per[1] >= per[2] >= per[3] and per[0] > per[3]
+
+
+def test_preemption_with_speculation():
+    prompts = [[5 + i] * n for i, n in enumerate((60, 45, 50, 30))]
+    params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)] * 4
+    tight = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=3 * PAGE, num_kv_pages=6)
+    plain = _run(Engine(EngineArgs(**{**ARGS, **tight})), prompts, params)
+    engine = _spec_engine(3, **tight)
+    engine.spec.drafter = ScriptedDraft({rid: toks for rid, (toks, _, _) in plain.items()}, wrong=lambda s: 2 * s + 1)
+    assert _run(engine, prompts, params) == plain
+    assert engine.scheduler.num_preemptions > 0, "the test must exercise preemption"
+    assert engine.spec.metrics.num_accepted_tokens > 0
+
+
+def test_speculative_config_is_checked():
+    assert SpeculativeConfig.from_dict(None) is None
+    assert SpeculativeConfig.from_dict({"method": "mtp", "num_speculative_tokens": 2}).num_speculative_tokens == 2
+    for bad, field in (({"method": "eagle", "num_speculative_tokens": 2}, "method"),
+                       ({"method": "mtp", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+                       ({"method": "mtp"}, "num_speculative_tokens"),
+                       ({"method": "mtp", "num_speculative_tokens": 2, "draft": 1}, "unknown")):
+        with pytest.raises(ValueError, match=field):
+            SpeculativeConfig.from_dict(bad)
