@@ -118,3 +118,31 @@ def test_speculative_config_is_checked():
                        ({"method": "mtp", "num_speculative_tokens": 2, "draft": 1}, "unknown")):
         with pytest.raises(ValueError, match=field):
             SpeculativeConfig.from_dict(bad)
+
+
+def test_speculative_config_flag_and_metrics_exposition():
+    import argparse
+
+    from v4serve.engine.speculative import SpecDecodeMetrics
+    from v4serve.engine_flags import add_engine_args, engine_kwargs
+    from v4serve.server.engine_loop import EngineSnapshot
+    from v4serve.server.metrics import Metrics
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args(["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}'])
+    assert engine_kwargs(args)["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 3}
+
+    spec = SpecDecodeMetrics()
+    spec.record(3, 2)
+    spec.record(3, 0)
+    spec.record(0, 0)  # no draft: not a draft step
+    text = Metrics("tiny").render(EngineSnapshot(0, 0, 0, 1, 0, True, spec_decode=spec))
+    for line in ("v4serve_spec_decode_num_drafts_total 2", "v4serve_spec_decode_num_draft_tokens_total 6",
+                 "v4serve_spec_decode_num_accepted_tokens_total 2",
+                 'v4serve_spec_decode_num_accepted_tokens_per_pos_total{position="0"} 1',
+                 'v4serve_spec_decode_num_accepted_tokens_per_pos_total{position="1"} 1',
+                 'v4serve_spec_decode_num_accepted_tokens_per_pos_total{position="2"} 0',
+                 "v4serve_spec_decode_mean_acceptance_length 2.0"):
+        assert f"\n{line}\n" in text, line
+    assert "spec_decode" not in Metrics("tiny").render(EngineSnapshot(0, 0, 0, 1, 0, True))

@@ -88,6 +88,10 @@ class SpecDecodeMetrics:
         for i in range(accepted):
             self.accepted_per_position[i] += 1
 
+    def copy(self) -> "SpecDecodeMetrics":
+        return SpecDecodeMetrics(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
+                                 list(self.accepted_per_position))
+
     @property
     def mean_acceptance_length(self) -> float:
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from v4serve.engine import Engine, RequestOutput, SamplingParams
 from v4serve.server.metrics import Metrics
@@ -35,6 +35,7 @@ class EngineSnapshot:
     alive: bool
     kv_bytes_total: int = 0  # bytes the KV cache allocated (packed rows count their packed bytes)
     kv_bytes_per_page: int = 0  # bytes of the paged tiers per page
+    spec_decode: Any = None  # a copy of the engine's SpecDecodeMetrics when speculating (engine/speculative.py)
 
 
 @dataclass
@@ -164,6 +165,8 @@ class EngineLoop:
     def _snapshot(self, alive: bool) -> EngineSnapshot:
         scheduler, allocator = self._engine.scheduler, self._engine.cache.allocator
         budget = self._engine.kv_budget
+        spec = getattr(self._engine, "spec", None)
         return EngineSnapshot(len(scheduler.running), len(scheduler.waiting), allocator.num_used,
                               allocator.num_pages, scheduler.num_preemptions, alive, budget.total_bytes,
-                              int(budget.bytes_per_token * budget.page_size))
+                              int(budget.bytes_per_token * budget.page_size),
+                              None if spec is None else spec.metrics.copy())

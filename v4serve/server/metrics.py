@@ -86,6 +86,23 @@ class Metrics:
             ]
             for name, help_text, value in counters:
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]
+            spec = getattr(snapshot, "spec_decode", None)
+            if spec is not None:  # vLLM's spec-decode counters (vllm:spec_decode_*), v4serve_ prefixed
+                for name, help_text, value in (
+                    ("v4serve_spec_decode_num_drafts_total", "Verify steps of a sequence with >= 1 draft token.",
+                     spec.num_drafts),
+                    ("v4serve_spec_decode_num_draft_tokens_total", "Draft tokens proposed.", spec.num_draft_tokens),
+                    ("v4serve_spec_decode_num_accepted_tokens_total", "Draft tokens accepted.",
+                     spec.num_accepted_tokens),
+                ):
+                    lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]
+                name = "v4serve_spec_decode_num_accepted_tokens_per_pos_total"
+                lines += [f"# HELP {name} Draft tokens accepted, by draft position (0: the first draft).",
+                          f"# TYPE {name} counter"]
+                lines += [f'{name}{{position="{i}"}} {c}' for i, c in enumerate(spec.accepted_per_position)]
+                name = "v4serve_spec_decode_mean_acceptance_length"
+                lines += [f"# HELP {name} Tokens emitted per verify step (1 + accepted / drafts).",
+                          f"# TYPE {name} gauge", f"{name} {spec.mean_acceptance_length}"]
             name = "v4serve_request_success_total"
             lines += [f"# HELP {name} Requests finished, by finish reason.", f"# TYPE {name} counter"]
             lines += [f'{name}{{finished_reason="{r}"}} {c}' for r, c in sorted(self._finished.items())]
