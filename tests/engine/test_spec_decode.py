@@ -97,6 +97,22 @@ def test_partly_correct_draft_rolls_back_exactly(plain):
     assert per[0] > 0 and per[0] >= per[1] >= per[2] >= per[3] and per[0] > per[3]
 
 
+def test_abort_mid_run_leaves_the_others_exact(plain):
+    engine = _spec_engine(2)
+    for i, (prompt, p) in enumerate(zip(PROMPTS, PARAMS)):
+        engine.add_request(str(i), prompt, p)
+    finished, steps = {}, 0
+    while engine.has_unfinished():
+        steps += 1
+        if steps == 4:
+            engine.abort("0")
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out.outputs[0].token_ids
+    assert set(finished) == {"1", "2"} and all(finished[r] == plain[r][0] for r in finished)
+    assert engine.cache.allocator.num_used == 0 and not engine.spec._drafts
+
+
 def test_preemption_with_speculation():
     prompts = [[5 + i] * n for i, n in enumerate((60, 45, 50, 30))]
     params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)] * 4

@@ -25,9 +25,10 @@ logger = logging.getLogger(__name__)
 
 
 def kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, device: torch.device,
-              pages_per_seq: int) -> KVBudget:
-    """Pages: given, or solved from the byte budget (given, or free GPU memory), or full length."""
-    shape = (args.max_num_seqs, pages_per_seq, args.max_num_batched_tokens)
+              pages_per_seq: int, step_tokens: int | None = None) -> KVBudget:
+    """Pages: given, or solved from the byte budget (given, or free GPU memory), or full length.
+    `step_tokens`: the cache's staging rows (default max_num_batched_tokens)."""
+    shape = (args.max_num_seqs, pages_per_seq, step_tokens or args.max_num_batched_tokens)
     if args.num_kv_pages is None and (args.kv_cache_memory is not None or device.type == "cuda"):
         memory = args.kv_cache_memory if args.kv_cache_memory is not None else free_gpu_memory(device)
         return solve_kv_budget(geometry, dtype, memory, *shape)
@@ -63,7 +64,7 @@ class ModelRunner:
         self.plan: ModelPlan = layer_plans(config, self.cache_format)
         geometry = CacheGeometry.from_plan(self.plan, config.page_size)
         pages_per_seq = -(-self.max_model_len // config.page_size)
-        self.kv_budget = kv_budget(args, geometry, dtype, device, pages_per_seq)
+        self.kv_budget = kv_budget(args, geometry, dtype, device, pages_per_seq, self.max_step_tokens(args))
         if self.kv_budget.num_pages < pages_per_seq:  # a long request would preempt itself forever
             raise ValueError(
                 f"the KV cache holds {self.kv_budget.num_pages} pages ({self.kv_budget.num_tokens} tokens), fewer "

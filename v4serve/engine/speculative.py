@@ -283,6 +283,8 @@ class SpeculativeStepper:
                                        wants_drafts=r.num_computed == r.num_tokens - 1))
             else:
                 self._drafts.pop(r.request_id, None)
+        for request_id in [rid for rid in self._drafts if rid not in engine._requests]:  # aborted meanwhile
+            del self._drafts[request_id]
         if items:
             for item, proposal in zip(items, self.drafter.propose(items, self.k)):
                 if item.wants_drafts:
