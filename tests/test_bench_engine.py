@@ -16,3 +16,14 @@ def test_bench_engine_reports_ttft_and_tpot_for_every_concurrency(capsys):
     assert [row["concurrency"] for row in result["tpot"]] == [1, 2]
     assert all(row["tpot_ms"] > 0 and row["tpot_max_ms"] >= row["tpot_ms"] for row in result["tpot"])
     assert result["profile"] == []
+
+
+def test_bench_engine_reports_spec_decode_counters(capsys):
+    args = ["--model", "tiny", "--hf-overrides", "{}", "--concurrency", "2", "--prompt-len", "40",
+            "--output-len", "6", "--max-model-len", "256", "--max-num-seqs", "2",
+            "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}']
+    assert bench_engine.main(args) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    spec = result["spec_decode"]
+    assert spec["num_drafts"] > 0 and spec["num_draft_tokens"] >= spec["num_drafts"]
+    assert len(spec["accepted_per_position"]) == 2 and spec["mean_acceptance_length"] >= 1.0

@@ -68,17 +68,17 @@ def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: 
     counts: dict[str, int] = {}
     mark: tuple[float, dict[str, int]] | None = None  # (time, tokens per request) once all have started
     last: dict[str, tuple[float, int]] = {}
-    tokens, start = 0, time.perf_counter()
+    start = time.perf_counter()
     while engine.has_unfinished():
         outs = engine.step()
         now = time.perf_counter()
         for out in outs:
             counts[out.request_id] = len(out.outputs[0].token_ids)
             last[out.request_id] = (now, counts[out.request_id])
-        tokens += len(outs)
         if mark is None and len(counts) == concurrency:
             mark = (now, dict(counts))
     total = time.perf_counter() - start
+    tokens = sum(counts.values())  # a speculative step may give a request several tokens
     per_request = sorted((t - mark[0]) / (n - mark[1][rid]) for rid, (t, n) in last.items() if n > mark[1][rid])
     if not per_request:
         raise RuntimeError(f"no request decoded after all {concurrency} had started; raise --output-len")
@@ -207,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="decode batch sizes captured as CUDA graphs (None: 1 2 4 ... max-num-seqs)")
     parser.add_argument("--num-kv-pages", type=int, default=None,
                         help="KV pages (None: solved from free GPU memory for max_num_seqs full-length sequences)")
+    parser.add_argument("--speculative-config", type=json.loads, default=None,
+                        help='speculative decoding, e.g. \'{"method": "mtp", "num_speculative_tokens": 3}\' '
+                             "(random weights accept almost nothing: the numbers are the verify-step cost)")
     parser.add_argument("--host-profile", action="store_true", help="only profile the host side of decode steps")
     parser.add_argument("--profile-only", action="store_true", help="only the GPU-busy profile of decode steps")
     args = parser.parse_args(argv)
@@ -215,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         max_num_seqs=args.max_num_seqs or max(args.concurrency), max_num_batched_tokens=args.prompt_len,
         num_kv_pages=args.num_kv_pages,
         cuda_graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
+        speculative_config=args.speculative_config,
     ))
     result = {"model": args.model, "overrides": args.hf_overrides, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "max_num_seqs": engine.scheduler.max_num_seqs,
@@ -241,6 +245,13 @@ def main(argv: list[str] | None = None) -> int:
         print("tpot", result["tpot"][-1], flush=True)
     result["profile"] = [gpu_busy_fraction(engine, c) for c in args.concurrency] if on_gpu else []
     result["decode_continuations"] = engine.decode_continuations
+    if engine.spec is not None:  # vLLM's spec-decode counters over the whole run
+        m = engine.spec.metrics
+        result["spec_decode"] = {"num_drafts": m.num_drafts, "num_draft_tokens": m.num_draft_tokens,
+                                 "num_accepted_tokens": m.num_accepted_tokens,
+                                 "accepted_per_position": m.accepted_per_position,
+                                 "mean_acceptance_length": m.mean_acceptance_length}
+        print("spec_decode", result["spec_decode"])
     print(f"TTFT {args.prompt_len}-token prompt: median {statistics.median(result['ttft_ms']):.1f} ms")
     print(f"{'concurrency':>11} {'TPOT ms':>8} {'max ms':>8} {'out tok/s':>10}")
     for row in result["tpot"]:
