@@ -83,7 +83,8 @@ class ModelRunner:
         self.decode_runner = DecodeRunner(
             self.model, self.cache, args.max_num_seqs,
             # V4.1's torch selection path (ops/v41_index.py) is not yet checked graph-safe: no graphs yet.
-            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs and config.v41 is None,
+            # Speculative steps run eagerly (engine/speculative.py): no decode graphs to capture.
+            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs and config.v41 is None and self.speculative is None,
             graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
         )
 
