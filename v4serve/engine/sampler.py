@@ -39,6 +39,21 @@ class Sampler:
         `in_flight` tokens per request were drawn on the device but are not in `output_token_ids`
         yet (`pending` [B]: those tokens); `bitmask` int32 [B, ceil(V/32)] on the device: the
         grammar's allowed tokens (all bits set on rows without a grammar)."""
+        x, penalized = self.process(logits, requests, in_flight, pending, bitmask)
+        params = [r.params for r in requests]
+        positions = [len(r.output_token_ids) + in_flight for r in requests]
+        tokens = torch.argmax(x, dim=-1)
+        if not all(p.greedy for p in params):
+            tokens = self._draw(x, tokens, requests, params, positions)
+        if penalized is not None:
+            rows, index, slots = penalized
+            self.counts.add(rows, slots, tokens[index])
+        return tokens
+
+    def process(self, logits: torch.Tensor, requests: list, in_flight: int = 0,
+                pending: torch.Tensor | None = None, bitmask: torch.Tensor | None = None):
+        """The logits [B, V] after the bitmask, stop masks, logit bias and penalties (what the
+        greedy argmax and the temperature see), and the penalized rows' (requests, rows, slots)."""
         params = [r.params for r in requests]
         positions = [len(r.output_token_ids) + in_flight for r in requests]
         x = logits.clone() if bitmask is not None or any(_shapes(p) for p in params) else logits
@@ -47,22 +62,17 @@ class Sampler:
         self._stop_masks(x, params, positions)
         self._bias(x, params)
         penalized = [i for i, p in enumerate(params) if p.penalized]
-        slots = None
-        if penalized:
-            rows = [requests[i] for i in penalized]
-            slots = self.counts.rows(rows, in_flight, pending, penalized)
-            index = self._to_device(penalized, torch.int64)
-            vec = self._to_device([[params[i].repetition_penalty for i in penalized],
-                                   [params[i].frequency_penalty for i in penalized],
-                                   [params[i].presence_penalty for i in penalized]], torch.float32)
-            x[index] = ops.apply_penalties(x[index], self.counts.counts[slots], self.counts.in_prompt[slots],
-                                           vec[0], vec[1], vec[2])
-        tokens = torch.argmax(x, dim=-1)
-        if not all(p.greedy for p in params):
-            tokens = self._draw(x, tokens, requests, params, positions)
-        if penalized:
-            self.counts.add([requests[i] for i in penalized], slots, tokens[index])
-        return tokens
+        if not penalized:
+            return x, None
+        rows = [requests[i] for i in penalized]
+        slots = self.counts.rows(rows, in_flight, pending, penalized)
+        index = self._to_device(penalized, torch.int64)
+        vec = self._to_device([[params[i].repetition_penalty for i in penalized],
+                               [params[i].frequency_penalty for i in penalized],
+                               [params[i].presence_penalty for i in penalized]], torch.float32)
+        x[index] = ops.apply_penalties(x[index], self.counts.counts[slots], self.counts.in_prompt[slots],
+                                       vec[0], vec[1], vec[2])
+        return x, (rows, index, slots)
 
     def _stop_masks(self, x: torch.Tensor, params: list, positions: list[int]) -> None:
         rows, tokens = [], []

@@ -22,8 +22,8 @@ def _token_bitmask_kernel(logits_ptr, mask_ptr, V, stride_l, stride_m, BLOCK_V: 
     inside = t < V
     words = tl.load(mask_ptr + b * stride_m + t // 32, mask=inside, other=-1)
     blocked = ((words >> (t % 32)) & 1) == 0
-    tl.store(logits_ptr + b * stride_l + t, tl.full([BLOCK_V], float("-inf"), logits_ptr.dtype.element_ty),
-             mask=inside & blocked)
+    minus_inf = tl.full([BLOCK_V], float("-inf"), tl.float32).to(logits_ptr.dtype.element_ty)
+    tl.store(logits_ptr + b * stride_l + t, minus_inf, mask=inside & blocked)
 
 
 def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
