@@ -196,3 +196,17 @@ def test_incremental_detokenizer_matches_a_full_decode():
     detok = IncrementalDetokenizer(tok, True)
     assert detok.append(byte_tokens[0]) == ""
     assert detok.flush() == "\ufffd"
+
+
+@pytest.mark.parametrize("u", [0.0, 0.5, 1 - 2**-53])
+def test_a_masked_token_is_never_drawn_at_the_ends_of_the_uniform(monkeypatch, u):
+    """Masked tokens (probability 0) sit before, between and after the live ones; the extreme
+    uniforms must still land on a live token."""
+    from v4serve.engine import sampler_ops as ops
+
+    monkeypatch.setattr(ops, "row_uniform", lambda seed, position: u)
+    logits = torch.full((2, V), float("-inf"))
+    logits[0, [7, 9]] = torch.tensor([0.0, 30.0])
+    logits[1, 9] = 1.0
+    tokens = _sampler().sample(logits, [Row(SamplingParams(), 0), Row(SamplingParams(), 1)]).tolist()
+    assert tokens[0] in (7, 9) and tokens[1] == 9

@@ -102,16 +102,15 @@ class Sampler:
         greedy = [p.greedy for p in params]
         vec = self._to_device([[1.0 if g else p.temperature for g, p in zip(greedy, params)],
                                [p.min_p for p in params], [p.top_p for p in params]], torch.float32)
-        ints = self._to_device([[p.top_k if 0 < p.top_k < V else V for p in params],
-                                [ops.row_key(r.seed, pos) for r, pos in zip(requests, positions)],
-                                greedy], torch.int64)
+        ints = self._to_device([[p.top_k if 0 < p.top_k < V else V for p in params], greedy], torch.int64)
+        u = self._to_device([ops.row_uniform(r.seed, pos) for r, pos in zip(requests, positions)], torch.float64)
         scaled = x / vec[0][:, None]
         if any(p.min_p > 0 for p in params):
             scaled = ops.apply_min_p(scaled, vec[1])
         if any(0 < p.top_k < V or p.top_p < 1 for p in params):
             scaled = ops.apply_top_k_top_p(scaled, ints[0], vec[2])
-        drawn = ops.gumbel_draw(scaled, ints[1])
-        return torch.where(ints[2].bool(), greedy_tokens, drawn)
+        drawn = ops.inverse_cdf_draw(scaled, u)
+        return torch.where(ints[1].bool(), greedy_tokens, drawn)
 
 
 def _shapes(p) -> bool:

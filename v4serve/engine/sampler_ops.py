@@ -4,12 +4,12 @@ device, with per-row parameters as [B] tensors (no loop over rows, no host synch
 Order (vLLM's): grammar bitmask -> min_tokens stop masks -> logit_bias -> penalties -> greedy
 argmax | temperature -> min_p -> top-k -> top-p -> draw.
 
-Draws are Gumbel-max with counter-based noise: the uniform for (row, token) is a hash of the row's
-64-bit key (from its request's seed and output position, computed on the host) and the token id,
-so a seeded request draws the same tokens whatever shares its batch, without a generator per row.
+Draws invert the cumulative distribution at one uniform per row, a hash of the request's seed
+and output position computed on the host, so a seeded request draws the same tokens whatever
+shares its batch (and after a preemption), without a generator per row and without device noise:
 
-    u = (top 24 bits of mix64(key + token * GOLDEN) + 0.5) / 2**24
-    token = argmax_t(scaled[t] - log(-log u[t]))   (masked logits are -inf and never win)
+    u = top 53 bits of mix64(mix64(seed) + position * GOLDEN) / 2**53
+    token = min t such that sum_{s <= t} softmax(scaled)[s] > u * total
 """
 
 from __future__ import annotations
@@ -21,43 +21,28 @@ _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _MASK64 = (1 << 64) - 1
 
 
-def _signed(x: int) -> int:
-    x &= _MASK64
-    return x - (1 << 64) if x >= 1 << 63 else x
-
-
 def mix64(x: int) -> int:
-    """splitmix64's finaliser on a Python int (the host half of the noise: row keys)."""
+    """splitmix64's finaliser on a Python int."""
     x &= _MASK64
     x = ((x ^ (x >> 30)) * _M1) & _MASK64
     x = ((x ^ (x >> 27)) * _M2) & _MASK64
     return x ^ (x >> 31)
 
 
-def row_key(seed: int, position: int) -> int:
-    """The noise key of a request's `position`-th output token, as a signed int64."""
-    return _signed(mix64(mix64(seed) + position * _GOLDEN))
+def row_uniform(seed: int, position: int) -> float:
+    """The uniform in [0, 1) of a request's `position`-th draw: the top 53 bits of its key."""
+    return (mix64(mix64(seed) + position * _GOLDEN) >> 11) * 2.0**-53
 
 
-def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's >> is arithmetic)."""
-    return (x >> s) & ((1 << (64 - s)) - 1)
-
-
-def uniform_noise(keys: torch.Tensor, vocab: int) -> torch.Tensor:
-    """u [B, V] fp32 in (0, 1) from int64 keys [B]; the device half of `mix64` (int64 products wrap)."""
-    tokens = torch.arange(vocab, device=keys.device, dtype=torch.int64)
-    x = keys[:, None] + tokens[None, :] * _signed(_GOLDEN)
-    x = (x ^ _shr(x, 30)) * _signed(_M1)
-    x = (x ^ _shr(x, 27)) * _signed(_M2)
-    x = x ^ _shr(x, 31)
-    return (_shr(x, 40).to(torch.float32) + 0.5) * (1.0 / 2**24)
-
-
-def gumbel_draw(scaled: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """One token per row [B] int64 from temperature-scaled, masked logits [B, V]."""
-    u = uniform_noise(keys, scaled.shape[1])
-    return torch.argmax(scaled - torch.log(-torch.log(u)), dim=-1)
+def inverse_cdf_draw(scaled: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row [B] int64 from temperature-scaled, masked logits [B, V] and a uniform per
+    row u [B] in [0, 1): the first token whose cumulative probability exceeds u (a token of
+    probability 0, masked, never is; rounding past the total falls back to the argmax)."""
+    probs = torch.softmax(scaled, dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    target = (u.to(cdf.dtype) * cdf[:, -1])[:, None]
+    index = torch.searchsorted(cdf, target, right=True)[:, 0]
+    return torch.where(index < scaled.shape[1], index, torch.argmax(scaled, dim=-1))
 
 
 def mask_tokens(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> None:

@@ -59,7 +59,7 @@ class StructuredOutputsParams:
     def key(self) -> tuple[str, str]:
         """(kind, text): what compiles to the grammar, for caching."""
         if self.json is not None:
-            return "json", json.dumps(self.json, sort_keys=True)
+            return "json", json.dumps(self.json)  # key order kept: it is the order properties are written in
         if self.regex is not None:
             return "regex", self.regex
         if self.choice is not None:

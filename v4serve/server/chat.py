@@ -18,6 +18,8 @@ from starlette.requests import Request as HTTPRequest
 
 from v4serve.chat import StreamingParser, encode_messages, parse_completion
 from v4serve.engine import RequestOutput
+from v4serve.engine.sampling_params import StructuredOutputsParams
+from v4serve.engine.structured_output_dsml import tool_call_grammar
 from v4serve.server import sse
 from v4serve.server.context import ServingContext
 from v4serve.server.errors import APIError
@@ -34,7 +36,8 @@ async def create_chat_completion(ctx: ServingContext, body: dict, http: HTTPRequ
     prompt = _encode(req)
     ids = ctx.tokenizer.encode(prompt)
     check_prompt(ids, ctx.vocab_size, ctx.max_model_len, "messages")
-    params = sampling_params(req.sampling, len(ids), ctx.max_model_len, req.logprobs)
+    params = sampling_params(req.sampling, len(ids), ctx.max_model_len, req.logprobs, ctx.vocab_size,
+                             _tool_grammar(req))
     request_id = new_id("chatcmpl")
     generation = Generation(ctx.engine_loop, request_id, [ids], [params], req.sampling.n)
     stream = _stream(ctx, req, generation, request_id) if req.sampling.stream else None
@@ -42,7 +45,18 @@ async def create_chat_completion(ctx: ServingContext, body: dict, http: HTTPRequ
         "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name,
         "choices": [_choice(ctx, req, request_id, index, out) for index, out in enumerate(outputs)],
         "usage": usage(outputs, req.sampling.n),
+        **({"prompt_logprobs": ctx.logprobs.prompt(outputs[0].prompt_logprobs)}
+           if req.sampling.prompt_logprobs is not None else {}),
     })
+
+
+def _tool_grammar(req: ChatRequest) -> StructuredOutputsParams | None:
+    """`tool_choice: "required"` or a named function: the completion is constrained to a DSML
+    tool-call block (one or more calls of the tools, or exactly one call of the named one)."""
+    if req.tool_choice in ("auto", "none"):
+        return None
+    name = None if req.tool_choice == "required" else req.tool_choice["function"]["name"]
+    return StructuredOutputsParams(grammar=tool_call_grammar(req.tools, name))
 
 
 def _encode(req: ChatRequest) -> str:

@@ -24,7 +24,8 @@ async def create_completion(ctx: ServingContext, body: dict, http: HTTPRequest) 
         ids = ctx.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         check_prompt(ids, ctx.vocab_size, ctx.max_model_len, "prompt" if len(req.prompts) == 1 else f"prompt[{i}]")
         prompts.append(ids)
-    params = [sampling_params(req.sampling, len(ids), ctx.max_model_len, req.logprobs) for ids in prompts]
+    params = [sampling_params(req.sampling, len(ids), ctx.max_model_len, req.logprobs, ctx.vocab_size)
+              for ids in prompts]
     request_id = new_id("cmpl")
     generation = Generation(ctx.engine_loop, request_id, prompts, params, req.sampling.n)
     stream = _stream(ctx, req, generation, request_id) if req.sampling.stream else None
@@ -40,8 +41,11 @@ def _choice(ctx: ServingContext, req: CompletionRequest, index: int, out: Reques
     logprobs = None
     if req.logprobs is not None:
         logprobs = ctx.logprobs.completions(c.logprobs, c.token_ids, req.logprobs, offset=0)
-    return {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
-            "stop_reason": c.stop_reason}
+    choice = {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
+              "stop_reason": c.stop_reason}
+    if req.sampling.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = ctx.logprobs.prompt(out.prompt_logprobs)
+    return choice
 
 
 async def _stream(ctx: ServingContext, req: CompletionRequest, generation: Generation,
