@@ -42,9 +42,13 @@ class Sampler:
         x, penalized = self.process(logits, requests, in_flight, pending, bitmask)
         params = [r.params for r in requests]
         positions = [len(r.output_token_ids) + in_flight for r in requests]
-        tokens = torch.argmax(x, dim=-1)
-        if not all(p.greedy for p in params):
-            tokens = self._draw(x, tokens, requests, params, positions)
+        greedy = [p.greedy for p in params]
+        if all(greedy):
+            tokens = torch.argmax(x, dim=-1)
+        else:
+            tokens = self._draw(x, requests, params, positions)
+            if any(greedy):
+                tokens = torch.where(self._to_device(greedy, torch.bool), torch.argmax(x, dim=-1), tokens)
         if penalized is not None:
             rows, index, slots = penalized
             self.counts.add(rows, slots, tokens[index])
@@ -96,21 +100,19 @@ class Sampler:
             ops.add_bias(x, self._to_device(rows, torch.int64), self._to_device(tokens, torch.int64),
                          self._to_device(bias, torch.float32))
 
-    def _draw(self, x: torch.Tensor, greedy_tokens: torch.Tensor, requests: list, params: list,
-              positions: list[int]) -> torch.Tensor:
+    def _draw(self, x: torch.Tensor, requests: list, params: list, positions: list[int]) -> torch.Tensor:
+        """Every row drawn (greedy rows too, at temperature 1: the caller takes their argmax)."""
         V = x.shape[1]
-        greedy = [p.greedy for p in params]
-        vec = self._to_device([[1.0 if g else p.temperature for g, p in zip(greedy, params)],
-                               [p.min_p for p in params], [p.top_p for p in params]], torch.float32)
-        ints = self._to_device([[p.top_k if 0 < p.top_k < V else V for p in params], greedy], torch.int64)
+        vec = self._to_device([[p.temperature or 1.0 for p in params], [p.min_p for p in params],
+                               [p.top_p for p in params]], torch.float32)
         u = self._to_device([ops.row_uniform(r.seed, pos) for r, pos in zip(requests, positions)], torch.float64)
         scaled = x / vec[0][:, None]
         if any(p.min_p > 0 for p in params):
             scaled = ops.apply_min_p(scaled, vec[1])
         if any(0 < p.top_k < V or p.top_p < 1 for p in params):
-            scaled = ops.apply_top_k_top_p(scaled, ints[0], vec[2])
-        drawn = ops.inverse_cdf_draw(scaled, u)
-        return torch.where(ints[1].bool(), greedy_tokens, drawn)
+            top_k = self._to_device([p.top_k if 0 < p.top_k < V else V for p in params], torch.int64)
+            scaled = ops.apply_top_k_top_p(scaled, top_k, vec[2])
+        return ops.inverse_cdf_draw(scaled, u)
 
 
 def _shapes(p) -> bool:

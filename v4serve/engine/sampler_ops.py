@@ -37,12 +37,12 @@ def row_uniform(seed: int, position: int) -> float:
 def inverse_cdf_draw(scaled: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """One token per row [B] int64 from temperature-scaled, masked logits [B, V] and a uniform per
     row u [B] in [0, 1): the first token whose cumulative probability exceeds u (a token of
-    probability 0, masked, never is; rounding past the total falls back to the argmax)."""
-    probs = torch.softmax(scaled, dim=-1)
-    cdf = probs.cumsum(dim=-1)
-    target = (u.to(cdf.dtype) * cdf[:, -1])[:, None]
-    index = torch.searchsorted(cdf, target, right=True)[:, 0]
-    return torch.where(index < scaled.shape[1], index, torch.argmax(scaled, dim=-1))
+    probability 0, masked, never is: the target stays below the total, which the last live token
+    reaches)."""
+    cdf = torch.softmax(scaled, dim=-1).cumsum(dim=-1)
+    total = cdf[:, -1]
+    target = torch.minimum(u.to(cdf.dtype) * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
 
 
 def mask_tokens(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> None:

@@ -11,7 +11,9 @@ import torch
 
 def apply_token_bitmask_reference(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     B, V = logits.shape
-    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
-    bits = (bitmask[:, :, None] >> shifts) & 1  # arithmetic shift; & 1 keeps bit `shift` alone
-    allowed = bits.reshape(B, -1)[:, :V].bool()
+    # Word w's bits 8k..8k+7 are its byte k (little-endian), so bit t % 32 of word t // 32 is bit
+    # t % 8 of byte t // 8 of the row's bytes: expand each byte through a [256, 8] table of its bits.
+    table = (torch.arange(256, device=bitmask.device)[:, None] >> torch.arange(8, device=bitmask.device)) & 1
+    row_bytes = bitmask.contiguous().view(torch.uint8).reshape(B, -1).long()
+    allowed = table.bool()[row_bytes].reshape(B, -1)[:, :V]
     return logits.masked_fill_(~allowed, float("-inf"))
