@@ -9,8 +9,9 @@ for `tool_choice: "required"` (one or more calls of the offered tools) and a nam
 
 Parameters come in the order of the tool's `parameters.properties`, the `required` ones always,
 the others optionally; a property whose schema type is "string" is written raw (string="true"),
-any other as a JSON value (string="false"). Raw strings cannot contain "<" (the block's parser
-ends a value at the next DSML tag).
+of its minLength / maxLength when the schema gives them, any other as a JSON value
+(string="false"). Raw strings cannot contain "<" (the block's parser ends a value at the next
+DSML tag).
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ raw_text ::= [^<]*
 '''
 
 
+def _raw_text(spec: dict) -> str:
+    """A raw string value, of the schema's minLength / maxLength (in characters) when given."""
+    lo, hi = spec.get("minLength"), spec.get("maxLength")
+    if not isinstance(lo, int) and not isinstance(hi, int):
+        return "raw_text"
+    lo = lo if isinstance(lo, int) and lo >= 0 else 0
+    return f"[^<]{{{lo},{hi}}}" if isinstance(hi, int) and hi >= lo else f"[^<]{{{lo},}}"
+
+
 def _invoke_rule(index: int, function: dict) -> list[str]:
     name = function["name"]
     schema = function.get("parameters") or {}
@@ -38,7 +48,7 @@ def _invoke_rule(index: int, function: dict) -> list[str]:
     for key, spec in properties.items():
         raw = isinstance(spec, dict) and spec.get("type") == "string"
         head = f'<{DSML}parameter name="{key}" string="{"true" if raw else "false"}">'
-        value = "raw_text" if raw else "json_value"
+        value = _raw_text(spec) if raw else "json_value"
         item = f"{ebnf_literal(head)} {value} {ebnf_literal(PARAMETER_END + chr(10))}"
         parts.append(f"({item})" if key in required else f"({item})?")
     head = ebnf_literal(f'<{DSML}invoke name="{name}">\n')
