@@ -60,8 +60,18 @@ def test_guided_regex_and_choice(server):
     r = _post(server, COMPLETIONS, {"prompt": "Code:", "max_tokens": 12, "temperature": 1.0, "seed": 1,
                                     "guided_regex": "[A-Z]{2}[0-9]{2}"})
     assert r.status_code == 200 and re.fullmatch("[A-Z]{2}[0-9]{2}", r.json()["choices"][0]["text"]), r.text
+    whole = r.json()["choices"][0]["text"]
     r = _post(server, CHAT, {"messages": USER, "max_tokens": 12, "n": 2, "temperature": 1.0,
                              "guided_choice": ["left", "right"]})
+    assert r.status_code == 200, r.text
+    assert {c["message"]["content"] for c in r.json()["choices"]} <= {"left", "right"}
+    r = _post(server, COMPLETIONS, {"prompt": "Code:", "max_tokens": 12, "temperature": 1.0, "seed": 1,
+                                    "guided_regex": "[A-Z]{2}[0-9]{2}", "stream": True})
+    streamed = "".join(json.loads(line[6:])["choices"][0]["text"] for line in r.text.splitlines()
+                       if line.startswith("data: {") and json.loads(line[6:])["choices"])
+    assert streamed == whole, r.text  # the same seed streamed
+    r = _post(server, CHAT, {"messages": USER, "max_tokens": 12, "n": 2, "temperature": 1.0,
+                             "structured_outputs": {"choice": ["left", "right"]}})
     assert r.status_code == 200, r.text
     assert {c["message"]["content"] for c in r.json()["choices"]} <= {"left", "right"}
 
@@ -90,6 +100,10 @@ def test_prompt_logprobs_and_logit_bias(server):
     for position, token in zip(lps[1:], (6, 7, 8)):
         assert str(token) in position and 2 <= len(position) <= 3
         assert all(entry["logprob"] <= 0 and entry["rank"] >= 1 for entry in position.values())
+    chat = _post(server, CHAT, {"messages": USER, "max_tokens": 1, "prompt_logprobs": 0})
+    assert chat.status_code == 200, chat.text
+    lps = chat.json()["prompt_logprobs"]  # top level on chat, as vLLM has it
+    assert lps[0] is None and len(lps) > 3 and all(len(p) == 1 for p in lps[1:])
     r2 = _post(server, COMPLETIONS, {"prompt": [5, 6, 7, 8], "max_tokens": 3, "temperature": 0.0,
                                      "logit_bias": {"77": 100}, "return_tokens_as_token_ids": True})
     assert r2.status_code == 400 and r2.json()["error"]["param"] == "return_tokens_as_token_ids"
@@ -111,6 +125,9 @@ BAD = [
     (COMPLETIONS, {"prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids"),
     (COMPLETIONS, {"prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     (COMPLETIONS, {"prompt": "x", "prompt_logprobs": 99}, "prompt_logprobs"),
+    (COMPLETIONS, {"prompt": "x", "structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
+    (COMPLETIONS, {"prompt": "x", "structured_outputs": {"structural_tag": "a"}}, "structured_outputs.structural_tag"),
+    (COMPLETIONS, {"prompt": "x", "structured_outputs": {"regex": "("}}, "structured_outputs.regex"),
     (CHAT, {"messages": USER, "response_format": {"type": "xml"}}, "response_format.type"),
     (CHAT, {"messages": USER, "response_format": {"type": "json_schema", "json_schema": {}}},
      "response_format.json_schema.schema"),

@@ -16,7 +16,7 @@ import torch
 
 from v4serve.engine import sampler_ops as ops
 from v4serve.engine.outputs import Logprob, PositionLogprobs
-from v4serve.engine.sampler_penalties import TokenCounts
+from v4serve.engine.sampler_penalties import TokenCounts, to_device
 from v4serve.ops.token_bitmask import apply_token_bitmask
 
 
@@ -28,9 +28,7 @@ class Sampler:
         self.counts = TokenCounts(num_slots, vocab_size, device)
 
     def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        pinned = self.device.type == "cuda"
-        return torch.tensor(values, dtype=dtype).pin_memory().to(self.device, non_blocking=True) if pinned \
-            else torch.tensor(values, dtype=dtype, device=self.device)
+        return to_device(values, dtype, self.device)
 
     def sample(self, logits: torch.Tensor, requests: list, in_flight: int = 0,
                pending: torch.Tensor | None = None, bitmask: torch.Tensor | None = None) -> torch.Tensor:

@@ -47,7 +47,7 @@ def inverse_cdf_draw(scaled: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def mask_tokens(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> None:
     """logits[rows[i], tokens[i]] = -inf (min_tokens: stop tokens before the minimum)."""
-    logits.index_put_((rows, tokens), torch.tensor(float("-inf"), device=logits.device, dtype=logits.dtype))
+    logits.index_put_((rows, tokens), torch.full((len(rows),), float("-inf"), device=logits.device, dtype=logits.dtype))
 
 
 def add_bias(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, bias: torch.Tensor) -> None:

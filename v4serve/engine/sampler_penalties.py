@@ -12,6 +12,14 @@ from __future__ import annotations
 import torch
 
 
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on `device` without waiting for the GPU (through pinned memory on CUDA; a plain
+    `torch.tensor(..., device="cuda")` is a blocking copy that waits for the stream)."""
+    if device.type == "cuda":
+        return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
 class TokenCounts:
     def __init__(self, num_slots: int, vocab_size: int, device: torch.device):
         self.num_slots, self.vocab_size, self.device = num_slots, vocab_size, device
@@ -35,15 +43,15 @@ class TokenCounts:
                 continue
             self._rebuild(slot, request, pending[row:row + 1] if in_flight else None)
             self._owner[slot], self._counted[slot] = request, expected
-        return torch.tensor([r.slot for r in requests], dtype=torch.int64).to(self.device, non_blocking=True)
+        return to_device([r.slot for r in requests], torch.int64, self.device)
 
     def _rebuild(self, slot: int, request, pending: torch.Tensor | None) -> None:
         self.counts[slot].zero_()
         self.in_prompt[slot].zero_()
-        self.in_prompt[slot, torch.tensor(request.prompt_token_ids, device=self.device)] = True
+        self.in_prompt[slot, to_device(request.prompt_token_ids, torch.int64, self.device)] = True
         ones = torch.ones(1, dtype=torch.int32, device=self.device)
         if request.output_token_ids:
-            out = torch.tensor(request.output_token_ids, device=self.device)
+            out = to_device(request.output_token_ids, torch.int64, self.device)
             self.counts[slot].index_put_((out,), ones.expand(len(out)), accumulate=True)
         if pending is not None:
             self.counts[slot].index_put_((pending.long(),), ones, accumulate=True)

@@ -16,6 +16,7 @@ allowed once the grammar is complete.
 from __future__ import annotations
 
 import json
+import threading
 
 import torch
 
@@ -66,13 +67,24 @@ class StructuredOutputs:
         self.stop_token_ids = list(stop_token_ids)
         self.max_threads = max_threads
         self._compiler = None
+        self._compiler_lock = threading.Lock()  # `prepare` may run on another thread
         self._compiled: dict[tuple[str, str], object] = {}
 
     @property
     def words(self) -> int:
         return -(-self.vocab_size // 32)
 
+    def prepare(self) -> None:
+        """Build the vocabulary's grammar compiler now (seconds for a 129K vocabulary: the server
+        starts it on a thread of its own, so the first structured request does not stall the
+        engine)."""
+        self._get_compiler()
+
     def _get_compiler(self):
+        with self._compiler_lock:
+            return self._build_compiler()
+
+    def _build_compiler(self):
         if self._compiler is None:
             xgr = _xgrammar()
             vocab = self.tokenizer.vocab()

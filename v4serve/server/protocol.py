@@ -30,7 +30,9 @@ _COMMON_FIELDS = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "n",
     "ignore_eos", "min_tokens", "stream", "stream_options", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "logit_bias", "skip_special_tokens", "prompt_logprobs", "logprobs", "user", *GUIDED,
+    "structured_outputs",
 }
+STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"}
 CHAT_FIELDS = _COMMON_FIELDS | {
     "messages", "tools", "tool_choice", "response_format", "top_logprobs", "reasoning_effort", "thinking",
@@ -251,14 +253,25 @@ def _response_format(fmt: dict[str, Any]) -> StructuredOutputsParams | None:
 
 
 def _structured(f: Fields) -> tuple[StructuredOutputsParams | None, str | None]:
-    """vLLM's guided_json / guided_regex / guided_choice / guided_grammar: at most one."""
-    given = [name for name in GUIDED if f.body.get(name) is not None]
+    """vLLM's guided_json / guided_regex / guided_choice / guided_grammar, or its newer
+    `structured_outputs: {"json" | "regex" | "choice" | "grammar" | "json_object": ...}`: at most one."""
+    given = [name for name in (*GUIDED, "structured_outputs") if f.body.get(name) is not None]
     if not given:
         return None, None
     if len(given) > 1:
         raise bad_field(given[1], f"cannot be combined with {given[0]}")
     name = given[0]
     value = f.body[name]
+    if name == "structured_outputs":
+        spec = f.obj(name)
+        unknown = [k for k in spec if k not in STRUCTURED_KEYS]
+        if unknown:
+            raise bad_field(f"{name}.{unknown[0]}", "is not supported by this server")
+        set_keys = [k for k in STRUCTURED_KEYS if spec.get(k) not in (None, False)]
+        if len(set_keys) != 1:
+            raise bad_field(name, f"needs exactly one of {', '.join(STRUCTURED_KEYS)}")
+        field = f"{name}.{set_keys[0]}"
+        return _checked(StructuredOutputsParams, {set_keys[0]: spec[set_keys[0]]}, field), field
     if name == "guided_json" and not isinstance(value, (dict, str)):
         raise bad_field(name, f"expected a JSON schema (an object or its JSON text), got {_kind(value)}")
     return _checked(StructuredOutputsParams, {GUIDED[name]: value}, name), name
