@@ -137,3 +137,24 @@ def test_bad_constraints_name_the_field():
 
     with pytest.raises(ValueError, match="^guided_regex: not a valid regex"):
         check_structured_outputs(StructuredOutputsParams(regex="(unclosed"), "guided_regex")
+
+
+def test_penalties_see_the_tokens_of_overlapped_steps(llm):
+    """Penalized greedy decoding gives the same tokens with and without overlapped decode steps
+    (where the previous token is known only on the device when the next step samples), and the
+    penalties change what is generated."""
+    # logit_bias makes token 77 the greedy pick; the penalties must take it away once it repeats.
+    params = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, repetition_penalty=1.2,
+                             frequency_penalty=1.0, presence_penalty=0.5, logit_bias={77: 8.0}),
+              SamplingParams(temperature=0.7, seed=9, max_tokens=16, ignore_eos=True, frequency_penalty=1.5)]
+    prompts = ["Hello there", "Once upon a time"]
+    plain = LLM("tiny", device="cpu", max_model_len=256, progress=False, hf_overrides={"num_hidden_layers": 1},
+                overlap_decode=False).generate(prompts, params)
+    before = llm.engine.decode_continuations
+    overlapped = llm.generate(prompts, params)
+    assert llm.engine.decode_continuations > before
+    assert [o.outputs[0].token_ids for o in overlapped] == [o.outputs[0].token_ids for o in plain]
+    free = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True,
+                                                    logit_bias={77: 8.0}))[0].outputs[0].token_ids
+    penalized = plain[0].outputs[0].token_ids
+    assert free.count(77) == 16 and 1 <= penalized.count(77) < 16, (free, penalized)
