@@ -158,3 +158,13 @@ def test_penalties_see_the_tokens_of_overlapped_steps(llm):
                                                     logit_bias={77: 8.0}))[0].outputs[0].token_ids
     penalized = plain[0].outputs[0].token_ids
     assert free.count(77) == 16 and 1 <= penalized.count(77) < 16, (free, penalized)
+
+
+def test_min_tokens_does_not_hold_back_the_end_of_a_finished_grammar(llm):
+    """After "yes" the choice grammar allows only end-of-sequence, which min_tokens would mask:
+    the grammar wins (no row is left without a token)."""
+    for temperature in (0.0, 1.0):
+        out = llm.generate(["Answer:"], SamplingParams(
+            temperature=temperature, seed=3, max_tokens=10, min_tokens=6,
+            structured_outputs=StructuredOutputsParams(choice=["yes"])))[0].outputs[0]
+        assert out.text == "yes" and out.token_ids[-1] == EOS and out.finish_reason == "stop"

@@ -269,10 +269,13 @@ class Engine:
         requests = [step.plan[i].request for i in step.ending]
         last = step.last
         bitmask = self.structured.bitmask([r.grammar for r in requests])
+        must_end = set()
         if bitmask is not None:
+            short = [i for i, r in enumerate(requests) if len(r.output_token_ids) + in_flight < r.params.min_tokens]
+            must_end = self.structured.only_stops(bitmask, short) if short else set()
             bitmask = bitmask.pin_memory() if self.device.type == "cuda" else bitmask
             bitmask = bitmask.to(self.device, non_blocking=True)
-        step.sampled = self.sampler.sample(last, requests, in_flight, pending, bitmask)
+        step.sampled = self.sampler.sample(last, requests, in_flight, pending, bitmask, must_end)
         chosen = last.gather(1, step.sampled[:, None])[:, 0] - torch.logsumexp(last, dim=-1)
         step.host = torch.empty(2, len(step.ending), dtype=torch.float64, pin_memory=self.device.type == "cuda")
         step.host.copy_(torch.stack((step.sampled.double(), chosen.double())), non_blocking=True)
@@ -359,8 +362,14 @@ class Engine:
                 torch.log_softmax(logits, dim=-1), token, request.params.logprobs, self.tokenizer.id_to_token
             ))
         update_after_token(request, token, self.config.eos_token_ids, self.max_model_len)
-        if request.grammar is not None and not accept(request.grammar, token) and request.finish_reason is None:
-            request.finish_reason, request.stop_reason = "stop", "grammar"  # cannot happen: the mask allows it
+        if request.grammar is not None and request.finish_reason is None:
+            if not accept(request.grammar, token):
+                request.finish_reason, request.stop_reason = "stop", "grammar"  # the mask allows only accepted tokens
+            elif request.grammar.is_terminated():  # its end (a stop token), even before min_tokens: nothing may follow
+                request.finish_reason = "stop"
+            if request.finish_reason is not None:
+                request.detokenizer.flush()
+                request.text = request.detokenizer.text
         if request.finish_reason is not None:
             self.scheduler.finish(request)
             self._requests.pop(request.request_id, None)

@@ -31,13 +31,15 @@ class Sampler:
         return to_device(values, dtype, self.device)
 
     def sample(self, logits: torch.Tensor, requests: list, in_flight: int = 0,
-               pending: torch.Tensor | None = None, bitmask: torch.Tensor | None = None) -> torch.Tensor:
+               pending: torch.Tensor | None = None, bitmask: torch.Tensor | None = None,
+               must_end: set[int] = frozenset()) -> torch.Tensor:
         """One token per row of fp32 logits [B, V] (left unchanged) for `requests` (each with
         `params`, `seed`, `slot`, `prompt_token_ids`, `output_token_ids`): int64 [B] on the device.
         `in_flight` tokens per request were drawn on the device but are not in `output_token_ids`
         yet (`pending` [B]: those tokens); `bitmask` int32 [B, ceil(V/32)] on the device: the
-        grammar's allowed tokens (all bits set on rows without a grammar)."""
-        x, penalized = self.process(logits, requests, in_flight, pending, bitmask)
+        grammar's allowed tokens (all bits set on rows without a grammar); `must_end`: rows whose
+        grammar allows only stop tokens, which `min_tokens` then does not mask."""
+        x, penalized = self.process(logits, requests, in_flight, pending, bitmask, must_end)
         params = [r.params for r in requests]
         positions = [len(r.output_token_ids) + in_flight for r in requests]
         greedy = [p.greedy for p in params]
@@ -53,7 +55,8 @@ class Sampler:
         return tokens
 
     def process(self, logits: torch.Tensor, requests: list, in_flight: int = 0,
-                pending: torch.Tensor | None = None, bitmask: torch.Tensor | None = None):
+                pending: torch.Tensor | None = None, bitmask: torch.Tensor | None = None,
+                must_end: set[int] = frozenset()):
         """The logits [B, V] after the bitmask, stop masks, logit bias and penalties (what the
         greedy argmax and the temperature see), and the penalized rows' (requests, rows, slots)."""
         params = [r.params for r in requests]
@@ -61,7 +64,7 @@ class Sampler:
         x = logits.clone() if bitmask is not None or any(_shapes(p) for p in params) else logits
         if bitmask is not None:
             apply_token_bitmask(x, bitmask)
-        self._stop_masks(x, params, positions)
+        self._stop_masks(x, params, positions, must_end)
         self._bias(x, params)
         penalized = [i for i, p in enumerate(params) if p.penalized]
         if not penalized:
@@ -76,10 +79,10 @@ class Sampler:
                                        vec[0], vec[1], vec[2])
         return x, (rows, index, slots)
 
-    def _stop_masks(self, x: torch.Tensor, params: list, positions: list[int]) -> None:
+    def _stop_masks(self, x: torch.Tensor, params: list, positions: list[int], must_end: set[int]) -> None:
         rows, tokens = [], []
         for i, (p, position) in enumerate(zip(params, positions)):
-            if position < p.min_tokens:
+            if position < p.min_tokens and i not in must_end:
                 stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
                 stops = [t for t in stops if t < self.vocab_size]
                 rows += [i] * len(stops)

@@ -42,7 +42,8 @@ def inverse_cdf_draw(scaled: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     cdf = torch.softmax(scaled, dim=-1).cumsum(dim=-1)
     total = cdf[:, -1]
     target = torch.minimum(u.to(cdf.dtype) * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
+    # A row with nothing left (all -inf: NaN) must still give a token id in range.
+    return torch.searchsorted(cdf, target[:, None], right=True)[:, 0].clamp_(max=scaled.shape[1] - 1)
 
 
 def mask_tokens(logits: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> None:

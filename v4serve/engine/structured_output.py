@@ -132,6 +132,16 @@ class StructuredOutputs:
         return mask
 
 
+    def only_stops(self, mask: torch.Tensor, rows: list[int]) -> set[int]:
+        """The `rows` of a host bitmask that allow nothing but stop tokens (the grammar must end
+        there: `min_tokens` cannot hold the end back, or no token would be left)."""
+        stops = torch.zeros(self.words, dtype=torch.int64)
+        for t in self.stop_token_ids:
+            stops[t // 32] |= 1 << (t % 32)
+        keep = (~stops).to(torch.int32)  # bit patterns of int32 words, stop bits cleared
+        return {i for i in rows if not bool((mask[i] & keep).any())}
+
+
 def accept(matcher, token: int) -> bool:
     """Advance a request's matcher by its new token; False if the grammar rejects it."""
     return matcher.is_terminated() or matcher.accept_token(token)
