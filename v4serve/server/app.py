@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
+import threading
 from contextlib import asynccontextmanager
 from typing import Any, Awaitable, Callable
 
@@ -68,6 +69,8 @@ def create_app(engine: Engine, model_name: str, max_body_bytes: int = MAX_BODY_B
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        # The grammar compiler's vocabulary takes seconds to build: not on the engine thread.
+        threading.Thread(target=engine.structured.prepare, name="v4serve-grammar", daemon=True).start()
         ctx.engine_loop.start()
         yield
         ctx.engine_loop.stop()

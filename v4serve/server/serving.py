@@ -15,6 +15,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from v4serve.engine import RequestOutput, SamplingParams
+from v4serve.engine.sampling_params import StructuredOutputsParams
 from v4serve.server import sse
 from v4serve.server.engine_loop import EngineLoop
 from v4serve.server.errors import APIError, bad_field, server_error
@@ -31,8 +32,16 @@ def check_prompt(token_ids: list[int], vocab_size: int, max_model_len: int, para
             f"(prompt plus at least one generated token)", param=param, code="context_length_exceeded")
 
 
-def sampling_params(s: Sampling, prompt_len: int, max_model_len: int, logprobs: int | None) -> SamplingParams:
-    """Engine parameters for one prompt; `max_tokens` must fit in the context left by the prompt."""
+def sampling_params(s: Sampling, prompt_len: int, max_model_len: int, logprobs: int | None,
+                    vocab_size: int | None = None, structured: StructuredOutputsParams | None = None) -> SamplingParams:
+    """Engine parameters for one prompt; `max_tokens` must fit in the context left by the prompt;
+    `logit_bias` and `stop_token_ids` ids must be in the vocabulary; `structured` (a tool-call
+    grammar) replaces the request's own constraint."""
+    if vocab_size is not None:
+        for name, ids in (("logit_bias", list(s.logit_bias or {})), ("stop_token_ids", list(s.stop_token_ids))):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise bad_field(name, f"token ids must be in [0, {vocab_size}), got {bad[:5]}")
     room = max_model_len - prompt_len
     max_tokens = room if s.max_tokens is None else s.max_tokens
     if max_tokens > room:
@@ -43,7 +52,10 @@ def sampling_params(s: Sampling, prompt_len: int, max_model_len: int, logprobs: 
     return SamplingParams(
         n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=max_tokens,
         min_tokens=min(s.min_tokens, max_tokens), stop=list(s.stop), ignore_eos=s.ignore_eos, seed=s.seed,
-        logprobs=logprobs,
+        logprobs=logprobs, min_p=s.min_p, presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty, logit_bias=dict(s.logit_bias or {}),
+        stop_token_ids=list(s.stop_token_ids), skip_special_tokens=s.skip_special_tokens,
+        prompt_logprobs=s.prompt_logprobs, structured_outputs=structured if structured is not None else s.structured,
     )
 
 
