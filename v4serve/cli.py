@@ -15,6 +15,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--hf-overrides", type=json.loads, default=None,
                    help='JSON object of config.json fields to override, e.g. \'{"num_hidden_layers": 8}\'')
+    from v4serve.engine.offload import add_weight_args
+
+    add_weight_args(p)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -23,7 +26,7 @@ def _generate(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed)
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-              hf_overrides=args.hf_overrides)
+              hf_overrides=args.hf_overrides, quantization=args.quantization, cpu_offload_gb=args.cpu_offload_gb)
     out = llm.generate([args.prompt], params)[0].outputs[0]
     print(out.text)
     return 0

@@ -25,7 +25,8 @@ from v4serve.engine.request import Request, Status
 from v4serve.engine.sampler import position_logprobs, sample_batch
 from v4serve.engine.sampling_params import SamplingParams
 from v4serve.engine.scheduler import ScheduledChunk, Scheduler
-from v4serve.model.loader import build_model
+from v4serve.engine.offload import kv_reserve_bytes, memory_map
+from v4serve.model.loader import build_model, offloads_of, resolve_config
 from v4serve.tokenizer import Tokenizer
 from v4serve.presets import is_preset
 
@@ -66,6 +67,8 @@ class EngineArgs:
     overlap_decode: bool = True  # launch decode step N+1 before reading step N's tokens
     seed: int = 0
     progress: bool = True
+    quantization: str | None = None  # override config.json: "fp8", "fp8-reference", "none" (config.QUANTIZATION_CHOICES)
+    cpu_offload_gb: float | str = 0  # GiB of routed experts in pinned host memory, or "auto" (engine/offload.py)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -93,7 +96,9 @@ class Engine:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = resolve_dtype(args.dtype, device)
         kv_format = cache_format(args.kv_format)
-        self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress)
+        reserve = kv_reserve_bytes(args, resolve_config(args.model, args.hf_overrides, args.quantization), device, dtype)
+        self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress,
+                                         args.quantization, args.cpu_offload_gb, reserve)
         self.model.fuse_projections()
         self.config = config
         self.tokenizer = Tokenizer.for_model(None if is_preset(args.model) else args.model)
@@ -125,10 +130,12 @@ class Engine:
             device=device,
             kv_format=kv_format,
         )
+        self.memory_map = memory_map(self.model, self.kv_budget.total_bytes)  # start-up lines (serve prints them)
         self.scheduler = Scheduler(self.cache, args.max_num_seqs, args.max_num_batched_tokens)
         self.decode_runner = DecodeRunner(
             self.model, self.cache, args.max_num_seqs, self.kernels,
-            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs,
+            # offloaded experts are fetched after a host read of the step's routing: no graph capture
+            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs and not offloads_of(self.model),
             graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
         )
         self._seeds = torch.Generator().manual_seed(args.seed)

@@ -13,6 +13,7 @@ from typing import Callable
 
 from v4serve.cache.budget import parse_size
 from v4serve.engine import Engine, EngineArgs
+from v4serve.engine.offload import add_weight_args
 from v4serve.server.protocol import MAX_BODY_BYTES
 
 
@@ -31,6 +32,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None, metavar="N",
                    help="decode batch sizes captured as CUDA graphs (default: 1 2 4 ... max-num-seqs)")
     p.add_argument("--hf-overrides", type=json.loads, default=None, help="JSON object of config.json overrides")
+    add_weight_args(p)
     p.add_argument("--max-body-bytes", type=parse_size, default=MAX_BODY_BYTES)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
@@ -41,6 +43,7 @@ def engine_args(args: argparse.Namespace) -> EngineArgs:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory=args.kv_cache_memory, hf_overrides=args.hf_overrides, progress=False,
         cuda_graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
+        quantization=args.quantization, cpu_offload_gb=args.cpu_offload_gb,
     )
 
 
@@ -55,7 +58,7 @@ def serve(args: argparse.Namespace, make_engine: Callable[[EngineArgs], Engine] 
     name = args.served_model_name or args.model
     print(f"v4serve: serving {name!r} on {engine.device} (max_model_len {engine.max_model_len}, "
           f"max_num_seqs {engine.scheduler.max_num_seqs})")
-    print("\n".join(engine.kv_budget.describe()), flush=True)
+    print("\n".join(engine.memory_map + engine.kv_budget.describe()), flush=True)
     app = create_app(engine, name, max_body_bytes=args.max_body_bytes)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             log_config=_log_config(args.log_level), timeout_graceful_shutdown=None,
