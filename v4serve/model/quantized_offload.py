@@ -55,7 +55,8 @@ class ExpertOffload:
         if self.resident:
             self.index[torch.tensor(self.resident, device=device)] = torch.arange(r, device=device)
         self.counts = torch.zeros(e, dtype=torch.long)
-        self.fetches = 0
+        self.fetches = 0  # host -> slot copies
+        self.split_steps = 0  # steps that needed more offloaded experts than slots (run in rounds)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     # ------------------------------------------------------------------ loading
@@ -82,6 +83,7 @@ class ExpertOffload:
         self.counts[used_list] += n.cpu()
         offloaded = [x for x in used_list if x in self.host_row]
         rounds = [offloaded[i:i + self.n_slots] for i in range(0, len(offloaded), self.n_slots)] or [[]]
+        self.split_steps += len(rounds) > 1
         out = None
         for k, group in enumerate(rounds):
             self._make_present(group)
@@ -141,7 +143,7 @@ class ExpertOffload:
         for cold, warm in zip(cold_resident, hot_host):
             row, hrow = self.row_of.pop(cold), self.host_row.pop(warm)
             for dev, host in zip(self.device_tensors, self.host_tensors):
-                tmp = dev[row].cpu()
+                tmp = dev[row].to("cpu", copy=True)  # a copy also when the device is the CPU
                 dev[row].copy_(host[hrow])
                 host[hrow].copy_(tmp)
             self.row_of[warm], self.host_row[cold] = row, hrow
