@@ -151,3 +151,16 @@ def test_a_failure_while_copying_leaves_nothing_allocated(checkpoints, monkeypat
         build_model(str(checkpoints / "official"), "cpu", torch.float32, progress=False)
     tensors = list(built["model"].parameters()) + list(built["model"].buffers())
     assert tensors and all(t.device.type == "meta" for t in tensors)
+
+
+def test_save_pretrained_of_a_quantized_model_loads_back(tmp_path):
+    """Our own names (e4m3 `weight` + fp32 `weight_scale_inv`, packed experts + U8 `*_scale_inv`)."""
+    from v4serve.model.loader import save_pretrained
+
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0)
+    llm = LLM("tiny", device="cpu", quantization="fp8", progress=False)
+    save_pretrained(llm.engine.model, llm.engine.config, tmp_path / "saved")
+    again = LLM(str(tmp_path / "saved"), device="cpu", progress=False)
+    outs = [x.generate(prompt_token_ids=[[0, 4, 5, 6]], sampling_params=params)[0].outputs[0] for x in (llm, again)]
+    assert outs[0].token_ids == outs[1].token_ids
+    assert [lp for lp in outs[0].logprobs] == [lp for lp in outs[1].logprobs]

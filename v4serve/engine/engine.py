@@ -98,7 +98,7 @@ class Engine:
         kv_format = cache_format(args.kv_format)
         reserve = kv_reserve_bytes(args, resolve_config(args.model, args.hf_overrides, args.quantization), device, dtype)
         self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress,
-                                         args.quantization, args.cpu_offload_gb, reserve)
+                                         args.quantization, args.cpu_offload_gb, reserve, args.kernels)
         self.model.fuse_projections()
         self.config = config
         self.tokenizer = Tokenizer.for_model(None if is_preset(args.model) else args.model)

@@ -45,7 +45,7 @@ def resolve_config(model: str, overrides: dict[str, Any] | None = None, quantiza
 def build_model(
     model: str, device: torch.device | str, dtype: torch.dtype, overrides: dict[str, Any] | None = None,
     progress: bool = True, quantization: str | None = None, cpu_offload_gb: float | str = 0,
-    reserve_bytes: int = 0,
+    reserve_bytes: int = 0, kernels: str = "auto",
 ) -> tuple[DeepseekV4ForCausalLM, ModelConfig]:
     """The model with weights: random (fixed seed) for presets, loaded for checkpoints.
 
@@ -53,7 +53,8 @@ def build_model(
     that model (from the checkpoint's tensors, or the official layout for a quantized preset); a
     checkpoint is checked completely from its headers; then every tensor is allocated once, on
     `device` (or, for offloaded experts, in pinned host memory) and filled. A failure after
-    allocation frees what was allocated before it propagates."""
+    allocation frees what was allocated before it propagates. `kernels` binds the FP8 linears'
+    implementation ("auto": Triton on CUDA, torch on the CPU)."""
     device = torch.device(device)
     config = resolve_config(model, overrides, quantization)
     with torch.device("meta"):
@@ -63,10 +64,10 @@ def build_model(
             p.data = p.data.to(dtype)
     scan = None
     if is_preset(model):
-        install(net, official_plan(net, config), config.quantization, config)
+        install(net, official_plan(net, config), config.quantization, config, kernels)
     else:
         scan = scan_checkpoint(net, Path(model), config,
-                               lambda plan: install(net, plan, config.quantization, config))
+                               lambda plan: install(net, plan, config.quantization, config, kernels))
     placement = plan_placement(net, config, cpu_offload_gb, device, reserve_bytes)
     offloads = {}
     try:
@@ -169,7 +170,10 @@ class _ExpertRows:
 
 
 def save_pretrained(net: DeepseekV4ForCausalLM, config: ModelConfig, path: str | Path) -> None:
-    """Write `config.json` and `model.safetensors` in transformers' naming."""
+    """Write `config.json` and `model.safetensors` in transformers' naming (quantized modules as
+    e4m3 `weight` + fp32 `weight_scale_inv`, packed experts + ue8m0 `*_scale_inv` bytes)."""
+    if offloads_of(net):
+        raise ValueError("save_pretrained of a model with offloaded experts: build it with cpu_offload_gb=0")
     from safetensors.torch import save_file
 
     path = Path(path)

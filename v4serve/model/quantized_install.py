@@ -68,7 +68,8 @@ def official_plan(net: nn.Module, config: ModelConfig) -> QuantPlan:
     return plan
 
 
-def install(net: nn.Module, plan: QuantPlan, quant: QuantConfig | None, config: ModelConfig) -> None:
+def install(net: nn.Module, plan: QuantPlan, quant: QuantConfig | None, config: ModelConfig,
+            kernels: str = "auto") -> None:
     """Swap the planned modules (on whatever device the model is; meta costs nothing)."""
     if plan.fp8 and quant is None:
         raise ValueError("FP8 modules need a quantization config (weight_block_size)")
@@ -78,7 +79,7 @@ def install(net: nn.Module, plan: QuantPlan, quant: QuantConfig | None, config: 
         old = getattr(parent, child)
         with torch.device(next(old.parameters()).device):  # meta while building: no memory
             if name in plan.fp8:
-                new = FP8Linear(old.in_features, old.out_features, quant.weight_block_size, quant.act_block)
+                new = FP8Linear(old.in_features, old.out_features, quant.weight_block_size, quant.act_block, kernels)
             else:
                 new = MXFP4Experts(config)
         setattr(parent, child, new)

@@ -11,11 +11,13 @@ A step's picks are remapped through `index` and run over `device[t]` by the expe
 (the grouped matmul never sees the host). Before that, the offloaded experts the step picks are
 made present: the step's distinct experts are read on the host (one synchronisation per
 offloaded layer: an offloaded model runs its decode eagerly, without CUDA graphs), the missing
-ones copied host -> slot on a side copy stream (CUDA; the compute stream waits on it), evicting
-the least recently used slots the step does not need. When a step needs more offloaded experts
-than there are slots (a long prefill), it runs in rounds of at most S offloaded experts: each
-round computes the picks of its experts (resident ones in the first; other picks weigh 0)
-and the rounds add up.
+ones copied host -> slot on a side copy stream, evicting the least recently used slots the step
+does not need. On CUDA (`overlap`) the resident experts' picks run in a pass of their own while
+those copies are in flight; the offloaded picks run once the compute stream has waited for the
+copy stream. A step that needs more offloaded experts than there are slots (a long prefill) runs
+in more passes of at most S offloaded experts. Each pass computes the picks of its experts (the
+others weigh 0 and point at one of its rows, never at a slot being written); the passes add up.
+Overlap with the EARLIER layers is not done: the routing of a layer is known only when it runs.
 
 `counts` [E] (host, int64) counts every pick: `place_by_counts` moves the most used experts into
 the resident rows (placement by measured use).
@@ -58,6 +60,9 @@ class ExpertOffload:
         self.fetches = 0  # host -> slot copies
         self.split_steps = 0  # steps that needed more offloaded experts than slots (run in rounds)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # Resident experts computed in a pass of their own while the copies run (CUDA: the copy
+        # engine works beside the SMs); on the CPU nothing runs beside, so one pass fewer.
+        self.overlap = device.type == "cuda"
 
     # ------------------------------------------------------------------ loading
     def dest(self, tensor: str, expert: int) -> torch.Tensor:
@@ -82,25 +87,36 @@ class ExpertOffload:
         used_list = used.tolist()
         self.counts[used_list] += n.cpu()
         offloaded = [x for x in used_list if x in self.host_row]
-        rounds = [offloaded[i:i + self.n_slots] for i in range(0, len(offloaded), self.n_slots)] or [[]]
-        self.split_steps += len(rounds) > 1
+        chunks = [offloaded[i:i + self.n_slots] for i in range(0, len(offloaded), self.n_slots)]
+        self.split_steps += len(chunks) > 1
+        if not chunks:  # every pick resident: one pass
+            return module.run(x, self.index[experts], weights, kernels, add, self.device_tensors)
+        # Passes: (experts whose picks it computes, the chunk it needs in the slots).
+        if self.overlap and self.resident:  # the resident pass runs while the first chunk is copied
+            passes = [(self.resident, None)] + [(c, c) for c in chunks]
+            self._fetch(chunks[0])
+        else:
+            passes = [(self.resident + chunks[0], chunks[0])] + [(c, c) for c in chunks[1:]]
         out = None
-        for k, group in enumerate(rounds):
-            self._make_present(group)
-            mapped = self.index[experts]
-            w = weights
-            if len(rounds) > 1:  # only the picks of this round's experts count (resident ones in round 0)
-                in_round = torch.zeros(self.n_experts, dtype=torch.bool, device=self.device)
-                in_round[torch.tensor(group + (self.resident if k == 0 else []), dtype=torch.long,
-                                      device=self.device)] = True
-                w = torch.where(in_round[experts], weights, torch.zeros_like(weights))
-                mapped = mapped.clamp(min=0)
+        for k, (members, chunk) in enumerate(passes):
+            if chunk is not None:
+                if not (self.overlap and self.resident and k == 1):
+                    self._fetch(chunk)
+                self._wait()
+            mapped, w = self.index[experts], weights
+            if len(passes) > 1:  # only this pass's picks count; the others point at one of its rows
+                mine = torch.zeros(self.n_experts, dtype=torch.bool, device=self.device)
+                mine[torch.tensor(members, dtype=torch.long, device=self.device)] = True
+                picked = mine[experts]
+                w = torch.where(picked, weights, torch.zeros_like(weights))
+                mapped = torch.where(picked, mapped, self.index[members[0]])
             y = module.run(x, mapped, w, kernels, add if k == 0 else None, self.device_tensors)
             out = y if out is None else out + y
         return out
 
-    def _make_present(self, group: list[int]) -> None:
-        """Every expert of `group` in a slot (fetching the missing ones), LRU order updated."""
+    def _fetch(self, group: list[int]) -> None:
+        """Issue the copies that put every expert of `group` in a slot (on the copy stream on CUDA:
+        `_wait` before reading them), evicting the least recently used experts not in `group`."""
         missing = [x for x in group if x not in self.slots]
         for x in group:
             if x in self.slots:
@@ -113,7 +129,7 @@ class ExpertOffload:
         for x in missing:
             if free:
                 slot = free.pop(0)
-            else:  # evict the least recently used expert this step does not need
+            else:
                 victim = next(v for v in self.slots if v not in wanted)
                 slot = self.slots.pop(victim)
                 self.index[victim] = -1
@@ -124,8 +140,10 @@ class ExpertOffload:
             self.slots[x] = slot
             self.index[x] = row
             self.fetches += 1
-        if stream is not None and missing:
-            torch.cuda.current_stream(self.device).wait_stream(stream)
+
+    def _wait(self) -> None:
+        if self.copy_stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
 
     # ------------------------------------------------------------------ placement
     @torch.no_grad()
