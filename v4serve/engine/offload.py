@@ -8,12 +8,15 @@ The mechanism (which experts are resident, device slots, fetch, eviction) is
 from __future__ import annotations
 
 import argparse
+import logging
 
 import torch
 
 from v4serve.cache import CacheGeometry
 from v4serve.cache.budget import budget_for_pages
 from v4serve.config import QUANTIZATION_CHOICES
+
+logger = logging.getLogger(__name__)
 
 
 def parse_cpu_offload_gb(text: str) -> float | str:
@@ -53,8 +56,8 @@ def kv_reserve_bytes(args, config, device: torch.device, dtype: torch.dtype) -> 
 
 
 def memory_map(model: torch.nn.Module, kv_total_bytes: int) -> list[str]:
-    """Start-up lines: weights on the device (dense, resident experts, expert slots), weights in
-    host memory, KV cache."""
+    """Start-up lines (also logged at INFO): weights on the device (dense, resident experts, expert
+    slots), weights in host memory, KV cache."""
     from v4serve.model.loader import offloads_of
 
     offloads = offloads_of(model)
@@ -73,4 +76,6 @@ def memory_map(model: torch.nn.Module, kv_total_bytes: int) -> list[str]:
              f"  expert cache (staging)  {slots / gib:9.2f} GiB"
              + (f" ({offloads[0].n_slots} slots per offloaded layer)" if offloads else ""),
              f"  KV cache                {kv_total_bytes / gib:9.2f} GiB"]
+    for line in lines:
+        logger.info(line)
     return lines

@@ -3,9 +3,20 @@
 Our module tree uses transformers' names (`model.layers.N.self_attn.q_a_proj.weight`, fused
 `mlp.experts.gate_up_proj`, ...). The official checkpoint's names (`layers.N.attn.wq_a.weight`,
 per-expert `layers.N.ffn.experts.E.w1.weight`, ...) are mapped onto them by ONE declared table,
-`OFFICIAL_NAMES`, plus the per-expert rule `official_expert_target`. Missing, unexpected or
-wrongly shaped tensors are collected and reported together in one `WeightsError`, every name
-listed, with names that differ only in layer / expert indices merged into one line.
+`OFFICIAL_NAMES`, plus the per-expert rule `official_expert_target`.
+
+Quantized tensors: an F8_E4M3 weight's scale is `X.scale` (official, F8_E8M0 or F32) or
+`X.weight_scale_inv` (transformers); a packed e2m1 expert weight (I8 / U8 / F4) has `X.scale`
+(F8_E8M0, [N, K/32]) or, fused, `...experts.gate_up_proj_scale_inv`. A scale may sit in any
+shard. Our scale parameters are named weight parameter + `_scale_inv` (model/quantized.py).
+
+Loading is two passes. `scan_checkpoint` reads only the shard headers (`read_header`: the byte
+layout is in its docstring), decides from the dtypes which modules are quantized and installs
+them on the meta model, then checks every tensor: truncated data, unknown dtypes, FP8 tensors
+under unknown names or for parameters kept in high precision, missing scales, scale shapes (ceil
+of the blocks), missing / unexpected / wrongly shaped tensors: all reported together in one
+`WeightsError`, every name listed, names that differ only in layer / expert indices merged into
+one line. Only then is memory allocated, and `copy_weights` copies one tensor at a time.
 """
 
 from __future__ import annotations
