@@ -123,7 +123,8 @@ def test_unknown_dtype_and_fp8_where_the_model_keeps_float(checkpoints, tmp_path
         in message
 
 
-def test_a_failure_while_copying_leaves_nothing_allocated(checkpoints, monkeypatch):
+@pytest.mark.parametrize("cpu_offload_gb", [0, 1e-4])
+def test_a_failure_while_copying_leaves_nothing_allocated(checkpoints, monkeypatch, cpu_offload_gb):
     """Headers pass, then a read fails half-way: the error propagates and every parameter of the
     model is back on "meta" (on CUDA the allocator cache is emptied too)."""
     import v4serve.model.loader as loader
@@ -148,9 +149,10 @@ def test_a_failure_while_copying_leaves_nothing_allocated(checkpoints, monkeypat
     monkeypatch.setattr(loader, "copy_weights", failing_copy)
     monkeypatch.setattr(loader, "DeepseekV4ForCausalLM", keep)
     with pytest.raises(OSError, match="half-way"):
-        build_model(str(checkpoints / "official"), "cpu", torch.float32, progress=False)
+        build_model(str(checkpoints / "official"), "cpu", torch.float32, progress=False, cpu_offload_gb=cpu_offload_gb)
     tensors = list(built["model"].parameters()) + list(built["model"].buffers())
     assert tensors and all(t.device.type == "meta" for t in tensors)
+    assert all(getattr(m, "offload", None) is None for m in built["model"].modules())  # slots and host rows dropped
 
 
 def test_save_pretrained_of_a_quantized_model_loads_back(tmp_path):

@@ -72,6 +72,8 @@ def build_model(
     offloads = {}
     try:
         for name, host in placement.host_experts.items():
+            if not host:
+                continue
             module = net.get_submodule(name)
             offloads[name] = ExpertOffload(module, host, min(placement.n_slots, len(host)) or 1, device)
             for tensor in EXPERT_TENSORS:  # now held by the offload, not allocated as parameters
@@ -84,6 +86,8 @@ def build_model(
             copy_weights(scan, _writer(net, offloads), device, progress=progress)
     except BaseException:
         net.to_empty(device="meta")
+        for name in offloads:
+            net.get_submodule(name).offload = None
         offloads.clear()
         if device.type == "cuda":
             torch.cuda.empty_cache()
