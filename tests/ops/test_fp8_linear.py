@@ -111,3 +111,103 @@ def test_leading_dims_and_errors():
         fp8_linear(x[..., :30], weight, scale, (8, 16), impl="torch")
     with pytest.raises(ValueError, match="act_block"):
         fp8_linear(x, weight, scale, (8, 16), act_block=0, impl="torch")
+
+
+# Triton (interpreted) against the reference. Under the interpreter the dots are fp32 sums of exact
+# products, as in the reference: only the summation order differs, so fp32 outputs agree to 1e-5
+# and bf16 outputs to one bf16 ulp (up to 2^-7 relative at the bottom of a binade).
+_TRITON_CASES = [
+    # m, n, k, block, act_block, scale_fmt
+    (1, 20, 36, (8, 16), None, "ue8m0"),      # odd blocks: pre-scaled weight tiles, partial edges
+    (3, 130, 200, (128, 128), None, "fp32"),  # post-scaled partials (any fp32 scale), partial blocks
+    (3, 130, 200, (128, 128), 128, "ue8m0"),  # the V4 numerics
+    (1, 72, 100, (32, 32), 32, "ue8m0"),      # the V4.1 numerics
+    (64, 70, 160, (32, 32), None, "ue8m0"),   # prefill tiles, pre-scaled (block_k 32 < BLOCK_K)
+    (64, 40, 300, (128, 128), 128, "fp32"),   # prefill tiles, act mode, fp32 weight scales
+]
+
+
+@pytest.mark.parametrize("fp8_hw", [True, False], ids=["fp8", "bytes"])
+@pytest.mark.parametrize("m, n, k, block, act_block, scale_fmt", _TRITON_CASES)
+def test_triton_matches_the_reference(m, n, k, block, act_block, scale_fmt, fp8_hw):
+    from v4serve.ops.fp8_linear_triton import fp8_linear_triton
+
+    weight, scale = _weights(n, k, block, scale_fmt, seed=m + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)).bfloat16()
+    want = fp8_linear(x, weight, scale, block, act_block=act_block, impl="torch")
+    got = fp8_linear_triton(x, weight, scale, block, act_block, fp8_hw=fp8_hw)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6 * want.float().abs().max().item())
+    if act_block is None:
+        want32 = fp8_linear(x.float(), weight, scale, block, impl="torch")
+        got32 = fp8_linear_triton(x.float(), weight, scale, block, None, fp8_hw=fp8_hw)
+        torch.testing.assert_close(got32, want32, rtol=1e-5, atol=1e-5 * want32.abs().max().item())
+
+
+@pytest.mark.parametrize("act_block", [None, 128])
+def test_triton_decode_split_k_sums_in_order(act_block):
+    from v4serve.ops.fp8_linear_triton import fp8_linear_triton
+
+    weight, scale = _weights(70, 600, (128, 128))
+    x = torch.randn(5, 600, generator=torch.Generator().manual_seed(2)).bfloat16()
+    want = fp8_linear(x, weight, scale, act_block=act_block, impl="torch")
+    one = fp8_linear_triton(x, weight, scale, (128, 128), act_block, split_k=1)
+    three = fp8_linear_triton(x, weight, scale, (128, 128), act_block, split_k=3)
+    for got in (one, three):
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6 * want.float().abs().max().item())
+
+
+def test_triton_dispatch_keeps_leading_dims():
+    weight, scale = _weights(20, 36, (8, 16))
+    x = torch.randn(2, 3, 36)
+    got = fp8_linear(x, weight, scale, (8, 16), impl="triton")
+    torch.testing.assert_close(got, fp8_linear(x, weight, scale, (8, 16), impl="torch"), rtol=1e-5, atol=1e-5)
+
+
+# GPU: Flash and Pro projections (out, in), decode and prefill sizes. Not run in this session.
+FLASH_PROJECTIONS = {"wq_a": (1024, 4096), "wq_b": (32768, 1024), "wkv": (512, 4096), "wo_b": (4096, 8192),
+                     "shared w1": (2048, 4096), "shared w2": (4096, 2048)}
+PRO_PROJECTIONS = {"wq_a": (1536, 7168), "wq_b": (65536, 1536), "wkv": (512, 7168), "wo_b": (7168, 16384),
+                   "shared w1": (3072, 7168), "shared w2": (7168, 3072)}
+_GPU_SHAPES = [(f"{model} {name}", n, k) for model, table in (("flash", FLASH_PROJECTIONS), ("pro", PRO_PROJECTIONS))
+               for name, (n, k) in table.items()]
+
+
+def _gpu_weights(n, k, block, scale_fmt, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return quantize_fp8_blocks(torch.randn(n, k, generator=gen, device="cuda") * k**-0.5, block, scale_fmt)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 8, 64, 2048])
+@pytest.mark.parametrize("name, n, k", _GPU_SHAPES, ids=[s[0] for s in _GPU_SHAPES])
+def test_triton_on_gpu_at_model_shapes(name, n, k, m):
+    weight, scale = _gpu_weights(n, k, (128, 128), "ue8m0", seed=n + k)
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator(device="cuda").manual_seed(m)).bfloat16()
+    # The activation quantization is the same math in both: bit-identical.
+    codes, scales = act_quant(x, 128, impl="triton")
+    want_codes, want_scales = act_quant(x, 128, impl="torch")
+    assert torch.equal(codes.view(torch.uint8), want_codes.view(torch.uint8)) and torch.equal(scales, want_scales)
+    # Weight-only: exact products (e4m3 codes in bf16, power-of-two scales), fp32 sums in another
+    # order: one bf16 ulp, plus the fp32 rounding of the sums where they cancel.
+    want = fp8_linear(x, weight, scale, impl="torch").float()
+    got = fp8_linear(x, weight, scale, impl="triton").float()
+    torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-4 * want.abs().max().item())
+    # Official numerics: the FP8 tensor cores sum each 128-long block product with fewer bits than
+    # fp32 (DeepSeek-V3 report: about 14), before the fp32 promotion: 2^-6 relative, 1e-3 of max.
+    want = fp8_linear(x, weight, scale, act_block=128, impl="torch").float()
+    got = fp8_linear(x, weight, scale, act_block=128, impl="triton").float()
+    torch.testing.assert_close(got, want, rtol=2**-6, atol=1e-3 * want.abs().max().item())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 64])
+def test_triton_on_gpu_v41_blocks_and_fp32_scales(m):
+    x = torch.randn(m, 5120, device="cuda", generator=torch.Generator(device="cuda").manual_seed(m)).bfloat16()
+    for block, act_block, scale_fmt in (((32, 32), 32, "ue8m0"), ((32, 32), None, "ue8m0"), ((128, 128), None, "fp32")):
+        weight, scale = _gpu_weights(1280, 5120, block, scale_fmt, seed=m)
+        want = fp8_linear(x, weight, scale, block, act_block=act_block, impl="torch").float()
+        got = fp8_linear(x, weight, scale, block, act_block=act_block, impl="triton").float()
+        tol = (2**-7, 1e-4) if act_block is None else (2**-6, 1e-3)
+        torch.testing.assert_close(got, want, rtol=tol[0], atol=tol[1] * want.abs().max().item())

@@ -22,12 +22,15 @@ from triton.testing import do_bench_cudagraph
 from v4serve.bench.shapes import (
     HEAD_DIM,
     HEADS,
+    MOE_TOP_K,
     PR_NEW38_US,
     TARGET_US,
     all_shapes,
     gated_pool_case,
     indexer_case,
+    fp8_linear_case,
     mhc_case,
+    mxfp4_moe_case,
     quant_case,
     sparse_decode_case,
     sparse_prefill_case,
@@ -36,11 +39,18 @@ from v4serve.ops.gated_pool import gated_pool
 from v4serve.ops.hc_coefficients import hc_coefficients
 from v4serve.ops.hc_mix import hc_mix
 from v4serve.ops.indexer import index_scores
+from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.kv_quant import apply_kv_format
+from v4serve.ops.moe_combine import moe_combine
+from v4serve.ops.moe_route import moe_route
+from v4serve.ops.moe_sort import moe_sort
+from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
 from v4serve.ops.sparse_attn import sparse_attn_paged
 from v4serve.ops.sparse_attn_reference import live_columns
+from v4serve.ops.swiglu import clamped_swiglu
 
 H200_TBPS, H200_TFLOPS = 4.3, 790.0
+H200_FP8_TFLOPS = 1257.0
 L2_BYTES = 60 << 20
 MAX_COLD_SETS = 256  # the tiniest shapes rotate through 256 sets, which still fit in L2
 
@@ -54,8 +64,43 @@ def _sparse_work(case):
     return io + rows * HEAD_DIM * 2, 4 * HEADS * HEAD_DIM * pairs
 
 
+# ---- quantized weights: FP8 linear, MXFP4 MoE layer ----
+def _build_fp8_linear(n, k, m, act_block, device, seed):
+    """Floor: the weight bytes (+ scales, x in, y out) at HBM speed, or the MMA time (fp8 when the
+    activations are quantized, bf16 for weight-only), whichever is longer."""
+    x, weight, scale = fp8_linear_case(n, k, m, device=device, seed=seed)
+    nbytes = weight.numel() + scale.numel() * 4 + x.numel() * 2 + m * n * 2
+    peak = H200_FP8_TFLOPS if act_block else H200_TFLOPS
+    return (lambda: fp8_linear(x, weight, scale, (128, 128), act_block=act_block)), nbytes, 2 * m * n * k, nbytes, peak
+
+
+def _build_mxfp4_moe(model, tokens, device, seed):
+    """The routed MoE layer: route (sqrtsoftplus top-6), sort, MXFP4 gate_up, clamped SwiGLU, MXFP4
+    down, combine. Floor: the packed bytes and scales of the experts the routing touches (+ x,
+    logits, out), or the bf16 MMA time."""
+    x, logits, w13, s13, w2, s2 = mxfp4_moe_case(model, tokens, device=device, seed=seed)
+    bias = torch.zeros(logits.shape[1], device=device)
+
+    def layer():
+        experts, weights = moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)
+        rows, ends, pos = moe_sort(experts, w13.shape[0])
+        gate, up = mxfp4_grouped_matmul(x, w13, s13, rows, ends).chunk(2, dim=-1)
+        y = mxfp4_grouped_matmul(clamped_swiglu(gate, up, 10.0), w2, s2, None, ends)
+        return moe_combine(y, pos, weights)
+
+    touched = int(torch.unique(moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)[0]).numel())
+    per_expert = sum(t[0].numel() for t in (w13, s13, w2, s2))
+    nbytes = touched * per_expert + x.numel() * 2 * 2 + logits.numel() * 2
+    flops = 2 * tokens * MOE_TOP_K * (w13.shape[1] * x.shape[1] + w2.shape[1] * 2 * w2.shape[2])
+    return layer, nbytes, flops, nbytes, H200_TFLOPS
+
+
 def build(kind, args, device, seed=0):
-    """-> (fn, bytes, flops, bytes of one input set)."""
+    """-> (fn, bytes, flops, bytes of one input set[, MMA peak TFLOP/s of the floor])."""
+    if kind == "fp8_linear":
+        return _build_fp8_linear(*args, device=device, seed=seed)
+    if kind == "mxfp4_moe":
+        return _build_mxfp4_moe(*args, device=device, seed=seed)
     if kind == "indexer":
         q, w, k_pool, key_rows, n_visible = indexer_case(*args, device=device, seed=seed)
         B, S, H, Dk = q.shape
@@ -113,9 +158,10 @@ def run(names, cold: bool, device="cuda"):
             best[n] = min(best[n], time_hot(built[n][0]))
     rows = []
     for n in names:
-        fn, nbytes, flops, set_bytes = built[n]
+        fn, nbytes, flops, set_bytes = built[n][:4]
+        peak = built[n][4] if len(built[n]) > 4 else H200_TFLOPS
         us = best[n]
-        floor_us = max(nbytes / (H200_TBPS * 1e6), flops / (H200_TFLOPS * 1e6))
+        floor_us = max(nbytes / (H200_TBPS * 1e6), flops / (peak * 1e6))
         kind = shapes[n][0]
         rows.append(dict(
             shape=n, us=round(us, 2),

@@ -162,6 +162,58 @@ def quant_case(rows: int, D: int, device, seed: int = 0):
     return torch.randn(rows, D, generator=g, device=device).bfloat16()
 
 
+# ---- quantized weights (ops/fp8_linear.py, ops/mxfp4_grouped_matmul.py) ----
+# FP8 block-scaled projections (out, in) with 128x128 ue8m0 blocks; MoE geometry (experts, hidden,
+# intermediate) of the MXFP4 routed experts, top-6.
+FP8_PROJECTIONS = {
+    "flash": {"wq_a": (1024, 4096), "wq_b": (32768, 1024), "wkv": (512, 4096), "wo_b": (4096, 8192),
+              "shared_w1": (2048, 4096), "shared_w2": (4096, 2048)},
+    "pro": {"wq_a": (1536, 7168), "wq_b": (65536, 1536), "wkv": (512, 7168), "wo_b": (7168, 16384),
+            "shared_w1": (3072, 7168), "shared_w2": (7168, 3072)},
+}
+MOE_GEOMETRY = {"flash": (256, 4096, 2048), "pro": (384, 7168, 3072)}
+MOE_TOP_K = 6
+
+
+def fp8_linear_case(n: int, k: int, m: int, device, seed: int = 0):
+    """(x bf16 [M, K], weight e4m3 [N, K], scale fp32 [N/128, K/128] powers of two), as a checkpoint holds them."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    weight = (torch.randn(n, k, generator=g, device=device) * 16).to(torch.float8_e4m3fn)
+    scale = torch.exp2(torch.randint(-14, -8, (-(-n // 128), -(-k // 128)), generator=g, device=device).float())
+    return torch.randn(m, k, generator=g, device=device).bfloat16(), weight, scale
+
+
+def mxfp4_moe_case(model: str, tokens: int, device, seed: int = 0):
+    """One routed MoE layer's inputs: x bf16 [T, D], router logits bf16 [T, E] (uniform routing),
+    fused gate_up packed [E, 2I, D/2] + ue8m0 scales [E, 2I, D/32], down [E, D, I/2] + [E, D, I/32]."""
+    e, d, i = MOE_GEOMETRY[model]
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def packed(rows, cols):
+        w = torch.randint(0, 256, (e, rows, cols // 2), generator=g, device=device, dtype=torch.int32).to(torch.uint8)
+        s = torch.randint(118, 122, (e, rows, cols // 32), generator=g, device=device, dtype=torch.int32)
+        return w, s.to(torch.uint8)
+
+    return (torch.randn(tokens, d, generator=g, device=device).bfloat16(),
+            torch.randn(tokens, e, generator=g, device=device).bfloat16(), *packed(2 * i, d), *packed(d, i))
+
+
+def quant_weight_shapes():
+    """name -> (kind, builder args) of the quantized-weight rows."""
+    shapes = {}
+    for model, table in FP8_PROJECTIONS.items():
+        for proj, (n, k) in table.items():
+            for m in (1, 8, 64, 2048):  # the official numerics: activations e4m3 per 128, FP8 MMA
+                shapes[f"fp8 linear {model} {proj} M{m}"] = ("fp8_linear", (n, k, m, 128))
+            for m in (1, 2048):  # weight-only numerics (bf16 MMA on dequantized tiles)
+                shapes[f"fp8 linear w8a16 {model} {proj} M{m}"] = ("fp8_linear", (n, k, m, None))
+    for model in MOE_GEOMETRY:
+        for c in (1, 8, 64):
+            shapes[f"mxfp4 moe {model} c{c}"] = ("mxfp4_moe", (model, c))
+        shapes[f"mxfp4 moe {model} prefill S2048"] = ("mxfp4_moe", (model, 2048))
+    return shapes
+
+
 def all_shapes():
     """name -> (kind, builder args)."""
     shapes = {
@@ -191,4 +243,5 @@ def all_shapes():
     for fmt, D in (("fp8_e8m0_b64_rope64", 512), ("fp4_e8m0_b32", 128)):
         for rows in (8, 8192):
             shapes[f"kv round trip {fmt} R{rows} D{D}"] = ("quant", (fmt, rows, D))
+    shapes.update(quant_weight_shapes())
     return shapes

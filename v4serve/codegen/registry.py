@@ -10,8 +10,14 @@ To add a kernel, append one entry to ``KERNELS`` (see docs/codegen.md):
 
 Tile configurations are copied from the launching wrapper; each entry says which one.
 """
+from v4serve.ops.fp8_linear_triton import FP8_DECODE_CONFIG as _FP8_DECODE
+from v4serve.ops.fp8_linear_triton import FP8_PREFILL_CONFIG as _FP8_PREFILL
+from v4serve.ops.fp8_linear_triton import FP8_PREFILL_DEQUANT_CONFIG as _FP8_PREFILL_DEQUANT
+from v4serve.ops.fp8_linear_triton import FP8_PREFILL_SM80_CONFIG as _FP8_PREFILL_SM80
 from v4serve.ops.hc_coefficients_triton import HC_CONFIG
 from v4serve.ops.hc_mix_triton import HC_MIX_CONFIGS
+from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_DECODE_CONFIG as _MXFP4_DECODE
+from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_PREFILL_CONFIG as _MXFP4_PREFILL
 from v4serve.ops.sparse_attn_gluon import MAX_REGS as WS_MAX_REGS
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_SMALL, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG_WS, PREFILL_CONFIGS)
@@ -98,6 +104,16 @@ _COMPRESS_DECODE_ALIGNED = ("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_
                             "stride_in", "stride_slot")
 # Register bounds, per arch, about 10% above the most measured under Triton 3.6 / 3.8 / 3.9
 # (docs/codegen.md): prefill 183 / 195 (32 heads; 3.9) / 184 / 169, decode 151 / 150 / 138 / 147.
+# Quantized-weight kernels: ~1.1 x the registers measured under Triton 3.6 (255 = the hardware
+# maximum, where the no-spill check is the bound: the sm_80 prefill decodes both operands from bytes).
+_QUANT_MAX_REGS = {
+    "decode_w8a16": {90: 96, 100: 96, 120: 96}, "decode_w8a16_sm80": {80: 100},
+    "decode_w8a8": {90: 96, 100: 96, 120: 72}, "decode_w8a8_sm80": {80: 96},
+    "prefill_w8a16": {90: 240, 100: 255, 120: 246}, "prefill_w8a16_sm80": {80: 255},
+    "prefill_w8a8": {90: 251, 100: 255, 120: 255}, "prefill_w8a8_sm80": {80: 255},
+    "mxfp4_decode": {80: 141, 90: 118, 100: 115, 120: 122},
+    "mxfp4_prefill": {80: 255, 90: 165, 100: 120, 120: 251},
+}
 _PREFILL_MAX_REGS = {80: 202, 90: 215, 100: 203, 120: 186}
 _DECODE_MAX_REGS = {80: 167, 90: 165, 100: 152, 120: 162}
 KERNELS: tuple[KernelSpec, ...] = (
@@ -395,6 +411,72 @@ KERNELS: tuple[KernelSpec, ...] = (
         aligned=("y_ptr", "pos_ptr", "w_ptr", "add_ptr", "out_ptr", "D", "stride_y", "stride_a"),
         constexprs=dict(PDL=False, K=6, HAS_ADD=True, BLOCK_D=512), num_warps=2, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"acc \+= w \* tl\.load", max_regs=96),
+    ),
+    # ---- quantized weights (ops/fp8_linear_triton.py, mxfp4_grouped_matmul_triton.py): V4-Flash shapes,
+    # bf16 activations. FP8 operands need sm_89+: sm_80 gets the same kernels with NATIVE_FP8=False and
+    # FP8_DOT=False, which read the e4m3 bytes as uint8, decode them with integer ops and run bf16 dots
+    # (exact: e4m3 values are exact in bf16). Decode: M = 8 rows, wq_a [1024, 4096], split-K over the
+    # 16 N tiles (out = the fp32 partials); prefill: 128x128 tiles, y in bf16 (FP8_PREFILL_CONFIG for
+    # w8a8 with fp8 dots, FP8_PREFILL_DEQUANT_CONFIG for weight-only and for sm_80). ----
+    *(
+        KernelSpec(  # ACT_QUANT_CONFIG: V4 (per 128 channels) and V4.1 (per 32)
+            f"quant.act_quant_b{group}", f"{_OPS}.fp8_linear_triton:_act_quant_kernel",
+            types=dict(x_ptr="*bf16", q_ptr="*u8", s_ptr="*fp32", K="i32", stride_x="i32", stride_q="i32",
+                       stride_s="i32"),
+            aligned=("x_ptr", "q_ptr", "s_ptr", "K", "stride_x", "stride_q"),
+            constexprs=dict(GROUP=group, BLOCK_G=1024), num_warps=4, num_stages=3,
+            expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=40),
+        )
+        for group in (128, 32)
+    ),
+    *(
+        KernelSpec(  # FP8_DECODE_CONFIG / FP8_PREFILL_CONFIG, V4 128x128 blocks (POST_SCALE)
+            f"fp8_linear.{phase}_{mode}{'_sm80' if sm80 else ''}",
+            f"{_OPS}.fp8_linear_triton:_fp8_linear_{phase}_kernel",
+            types=dict(
+                x_ptr=("*u8" if sm80 else "*fp8e4nv") if mode == "w8a8" else "*bf16", xs_ptr="*fp32",
+                w_ptr="*u8" if sm80 else "*fp8e4nv", ws_ptr="*fp32",
+                **(dict(out_ptr="*fp32") if phase == "decode" else dict(y_ptr="*bf16")),
+                M="i32", N="i32", K="i32", **(dict(k_per_split="i32") if phase == "decode" else {}),
+                stride_x="i32", stride_xs="i32", stride_w="i32", stride_ws="i32",
+                **(dict(stride_os="i32", stride_om="i32") if phase == "decode" else dict(stride_y="i32"))),
+            aligned=("x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "out_ptr" if phase == "decode" else "y_ptr", "N", "K",
+                     "stride_x", "stride_w",
+                     *(("k_per_split", "stride_os", "stride_om") if phase == "decode" else ("stride_y",))),
+            constexprs=dict(PDL=False, BN=128, BK=128, AB=128 if mode == "w8a8" else 1, ACT_FP8=mode == "w8a8",
+                            FP8_DOT=mode == "w8a8" and not sm80, NATIVE_FP8=not sm80, POST_SCALE=True, IEEE=False,
+                            **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            archs=(80,) if sm80 else (90, 100, 120),
+            expect=Expect(kv_load_bytes=16, kv_lines=r"(?<!_)w = tl\.load", tensor_cores=True,
+                          max_regs=_QUANT_MAX_REGS[f"{phase}_{mode}{'_sm80' if sm80 else ''}"]),
+        )
+        for phase in ("decode", "prefill") for mode in ("w8a16", "w8a8") for sm80 in (False, True)
+        for cfg in [_FP8_DECODE if phase == "decode" else _FP8_PREFILL_DEQUANT if mode == "w8a16"
+                    else _FP8_PREFILL_SM80 if sm80 else _FP8_PREFILL]
+    ),
+    KernelSpec(  # SPLIT_K_SUM_BLOCK; wq_a decode at 17 splits
+        "fp8_linear.split_k_sum", f"{_OPS}.fp8_linear_triton:_split_k_sum_kernel",
+        types=dict(part_ptr="*fp32", y_ptr="*bf16", MN="i32"), aligned=("part_ptr", "y_ptr", "MN"),
+        constexprs=dict(PDL=False, SPLIT_K=17, BLOCK=1024), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, max_regs=64),
+    ),
+    *(
+        KernelSpec(  # MXFP4_DECODE_CONFIG / MXFP4_PREFILL_CONFIG: fused gate_up [256, 4096, 4096 / 2],
+            # the scales read as int32 words (SCALE_WORDS: K % 128 == 0, as in every checkpoint)
+            f"moe.mxfp4_grouped_matmul_{phase}", f"{_OPS}.mxfp4_grouped_matmul_triton:_mxfp4_grouped_matmul_kernel",
+            types=dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", rows_ptr="*i64", ends_ptr="*i32", y_ptr="*bf16",
+                       N="i32", K="i32", K_BYTES="i32", K_SCALES="i32", stride_x="i32", stride_we="i32", stride_wn="i32", stride_se="i32",
+                       stride_sn="i32", stride_y="i32"),
+            aligned=("x_ptr", "w_ptr", "s_ptr", "rows_ptr", "ends_ptr", "y_ptr", "N", "K", "K_BYTES", "K_SCALES",
+                     "stride_x", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_y"),
+            constexprs=dict(PDL=False, N_GROUPS=256, HAS_ROWS=True, IEEE=False, SCALE_WORDS=True, BLOCK_E=256,
+                            **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            expect=Expect(kv_load_bytes=16, kv_lines=r"packed = tl\.load", tensor_cores=True,
+                          max_regs=_QUANT_MAX_REGS[f"mxfp4_{phase}"]),
+        )
+        for phase, cfg in (("decode", _MXFP4_DECODE), ("prefill", _MXFP4_PREFILL))
     ),
 )
 

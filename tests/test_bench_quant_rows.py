@@ -1,0 +1,36 @@
+"""`bench kernels` rows of the quantized-weight ops build and run on the CPU (timing needs a GPU),
+with the floors' bytes: FP8 weights + scales + x + y; MXFP4 experts touched by the routing."""
+
+import pytest
+import torch
+
+import v4serve.bench.shapes as shapes
+from v4serve.bench.kernels import H200_FP8_TFLOPS, H200_TFLOPS, build
+from v4serve.ops.fp8_linear import fp8_linear
+
+
+def test_rows_are_listed():
+    rows = {n: spec for n, spec in shapes.all_shapes().items() if spec[0] in ("fp8_linear", "mxfp4_moe")}
+    assert {f"fp8 linear {mdl} wq_b M{m}" for mdl in ("flash", "pro") for m in (1, 8, 64, 2048)} <= set(rows)
+    assert {f"mxfp4 moe {mdl} {c}" for mdl in ("flash", "pro") for c in ("c1", "c8", "c64", "prefill S2048")} <= set(rows)
+    assert len(rows) == 2 * 6 * 6 + 2 * 4
+
+
+@pytest.mark.parametrize("act_block", [128, None])
+def test_fp8_row_runs_and_counts_the_weight_bytes(act_block):
+    fn, nbytes, flops, _, peak = build("fp8_linear", (512, 4096, 1, act_block), "cpu")
+    assert fn().shape == (1, 512)
+    assert nbytes == 512 * 4096 + 4 * 4 * 32 + 4096 * 2 + 512 * 2 and flops == 2 * 512 * 4096
+    assert peak == (H200_FP8_TFLOPS if act_block else H200_TFLOPS)
+    x, weight, scale = shapes.fp8_linear_case(512, 4096, 1, "cpu")
+    assert torch.equal(fn(), fp8_linear(x, weight, scale, act_block=act_block))
+
+
+def test_moe_row_runs_and_counts_the_experts_touched(monkeypatch):
+    monkeypatch.setitem(shapes.MOE_GEOMETRY, "tiny", (8, 64, 32))
+    fn, nbytes, flops, _, _ = build("mxfp4_moe", ("tiny", 1), "cpu")
+    out = fn()
+    assert out.shape == (1, 64) and torch.isfinite(out.float()).all()
+    per_expert = 64 * 64 // 2 + 64 * 64 // 32 + 64 * 32 // 2 + 64 * 32 // 32
+    assert nbytes == 6 * per_expert + 64 * 2 * 2 + 8 * 2  # one token touches its 6 experts
+    assert flops == 2 * 6 * (64 * 64 + 64 * 32)
