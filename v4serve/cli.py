@@ -27,6 +27,7 @@ def _generate(args: argparse.Namespace) -> int:
                             max_tokens=args.max_tokens, seed=args.seed)
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               hf_overrides=args.hf_overrides, quantization=args.quantization, cpu_offload_gb=args.cpu_offload_gb)
+    print("\n".join(llm.engine.banner()), file=sys.stderr)
     out = llm.generate([args.prompt], params)[0].outputs[0]
     print(out.text)
     return 0

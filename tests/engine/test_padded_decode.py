@@ -59,8 +59,8 @@ def test_padding_rows_change_no_live_row_and_add_no_expert(monkeypatch):
     routes = []
     route = Router.route
 
-    def recording_route(self, logits, token_ids, kernels="auto", route_rows=None):
-        experts, weights = route(self, logits, token_ids, kernels, route_rows)
+    def recording_route(self, logits, token_ids, route_rows=None):
+        experts, weights = route(self, logits, token_ids, route_rows)
         routes.append((experts.clone(), None if route_rows is None else route_rows.clone()))
         return experts, weights
 

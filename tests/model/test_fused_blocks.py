@@ -5,6 +5,7 @@ hash and layer 1 by score."""
 import pytest
 import torch
 
+from v4serve.model.kernels import bind_kernels
 from v4serve.model.mhc import HyperConnection, HyperHead
 from v4serve.model.moe import MoE
 from v4serve.presets import preset_config
@@ -33,13 +34,14 @@ def test_hyper_connection_and_head_kernels_match_torch():
     head = _randomize(HyperHead(CONFIG), seed=2)
     streams = _streams(5, seed=3)
     out = torch.randn(5, CONFIG.hidden_size).bfloat16()
-    got = hc(streams, "triton")
-    want = hc(streams, "torch")
+    got = bind_kernels(hc, "triton")(streams)
+    got_expanded = hc.expand(out, streams, *got[1:])
+    got_head = bind_kernels(head, "triton")(streams)
+    want = bind_kernels(hc, "torch")(streams)
     for g, w in zip(got, want):
         torch.testing.assert_close(g.float(), w.float(), rtol=1e-2, atol=1e-5)
-    torch.testing.assert_close(HyperConnection.expand(out, streams, *want[1:], kernels="triton"),
-                               HyperConnection.expand(out, streams, *want[1:], kernels="torch"), rtol=0, atol=0)
-    torch.testing.assert_close(head(streams, "triton").float(), head(streams, "torch").float(), rtol=1e-2, atol=1e-5)
+    torch.testing.assert_close(got_expanded, hc.expand(out, streams, *got[1:]), rtol=0, atol=0)
+    torch.testing.assert_close(got_head.float(), bind_kernels(head, "torch")(streams).float(), rtol=1e-2, atol=1e-5)
 
 
 @pytest.mark.parametrize("layer", [0, 1])
@@ -49,8 +51,8 @@ def test_moe_kernels_match_torch(layer):
     moe = _randomize(MoE(CONFIG, layer), seed=4 + layer).bfloat16()
     x = torch.randn(6, CONFIG.hidden_size, generator=torch.Generator().manual_seed(5)).bfloat16()
     token_ids = torch.randint(0, CONFIG.vocab_size, (6,), generator=torch.Generator().manual_seed(6))
-    torch.testing.assert_close(moe(x, token_ids, "triton").float(), moe(x, token_ids, "torch").float(),
-                               rtol=2e-2, atol=2e-3)
+    got = bind_kernels(moe, "triton")(x, token_ids)
+    torch.testing.assert_close(got.float(), bind_kernels(moe, "torch")(x, token_ids).float(), rtol=2e-2, atol=2e-3)
 
 
 @pytest.mark.parametrize("layer", [0, 1])
@@ -58,13 +60,13 @@ def test_moe_kernels_match_torch(layer):
 def test_fused_input_projections_give_the_unfused_result(layer):
     """MoE.fuse_projections: router, shared gate and shared up as one GEMM; the members become views
     of the fused rows (one copy in memory) and keep their names in state_dict."""
-    moe = _randomize(MoE(CONFIG, layer), seed=7 + layer)
+    moe = bind_kernels(_randomize(MoE(CONFIG, layer), seed=7 + layer), "torch")
     x = torch.randn(4, CONFIG.hidden_size, generator=torch.Generator().manual_seed(8))
     token_ids = torch.randint(0, CONFIG.vocab_size, (4,), generator=torch.Generator().manual_seed(9))
     names = sorted(moe.state_dict())
-    want = moe(x, token_ids, "torch")
+    want = moe(x, token_ids)
     moe.fuse_projections()
-    torch.testing.assert_close(moe(x, token_ids, "torch"), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(moe(x, token_ids), want, rtol=1e-5, atol=1e-6)
     assert sorted(moe.state_dict()) == names
     fused = moe.input_proj.untyped_storage().data_ptr()
     for member in (moe.gate, moe.shared_experts.gate_proj, moe.shared_experts.up_proj):

@@ -11,11 +11,12 @@ input). See `_compare` for what is asserted. The issue's bounds for Triton vs to
 models have near-flat logits, where one ULP anywhere flips top-1 picks, so the torch path misses
 them against itself (docs/performance.md has the numbers).
 
-- `tiny`: 4 heads x 64, every layer type, 1100-token prompts in 512-token chunks.
+- `tiny`: 4 heads x 64, every layer type, 1100-token prompts in 512-token chunks (kv_cache_dtype
+  "bf16": its 64-channel rows have no room for the fp8 format's quantized blocks).
 - `deepseek-v4-flash` cut to 4 layers (CSA, HCA, CSA, HCA) with the real attention geometry (64
   heads x 512, rope 64, window 128, index 64 x 128, top-k 512, q/o LoRA 1024, 8 output groups) and
   a small MoE and vocabulary; a 2300-token prompt, so CSA rows reach 575 > 512 and the indexer
-  truly selects.
+  truly selects; with kv_cache_dtype "bf16" and "auto" (packed pools).
 """
 
 from __future__ import annotations
@@ -61,10 +62,11 @@ def _flip_lowest_bits(embedding: torch.nn.Embedding, fraction: float) -> None:
 
 
 def _run(model: str, kernels: str, prompts, budget: int, overrides=None, decode_steps: int = 8, dtype="bfloat16",
-         perturb: float = 0.0):
+         perturb: float = 0.0, kv_cache_dtype: str = "bf16"):
     # cuda_graphs=False: this compares the ops; graph replay against eager decoding is
     # tests/engine/test_gpu_decode.py.
     llm = LLM(model, device=DEVICE, dtype=dtype, kernels=kernels, hf_overrides=overrides, cuda_graphs=False,
+              kv_cache_dtype=kv_cache_dtype,
               max_num_seqs=len(prompts), max_num_batched_tokens=budget, max_model_len=4096, progress=False)
     if perturb:
         _flip_lowest_bits(llm.engine.model.model.embed_tokens, perturb)
@@ -137,8 +139,9 @@ def test_tiny_triton_matches_torch():
 
 
 @pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_flash_dims_triton_matches_torch():
+@pytest.mark.parametrize("kv_cache_dtype", ["bf16", "auto"])  # "auto": packed fp8 / fp4 pools read by the kernels
+def test_flash_dims_triton_matches_torch(kv_cache_dtype):
     prompts = _prompts([2300], vocab=FLASH_4L["vocab_size"], seed=2)
-    runs = [_run("deepseek-v4-flash", k, prompts, budget=512, overrides=FLASH_4L, dtype=d, perturb=p)
-            for k, d, p in RUNS]
-    _compare("deepseek-v4-flash 4 layers", *runs)
+    runs = [_run("deepseek-v4-flash", k, prompts, budget=512, overrides=FLASH_4L, dtype=d, perturb=p,
+                 kv_cache_dtype=kv_cache_dtype) for k, d, p in RUNS]
+    _compare(f"deepseek-v4-flash 4 layers, kv_cache_dtype={kv_cache_dtype}", *runs)

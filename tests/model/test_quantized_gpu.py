@@ -53,7 +53,7 @@ def test_flash_official_formats_with_offload_match_no_offload():
     del resident
     torch.cuda.empty_cache()
     offloaded = LLM("deepseek-v4-flash", cpu_offload_gb=4 * 64 * 12.75 / 1024, **common)  # 64 of 256 per layer
-    print("\n".join(offloaded.engine.memory_map))
+    print("\n".join(offloaded.engine.banner()))
     assert all(len(o.host_experts) == 64 for o in offloads_of(offloaded.engine.model))
     assert _greedy(offloaded, prompt) == expected
     print("fetches per layer", [o.fetches for o in offloads_of(offloaded.engine.model)])

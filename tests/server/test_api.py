@@ -194,11 +194,12 @@ def test_metrics_exposition(server, client):
     text = httpx.get(server.url + "/metrics").text
     for name in ("v4serve_num_requests_running", "v4serve_num_requests_waiting", "v4serve_kv_pages_used",
                  "v4serve_kv_pages_total", "v4serve_prompt_tokens_total", "v4serve_generation_tokens_total",
-                 "v4serve_num_preemptions_total",
+                 "v4serve_num_preemptions_total", "v4serve_kv_cache_bytes", "v4serve_kv_cache_used_bytes",
                  "v4serve_time_to_first_token_seconds_bucket", "v4serve_time_per_output_token_seconds_count"):
         assert f"\n{name}" in text, name
     m = server.metrics()
     assert m["v4serve_kv_pages_total"] > 0 and m["v4serve_generation_tokens_total"] >= 3
+    assert m["v4serve_kv_cache_bytes"] > m["v4serve_kv_pages_total"]
 
 
 def test_client_sees_openai_errors(client):

@@ -51,7 +51,6 @@ class ForwardBatch:
     logits_indices: torch.Tensor  # [N_out] int64 tokens whose next-token logits are wanted
     token_chunk: torch.Tensor  # [T] int64 index of each token's chunk
     slots: torch.Tensor  # [B] int64 cache slot of each chunk
-    kernels: str = "auto"  # ops implementation: "auto" (Triton on CUDA), "torch" or "triton"
     # Zeroed int32 counters owned by the cache, for kernels whose last program reduces the others'
     # partials (they leave them zeroed): no allocation or memset per launch, graph-replay safe.
     tickets: torch.Tensor | None = None

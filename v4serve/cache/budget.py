@@ -49,12 +49,26 @@ class KVBudget:
         """Sequences of the maximum length that fit in the pages at once."""
         return self.num_pages // self.max_pages_per_seq
 
-    def describe(self) -> list[str]:
-        """Human-readable lines for the server's start-up banner."""
-        lines = ["KV cache budget:"]
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of history the pages hold (vLLM's "KV cache size")."""
+        return self.num_pages * self.page_size
+
+    def max_concurrency(self, tokens_per_request: int) -> float:
+        """Requests of `tokens_per_request` tokens whose pages fit at once (vLLM's "Maximum
+        concurrency"; exact in pages: a request holds whole pages)."""
+        return self.num_pages / -(-tokens_per_request // self.page_size)
+
+    def describe(self, max_model_len: int | None = None) -> list[str]:
+        """Human-readable lines for the start-up banner: vLLM's two lines, then every tier."""
+        full_length = max_model_len or self.max_pages_per_seq * self.page_size
+        lines = [
+            f"KV cache size: {self.num_tokens} tokens",
+            f"Maximum concurrency for {full_length} tokens per request: {self.max_concurrency(full_length):.2f}x",
+            "KV cache budget:",
+        ]
         for tier, b in self.tier_bytes_per_token.items():
             lines.append(f"  {tier:<22} {b:>12.1f} bytes/token")
-        full_length = self.max_pages_per_seq * self.page_size
         for tier, b in self.tier_bytes_per_sequence.items():
             lines.append(f"  {tier:<22} {b:>12d} bytes/sequence ({b / full_length:.1f} bytes/token at {full_length} tokens)")
         lines.append(f"  {'staging rows':<22} {self.staging_bytes:>12d} bytes")
@@ -68,24 +82,24 @@ class KVBudget:
 
 def tier_costs(geometry: CacheGeometry, kv_dtype: torch.dtype) -> tuple[dict[str, float], dict[str, int], int, int]:
     """(paged bytes per token, fixed bytes per sequence, staging bytes per step token) by tier, and
-    the reserved bytes: one padding slot's fixed tiers plus one scratch row per paged pool."""
+    the reserved bytes: one padding slot's fixed tiers plus one scratch row per paged pool. Rows
+    cost what the pools store: packed bytes in a packed cache (`CacheGeometry.row_bytes`)."""
     size = torch.empty((), dtype=kv_dtype).element_size()
     per_token = {"compressed rows": 0.0, "index keys": 0.0}
     per_seq = {"window ring": 0, "compressor state": 0}
-    for g in geometry.layers:
-        per_seq["window ring"] += geometry.page_size * geometry.head_dim * size
-        if g.ratio:
-            per_token["compressed rows"] += geometry.head_dim * size / g.ratio
-        if g.indexer:
-            per_token["index keys"] += geometry.index_head_dim * size / g.ratio
+    staging = scratch = 0
+    for g, rows in zip(geometry.layers, geometry.row_bytes(size)):
+        per_seq["window ring"] += geometry.page_size * rows["window"]
+        staging += rows["window"]
+        if "compressed" in rows:
+            per_token["compressed rows"] += rows["compressed"] / g.ratio
+            scratch += rows["compressed"]
+        if "index" in rows:
+            per_token["index keys"] += rows["index"] / g.ratio
+            scratch += rows["index"]
         for c in (g.compressor, g.indexer):
             if c is not None:
                 per_seq["compressor state"] += c.state_bytes
-    staging = len(geometry.layers) * geometry.head_dim * size
-    scratch = sum(
-        (geometry.head_dim * size if g.ratio else 0) + (geometry.index_head_dim * size if g.indexer else 0)
-        for g in geometry.layers
-    )
     return per_token, per_seq, staging, sum(per_seq.values()) + scratch
 
 

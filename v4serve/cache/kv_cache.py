@@ -15,18 +15,30 @@ import torch
 from v4serve.cache.allocator import PageAllocator
 from v4serve.cache.batch import ForwardBatch, SequenceChunk
 from v4serve.cache.geometry import CacheGeometry, CompressorShape
-from v4serve.formats import CACHE_FORMATS, CacheFormat
+from v4serve.cache.view import LayerCache, Pool
+from v4serve.formats import RowFormat
 
 # Pools are handed to Triton kernels that gather rows with 16-byte loads.
 _ALIGNMENT = 16
 TICKETS = 1024  # counters in the step's ticket buffer (ForwardBatch.tickets)
 
 
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str, row_align: int = _ALIGNMENT
+           ) -> torch.Tensor:
     t = torch.zeros(shape, dtype=dtype, device=device)
-    if t.numel() and (t.data_ptr() % _ALIGNMENT or (t.stride(0) * t.element_size()) % _ALIGNMENT):
-        raise RuntimeError(f"pool of shape {shape} is not {_ALIGNMENT}-byte aligned")
+    if t.numel() and (t.data_ptr() % _ALIGNMENT or (t.stride(0) * t.element_size()) % row_align):
+        raise RuntimeError(f"pool of shape {shape} {dtype} does not start {_ALIGNMENT}-byte aligned with rows "
+                           f"{row_align}-byte aligned")
     return t
+
+
+def _pool(rows: int, fmt: RowFormat, dim: int, packed: bool, dtype: torch.dtype, device: torch.device | str) -> Pool:
+    """A tier's pool: `rows` packed rows of `fmt.row_bytes(dim)` bytes (uint8, rows start on a
+    4-byte word; the format pads rows read with 16-byte loads to 16), or rows of `dim` values."""
+    packed = packed and fmt.packed
+    if packed:
+        return Pool(_zeros((rows, fmt.row_bytes(dim)), torch.uint8, device, row_align=4), fmt, dim, True, dtype)
+    return Pool(_zeros((rows, dim), dtype, device), fmt, dim, False, dtype)
 
 
 class CompressorState:
@@ -81,10 +93,9 @@ class PagedKVCache:
         max_pages_per_seq: int,
         dtype: torch.dtype,
         device: torch.device | str,
-        kv_format: CacheFormat = CACHE_FORMATS["bf16"],
     ):
         self.geometry = geometry
-        self.kv_format = kv_format
+        self.plan = geometry.plan
         self.page_size = w = geometry.page_size
         self.max_seqs = max_seqs
         self.max_step_tokens = max_step_tokens
@@ -108,21 +119,39 @@ class PagedKVCache:
         self._pages: dict[int, list[int]] = {}
         self._free_slots = list(range(max_seqs - 1, -1, -1))
         self.staging_base = slots * w
-        self.window_pools = [
-            _zeros((self.staging_base + max_step_tokens, geometry.head_dim), dtype, device) for _ in geometry.layers
-        ]
-        self.compressed_pools: dict[int, torch.Tensor] = {}
-        self.index_pools: dict[int, torch.Tensor] = {}
-        self.compressor_states: dict[int, CompressorState | OnlinePoolState] = {}
-        self.indexer_states: dict[int, CompressorState | OnlinePoolState] = {}
+        window_rows = self.staging_base + max_step_tokens
+        windows, compressed, index_keys, compressor_states, indexer_states = [], {}, {}, {}, {}
         for layer, g in enumerate(geometry.layers):
+            p = g.plan
+            windows.append(_pool(window_rows, p.window_format, p.head_dim, p.packed, dtype, device))
             rows = num_pages * w // g.ratio + 1 if g.ratio else 0  # + the scratch row
             if g.compressor is not None:
-                self.compressed_pools[layer] = _zeros((rows, geometry.head_dim), dtype, device)
-                self.compressor_states[layer] = compressor_state(g.compressor, slots, device)
+                compressed[layer] = _pool(rows, p.compressed_format, p.head_dim, p.packed, dtype, device)
+                compressor_states[layer] = compressor_state(g.compressor, slots, device)
             if g.indexer is not None:
-                self.index_pools[layer] = _zeros((rows, geometry.index_head_dim), dtype, device)
-                self.indexer_states[layer] = compressor_state(g.indexer, slots, device)
+                index_keys[layer] = _pool(rows, p.index_format, p.index_head_dim, p.packed, dtype, device)
+                indexer_states[layer] = compressor_state(g.indexer, slots, device)
+        # One view per layer; a layer reading another layer's pools (plan.kv_source) gets its source's.
+        self._views = tuple(
+            LayerCache(
+                plan=g.plan, window=windows[layer],
+                compressed=compressed.get(g.plan.kv_source), index_keys=index_keys.get(g.plan.kv_source),
+                compressor_state=compressor_states.get(layer), indexer_state=indexer_states.get(layer),
+            )
+            for layer, g in enumerate(geometry.layers)
+        )
+        self._states = (*compressor_states.values(), *indexer_states.values())
+        self._pools = (*windows, *compressed.values(), *index_keys.values())
+
+    def view(self, layer: int) -> LayerCache:
+        """What layer `layer` reads and writes: its pools (or its source layer's), states and formats."""
+        return self._views[layer]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every pool and state tensor the cache allocated (the budget's `total_bytes`)."""
+        tensors = [p.data for p in self._pools] + [t for s in self._states for t in s.tensors()]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     # ------------------------------------------------------------------ sequences and pages
     @property
@@ -139,7 +168,7 @@ class PagedKVCache:
             raise RuntimeError("no free sequence slot")
         slot = self._free_slots.pop()
         self._pages[slot] = []
-        for state in (*self.compressor_states.values(), *self.indexer_states.values()):
+        for state in self._states:
             state.reset(slot)
         return slot
 
@@ -171,7 +200,7 @@ class PagedKVCache:
 
     # ------------------------------------------------------------------ step addressing
     def build_batch(
-        self, chunks: list[SequenceChunk], token_ids: list[int], logits_indices: list[int], kernels: str = "auto"
+        self, chunks: list[SequenceChunk], token_ids: list[int], logits_indices: list[int]
     ) -> ForwardBatch:
         w = self.page_size
         positions = torch.cat([torch.arange(c.start, c.end) for c in chunks])
@@ -205,12 +234,11 @@ class PagedKVCache:
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
             token_chunk=token_chunk.to(dev),
             slots=torch.tensor([c.slot for c in chunks], dtype=torch.int64, device=dev),
-            kernels=kernels,
             tickets=self.tickets,
         )
 
     def build_decode_batch(
-        self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kernels: str = "auto",
+        self, token_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
         route_rows: torch.Tensor | None = None,
     ) -> ForwardBatch:
         """One token per sequence, addressed on the device from device tensors (no host work, no
@@ -235,7 +263,6 @@ class PagedKVCache:
             logits_indices=every,
             token_chunk=every,
             slots=slots,
-            kernels=kernels,
             tickets=self.tickets,
             is_decode=True,
             route_rows=route_rows,

@@ -53,11 +53,10 @@ def padded_route_rows(n: int, size: int) -> list[int]:
 
 
 class DecodeRunner:
-    def __init__(self, model: DeepseekV4ForCausalLM, cache: PagedKVCache, max_batch: int, kernels: str,
+    def __init__(self, model: DeepseekV4ForCausalLM, cache: PagedKVCache, max_batch: int,
                  use_cuda_graphs: bool, graph_sizes: tuple[int, ...] | None = None):
         self.model = model
         self.cache = cache
-        self.kernels = kernels
         self.max_batch = max_batch
         self.ladder = batch_size_ladder(max_batch, graph_sizes)
         device = cache.device
@@ -83,7 +82,7 @@ class DecodeRunner:
         return bool(self._graphs)
 
     def _forward(self, n: int) -> torch.Tensor:
-        batch = self.cache.build_decode_batch(self._tokens[:n], self._positions[:n], self._slots[:n], self.kernels,
+        batch = self.cache.build_decode_batch(self._tokens[:n], self._positions[:n], self._slots[:n],
                                               route_rows=self._route_rows[:n] if n > 1 else None)
         return self.model(batch, self.cache)
 

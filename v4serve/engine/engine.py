@@ -1,4 +1,5 @@
-"""The engine: owns the model, the KV cache, the scheduler and the tokenizer, and runs steps.
+"""The engine: requests, admission and steps, over a model runner (`model_runner.py`: the model,
+the KV cache and the decode graphs) and the scheduler.
 
 `LLM` (offline) and the HTTP server both drive it: `add_request`, then `step()` until
 `has_unfinished()` is false; each step returns the requests it advanced.
@@ -8,16 +9,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from v4serve.cache import CacheGeometry, OutOfPages, PagedKVCache, SequenceChunk
-from v4serve.cache.budget import KVBudget, budget_for_pages, free_gpu_memory, solve_kv_budget
-from v4serve.config import ModelConfig
-from v4serve.formats import cache_format
-from v4serve.engine.decode_runner import DecodeRunner
+from v4serve.cache import OutOfPages, SequenceChunk
+from v4serve.engine.args import EngineArgs, resolve_device, resolve_dtype
 from v4serve.engine.detokenizer import IncrementalDetokenizer
+from v4serve.engine.model_runner import ModelRunner
 from v4serve.engine.outputs import RequestOutput
 from v4serve.engine.request_output import request_output
 from v4serve.engine.stopping import update_after_token
@@ -25,10 +23,11 @@ from v4serve.engine.request import Request, Status
 from v4serve.engine.sampler import position_logprobs, sample_batch
 from v4serve.engine.sampling_params import SamplingParams
 from v4serve.engine.scheduler import ScheduledChunk, Scheduler
-from v4serve.engine.offload import kv_reserve_bytes, memory_map
-from v4serve.model.loader import build_model, offloads_of, resolve_config
 from v4serve.tokenizer import Tokenizer
 from v4serve.presets import is_preset
+
+__all__ = ["Engine", "EngineArgs", "resolve_dtype"]
+
 
 @dataclass
 class StepInFlight:
@@ -45,105 +44,45 @@ class StepInFlight:
     done: torch.cuda.Event | None = None
 
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
-
-
-@dataclass(frozen=True)
-class EngineArgs:
-    model: str
-    device: str | None = None  # default: cuda when present
-    dtype: str | torch.dtype | None = None  # default: bfloat16 on cuda, float32 on cpu
-    kv_format: str | None = None  # "bf16" (default: what transformers computes) or "reference" (official numerics)
-    max_model_len: int | None = None  # default: min(max_position_embeddings, 8192)
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int = 512
-    num_kv_pages: int | None = None  # default: from kv_cache_memory, else free GPU memory, else full length
-    kv_cache_memory: int | None = None  # bytes for the KV cache (all tiers); solved into pages
-    hf_overrides: dict[str, Any] | None = None
-    kernels: str = "auto"  # "auto": Triton kernels on CUDA, torch references on CPU; or "torch" / "triton"
-    cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (on CUDA)
-    cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes captured (default 1, 2, 4, ..., max_num_seqs)
-    overlap_decode: bool = True  # launch decode step N+1 before reading step N's tokens
-    seed: int = 0
-    progress: bool = True
-    quantization: str | None = None  # override config.json: "fp8", "fp8-reference", "none" (config.QUANTIZATION_CHOICES)
-    cpu_offload_gb: float | str = 0  # GiB of routed experts in pinned host memory, or "auto" (engine/offload.py)
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
-    return _DTYPES[dtype]
-
-
-def _kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, device: torch.device,
-               pages_per_seq: int) -> KVBudget:
-    """Pages: given, or solved from the byte budget (given, or free GPU memory), or full length."""
-    shape = (args.max_num_seqs, pages_per_seq, args.max_num_batched_tokens)
-    if args.num_kv_pages is None and (args.kv_cache_memory is not None or device.type == "cuda"):
-        memory = args.kv_cache_memory if args.kv_cache_memory is not None else free_gpu_memory(device)
-        return solve_kv_budget(geometry, dtype, memory, *shape)
-    return budget_for_pages(geometry, dtype, args.num_kv_pages or args.max_num_seqs * pages_per_seq, *shape)
-
-
 class Engine:
     def __init__(self, args: EngineArgs):
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        dtype = resolve_dtype(args.dtype, device)
-        kv_format = cache_format(args.kv_format)
-        reserve = kv_reserve_bytes(args, resolve_config(args.model, args.hf_overrides, args.quantization), device, dtype)
-        self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress,
-                                         args.quantization, args.cpu_offload_gb, reserve, args.kernels)
-        self.model.fuse_projections()
-        self.config = config
+        self.device = device = resolve_device(args.device)
+        self.runner = ModelRunner(args, device, resolve_dtype(args.dtype, device))
+        self.config = self.runner.config
+        self.max_model_len = self.runner.max_model_len
         self.tokenizer = Tokenizer.for_model(None if is_preset(args.model) else args.model)
-        self.device = device
-        if args.kernels not in ("auto", "torch", "triton"):
-            raise ValueError(f"kernels must be 'auto', 'torch' or 'triton', got {args.kernels!r}")
-        self.kernels = args.kernels
-        self.max_model_len = args.max_model_len or min(config.max_position_embeddings, 8192)
-        if self.max_model_len > config.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len ({self.max_model_len}) exceeds the model's max_position_embeddings "
-                f"({config.max_position_embeddings})"
-            )
-        pages_per_seq = -(-self.max_model_len // config.page_size)
-        self.kv_budget = _kv_budget(args, CacheGeometry.from_config(config), dtype, device, pages_per_seq)
-        if self.kv_budget.num_pages < pages_per_seq:  # a long request would preempt itself forever
-            raise ValueError(
-                f"the KV cache holds {self.kv_budget.num_pages} pages ({self.kv_budget.num_pages * config.page_size} "
-                f"tokens), fewer than one sequence of max_model_len {self.max_model_len} needs ({pages_per_seq} "
-                f"pages): give it more memory (kv_cache_memory / num_kv_pages) or lower max_model_len"
-            )
-        self.cache = PagedKVCache(
-            CacheGeometry.from_config(config),
-            num_pages=self.kv_budget.num_pages,
-            max_seqs=args.max_num_seqs,
-            max_step_tokens=args.max_num_batched_tokens,
-            max_pages_per_seq=pages_per_seq,
-            dtype=dtype,
-            device=device,
-            kv_format=kv_format,
-        )
-        self.memory_map = memory_map(self.model, self.kv_budget.total_bytes)  # start-up lines (serve prints them)
         self.scheduler = Scheduler(self.cache, args.max_num_seqs, args.max_num_batched_tokens)
-        self.decode_runner = DecodeRunner(
-            self.model, self.cache, args.max_num_seqs, self.kernels,
-            # offloaded experts are fetched after a host read of the step's routing: no graph capture
-            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs and not offloads_of(self.model),
-            graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
-        )
         self._seeds = torch.Generator().manual_seed(args.seed)
         self._arrivals = itertools.count()
         self._requests: dict[str, Request] = {}
         self._in_flight: StepInFlight | None = None  # a launched decode step whose tokens are not yet read
         self.overlap_decode = args.overlap_decode
         self.decode_continuations = 0  # decode steps launched before their predecessor's tokens were read
+
+    # The runner's parts, by the names the server, the benchmarks and the tests use.
+    @property
+    def model(self):
+        return self.runner.model
+
+    @model.setter
+    def model(self, model) -> None:  # a test stands in a scripted model (prefill; the decode runner has its own)
+        self.runner.model = model
+
+    @property
+    def cache(self):
+        return self.runner.cache
+
+    @property
+    def kv_budget(self):
+        return self.runner.kv_budget
+
+    @property
+    def decode_runner(self):
+        return self.runner.decode_runner
+
+    def banner(self) -> list[str]:
+        """Start-up lines: `KV cache size: N tokens`, `Maximum concurrency ...`, every tier's bytes."""
+        return self.runner.banner()
 
     # ------------------------------------------------------------------ requests
     def validate_prompt(self, prompt_token_ids: list[int]) -> None:
@@ -224,7 +163,7 @@ class Engine:
         decode = all(chunk.length == 1 for chunk in plan)
         if decode:
             # One token per sequence: the device-addressed (CUDA-graph) path, logits for every row.
-            logits = self.decode_runner.run(
+            logits = self.runner.decode(
                 token_ids if token_ids is not None else [c.request.token_at(c.start) for c in plan],
                 [c.start for c in plan],
                 [c.request.slot for c in plan],
@@ -238,7 +177,7 @@ class Engine:
                 chunks.append(SequenceChunk(chunk.request.slot, chunk.start, chunk.length, offset))
                 tokens.extend(chunk.request.all_token_ids[chunk.start:chunk.end])
                 logits_rows.extend(offset + i for i in positions)
-            logits = self.model(self.cache.build_batch(chunks, tokens, logits_rows, self.kernels), self.cache)
+            logits = self.runner.prefill(chunks, tokens, logits_rows)
             bounds = torch.tensor([0] + [len(w) for w in wanted]).cumsum(0).tolist()
             rows = [logits[a:b] for a, b in zip(bounds, bounds[1:])]
             last_rows = [b - 1 for b in bounds[1:]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 from tqdm import tqdm
@@ -15,9 +16,14 @@ class LLM:
     """Generate with a DeepSeek-V4 model: `LLM("tiny").generate(["Hello"], SamplingParams(max_tokens=8))`.
 
     `model` is a preset name (`tiny`, `deepseek-v4-flash`, `deepseek-v4-pro`) or a checkpoint folder.
-    Keyword arguments are those of `EngineArgs` (device, dtype, kv_format, max_model_len, ...)."""
+    Keyword arguments are those of `EngineArgs` (device, dtype, kv_cache_dtype, max_model_len, ...);
+    `kv_format` is the deprecated name of `kv_cache_dtype`."""
 
     def __init__(self, model: str, **kwargs: Any):
+        if "kv_format" in kwargs:
+            warnings.warn("LLM(kv_format=...) is deprecated; use kv_cache_dtype (\"auto\" or \"bf16\")",
+                          DeprecationWarning, stacklevel=2)
+            kwargs["kv_cache_dtype"] = kwargs.pop("kv_format")
         self.engine = Engine(EngineArgs(model=model, **kwargs))
         self.tokenizer = self.engine.tokenizer
         self._next_id = 0

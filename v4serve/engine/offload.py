@@ -41,16 +41,20 @@ def add_weight_args(p: argparse.ArgumentParser) -> None:
                         "expert cache, or 'auto' (fill the GPU first, keep the KV budget, offload the rest)")
 
 
-def kv_reserve_bytes(args, config, device: torch.device, dtype: torch.dtype) -> int:
+def kv_reserve_bytes(args, config, device: torch.device, dtype: torch.dtype, kv_cache_dtype: str | None = None) -> int:
     """Bytes `auto` offload leaves free for the KV cache: `kv_cache_memory` when given, else the
-    pages of max_num_seqs full-length sequences."""
+    pages of max_num_seqs full-length sequences in the cache's formats."""
     if args.cpu_offload_gb != "auto" or device.type != "cuda":
         return 0
     if args.kv_cache_memory is not None:
         return int(args.kv_cache_memory)
+    from v4serve.layer_plan import layer_plans, resolve_cache_format
+
     max_len = args.max_model_len or min(config.max_position_embeddings, 8192)
     pages = -(-max_len // config.page_size)
-    budget = budget_for_pages(CacheGeometry.from_config(config), dtype, args.num_kv_pages or args.max_num_seqs * pages,
+    geometry = CacheGeometry.from_plan(layer_plans(config, resolve_cache_format(config, kv_cache_dtype, "cuda")[0]),
+                                       config.page_size)
+    budget = budget_for_pages(geometry, dtype, args.num_kv_pages or args.max_num_seqs * pages,
                               args.max_num_seqs, pages, args.max_num_batched_tokens)
     return budget.total_bytes
 

@@ -16,28 +16,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from v4serve.cache import ForwardBatch, PagedKVCache
-from v4serve.config import CSA, ModelConfig
+from v4serve.cache import ForwardBatch, LayerCache
+from v4serve.config import ModelConfig
+from v4serve.layer_plan import IndexerMode, LayerPlan
 from v4serve.model.compressor import Compressor
 from v4serve.model.fusion import fuse_rows, widths
 from v4serve.model.indexer import Indexer
+from v4serve.model.kernels import UsesKernels
 from v4serve.model.norm import RMSNorm
-from v4serve.model.rope import StepRope
-from v4serve.ops.kv_quant import apply_kv_format
+from v4serve.model.step_plan import StepPlan
 from v4serve.ops.norm_rope import rms_norm_rope
 from v4serve.ops.sparse_attn import sparse_attn_paged
 
-# A decode step's attention as [T, 1] rows takes the kernels' decode path (split-K for one
-# sequence, the two-pass kernels for more), 2-3x faster per call than one [1, T] prefill call up
-# to 32 sequences on the H200; at 64 the prefill kernel is faster (docs/performance.md item 16).
-DECODE_ROWS_MAX_TOKENS = 32
 
+class Attention(UsesKernels, nn.Module):
+    """One layer's attention, built from its `LayerPlan` (ratio, compressor kind, indexer mode).
+    Row formats are the cache's: a step reads them from its `LayerCache` view."""
 
-class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int):
+    def __init__(self, config: ModelConfig, plan: LayerPlan):
         super().__init__()
-        self.layer = layer
-        self.ratio = config.compress_ratios[layer]
+        self.layer = plan.layer
+        self.ratio = plan.ratio
         self.n_heads = h = config.num_attention_heads
         self.head_dim = d = config.head_dim
         self.window = config.sliding_window
@@ -55,57 +54,56 @@ class Attention(nn.Module):
         self.register_buffer("input_proj", None, persistent=False)  # [q_a_proj; kv_proj] once fused
         self.register_buffer("compressor_proj", None, persistent=False)  # the fp32 compressor projections, fused
         self.compressor = None
-        if self.ratio:
-            is_csa = config.layer_types[layer] == CSA
-            self.compressor = Compressor(
-                config, d, self.ratio, overlap=is_csa, indexer=Indexer(config, self.ratio) if is_csa else None
-            )
+        if plan.compressed:
+            if plan.indexer not in (IndexerMode.NONE, IndexerMode.OWN):
+                raise NotImplementedError(f"layer {plan.layer}: indexer mode {plan.indexer.value!r} (V4.1)")
+            indexer = Indexer(config, self.ratio) if plan.indexer is IndexerMode.OWN else None
+            self.compressor = Compressor(config, d, self.ratio, overlap=plan.overlap, indexer=indexer)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, rope: StepRope) -> torch.Tensor:
-        t, kernels = x.shape[0], batch.kernels
-        angles = rope.for_ratio(self.ratio)
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cache: LayerCache, step: StepPlan) -> torch.Tensor:
+        t = x.shape[0]
+        angles = step.rope.for_ratio(self.ratio)
         q_low, kv = self._project_input(x)
-        qr = self.q_a_norm(q_low, kernels)
+        qr = self.q_a_norm(q_low)
         q = rms_norm_rope(self.q_b_proj(qr).view(t, self.n_heads, self.head_dim), self.eps,
-                          cos=angles.cos, sin=angles.sin, impl=kernels)
-        kv = rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=kernels)
-        kv = apply_kv_format(kv, cache.kv_format.kv_rows, impl=batch.kernels)
-
-        win_pool = cache.window_pools[self.layer]
-        win_pool[batch.staging_rows] = kv.to(win_pool.dtype)
-        cmp_pool, columns, counts = win_pool, batch.window_columns, None
+                          cos=angles.cos, sin=angles.sin, impl=self.impl)
+        window = cache.window
+        if window.packed:  # the norm kernel quantizes and packs the rows into the window pool too
+            rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=self.impl,
+                          pool=window.data, rows=batch.staging_rows, row_format=window.row_format)
+        else:
+            kv = rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=self.impl)
+            window.store(batch.staging_rows, kv, self.impl)
+        cmp, columns, counts = window, batch.window_columns, None
         if self.compressor is not None:
-            cmp_pool = cache.compressed_pools[self.layer]
-            columns, counts = self._compress_and_select(x, qr, batch, cache, rope)
-        # A decode step of up to DECODE_ROWS_MAX_TOKENS sequences goes in as [T, 1] (one query per
-        # row: the kernels' decode path), anything else as one [1, T] prefill.
-        rows = (t, 1) if batch.is_decode and t <= DECODE_ROWS_MAX_TOKENS else (1, t)
+            cmp = cache.compressed
+            columns, counts = self._compress_and_select(x, qr, batch, cache, step)
+        rows = step.attn_rows
         o = sparse_attn_paged(
-            q.to(win_pool.dtype).reshape(*rows, *q.shape[1:]), win_pool, cmp_pool, columns.reshape(*rows, -1),
+            q.to(window.value_dtype).reshape(*rows, *q.shape[1:]), window.data, cmp.data, columns.reshape(*rows, -1),
             self.window, self.sinks, self.head_dim**-0.5, counts=None if counts is None else counts.reshape(rows),
-            impl=batch.kernels,
+            row_format=window.read_format, impl=self.impl,
         ).reshape(q.shape)
         if not batch.is_decode:  # decode wrote its rows straight to the ring
-            win_pool[batch.ring_dst] = win_pool[batch.ring_src]
+            window.copy_rows(batch.ring_dst, batch.ring_src)
 
-        o = rms_norm_rope(o.to(x.dtype), cos=angles.cos, sin=angles.sin, inverse=True, impl=kernels)
+        o = rms_norm_rope(o.to(x.dtype), cos=angles.cos, sin=angles.sin, inverse=True, impl=self.impl)
         groups = o.reshape(t, self.o_groups, -1)  # [T, G, H*D/G]
         w_a = self.o_a_proj.weight.view(self.o_groups, -1, groups.shape[-1])  # [G, o_rank, H*D/G]
         z = torch.einsum("tgi,goi->tgo", groups, w_a)
         return self.o_b_proj(z.flatten(1))
 
     def _compress_and_select(
-        self, x: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, rope: StepRope
+        self, x: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: LayerCache, step: StepPlan
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the step's completed compressed rows, then give each token's columns: ([T, W + K]
         window rows, then compressed pool rows, -1 = none; [T] int32 live compressed count, the
         live compressed columns coming first)."""
         kv_all, score_all, *index_projected = self._project_compressor_input(x)
-        self.compressor.compress(kv_all, score_all, batch, cache.compressor_states[self.layer],
-                                 cache.compressed_pools[self.layer], rope, cache.kv_format.kv_rows)
+        self.compressor.compress(kv_all, score_all, batch, cache.compressor_state, cache.compressed, step.rope)
         if self.compressor.indexer is None:  # HCA: every complete compressed row
             return batch.columns_of_all_rows(self.ratio), batch.visible_compressed(self.ratio)
-        picks = self.compressor.indexer.select(self.layer, index_projected, qr, batch, cache, rope)
+        picks = self.compressor.indexer.select(index_projected, qr, batch, cache, step.rope)
         # Picks come best first with the holes last, so the kernel can stop at the visible ones.
         return torch.cat((batch.window_columns, picks), dim=1), batch.live_picks(self.ratio, picks.shape[1])
 

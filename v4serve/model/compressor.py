@@ -21,19 +21,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from v4serve.cache import ForwardBatch
+from v4serve.cache import ForwardBatch, Pool
 from v4serve.cache.kv_cache import CompressorState, OnlinePoolState
 from v4serve.config import ModelConfig
+from v4serve.model.kernels import UsesKernels
 from v4serve.model.norm import RMSNorm
 from v4serve.model.rope import StepRope, rotary_angles
 from v4serve.ops.compress_decode import compress_decode
 from v4serve.ops.compress_decode_reference import fold_online
 from v4serve.ops.gated_pool import gated_pool
-from v4serve.ops.kv_quant import apply_kv_format
+from v4serve.ops.kv_quant import hadamard
 from v4serve.ops.norm_rope import rms_norm_rope
 
 
-class Compressor(nn.Module):
+class Compressor(UsesKernels, nn.Module):
     def __init__(
         self, config: ModelConfig, head_dim: int, ratio: int, overlap: bool, indexer: nn.Module | None = None
     ):
@@ -56,14 +57,14 @@ class Compressor(nn.Module):
 
     def compress(
         self, kv_all: torch.Tensor, score_all: torch.Tensor, batch: ForwardBatch,
-        state: CompressorState | OnlinePoolState, pool: torch.Tensor, rope: StepRope, row_format: str | None,
+        state: CompressorState | OnlinePoolState, pool: Pool, rope: StepRope, rotate: bool = False,
     ) -> None:
-        """Pool every block the step completes and write its row to `pool` (rows from `batch`),
-        made what the cache stores by `finish_rows` (rounded through `row_format`; the indexer's
-        override also rotates its keys). kv_all, score_all: the layer input through kv_proj and
+        """Pool every block the step completes and store its row in `pool` (rows from `batch`;
+        the pool rounds or packs it to its format), Hadamard-rotated first when `rotate` (index
+        keys of a quantized cache). kv_all, score_all: the layer input through kv_proj and
         gate_proj, fp32 [T, W]."""
         if batch.is_decode:
-            self._compress_decode(kv_all, score_all, batch, state, pool, rope, row_format)
+            self._compress_decode(kv_all, score_all, batch, state, pool, rope, rotate)
             return
         inv_freq = rope.compress.inv_freq
         rows_of = batch.compressed_rows[self.ratio]
@@ -71,52 +72,47 @@ class Compressor(nn.Module):
             span = slice(c.offset, c.offset + c.length)
             in_block = (batch.positions[span] % self.ratio).long()
             rows, first_group = self._pool_chunk(
-                kv_all[span], score_all[span] + self.position_bias[in_block], state, c.slot, c.start, batch.kernels
+                kv_all[span], score_all[span] + self.position_bias[in_block], state, c.slot, c.start
             )
             if rows is None:
                 continue
             groups = torch.arange(first_group, first_group + rows.shape[0], device=rows.device)
-            rows = self.normalize_and_rotate(rows.to(pool.dtype), groups * self.ratio, inv_freq, batch.kernels)
-            pool[rows_of[b, groups].long()] = self.finish_rows(rows, row_format, batch.kernels)
+            rows = self.normalize_and_rotate(rows.to(pool.value_dtype), groups * self.ratio, inv_freq)
+            pool.store(rows_of[b, groups].long(), hadamard(rows) if rotate else rows, self.impl)
 
     def _compress_decode(
         self, kv: torch.Tensor, score: torch.Tensor, batch: ForwardBatch, state: CompressorState | OnlinePoolState,
-        pool: torch.Tensor, rope: StepRope, row_format: str | None,
+        pool: Pool, rope: StepRope, rotate: bool,
     ) -> None:
         """One token per sequence, no host decisions (`ops/compress_decode.py`): every sequence
         records its token in the open block; sequences whose block did not complete write to the
         pool's scratch row."""
         r = self.ratio
         angles = rope.block_starts(r)  # rows are rotated at their block's start position
+        fused = pool.packed and not rotate  # the kernel packs its rows into the pool itself
         rows, target = compress_decode(
             kv, score, batch.positions, batch.slots, self.position_bias, state.tensors(), r, self.kv_norm.weight,
-            self.kv_norm.eps, angles.cos, angles.sin, batch.compressed_rows[r], pool.shape[0] - 1, pool.dtype,
-            impl=batch.kernels,
+            self.kv_norm.eps, angles.cos, angles.sin, batch.compressed_rows[r], pool.scratch_row, pool.value_dtype,
+            impl=self.impl, **(dict(pool=pool.data, row_format=pool.row_format) if fused else {}),
         )
-        pool[target] = self.finish_rows(rows, row_format, batch.kernels)
+        if not fused:
+            pool.store(target, hadamard(rows) if rotate else rows, self.impl)
 
-    def normalize_and_rotate(
-        self, rows: torch.Tensor, starts: torch.Tensor, inv_freq: torch.Tensor, kernels: str
-    ) -> torch.Tensor:
+    def normalize_and_rotate(self, rows: torch.Tensor, starts: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
         """kv_norm, then RoPE at each row's block start position."""
         angles = rotary_angles(starts, inv_freq)
-        return rms_norm_rope(rows, self.kv_norm.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=kernels)
-
-    def finish_rows(self, rows: torch.Tensor, row_format: str | None, kernels: str) -> torch.Tensor:
-        """Round rows to what the cache stores."""
-        return rows if row_format is None else apply_kv_format(rows, row_format, impl=kernels)
+        return rms_norm_rope(rows, self.kv_norm.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=self.impl)
 
     def _pool_chunk(
-        self, kv: torch.Tensor, score: torch.Tensor, state: CompressorState | OnlinePoolState, slot: int,
-        start: int, kernels: str,
+        self, kv: torch.Tensor, score: torch.Tensor, state: CompressorState | OnlinePoolState, slot: int, start: int,
     ) -> tuple[torch.Tensor | None, int]:
         """(pooled rows [n, head_dim] fp32 of the blocks completed in this chunk, first group id)."""
         if self.overlap:
-            return self._pool_chunk_overlap(kv, score, state, slot, start, kernels)
-        return self._pool_chunk_online(kv, score, state, slot, start, kernels)
+            return self._pool_chunk_overlap(kv, score, state, slot, start)
+        return self._pool_chunk_online(kv, score, state, slot, start)
 
     def _pool_chunk_overlap(
-        self, kv: torch.Tensor, score: torch.Tensor, state: CompressorState, slot: int, start: int, kernels: str
+        self, kv: torch.Tensor, score: torch.Tensor, state: CompressorState, slot: int, start: int
     ) -> tuple[torch.Tensor | None, int]:
         r, d = self.ratio, self.head_dim
         open_rows = start % r
@@ -133,14 +129,14 @@ class Compressor(nn.Module):
             pool_kv = torch.cat((prev_kv, blocks_kv[..., d:]), dim=1)  # [n, 2r, d]
             pool_score = torch.cat((prev_score, blocks_score[..., d:]), dim=1)
             state.kv[slot, :r], state.score[slot, :r] = blocks_kv[-1], blocks_score[-1]
-            pooled = gated_pool(pool_kv, pool_score, out_dtype=torch.float32, impl=kernels)
+            pooled = gated_pool(pool_kv, pool_score, out_dtype=torch.float32, impl=self.impl)
         rest = kv.shape[0] - done
         state.kv[slot, r:r + rest] = kv[done:]
         state.score[slot, r:r + rest] = score[done:]
         return pooled, (start - open_rows) // r
 
     def _pool_chunk_online(
-        self, kv: torch.Tensor, score: torch.Tensor, state: OnlinePoolState, slot: int, start: int, kernels: str
+        self, kv: torch.Tensor, score: torch.Tensor, state: OnlinePoolState, slot: int, start: int
     ) -> tuple[torch.Tensor | None, int]:
         """The open block takes the chunk's first tokens (folded in; pooled if they complete it),
         whole blocks inside the chunk are pooled at once, the trailing partial block is folded."""
@@ -161,7 +157,7 @@ class Compressor(nn.Module):
         if n_blocks:
             width = kv.shape[-1]
             rows.append(gated_pool(kv[:done].view(n_blocks, r, width), score[:done].view(n_blocks, r, width),
-                                   out_dtype=torch.float32, impl=kernels))
+                                   out_dtype=torch.float32, impl=self.impl))
         if done < kv.shape[0]:  # the open block at the chunk's end; the state is empty at a boundary
             folded = fold_online(state.max[slot], state.sum[slot], state.acc[slot], kv[done:], score[done:])
             state.max[slot], state.sum[slot], state.acc[slot] = folded

@@ -14,12 +14,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from v4serve.cache import ForwardBatch, PagedKVCache
+from v4serve.cache import ForwardBatch, LayerCache
 from v4serve.config import ModelConfig
 from v4serve.model.compressor import Compressor
 from v4serve.model.rope import StepRope
 from v4serve.ops.indexer import index_scores, select_topk, sorted_top
-from v4serve.ops.kv_quant import apply_kv_format, hadamard
+from v4serve.ops.kv_quant import hadamard
 from v4serve.ops.norm_rope import rms_norm_rope
 
 
@@ -38,37 +38,32 @@ class Indexer(Compressor):
         self.q_b_proj = nn.Linear(config.q_lora_rank, config.index_n_heads * config.index_head_dim, bias=False)
         self.scorer = IndexScorer(config)
 
-    def finish_rows(self, rows: torch.Tensor, row_format: str | None, kernels: str) -> torch.Tensor:
-        """Index queries and keys: Hadamard-rotated, then rounded, when the cache format says so
-        (the rotation cancels in q . k; it spreads outliers before the fp4 rounding)."""
-        if row_format is None:
-            return rows
-        return apply_kv_format(hadamard(rows), row_format, impl=kernels)
-
     def projections(self) -> list[nn.Linear]:
         """The fp32 projections of the layer input: the key compressor's kv and gate, the head weights."""
         return [*super().projections(), self.scorer.weights_proj]
 
     def select(
-        self, layer: int, projected: list[torch.Tensor], qr: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache,
-        rope: StepRope,
+        self, projected: list[torch.Tensor], qr: torch.Tensor, batch: ForwardBatch, cache: LayerCache, rope: StepRope,
     ) -> torch.Tensor:
         """Index the step's new blocks, then return [T, K] compressed-pool rows per token, best first
         (-1 = none; a decode step leaves the entries past `batch.live_picks` unmarked instead).
-        projected: the layer input through `projections()` (fp32); qr: the attention's low-rank q."""
+        projected: the layer input through `projections()` (fp32); qr: the attention's low-rank q.
+        Queries and keys are Hadamard-rotated (the rotation cancels in q . k; it spreads outliers
+        before the fp4 rounding) and rounded to the keys' format when the cache quantizes them."""
         kv_all, score_all, head_weights = projected
-        pool = cache.index_pools[layer]
-        index_format = cache.kv_format.index_rows
-        self.compress(kv_all, score_all, batch, cache.indexer_states[layer], pool, rope, index_format)
+        keys, rotate = cache.index_keys, cache.plan.index_rotated
+        self.compress(kv_all, score_all, batch, cache.indexer_state, keys, rope, rotate)
         q = self.q_b_proj(qr).unflatten(-1, (self.n_heads, self.head_dim))
-        q = rms_norm_rope(q, cos=rope.compress.cos, sin=rope.compress.sin, impl=batch.kernels)
-        q = self.finish_rows(q.to(pool.dtype), index_format, batch.kernels)
+        q = rms_norm_rope(q, cos=rope.compress.cos, sin=rope.compress.sin, impl=self.impl).to(keys.value_dtype)
+        q = keys.round(hadamard(q) if rotate else q, self.impl)
+        pool = keys.data
+        packed = {"row_format": keys.read_format}
         weights = head_weights * self.weight_scale
         rows_of = batch.compressed_rows[self.ratio]
         k = min(self.topk, rows_of.shape[1])
         if batch.is_decode:  # one query per sequence: one call over every sequence's rows
             visible = batch.visible_compressed(self.ratio)[:, None]
-            scores = index_scores(q[:, None], weights[:, None], pool, rows_of, visible, impl=batch.kernels)
+            scores = index_scores(q[:, None], weights[:, None], pool, rows_of, visible, impl=self.impl, **packed)
             # Masked keys score -inf and sort last, past the `live_picks` count where the attention
             # stops reading: they need no -1 (every visible row is allocated and scores finitely).
             _, picks = sorted_top(scores[:, 0], k)  # [B, k] compressed row ids
@@ -81,7 +76,8 @@ class Indexer(Compressor):
             span = slice(c.offset, c.offset + c.length)
             key_rows = rows_of[b:b + 1, :n_rows]
             visible = ((batch.positions[span] + 1) // self.ratio).to(torch.int32)[None]
-            scores = index_scores(q[None, span], weights[None, span], pool, key_rows, visible, impl=batch.kernels)
+            scores = index_scores(q[None, span], weights[None, span], pool, key_rows, visible, impl=self.impl,
+                                  **packed)
             picks = select_topk(scores, k)[0]  # [L, k] compressed row ids, -1 = none
             rows = key_rows[0, picks.clamp(min=0)]
             selected[span] = torch.where(picks >= 0, rows, -1)

@@ -45,7 +45,7 @@ def resolve_config(model: str, overrides: dict[str, Any] | None = None, quantiza
 def build_model(
     model: str, device: torch.device | str, dtype: torch.dtype, overrides: dict[str, Any] | None = None,
     progress: bool = True, quantization: str | None = None, cpu_offload_gb: float | str = 0,
-    reserve_bytes: int = 0, kernels: str = "auto",
+    reserve_bytes: int = 0,
 ) -> tuple[DeepseekV4ForCausalLM, ModelConfig]:
     """The model with weights: random (fixed seed) for presets, loaded for checkpoints.
 
@@ -53,8 +53,8 @@ def build_model(
     that model (from the checkpoint's tensors, or the official layout for a quantized preset); a
     checkpoint is checked completely from its headers; then every tensor is allocated once, on
     `device` (or, for offloaded experts, in pinned host memory) and filled. A failure after
-    allocation frees what was allocated before it propagates. `kernels` binds the FP8 linears'
-    implementation ("auto": Triton on CUDA, torch on the CPU)."""
+    allocation frees what was allocated before it propagates. The quantized modules are
+    `UsesKernels`: `bind_kernels` picks their implementation with the rest."""
     device = torch.device(device)
     config = resolve_config(model, overrides, quantization)
     with torch.device("meta"):
@@ -64,10 +64,10 @@ def build_model(
             p.data = p.data.to(dtype)
     scan = None
     if is_preset(model):
-        install(net, official_plan(net, config), config.quantization, config, kernels)
+        install(net, official_plan(net, config), config.quantization, config)
     else:
         scan = scan_checkpoint(net, Path(model), config,
-                               lambda plan: install(net, plan, config.quantization, config, kernels))
+                               lambda plan: install(net, plan, config.quantization, config))
     placement = plan_placement(net, config, cpu_offload_gb, device, reserve_bytes)
     offloads = {}
     try:

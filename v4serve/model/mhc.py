@@ -19,13 +19,14 @@ import torch
 from torch import nn
 
 from v4serve.config import ModelConfig
+from v4serve.model.kernels import UsesKernels
 from v4serve.ops.hc_coefficients import hc_coefficients
 from v4serve.ops.hc_collapse import hc_collapse
 from v4serve.ops.hc_expand import hc_expand
 from v4serve.ops.hc_mix import hc_mix
 
 
-class HyperConnection(nn.Module):
+class HyperConnection(UsesKernels, nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         n = config.hc_mult
@@ -37,27 +38,26 @@ class HyperConnection(nn.Module):
         self.base = nn.Parameter(torch.zeros((2 + n) * n, dtype=torch.float32))
         self.scale = nn.Parameter(torch.ones(3, dtype=torch.float32))
 
-    def forward(self, streams: torch.Tensor, kernels: str = "auto", tickets: torch.Tensor | None = None
+    def forward(self, streams: torch.Tensor, tickets: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """streams [T, n, D] -> (collapsed [T, D] in streams.dtype, post [T, n], comb [T, n, n]) fp32.
         Three ops, one kernel each on the GPU: the mixes with the RMS factor (`hc_mix`; the factor
         is a per-token scalar, so it commutes with fn and the coefficients apply it), the
         coefficients with Sinkhorn (`hc_coefficients`), the weighted sum (`hc_collapse`).
         `tickets`: the step's zeroed counters (`ForwardBatch.tickets`) for hc_mix's split reduction."""
-        mixes, row_scale = hc_mix(streams.flatten(1), self.fn, self.rms_eps, tickets, impl=kernels)
+        mixes, row_scale = hc_mix(streams.flatten(1), self.fn, self.rms_eps, tickets, impl=self.impl)
         pre, post, comb = hc_coefficients(
-            mixes, row_scale, self.base, self.scale, self.hc_mult, self.sinkhorn_iters, self.hc_eps, impl=kernels,
+            mixes, row_scale, self.base, self.scale, self.hc_mult, self.sinkhorn_iters, self.hc_eps, impl=self.impl,
         )
-        return hc_collapse(streams, pre, impl=kernels), post, comb
+        return hc_collapse(streams, pre, impl=self.impl), post, comb
 
-    @staticmethod
-    def expand(output: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
-               kernels: str = "auto") -> torch.Tensor:
+    def expand(self, output: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+               ) -> torch.Tensor:
         """X'_k = post_k * output + sum_j comb[j, k] X_j  ->  [T, n, D] in streams.dtype (one kernel)."""
-        return hc_expand(output, streams, post, comb, impl=kernels)
+        return hc_expand(output, streams, post, comb, impl=self.impl)
 
 
-class HyperHead(nn.Module):
+class HyperHead(UsesKernels, nn.Module):
     """Final collapse of the streams before the model's norm and head."""
 
     def __init__(self, config: ModelConfig):
@@ -69,10 +69,9 @@ class HyperHead(nn.Module):
         self.hc_base = nn.Parameter(torch.zeros(n, dtype=torch.float32))
         self.hc_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
 
-    def forward(self, streams: torch.Tensor, kernels: str = "auto", tickets: torch.Tensor | None = None
-                ) -> torch.Tensor:
+    def forward(self, streams: torch.Tensor, tickets: torch.Tensor | None = None) -> torch.Tensor:
         """pre_j = sigmoid(scale m[j] rms + base[j]) + hc_eps with m = hc_fn @ flatten(X); returns
         sum_j pre_j X_j [T, D] in streams.dtype."""
-        mixes, row_scale = hc_mix(streams.flatten(1), self.hc_fn, self.rms_eps, tickets, impl=kernels)
+        mixes, row_scale = hc_mix(streams.flatten(1), self.hc_fn, self.rms_eps, tickets, impl=self.impl)
         pre = torch.sigmoid(mixes * (row_scale[:, None] * self.hc_scale) + self.hc_base) + self.hc_eps
-        return hc_collapse(streams, pre, impl=kernels)
+        return hc_collapse(streams, pre, impl=self.impl)

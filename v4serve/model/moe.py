@@ -17,6 +17,7 @@ from torch import nn
 
 from v4serve.config import ModelConfig
 from v4serve.model.fusion import fuse_rows, widths
+from v4serve.model.kernels import UsesKernels
 from v4serve.ops.grouped_matmul import grouped_matmul
 from v4serve.ops.moe_combine import moe_combine
 from v4serve.ops.moe_route import moe_route
@@ -24,7 +25,7 @@ from v4serve.ops.moe_sort import moe_sort
 from v4serve.ops.swiglu import clamped_swiglu
 
 
-class Router(nn.Module):
+class Router(UsesKernels, nn.Module):
     """Expert selection and weights. Hash layers select by token id, score layers by biased score."""
 
     def __init__(self, config: ModelConfig, hashed: bool):
@@ -39,12 +40,12 @@ class Router(nn.Module):
         else:
             self.register_buffer("e_score_correction_bias", torch.zeros(config.n_routed_experts, dtype=torch.float32))
 
-    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, kernels: str = "auto",
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor,
                 route_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, D] -> (expert ids [T, k] long, weights [T, k] fp32): the logits GEMM, then `route`."""
-        return self.route(F.linear(x, self.weight), token_ids, kernels, route_rows)
+        return self.route(F.linear(x, self.weight), token_ids, route_rows)
 
-    def route(self, logits: torch.Tensor, token_ids: torch.Tensor, kernels: str = "auto",
+    def route(self, logits: torch.Tensor, token_ids: torch.Tensor,
               route_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One routing op (`ops/moe_route.py`: scores, top-k or hash table, normalised scaled weights).
         `route_rows` [T]: token t is routed as token route_rows[t] (ForwardBatch.route_rows)."""
@@ -53,10 +54,10 @@ class Router(nn.Module):
         else:
             table = dict(bias=self.e_score_correction_bias)
         return moe_route(logits, self.top_k, self.scoring_func, self.normalize, self.scaling, rows=route_rows,
-                         impl=kernels, **table)
+                         impl=self.impl, **table)
 
 
-class RoutedExperts(nn.Module):
+class RoutedExperts(UsesKernels, nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         e, d, i = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
@@ -64,20 +65,20 @@ class RoutedExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.zeros(e, 2 * i, d))
         self.down_proj = nn.Parameter(torch.zeros(e, d, i))
 
-    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, kernels: str,
+    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                 add: torch.Tensor | None = None) -> torch.Tensor:
         """Picks sorted by expert (`moe_sort`), two grouped matmuls around the clamped SwiGLU, then
         each token sums its k weighted picks (`moe_combine`, which also adds `add`, the shared
         expert's output). No host synchronisation (group sizes stay on the device), so decode can
         be graph-captured. A selection may repeat an expert (hash tables can): each pick contributes."""
-        rows, ends, pos = moe_sort(experts, self.gate_up_proj.shape[0], impl=kernels)
-        gate, up = grouped_matmul(x, self.gate_up_proj, rows, ends, impl=kernels).chunk(2, dim=-1)
-        hidden = clamped_swiglu(gate, up, self.limit, impl=kernels)
-        y = grouped_matmul(hidden, self.down_proj, None, ends, impl=kernels)  # hidden is already in pick order
-        return moe_combine(y, pos, weights, add, impl=kernels)
+        rows, ends, pos = moe_sort(experts, self.gate_up_proj.shape[0], impl=self.impl)
+        gate, up = grouped_matmul(x, self.gate_up_proj, rows, ends, impl=self.impl).chunk(2, dim=-1)
+        hidden = clamped_swiglu(gate, up, self.limit, impl=self.impl)
+        y = grouped_matmul(hidden, self.down_proj, None, ends, impl=self.impl)  # hidden is already in pick order
+        return moe_combine(y, pos, weights, add, impl=self.impl)
 
 
-class SharedExpert(nn.Module):
+class SharedExpert(UsesKernels, nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         d, i = config.hidden_size, config.moe_intermediate_size * config.n_shared_experts
@@ -86,14 +87,14 @@ class SharedExpert(nn.Module):
         self.up_proj = nn.Linear(d, i, bias=False)
         self.down_proj = nn.Linear(i, d, bias=False)
 
-    def forward(self, x: torch.Tensor, kernels: str = "auto") -> torch.Tensor:
-        return self.finish(self.gate_proj(x), self.up_proj(x), kernels)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.finish(self.gate_proj(x), self.up_proj(x))
 
-    def finish(self, gate: torch.Tensor, up: torch.Tensor, kernels: str = "auto") -> torch.Tensor:
-        return self.down_proj(clamped_swiglu(gate, up, self.limit, impl=kernels))
+    def finish(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(clamped_swiglu(gate, up, self.limit, impl=self.impl))
 
 
-class MoE(nn.Module):
+class MoE(UsesKernels, nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.gate = Router(config, hashed=config.mlp_layer_types[layer] == "hash_moe")
@@ -106,13 +107,13 @@ class MoE(nn.Module):
         members = [self.gate, self.shared_experts.gate_proj, self.shared_experts.up_proj]
         self.input_proj, self._input_widths = fuse_rows(members), widths(members)
 
-    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, kernels: str = "auto",
-                route_rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, route_rows: torch.Tensor | None = None
+                ) -> torch.Tensor:
         if self.input_proj is None:
-            experts, weights = self.gate(x, token_ids, kernels, route_rows)
-            shared = self.shared_experts(x, kernels)
+            experts, weights = self.gate(x, token_ids, route_rows)
+            shared = self.shared_experts(x)
         else:
             logits, gate, up = F.linear(x, self.input_proj).split(self._input_widths, dim=-1)
-            experts, weights = self.gate.route(logits, token_ids, kernels, route_rows)
-            shared = self.shared_experts.finish(gate, up, kernels)
-        return self.experts(x, experts, weights, kernels, add=shared)
+            experts, weights = self.gate.route(logits, token_ids, route_rows)
+            shared = self.shared_experts.finish(gate, up)
+        return self.experts(x, experts, weights, add=shared)

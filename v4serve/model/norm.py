@@ -10,14 +10,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from v4serve.model.kernels import UsesKernels
 from v4serve.ops.norm_rope import rms_norm_rope
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(UsesKernels, nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, impl: str = "auto") -> torch.Tensor:
-        return rms_norm_rope(x, self.eps, self.weight, impl=impl)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm_rope(x, self.eps, self.weight, impl=self.impl)

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from v4serve.config import ModelConfig
+from v4serve.model.kernels import UsesKernels
 from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.moe_combine import moe_combine
 from v4serve.ops.moe_sort import moe_sort
@@ -43,14 +44,13 @@ MX_BLOCK = MXFP4_BLOCK  # elements along K per MXFP4 scale
 EXPERT_TENSORS = ("gate_up_proj", "gate_up_proj_scale_inv", "down_proj", "down_proj_scale_inv")
 
 
-class FP8Linear(nn.Module):
+class FP8Linear(UsesKernels, nn.Module):
     """y = x W^T with W kept as e4m3 codes + fp32 block scales (see the module docstring)."""
 
-    def __init__(self, in_features: int, out_features: int, block: tuple[int, int], act_block: int | None = None,
-                 impl: str = "auto"):
+    def __init__(self, in_features: int, out_features: int, block: tuple[int, int], act_block: int | None = None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.block, self.act_block, self.impl = tuple(block), act_block, impl
+        self.block, self.act_block = tuple(block), act_block
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn),
                                    requires_grad=False)
         self.weight_scale_inv = nn.Parameter(
@@ -68,7 +68,7 @@ class FP8Linear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, block={self.block}, act_block={self.act_block}"
 
 
-class MXFP4Experts(nn.Module):
+class MXFP4Experts(UsesKernels, nn.Module):
     """The routed experts of one layer in MXFP4 (see the module docstring for the layout)."""
 
     def __init__(self, config: ModelConfig):
@@ -85,22 +85,22 @@ class MXFP4Experts(nn.Module):
         self.down_proj_scale_inv = nn.Parameter(torch.empty(e, d, i // MX_BLOCK, **u8), requires_grad=False)
         self.offload = None  # an ExpertOffload (engine/offload.py) when some experts live in host memory
 
-    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, kernels: str,
+    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                 add: torch.Tensor | None = None) -> torch.Tensor:
         if self.offload is not None:
-            return self.offload.run(self, x, experts, weights, kernels, add)
-        return self.run(x, experts, weights, kernels, add, [getattr(self, n) for n in EXPERT_TENSORS])
+            return self.offload.run(self, x, experts, weights, add)
+        return self.run(x, experts, weights, add, [getattr(self, n) for n in EXPERT_TENSORS])
 
-    def run(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, kernels: str,
+    def run(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
             add: torch.Tensor | None, tensors: list[torch.Tensor]) -> torch.Tensor:
         """`RoutedExperts.forward` over `tensors` (EXPERT_TENSORS order, leading dim = groups):
         expert ids index their leading dim. No host synchronisation."""
         gate_up, gate_up_scale, down, down_scale = tensors
-        rows, ends, pos = moe_sort(experts, gate_up.shape[0], impl=kernels)
-        gate, up = mxfp4_grouped_matmul(x, gate_up, gate_up_scale, rows, ends, impl=kernels).chunk(2, dim=-1)
-        hidden = clamped_swiglu(gate, up, self.limit, impl=kernels)
-        y = mxfp4_grouped_matmul(hidden, down, down_scale, None, ends, impl=kernels)
-        return moe_combine(y, pos, weights, add, impl=kernels)
+        rows, ends, pos = moe_sort(experts, gate_up.shape[0], impl=self.impl)
+        gate, up = mxfp4_grouped_matmul(x, gate_up, gate_up_scale, rows, ends, impl=self.impl).chunk(2, dim=-1)
+        hidden = clamped_swiglu(gate, up, self.limit, impl=self.impl)
+        y = mxfp4_grouped_matmul(hidden, down, down_scale, None, ends, impl=self.impl)
+        return moe_combine(y, pos, weights, add, impl=self.impl)
 
     def expert_bytes(self) -> int:
         """Bytes of one expert (its four tensors)."""

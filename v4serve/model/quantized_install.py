@@ -68,8 +68,7 @@ def official_plan(net: nn.Module, config: ModelConfig) -> QuantPlan:
     return plan
 
 
-def install(net: nn.Module, plan: QuantPlan, quant: QuantConfig | None, config: ModelConfig,
-            kernels: str = "auto") -> None:
+def install(net: nn.Module, plan: QuantPlan, quant: QuantConfig | None, config: ModelConfig) -> None:
     """Swap the planned modules (on whatever device the model is; meta costs nothing)."""
     if plan.fp8 and quant is None:
         raise ValueError("FP8 modules need a quantization config (weight_block_size)")
@@ -79,7 +78,8 @@ def install(net: nn.Module, plan: QuantPlan, quant: QuantConfig | None, config: 
         old = getattr(parent, child)
         with torch.device(next(old.parameters()).device):  # meta while building: no memory
             if name in plan.fp8:
-                new = FP8Linear(old.in_features, old.out_features, quant.weight_block_size, quant.act_block, kernels)
+                new = FP8Linear(old.in_features, old.out_features, quant.weight_block_size, quant.act_block)
             else:
                 new = MXFP4Experts(config)
+        new.impl = getattr(old, "impl", "auto")  # model/kernels.py binds it again with the rest
         setattr(parent, child, new)

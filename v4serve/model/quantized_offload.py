@@ -81,7 +81,7 @@ class ExpertOffload:
         return sum(t.numel() * t.element_size() for t in self.host_tensors)
 
     # ------------------------------------------------------------------ running
-    def run(self, module, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, kernels: str,
+    def run(self, module, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
             add: torch.Tensor | None) -> torch.Tensor:
         used, n = experts.flatten().unique(return_counts=True)  # the one host synchronisation
         used_list = used.tolist()
@@ -90,7 +90,7 @@ class ExpertOffload:
         chunks = [offloaded[i:i + self.n_slots] for i in range(0, len(offloaded), self.n_slots)]
         self.split_steps += len(chunks) > 1
         if not chunks:  # every pick resident: one pass
-            return module.run(x, self.index[experts], weights, kernels, add, self.device_tensors)
+            return module.run(x, self.index[experts], weights, add, self.device_tensors)
         # Passes: (experts whose picks it computes, the chunk it needs in the slots).
         if self.overlap and self.resident:  # the resident pass runs while the first chunk is copied
             passes = [(self.resident, None)] + [(c, c) for c in chunks]
@@ -110,7 +110,7 @@ class ExpertOffload:
                 picked = mine[experts]
                 w = torch.where(picked, weights, torch.zeros_like(weights))
                 mapped = torch.where(picked, mapped, self.index[members[0]])
-            y = module.run(x, mapped, w, kernels, add if k == 0 else None, self.device_tensors)
+            y = module.run(x, mapped, w, add if k == 0 else None, self.device_tensors)
             out = y if out is None else out + y
         return out
 

@@ -54,11 +54,12 @@ class RopeTables:
     [J, 1, rope_dim/2], `step_offsets` [J, 1] fp32), so a step computes all of them with one add,
     one multiply, one cos and one sin (`StepRope`)."""
 
-    def __init__(self, config: ModelConfig, device: torch.device | str | None = None):
+    def __init__(self, config: ModelConfig, ratios: tuple[int, ...], device: torch.device | str | None = None):
+        """`ratios`: the model's distinct compress ratios (`ModelPlan.ratios`)."""
         self.rope_dim = config.qk_rope_head_dim
         self.main = inverse_frequencies(self.rope_dim, config.rope_theta, None).to(device)
         self.compress = inverse_frequencies(self.rope_dim, config.compress_rope_theta, config.compress_yarn).to(device)
-        self.block_ratios = sorted({r for r in config.compress_ratios if r})
+        self.block_ratios = sorted(ratios)
         tables = [self.main, self.compress] + [self.compress] * len(self.block_ratios)
         offsets = [0.0, 0.0] + [1.0 - r for r in self.block_ratios]
         self.step_tables = torch.stack(tables)[:, None, :]

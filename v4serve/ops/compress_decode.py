@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from v4serve.formats import row_format as row_format_of
 from v4serve.ops._dispatch import use_triton
+from v4serve.ops.kv_pack import check_pool
+from v4serve.ops.kv_pack_reference import store_rows_reference
 from v4serve.ops.compress_decode_reference import compress_decode_reference
 from v4serve.ops.compress_decode_triton import compress_decode_triton
 
@@ -14,12 +17,16 @@ def compress_decode(
     kv: torch.Tensor, score: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
     position_bias: torch.Tensor, state: tuple[torch.Tensor, ...], ratio: int, norm_weight: torch.Tensor,
     eps: float, cos: torch.Tensor, sin: torch.Tensor, rows_of: torch.Tensor, scratch: int, out_dtype: torch.dtype,
-    impl: str = "auto",
+    impl: str = "auto", pool: torch.Tensor | None = None, row_format=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fold one token per sequence into its compressor `state` (updated in place: (kv, score) for an
     overlapping compressor, (max, sum, acc) for an online one) and return (rows [B, d] out_dtype,
     target [B] int64): the finished row of every block the step completes (zeros elsewhere) and
-    the compressed-pool row it goes to (`scratch` where none)."""
+    the compressed-pool row it goes to (`scratch` where none).
+
+    Packed output: with `pool` (uint8 [P, >= row_bytes(d)]) and a packed `row_format`, the step
+    also quantizes and packs every row into pool[target] (kv_pack.py layout; the scratch row gets
+    the zero rows of sequences that completed no block): the cache write of the step, fused."""
     B, d = kv.shape[0], norm_weight.shape[0]
     width = (2 if len(state) == 2 else 1) * d
     for name, t in (("kv", kv), ("score", score)):
@@ -32,8 +39,17 @@ def compress_decode(
         raise ValueError(f"position_bias must be [{ratio}, {width}], got {tuple(position_bias.shape)}")
     if cos.shape != sin.shape or cos.shape[0] != B or 2 * cos.shape[1] > d:
         raise ValueError(f"cos and sin must be [{B}, R] with 2R <= {d}, got {tuple(cos.shape)}, {tuple(sin.shape)}")
+    fmt = None
+    if pool is not None:
+        fmt = row_format_of(row_format)
+        if not fmt.packed:
+            raise ValueError(f"row_format must be a packed format when pool is given, got {fmt.name}")
+        check_pool("pool", pool, fmt, d)
     if use_triton(impl, kv, score, *state):
         return compress_decode_triton(kv, score, positions, slots, position_bias, state, ratio, norm_weight, eps,
-                                      cos, sin, rows_of, scratch, out_dtype)
-    return compress_decode_reference(kv, score, positions, slots, position_bias, state, ratio, norm_weight, eps,
-                                     cos, sin, rows_of, scratch, out_dtype)
+                                      cos, sin, rows_of, scratch, out_dtype, pool=pool, row_format=fmt)
+    rows, target = compress_decode_reference(kv, score, positions, slots, position_bias, state, ratio, norm_weight,
+                                             eps, cos, sin, rows_of, scratch, out_dtype)
+    if fmt is not None:
+        store_rows_reference(pool, target, rows, fmt)
+    return rows, target

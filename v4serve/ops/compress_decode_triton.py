@@ -124,7 +124,7 @@ def _compress_decode_kernel(
 
 
 def compress_decode_triton(kv, score, positions, slots, position_bias, state, ratio, norm_weight, eps, cos, sin,
-                           rows_of, scratch, out_dtype):
+                           rows_of, scratch, out_dtype, pool=None, row_format=None):
     B, d = kv.shape[0], norm_weight.shape[0]
     rows = torch.empty(B, d, dtype=out_dtype, device=kv.device)
     target = torch.empty(B, dtype=torch.int64, device=kv.device)
@@ -140,4 +140,8 @@ def compress_decode_triton(kv, score, positions, slots, position_bias, state, ra
         RATIO=ratio, OVERLAP=overlap, BLOCK_R=triton.next_power_of_2(ratio) if overlap else 1,
         BLOCK_D=triton.next_power_of_2(d), num_warps=4, **pdl_launch(kv),
     )
+    if pool is not None:
+        from v4serve.ops.kv_pack import store_rows
+
+        store_rows(pool, target, rows, row_format, impl="triton")
     return rows, target

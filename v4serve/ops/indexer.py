@@ -4,26 +4,41 @@ kernel in indexer_triton.py; bf16 q and keys on CUDA run the kernel)."""
 import torch
 import torch.nn.functional as F
 
+from v4serve.formats import row_format as _row_format
 from v4serve.ops._dispatch import use_triton
+from v4serve.ops.kv_pack import check_pool
 from v4serve.ops.indexer_reference import index_scores_reference
 from v4serve.ops.indexer_triton import index_scores_triton
 
 
-def index_scores(q, weights, k_pool, key_rows, n_visible, impl="auto") -> torch.Tensor:
+def index_scores(q, weights, k_pool, key_rows, n_visible, row_format=None, impl="auto") -> torch.Tensor:
     """fp32 [B, S, T]: sum_h weights[b,s,h] * relu(q[b,s,h] . k_pool[key_rows[b,t]]), -inf where masked.
 
     q [B, S, H, Dk]; weights [B, S, H] fp32 with every scale already applied; k_pool [N, Dk];
     key_rows [B, T] int32 (-1 = hole); n_visible [B, S] int32 (keys t >= n_visible are masked).
+    row_format None / "bf16": k_pool holds values; "fp4_e8m0_b32": k_pool is uint8 [N, >= 68] packed
+    keys (v4serve/formats.py), read by the kernel as 17 int32 words per row and decoded in registers.
     """
     B, S, H, Dk = q.shape
+    fmt = None if row_format is None else _row_format(row_format)
+    if fmt is not None and not fmt.packed:
+        fmt = None
     if weights.shape != (B, S, H):
         raise ValueError(f"weights must be [{B}, {S}, {H}], got {tuple(weights.shape)}")
-    if k_pool.dim() != 2 or k_pool.shape[1] != Dk:
+    if fmt is not None:
+        check_pool("k_pool", k_pool, fmt, Dk)
+    elif k_pool.dim() != 2 or k_pool.shape[1] != Dk:
         raise ValueError(f"k_pool must be [N, {Dk}], got {tuple(k_pool.shape)}")
     if key_rows.dtype != torch.int32 or key_rows.dim() != 2 or key_rows.shape[0] != B:
         raise ValueError(f"key_rows must be int32 [{B}, T], got {key_rows.dtype} {tuple(key_rows.shape)}")
     if n_visible.dtype != torch.int32 or n_visible.shape != (B, S):
         raise ValueError(f"n_visible must be int32 [{B}, {S}], got {n_visible.dtype} {tuple(n_visible.shape)}")
+    if fmt is not None:
+        if use_triton(impl, q, weights, k_pool, key_rows, n_visible) and (q.dtype == torch.bfloat16 or impl == "triton"):
+            if q.dtype != torch.bfloat16:
+                raise ValueError(f"the Triton kernel takes bf16 q, got {q.dtype}")
+            return index_scores_triton(q, weights, k_pool, key_rows, n_visible, row_format=fmt)
+        return index_scores_reference(q, weights, k_pool, key_rows, n_visible, fmt)
     bf16 = q.dtype == k_pool.dtype == torch.bfloat16
     if use_triton(impl, q, weights, k_pool, key_rows, n_visible) and (bf16 or impl == "triton"):
         if not bf16:

@@ -4,9 +4,12 @@
 
 in fp32, and -inf where t >= n_visible[b, s] or key_rows[b, t] == -1 (a hole). `weights` already
 carries every scale factor. Work is chunked over query tokens to bound the [S, H, T] logits.
+Packed keys (row_format given, k_pool uint8 [N, >= row_bytes(Dk)]) are unpacked to bf16 first.
 """
 
 import torch
+
+from v4serve.ops.kv_pack_reference import unpack_rows_reference
 
 _LOGITS_BUDGET_ELEMENTS = 1 << 24
 
@@ -17,13 +20,16 @@ def visible_keys(key_rows: torch.Tensor, n_visible: torch.Tensor) -> torch.Tenso
     return (t[None, None, :] < n_visible[..., None].to(torch.int64)) & (key_rows[:, None, :] >= 0)
 
 
-def index_scores_reference(q, weights, k_pool, key_rows, n_visible):
-    B, S, H, _ = q.shape
+def index_scores_reference(q, weights, k_pool, key_rows, n_visible, row_format=None):
+    B, S, H, Dk = q.shape
     T = key_rows.shape[1]
     if k_pool.shape[0] == 0 or T == 0:
-        keys = torch.zeros(B, T, k_pool.shape[1], dtype=torch.float32, device=q.device)
-    else:
+        keys = torch.zeros(B, T, Dk, dtype=torch.float32, device=q.device)
+    elif row_format is None:
         keys = k_pool[key_rows.clamp(min=0).to(torch.int64)].float()
+    else:
+        picked = k_pool[key_rows.clamp(min=0).to(torch.int64)].reshape(B * T, k_pool.shape[1])
+        keys = unpack_rows_reference(picked, row_format, Dk, torch.bfloat16).float().reshape(B, T, Dk)
     out = torch.empty(B, S, T, dtype=torch.float32, device=q.device)
     chunk = max(1, _LOGITS_BUDGET_ELEMENTS // max(1, B * H * T))
     for s in range(0, S, chunk):

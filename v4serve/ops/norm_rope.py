@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import torch
 
+from v4serve.formats import row_format as row_format_of
 from v4serve.ops._dispatch import use_triton
+from v4serve.ops.kv_pack import check_pool
+from v4serve.ops.kv_pack_reference import store_rows_reference
 from v4serve.ops.norm_rope_reference import rms_norm_rope_reference
 from v4serve.ops.norm_rope_triton import rms_norm_rope_triton
 
@@ -14,10 +17,15 @@ from v4serve.ops.norm_rope_triton import rms_norm_rope_triton
 def rms_norm_rope(
     x: torch.Tensor, eps: float | None = None, weight: torch.Tensor | None = None,
     cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, inverse: bool = False, impl: str = "auto",
+    pool: torch.Tensor | None = None, rows: torch.Tensor | None = None, row_format=None,
 ) -> torch.Tensor:
     """RMS-normalise the last dim of x [T, D] or [T, H, D] (eps None: no norm; weight [D] optional),
     then rotate its last 2R channels by the per-token angles cos, sin [T, R] fp32 (None: no
-    rotation; `inverse` negates the angles). Returns x's shape and dtype."""
+    rotation; `inverse` negates the angles). Returns x's shape and dtype.
+
+    Packed output (the window append): with `pool` (uint8 [P, >= row_bytes(D)]), `rows` [T] int
+    (a negative row is skipped) and a packed `row_format`, the result of x [T, D] is also quantized
+    and packed into pool[rows] (kv_pack.py layout), in the same kernel on CUDA."""
     D = x.shape[-1]
     if weight is not None and (eps is None or weight.shape != (D,)):
         raise ValueError(f"weight must be [{D}] and come with eps, got {tuple(weight.shape)} with eps={eps}")
@@ -29,6 +37,18 @@ def rms_norm_rope(
                              f"{tuple(cos.shape)} and {tuple(sin.shape)}")
         if 2 * cos.shape[1] > D or (D - 2 * cos.shape[1]) % 2:
             raise ValueError(f"rope_dim {2 * cos.shape[1]} must be even-aligned within D = {D}")
+    fmt = None
+    if pool is not None:
+        fmt = row_format_of(row_format)
+        if not fmt.packed:
+            raise ValueError(f"row_format must be a packed format when pool is given, got {fmt.name}")
+        if x.dim() != 2 or rows is None or rows.shape != (x.shape[0],):
+            raise ValueError(f"a packed store needs x [T, D] and rows [T], got {tuple(x.shape)} and "
+                             f"{None if rows is None else tuple(rows.shape)}")
+        check_pool("pool", pool, fmt, D)
     if use_triton(impl, x):
-        return rms_norm_rope_triton(x, eps, weight, cos, sin, inverse)
-    return rms_norm_rope_reference(x, eps, weight, cos, sin, inverse)
+        return rms_norm_rope_triton(x, eps, weight, cos, sin, inverse, pool=pool, rows=rows, row_format=fmt)
+    y = rms_norm_rope_reference(x, eps, weight, cos, sin, inverse)
+    if fmt is not None:
+        store_rows_reference(pool, rows, y, fmt)
+    return y

@@ -67,8 +67,10 @@ def norm_rope_warps(block_d: int) -> int:
     return max(1, min(8, block_d // 256))
 
 
-def rms_norm_rope_triton(x, eps=None, weight=None, cos=None, sin=None, inverse=False):
+def rms_norm_rope_triton(x, eps=None, weight=None, cos=None, sin=None, inverse=False, pool=None, rows=None,
+                         row_format=None):
     D = x.shape[-1]
+    rows_out = rows
     rows = x.reshape(-1, D)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
@@ -86,4 +88,8 @@ def rms_norm_rope_triton(x, eps=None, weight=None, cos=None, sin=None, inverse=F
         NORM=eps is not None, HAS_WEIGHT=weight is not None, ROPE=cos is not None, INVERSE=inverse,
         BLOCK_D=block_d, num_warps=norm_rope_warps(block_d), **pdl_launch(rows),
     )
+    if pool is not None:
+        from v4serve.ops.kv_pack import store_rows
+
+        store_rows(pool, rows_out, out, row_format, impl="triton")
     return out

@@ -2,11 +2,14 @@
 
 Layouts as in sparse_attn_triton.py: idx [T, C] int32 (column c < n_window names a win_pool row,
 the rest cmp_pool rows, -1 = hole), counts [T] int32, both pools [N, D] bf16 sharing one 16-byte
-aligned row stride.
+aligned row stride; or both pools uint8 rows of a packed format (PACKED; the PK_* constexprs of
+kv_pack_triton.packed_constexprs), dequantized to bf16 in registers by `load_packed`.
 """
 
 import triton
 import triton.language as tl
+
+from v4serve.ops.kv_pack_triton import load_packed
 
 
 @triton.jit
@@ -41,3 +44,17 @@ def gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_win
     kv = tl.load(row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)[:, None] + dims[None, :],
                  mask=live[:, None] & dim_ok[None, :], other=0.0)
     return kv, live
+
+
+@triton.jit
+def gather_packed_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window, cols, hi, d0, D,
+                          K: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
+                          PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr):
+    """gather_kv_tile over packed rows: channels [d0, d0 + K) of token `tok`'s columns `cols` as
+    bf16 [len(cols), K] (exactly the unpacked values; zero for holes and columns >= hi), and which
+    columns are live."""
+    rows = load_rows(idx_ptr, tok, stride_it, cols, hi)
+    live = rows >= 0
+    kv = load_packed(row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool), live, d0, D, K,
+                     PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL)
+    return kv.to(tl.bfloat16), live

@@ -61,7 +61,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from v4serve.ops._dispatch import check_16_byte_aligned, compiled_on_cuda, pdl_supported, triton_at_least
 from v4serve.ops.sparse_attn_gluon import WS_HEAD_DIM, sparse_attn_ws
-from v4serve.ops.sparse_attn_tiles import column_bound, gather_kv_tile
+from v4serve.ops.kv_pack_triton import packed_constexprs
+from v4serve.ops.sparse_attn_tiles import column_bound, gather_kv_tile, gather_packed_kv_tile
 from v4serve.ops.sparse_attn_two_pass import sparse_attn_two_pass
 
 # Production tiles (H200 sweeps, docs/performance.md). Prefill: all 64 heads of a token share each
@@ -146,7 +147,9 @@ def _sparse_attn_kernel(
     stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
     HAS_COUNTS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, PACKED: tl.constexpr = False, PK_FP4: tl.constexpr = False, PK_NQ: tl.constexpr = 0,
+    PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
+    PK_HAS_TAIL: tl.constexpr = False, PK_PAYLOAD: tl.constexpr = 0, PK_ROW_BYTES: tl.constexpr = 0,
 ):
     if PDL:
         # Let the merge kernel (launched with programmatic dependent launch) start its prologue now;
@@ -174,8 +177,13 @@ def _sparse_attn_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     for start in range(lo, hi, BLOCK_T):
-        kv, live = gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
-                                  start + tl.arange(0, BLOCK_T), hi, dims, dim_ok)
+        if PACKED:
+            kv, live = gather_packed_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
+                                             start + tl.arange(0, BLOCK_T), hi, 0, D, BLOCK_D, PK_NQ, PK_BLOCK,
+                                             PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL)
+        else:
+            kv, live = gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
+                                      start + tl.arange(0, BLOCK_T), hi, dims, dim_ok)
         s = tl.dot(q, tl.trans(kv)) * qk_scale_log2
         s = tl.where(live[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -248,10 +256,15 @@ def _sparse_attn_merge_kernel(
     tl.store(out_ptr + tok * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dims < D)
 
 
-def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, tile_config=None):
-    """Launch the kernels; q [B, M, H, D] and both pools bf16. tile_config defaults to the production one
-    (prefill_config(device) when M > 1, decode_config(B, C) when M == 1)."""
+def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, tile_config=None,
+                             row_format=None):
+    """Launch the kernels; q [B, M, H, D] and both pools bf16 (or uint8 rows of the packed
+    `row_format`). tile_config defaults to the production one (prefill_config(device) when M > 1,
+    decode_config(B, C) when M == 1)."""
     B, M, H, D = q.shape
+    if row_format is not None and (row_format.value_bits != 8 or row_format.scale_kind != "ue8m0"):
+        raise ValueError(f"the attention kernels read fp8 rows with ue8m0 scales, not {row_format.name}")
+    pk = {} if row_format is None else dict(PACKED=True, **packed_constexprs(row_format, D))
     C = idx.shape[2]
     check_16_byte_aligned("win_pool", win_pool)
     check_16_byte_aligned("cmp_pool", cmp_pool)
@@ -281,7 +294,10 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     pdl = cfg.pop("PDL", False) and pdl_supported(q.device)
     if kernel == "two_pass":
         return sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, counts is not None,
-                                    pdl, cfg).reshape(B, M, H, D)
+                                    pdl, cfg, pk).reshape(B, M, H, D)
+    if kernel == "ws" and pk:
+        kernel = "tl"  # packed rows: the Gluon kernel reads bf16 rows only; packed prefill takes the tl kernel
+        cfg = dict(PREFILL_CONFIG_H32 if triton_at_least(3, 9) else PREFILL_CONFIG)
     ws = kernel == "ws"
     if ws and D != WS_HEAD_DIM:
         raise ValueError(f"the warp-specialised kernel takes D = {WS_HEAD_DIM}, got {D}")
@@ -304,6 +320,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
             qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), out.stride(0), out.stride(1),
             0, 0, 0, 0, 0,
             HAS_COUNTS=counts is not None, SPLIT=False, FUSED_MERGE=False, BLOCK_D=BLOCK_D, EVEN_D=even_d, **cfg,
+            **pk,
         )
         return out.reshape(B, M, H, D)
     part, m_part, l_part = _partials(T, n_splits, H, D, q.device)
@@ -316,7 +333,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
         part.stride(0), part.stride(1), part.stride(2), m_part.stride(0), m_part.stride(1),
         HAS_COUNTS=counts is not None, SPLIT=True, FUSED_MERGE=fused, BLOCK_D=BLOCK_D, EVEN_D=even_d,
         PDL=pdl and not fused,
-        **cfg,
+        **cfg, **pk,
     )
     if fused:
         return out.reshape(B, M, H, D)

@@ -2,7 +2,9 @@
 
 Layouts as in sparse_attn_triton.py: q [T, H, D] bf16, pools [N, D] bf16 sharing one 16-byte
 aligned row stride, idx [T, C] int32 (-1 = hole), counts [T] int32, sink [H] fp32, out [T, H, D]
-bf16. Every query token is independent (its causal limit is in idx / counts), so any M works;
+bf16 (or uint8 rows of a packed fp8 format: PACKED, dequantized in registers by
+kv_pack_triton.load_packed; the scores pass's BLOCK_K slices and the values pass's BLOCK_DV dims
+each lie in one scale block of the V4 rows). Every query token is independent (its causal limit is in idx / counts), so any M works;
 the kernels are built for decode steps of several sequences (production from 2 tokens).
 
 Why two passes. Split-K decode (sparse_attn_triton.py) spreads a token's C columns over splits
@@ -43,7 +45,10 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from v4serve.ops.kv_pack_triton import load_packed
 from v4serve.ops.sparse_attn_tiles import column_bound, load_rows, row_pointers
+
+_PK_PARAMS = ("PK_NQ", "PK_BLOCK", "PK_TAIL_OFF", "PK_SCALE_OFF", "PK_HAS_TAIL")
 
 
 @triton.jit
@@ -52,7 +57,8 @@ def _scores_kernel(
     H, D, C, n_window, qk_scale_log2,
     stride_qt, stride_qh, stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj,
     HAS_COUNTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, PACKED: tl.constexpr = False, PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1,
+    PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0, PK_HAS_TAIL: tl.constexpr = False,
 ):
     tok = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
@@ -73,7 +79,11 @@ def _scores_kernel(
         for k in range(0, D, BLOCK_K):
             dims = k + tl.arange(0, BLOCK_K)
             q = tl.load(q_rows[:, None] + dims[None, :], mask=head_ok[:, None] & (dims < D)[None, :], other=0.0)
-            kv = tl.load(row_ptrs[:, None] + dims[None, :], mask=live[:, None] & (dims < D)[None, :], other=0.0)
+            if PACKED:
+                kv = load_packed(row_ptrs, live, k, D, BLOCK_K, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
+                                 PK_HAS_TAIL).to(tl.bfloat16)
+            else:
+                kv = tl.load(row_ptrs[:, None] + dims[None, :], mask=live[:, None] & (dims < D)[None, :], other=0.0)
             s = tl.dot(q, tl.trans(kv), s)
         sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
         s = tl.where(live[None, :], s * qk_scale_log2, float("-inf"))
@@ -88,12 +98,18 @@ def _scores_kernel(
 
 @triton.jit
 def _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows, m_j, m, n_live, n_window, stride_pool, stride_pt, stride_ph,
-                 heads, head_ok, dims, dim_ok, BLOCK_T: tl.constexpr):
+                 heads, head_ok, dims, dim_ok, BLOCK_T: tl.constexpr, d0, D, BLOCK_DV: tl.constexpr,
+                 PACKED: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
+                 PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr):
     """f_j (p_j @ kv_j[:, dims]) of tile j, whose pool rows and max are `rows` and `m_j`; 0 when
     j >= n_live (p masked: the scores pass did not write that tile)."""
     cols = j * BLOCK_T + tl.arange(0, BLOCK_T)
-    kv = tl.load(row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)[:, None] + dims[None, :],
-                 mask=(rows >= 0)[:, None] & dim_ok[None, :], other=0.0)
+    row_ptrs = row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)
+    if PACKED:
+        kv = load_packed(row_ptrs, rows >= 0, d0, D, BLOCK_DV, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
+                         PK_HAS_TAIL).to(tl.bfloat16)
+    else:
+        kv = tl.load(row_ptrs[:, None] + dims[None, :], mask=(rows >= 0)[:, None] & dim_ok[None, :], other=0.0)
     p = tl.load(p_ptr + tok * stride_pt + heads[:, None] * stride_ph + cols[None, :],
                 mask=head_ok[:, None] & (j < n_live), other=0.0)
     f = tl.where(j < n_live, tl.exp2(m_j - m), 0.0)
@@ -106,10 +122,13 @@ def _values_kernel(
     H, D, C, n_window,
     stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj, stride_ot, stride_oh,
     HAS_COUNTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BLOCK_J: tl.constexpr, EVEN_D: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_J: tl.constexpr, EVEN_D: tl.constexpr, PDL: tl.constexpr = False, PACKED: tl.constexpr = False,
+    PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
+    PK_HAS_TAIL: tl.constexpr = False,
 ):
     tok = tl.program_id(0).to(tl.int64)
-    dims = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
+    d0 = tl.program_id(1) * BLOCK_DV
+    dims = d0 + tl.arange(0, BLOCK_DV)
     heads = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < H
     if EVEN_D:
@@ -150,20 +169,24 @@ def _values_kernel(
         next_m_a = tl.load(m_row + (j + 2) * stride_mj, mask=head_ok & (j + 2 < n_live), other=0.0)
         next_m_b = tl.load(m_row + (j + 3) * stride_mj, mask=head_ok & (j + 3 < n_live), other=0.0)
         acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows_a, m_a, m, n_live, n_window, stride_pool,
-                            stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T)
+                            stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T, d0, D, BLOCK_DV,
+                            PACKED, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL)
         acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j + 1, rows_b, m_b, m, n_live, n_window, stride_pool,
-                            stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T)
+                            stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T, d0, D, BLOCK_DV,
+                            PACKED, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL)
     out = acc / denom[:, None]
     tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
 
 
-def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, has_counts, pdl, cfg):
+def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, has_counts, pdl, cfg, pk=None):
     """Launch both passes on [T, H, D] views as sparse_attn_triton.py prepares them.
 
     cfg: BLOCK_H, BLOCK_T, BLOCK_K (the scores pass's head-dim slice), BLOCK_DV, VALUE_BLOCK_H (the
     values pass's heads per program; default BLOCK_H), and the launch options of each pass as
-    SCORES / VALUES = dict(num_warps=..., num_stages=...)."""
+    SCORES / VALUES = dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
+    (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
+    pk = {k: v for k, v in (pk or {}).items() if k == "PACKED" or k in _PK_PARAMS}
     T, H, D = qt.shape
     C = it.shape[1]
     block_t, block_h, block_hv = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg.get("VALUE_BLOCK_H", cfg["BLOCK_H"])
@@ -179,7 +202,7 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
         H, D, C, n_window, qk_scale_log2,
         qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1),
         HAS_COUNTS=has_counts, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=min(cfg["BLOCK_K"], block_d), PDL=pdl,
-        **cfg["SCORES"],
+        **cfg["SCORES"], **pk,
     )
     _values_kernel[(T, triton.cdiv(D, block_dv), triton.cdiv(H, block_hv))](
         win, cmp, it, ct, sink, p, m, l, out,
@@ -187,7 +210,7 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
         win.stride(0), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1), out.stride(0),
         out.stride(1),
         HAS_COUNTS=has_counts, BLOCK_H=block_hv, BLOCK_T=block_t, BLOCK_DV=block_dv,
-        BLOCK_J=triton.next_power_of_2(n_tiles), EVEN_D=D % block_dv == 0, **cfg["VALUES"],
+        BLOCK_J=triton.next_power_of_2(n_tiles), EVEN_D=D % block_dv == 0, **cfg["VALUES"], **pk,
         **(dict(PDL=True, launch_pdl=True) if pdl else {}),
     )
     return out

@@ -33,6 +33,8 @@ class EngineSnapshot:
     pages_total: int
     preemptions: int  # since start
     alive: bool
+    kv_bytes_total: int = 0  # bytes the KV cache allocated (packed rows count their packed bytes)
+    kv_bytes_per_page: int = 0  # bytes of the paged tiers per page
 
 
 @dataclass
@@ -159,5 +161,7 @@ class EngineLoop:
 
     def _snapshot(self, alive: bool) -> EngineSnapshot:
         scheduler, allocator = self._engine.scheduler, self._engine.cache.allocator
+        budget = self._engine.kv_budget
         return EngineSnapshot(len(scheduler.running), len(scheduler.waiting), allocator.num_used,
-                              allocator.num_pages, scheduler.num_preemptions, alive)
+                              allocator.num_pages, scheduler.num_preemptions, alive, budget.total_bytes,
+                              int(budget.bytes_per_token * budget.page_size))

@@ -69,6 +69,10 @@ class Metrics:
             ("v4serve_num_requests_waiting", "Requests waiting for a slot or pages.", snapshot.waiting),
             ("v4serve_kv_pages_used", "KV cache pages in use.", snapshot.pages_used),
             ("v4serve_kv_pages_total", "KV cache pages in all.", snapshot.pages_total),
+            ("v4serve_kv_cache_bytes", "Bytes the KV cache allocated (every tier; packed rows at their packed size).",
+             snapshot.kv_bytes_total),
+            ("v4serve_kv_cache_used_bytes", "Bytes of the paged KV tiers in use.",
+             snapshot.pages_used * snapshot.kv_bytes_per_page),
         ]
         lines = []
         for name, help_text, value in gauges:

@@ -58,7 +58,7 @@ def serve(args: argparse.Namespace, make_engine: Callable[[EngineArgs], Engine] 
     name = args.served_model_name or args.model
     print(f"v4serve: serving {name!r} on {engine.device} (max_model_len {engine.max_model_len}, "
           f"max_num_seqs {engine.scheduler.max_num_seqs})")
-    print("\n".join(engine.memory_map + engine.kv_budget.describe()), flush=True)
+    print("\n".join(engine.banner()), flush=True)
     app = create_app(engine, name, max_body_bytes=args.max_body_bytes)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             log_config=_log_config(args.log_level), timeout_graceful_shutdown=None,

@@ -1,0 +1,90 @@
+"""What fits in the KV cache: the budget against the bytes the pools really take, packed rows
+against bf16 rows at Flash dimensions, and the start-up lines in vLLM's words."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from v4serve import LLM
+from v4serve.cache import CacheGeometry, PagedKVCache
+from v4serve.cache.budget import solve_kv_budget
+from v4serve.formats import CACHE_FORMATS
+from v4serve.presets import preset_config
+
+# Room for the fp8 rows' 64 bf16 rope channels plus a quantized block, and fp4 index keys.
+PACKABLE = {"head_dim": 192, "qk_rope_head_dim": 64, "index_head_dim": 128}
+
+
+def _allocated(cache: PagedKVCache) -> int:
+    """Bytes of every distinct tensor the layer views hold (each counted once)."""
+    tensors = {}
+    for layer in range(len(cache.plan)):
+        view = cache.view(layer)
+        pools = [p.data for p in (view.window, view.compressed, view.index_keys) if p is not None]
+        states = [t for s in (view.compressor_state, view.indexer_state) if s is not None for t in s.tensors()]
+        for t in pools + states:
+            tensors[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(tensors.values())
+
+
+@pytest.mark.parametrize("kv_cache_dtype,dtype", [("bf16", torch.float32), ("bf16", torch.bfloat16),
+                                                  ("auto", torch.bfloat16)])
+def test_budget_is_what_the_pools_take(kv_cache_dtype, dtype):
+    config = preset_config("tiny", PACKABLE)
+    geometry = CacheGeometry.from_config(config, CACHE_FORMATS[kv_cache_dtype], packed=kv_cache_dtype == "auto")
+    budget = solve_kv_budget(geometry, dtype, 12 * 2**20, 8, 128, 512)
+    cache = PagedKVCache(geometry, budget.num_pages, 8, 512, 128, dtype, "cpu")
+    assert _allocated(cache) == cache.nbytes == budget.total_bytes
+    packed = [cache.view(i).window for i in range(len(cache.plan))]
+    if kv_cache_dtype == "auto":  # bytes of the formats' packed rows
+        assert all(p.packed and p.data.dtype == torch.uint8 for p in packed)
+        assert packed[0].data.shape[1] == packed[0].row_format.row_bytes(192)
+        index = cache.view(1).index_keys
+        assert index.packed and index.data.shape[1] == index.row_format.row_bytes(128)
+    else:
+        assert all(not p.packed and p.data.dtype == dtype for p in packed)
+    for p in packed:
+        assert p.data.data_ptr() % 16 == 0
+
+
+def test_auto_holds_at_least_1_9x_the_tokens_of_bf16_at_flash_dims():
+    """Same kv_cache_memory, Flash geometry, up to 1M-token sequences: computed from the plans'
+    budgets (no allocation)."""
+    config = preset_config("deepseek-v4-flash")
+    memory, seqs, pages_per_seq, step = 60 * 2**30, 64, 2**20 // config.page_size, 8192
+    budgets = {}
+    for name in ("bf16", "auto"):
+        geometry = CacheGeometry.from_config(config, CACHE_FORMATS[name], packed=name == "auto")
+        budgets[name] = solve_kv_budget(geometry, torch.bfloat16, memory, seqs, pages_per_seq, step)
+    auto, bf16 = budgets["auto"], budgets["bf16"]
+    assert auto.num_pages < seqs * pages_per_seq and bf16.num_pages < seqs * pages_per_seq  # not capped
+    assert auto.num_tokens >= 1.9 * bf16.num_tokens, (auto.num_tokens, bf16.num_tokens)
+    assert bf16.bytes_per_token == 6880  # 21 CSA layers x (1024/4 + 256/4) + 20 HCA x 1024/128
+    per_layer = {"compressed rows": 21 / 4 + 20 / 128, "index keys": 21 / 4}
+    fp8_row = auto.tier_bytes_per_token["compressed rows"] / per_layer["compressed rows"]
+    assert 584 <= fp8_row <= 592 and auto.tier_bytes_per_token["index keys"] == 68 * per_layer["index keys"]
+    assert auto.max_concurrency(32768) >= 1.9 * bf16.max_concurrency(32768)
+
+
+def test_banner_says_what_fits():
+    llm = LLM("tiny", device="cpu", max_model_len=1000, num_kv_pages=100, progress=False)
+    lines = llm.engine.banner()
+    text = "\n".join(lines)
+    assert "KV cache dtype: bf16" in text
+    assert f"KV cache size: {100 * 32} tokens" in lines
+    # 1000 tokens take 32 pages of 32: 100 pages hold 3.125 such requests at once.
+    assert "Maximum concurrency for 1000 tokens per request: 3.12x" in lines
+    for tier in ("compressed rows", "index keys", "window ring", "compressor state"):
+        assert re.search(rf"^\s+{tier}\s+[\d.]+ bytes/(token|sequence)", text, re.M), tier
+
+
+def test_generate_prints_the_banner_to_stderr(capsys):
+    from v4serve.cli import main
+
+    assert main(["generate", "Hello", "--max-tokens", "2", "--device", "cpu", "--max-model-len", "256"]) == 0
+    captured = capsys.readouterr()
+    assert "KV cache size: " in captured.err and "Maximum concurrency for 256 tokens per request: " in captured.err
+    assert "KV cache size" not in captured.out

@@ -1,0 +1,49 @@
+"""`EngineArgs`: what an engine is built from (vLLM's names), and how the defaults resolve."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    model: str
+    device: str | None = None  # default: cuda when present
+    dtype: str | torch.dtype | None = None  # default: bfloat16 on cuda, float32 on cpu
+    # "auto": the model's native packed formats (fp8 KV rows, fp4 index keys; default on cuda);
+    # "bf16": unquantized rows in the model's dtype, what transformers computes (default on cpu).
+    kv_cache_dtype: str | None = None
+    max_model_len: int | None = None  # default: min(max_position_embeddings, 8192)
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 512
+    num_kv_pages: int | None = None  # default: from kv_cache_memory, else free GPU memory, else full length
+    kv_cache_memory: int | None = None  # bytes for the KV cache (all tiers); solved into pages
+    hf_overrides: dict[str, Any] | None = None
+    kernels: str = "auto"  # "auto": Triton kernels on CUDA, torch references on CPU; or "torch" / "triton"
+    cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (on CUDA)
+    cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes captured (default 1, 2, 4, ..., max_num_seqs)
+    overlap_decode: bool = True  # launch decode step N+1 before reading step N's tokens
+    seed: int = 0
+    progress: bool = True
+    quantization: str | None = None  # override config.json: "fp8", "fp8-reference", "none" (config.QUANTIZATION_CHOICES)
+    cpu_offload_gb: float | str = 0  # GiB of routed experts in pinned host memory, or "auto" (engine/offload.py)
+
+
+def resolve_device(device: str | None) -> torch.device:
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]

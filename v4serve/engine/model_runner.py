@@ -1,0 +1,96 @@
+"""The model runner: the model, its layer plan, the KV cache it writes and the decode graphs.
+
+Built once from `EngineArgs`: the model with its kernels bound (`model/kernels.py`) and its
+projections fused, the layer plan for the cache's `kv_cache_dtype` (`v4serve/layer_plan.py`),
+the memory budget solved from that plan (`cache/budget.py`), the cache, and the decode runner
+(CUDA graphs). `prefill` and `decode` turn a step's tokens into logits; everything about requests
+lives in the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
+from v4serve.cache.budget import KVBudget, budget_for_pages, free_gpu_memory, solve_kv_budget
+from v4serve.engine.args import EngineArgs
+from v4serve.engine.decode_runner import DecodeRunner
+from v4serve.formats import CacheFormat
+from v4serve.layer_plan import ModelPlan, layer_plans, resolve_cache_format
+from v4serve.engine.offload import kv_reserve_bytes, memory_map
+from v4serve.model.loader import build_model, offloads_of, resolve_config
+
+logger = logging.getLogger(__name__)
+
+
+def kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, device: torch.device,
+              pages_per_seq: int) -> KVBudget:
+    """Pages: given, or solved from the byte budget (given, or free GPU memory), or full length."""
+    shape = (args.max_num_seqs, pages_per_seq, args.max_num_batched_tokens)
+    if args.num_kv_pages is None and (args.kv_cache_memory is not None or device.type == "cuda"):
+        memory = args.kv_cache_memory if args.kv_cache_memory is not None else free_gpu_memory(device)
+        return solve_kv_budget(geometry, dtype, memory, *shape)
+    return budget_for_pages(geometry, dtype, args.num_kv_pages or args.max_num_seqs * pages_per_seq, *shape)
+
+
+class ModelRunner:
+    def __init__(self, args: EngineArgs, device: torch.device, dtype: torch.dtype):
+        self.device = device
+        reserve = kv_reserve_bytes(args, resolve_config(args.model, args.hf_overrides, args.quantization), device,
+                                   dtype, args.kv_cache_dtype)
+        self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress,
+                                         args.quantization, args.cpu_offload_gb, reserve)
+        self.cache_format: CacheFormat
+        self.cache_format, self.cache_format_note = resolve_cache_format(config, args.kv_cache_dtype, device.type)
+        if self.cache_format_note:
+            logger.warning(self.cache_format_note)
+        self.model.fuse_projections()
+        self.model.bind_kernels(args.kernels)
+        self.config = config
+        self.max_model_len = args.max_model_len or min(config.max_position_embeddings, 8192)
+        if self.max_model_len > config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) exceeds the model's max_position_embeddings "
+                f"({config.max_position_embeddings})"
+            )
+        self.plan: ModelPlan = layer_plans(config, self.cache_format)
+        geometry = CacheGeometry.from_plan(self.plan, config.page_size)
+        pages_per_seq = -(-self.max_model_len // config.page_size)
+        self.kv_budget = kv_budget(args, geometry, dtype, device, pages_per_seq)
+        if self.kv_budget.num_pages < pages_per_seq:  # a long request would preempt itself forever
+            raise ValueError(
+                f"the KV cache holds {self.kv_budget.num_pages} pages ({self.kv_budget.num_tokens} tokens), fewer "
+                f"than one sequence of max_model_len {self.max_model_len} needs ({pages_per_seq} pages): give it "
+                f"more memory (kv_cache_memory / num_kv_pages) or lower max_model_len"
+            )
+        self.cache = PagedKVCache(
+            geometry,
+            num_pages=self.kv_budget.num_pages,
+            max_seqs=args.max_num_seqs,
+            max_step_tokens=args.max_num_batched_tokens,
+            max_pages_per_seq=pages_per_seq,
+            dtype=dtype,
+            device=device,
+        )
+        self.decode_runner = DecodeRunner(
+            self.model, self.cache, args.max_num_seqs,
+            # offloaded experts are fetched after a host read of the step's routing: no graph capture
+            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs and not offloads_of(self.model),
+            graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
+        )
+
+    def banner(self) -> list[str]:
+        """The start-up lines: what fits (vLLM's words), then every tier's bytes."""
+        note = f" ({self.cache_format_note})" if self.cache_format_note else ""
+        return [f"KV cache dtype: {self.cache_format.name}{note}", *self.kv_budget.describe(self.max_model_len),
+                *memory_map(self.model, self.kv_budget.total_bytes)]
+
+    def prefill(self, chunks: list[SequenceChunk], token_ids: list[int], logits_rows: list[int]) -> torch.Tensor:
+        """Logits [len(logits_rows), vocab] of a step of chunks (prefill or mixed)."""
+        return self.model(self.cache.build_batch(chunks, token_ids, logits_rows), self.cache)
+
+    def decode(self, token_ids: list[int] | torch.Tensor, positions: list[int], slots: list[int]) -> torch.Tensor:
+        """Logits [n, vocab] of one token per sequence (graph-replayed on CUDA)."""
+        return self.decode_runner.run(token_ids, positions, slots)

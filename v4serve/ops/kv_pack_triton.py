@@ -1,0 +1,188 @@
+"""Triton kernels and device functions of packed KV rows (byte layouts: v4serve/formats.py; math:
+kv_pack_reference.py). The ue8m0 formats only (fp4_e4m3_b16 is torch only).
+
+Pack (`pack_row`, one row held in registers as fp32 [BLOCK_D], the channels >= D zero): per group
+of PK_BLOCK quantized channels, e = ceil(log2(max(amax, FLOOR) / QMAX)) from the fp32 bits, the
+scaled value y = clamp(x * 2^-e) rounded to the grid on its fp32 bits (kv_quant_triton's
+`_round_to_grid`, exact in the interpreter too), then the code from the rounded value's bits:
+
+    e4m3  |y| >= 2^-6: (bits >> 20) - (120 << 3)   (exponent rebiased 127 -> 7, top 3 mantissa bits)
+          |y| <  2^-6: |y| * 2^9                    (subnormal: an integer 0..7)
+          | sign << 7
+    e2m1  |y| >= 1: (bits >> 22) - 252; |y| = 0.5: 1; 0: 0;  | sign << 3; pairs packed low nibble first
+    ue8m0 e + 127;  tail: the channels >= N_QUANT rounded to bf16;  padding: zero
+
+Dequantize (`load_packed`, a [R, K] tile of channels [d0, d0 + K) of R rows): the e4m3 byte c
+becomes the fp16 with bits (c & 0x80) << 8 | (c & 0x7f) << 7, which is decode(c) * 2^-8 exactly
+(subnormals included: both formats put the implicit bit at exponent field 0), converted to fp32,
+times 2^8 (now decode(c), a normal fp32 or 0) and times 2^(b - 127); every step is exact, as is
+the final cast to bf16 (at most 4 significant bits). The tile is loaded as [R, G, SUB] with SUB = min(K, PK_BLOCK)
+contiguous bytes per (row, group), so each group is one or more 16-byte loads at 16-byte aligned
+row strides, and the G scale bytes of a row are one small load.
+
+Grids: `_store_rows_kernel` (N,): one program per row (skipped when rows[i] < 0);
+`_unpack_rows_kernel` (cdiv(N, 16),): 16 rows per program.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from v4serve.ops.kv_quant_triton import _pow2, _round_to_grid
+
+
+def packed_constexprs(fmt, dim: int) -> dict:
+    """The PK_* constexprs the packed-row device functions take, for rows of `dim` channels."""
+    if fmt.scale_kind != "ue8m0":
+        raise ValueError(f"row format {fmt.name} has no Triton kernel (torch only)")
+    return dict(PK_FP4=fmt.value_bits == 4, PK_NQ=fmt.n_quant(dim), PK_BLOCK=fmt.block,
+                PK_TAIL_OFF=fmt.tail_offset(dim), PK_SCALE_OFF=fmt.scales_offset(dim),
+                PK_HAS_TAIL=fmt.plain_tail > 0, PK_PAYLOAD=fmt.payload_bytes(dim), PK_ROW_BYTES=fmt.row_bytes(dim))
+
+
+@triton.jit
+def _e4m3_code(y):
+    bits = y.to(tl.int32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    normal = (mag >> 20) - (120 << 3)
+    sub = (mag.to(tl.float32, bitcast=True) * 512.0).to(tl.int32)
+    return tl.where(mag >= (121 << 23), normal, sub) | ((bits >> 24) & 0x80)
+
+
+@triton.jit
+def _e2m1_code(y):
+    bits = y.to(tl.int32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    idx = tl.where(mag >= (127 << 23), (mag >> 22) - 252, (mag != 0).to(tl.int32))
+    return idx | ((bits >> 28) & 0x8)
+
+
+@triton.jit
+def pack_row(dst, y, D, BLOCK_D: tl.constexpr, PK_FP4: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr,
+             PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr,
+             PK_PAYLOAD: tl.constexpr, PK_ROW_BYTES: tl.constexpr):
+    """Quantize and pack one row y (fp32 [BLOCK_D], channels >= D ignored) to the bytes at dst (uint8*)."""
+    G: tl.constexpr = BLOCK_D // PK_BLOCK
+    g = tl.arange(0, G)
+    ch = g[:, None] * PK_BLOCK + tl.arange(0, PK_BLOCK)[None, :]
+    is_q = ch < PK_NQ
+    yb = tl.reshape(y, (G, PK_BLOCK))
+    if PK_FP4:
+        QMAX: tl.constexpr = 6.0
+        FLOOR: tl.constexpr = 6.0 * 2.0**-126
+    else:
+        QMAX: tl.constexpr = 448.0
+        FLOOR: tl.constexpr = 1e-4
+    amax = tl.max(tl.where(is_q, tl.abs(yb), 0.0), 1)
+    ratio_bits = tl.math.div_rn(tl.maximum(amax, FLOOR), QMAX).to(tl.int32, bitcast=True)
+    e = ((ratio_bits >> 23) & 0xFF) - 127 + ((ratio_bits & 0x7FFFFF) != 0).to(tl.int32)
+    v = tl.minimum(tl.maximum(yb * _pow2(-e)[:, None], -QMAX), QMAX)
+    if PK_FP4:
+        code = _e2m1_code(_round_to_grid(v, 1, 0))
+        lo, hi = tl.split(tl.reshape(code, (G, PK_BLOCK // 2, 2)))
+        pairs = g[:, None] * (PK_BLOCK // 2) + tl.arange(0, PK_BLOCK // 2)[None, :]
+        tl.store(dst + pairs, (lo | (hi << 4)).to(tl.uint8), mask=pairs < PK_NQ // 2)
+    else:
+        code = _e4m3_code(_round_to_grid(v, 3, -6))
+        tl.store(dst + ch, code.to(tl.uint8), mask=is_q)
+    if PK_HAS_TAIL:
+        tail_ptr = (dst + PK_TAIL_OFF).to(tl.pointer_type(tl.bfloat16))
+        tl.store(tail_ptr + (ch - PK_NQ), yb.to(tl.bfloat16), mask=(ch >= PK_NQ) & (ch < D))
+    tl.store(dst + PK_SCALE_OFF + g, (e + 127).to(tl.uint8), mask=g < PK_NQ // PK_BLOCK)
+    PAD: tl.constexpr = 16
+    pad = PK_PAYLOAD + tl.arange(0, PAD)
+    tl.store(dst + pad, tl.zeros([PAD], tl.uint8), mask=pad < PK_ROW_BYTES)
+
+
+@triton.jit
+def _e4m3_scaled(codes, scale_bytes):
+    """e4m3 bytes (uint8) times 2^(b - 127) for ue8m0 bytes b (int32, broadcastable), in fp32."""
+    c = codes.to(tl.int16)
+    h = ((c & 0x80) << 8) | ((c & 0x7F) << 7)
+    return (h.to(tl.float16, bitcast=True).to(tl.float32) * 256.0) * _pow2(scale_bytes - 127)
+
+
+@triton.jit
+def load_packed(row_ptrs, live, d0, D, K: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr,
+                PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr):
+    """Channels [d0, d0 + K) of the fp8 rows at row_ptrs (uint8* [R]; rows not `live` and channels
+    >= D read as 0) as fp32 [R, K]. d0 is a multiple of min(K, PK_BLOCK)."""
+    G: tl.constexpr = (K + PK_BLOCK - 1) // PK_BLOCK
+    SUB: tl.constexpr = K // G
+    g = tl.arange(0, G)
+    ch = d0 + g[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [G, SUB]
+    is_q = ch < PK_NQ
+    base = tl.multiple_of(row_ptrs, 16)[:, None, None]
+    codes = tl.load(base + ch[None, :, :], mask=live[:, None, None] & is_q[None, :, :], other=0)
+    group = (d0 + g * SUB) // PK_BLOCK
+    sb = tl.load(row_ptrs[:, None] + PK_SCALE_OFF + group[None, :],
+                 mask=live[:, None] & (group < PK_NQ // PK_BLOCK)[None, :], other=127).to(tl.int32)
+    v = _e4m3_scaled(codes, sb[:, :, None])
+    if PK_HAS_TAIL:
+        tail_ptr = (base + PK_TAIL_OFF).to(tl.pointer_type(tl.bfloat16))
+        in_tail = (ch >= PK_NQ) & (ch < D)
+        tail = tl.load(tail_ptr + (ch - PK_NQ)[None, :, :], mask=live[:, None, None] & in_tail[None, :, :], other=0.0)
+        v = tl.where(in_tail[None, :, :], tail.to(tl.float32), v)
+    return tl.reshape(v, (row_ptrs.shape[0], K))
+
+
+@triton.jit
+def _store_rows_kernel(x_ptr, rows_ptr, pool_ptr, D, stride_x, stride_pool, HAS_ROWS: tl.constexpr,
+                       BLOCK_D: tl.constexpr, PK_FP4: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr,
+                       PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr,
+                       PK_PAYLOAD: tl.constexpr, PK_ROW_BYTES: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64)
+    row = i
+    if HAS_ROWS:
+        row = tl.load(rows_ptr + i).to(tl.int64)
+    if row >= 0:
+        ch = tl.arange(0, BLOCK_D)
+        y = tl.load(x_ptr + i * stride_x + ch, mask=ch < D, other=0.0).to(tl.float32)
+        pack_row(pool_ptr + row * stride_pool, y, D, BLOCK_D, PK_FP4, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
+                 PK_HAS_TAIL, PK_PAYLOAD, PK_ROW_BYTES)
+
+
+@triton.jit
+def _unpack_rows_kernel(packed_ptr, out_ptr, N, D, stride_p, stride_o, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                        PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
+                        PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = r < N
+    v = load_packed(packed_ptr + r.to(tl.int64) * stride_p, ok, 0, D, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF,
+                    PK_SCALE_OFF, PK_HAS_TAIL)
+    ch = tl.arange(0, BLOCK_D)
+    tl.store(out_ptr + r.to(tl.int64)[:, None] * stride_o + ch[None, :], v.to(out_ptr.dtype.element_ty),
+             mask=ok[:, None] & (ch < D)[None, :])
+
+
+def store_rows_triton(pool, rows, x, fmt):
+    """pool[rows[i]] = pack(x[i]) (rows None: pool[i]); rows[i] < 0 skipped."""
+    n, D = x.shape
+    if n == 0:
+        return
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    pk = packed_constexprs(fmt, D)
+    _store_rows_kernel[(n,)](
+        x, x if rows is None else rows.contiguous(), pool, D, x.stride(0), pool.stride(0), HAS_ROWS=rows is not None,
+        BLOCK_D=max(triton.next_power_of_2(D), fmt.block), num_warps=4, **pk,
+    )
+
+
+UNPACK_ROWS = 16
+
+
+def unpack_rows_triton(packed, fmt, dim, dtype):
+    n = packed.shape[0]
+    out = torch.empty(n, dim, dtype=dtype, device=packed.device)
+    if n == 0:
+        return out
+    if fmt.value_bits != 8:
+        raise ValueError(f"unpack_rows has a Triton kernel for the fp8 formats only, not {fmt.name}")
+    pk = packed_constexprs(fmt, dim)
+    pk.pop("PK_FP4"), pk.pop("PK_PAYLOAD"), pk.pop("PK_ROW_BYTES")
+    _unpack_rows_kernel[(triton.cdiv(n, UNPACK_ROWS),)](
+        packed, out, n, dim, packed.stride(0), out.stride(0), BLOCK_R=UNPACK_ROWS,
+        BLOCK_D=max(triton.next_power_of_2(dim), fmt.block), num_warps=4, **pk,
+    )
+    return out
