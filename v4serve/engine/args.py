@@ -31,6 +31,8 @@ class EngineArgs:
     overlap_decode: bool = True  # launch decode step N+1 before reading step N's tokens
     seed: int = 0
     progress: bool = True
+    quantization: str | None = None  # override config.json: "fp8", "fp8-reference", "none" (config.QUANTIZATION_CHOICES)
+    cpu_offload_gb: float | str = 0  # GiB of routed experts in pinned host memory, or "auto" (engine/offload.py)
 
 
 def resolve_device(device: str | None) -> torch.device:

@@ -19,7 +19,8 @@ from v4serve.engine.args import EngineArgs, resolve_dtype
 from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.formats import CacheFormat
 from v4serve.layer_plan import ModelPlan, layer_plans, resolve_cache_format
-from v4serve.model.loader import build_model, resolve_config
+from v4serve.engine.offload import kv_reserve_bytes, memory_map
+from v4serve.model.loader import build_model, offloads_of, resolve_config
 
 logger = logging.getLogger(__name__)
 
@@ -37,16 +38,18 @@ def kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, dev
 class ModelRunner:
     def __init__(self, args: EngineArgs, device: torch.device, dtype: torch.dtype):
         self.device = device
-        config = resolve_config(args.model, args.hf_overrides)
+        config = resolve_config(args.model, args.hf_overrides, args.quantization)
         if config.v41 is not None:
             # DeepSeek-V4.1 defaults on any device: its reference's bf16 activations (its golden
             # outputs were made with them); resolve_cache_format gives it its native cache formats.
             dtype = resolve_dtype(args.dtype or torch.bfloat16, device)
+        reserve = kv_reserve_bytes(args, config, device, dtype, args.kv_cache_dtype)
         self.cache_format: CacheFormat
         self.cache_format, self.cache_format_note = resolve_cache_format(config, args.kv_cache_dtype, device.type)
         if self.cache_format_note:
             logger.warning(self.cache_format_note)
-        self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress)
+        self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress,
+                                         args.quantization, args.cpu_offload_gb, reserve)
         self.model.fuse_projections()
         self.model.bind_kernels(args.kernels)
         self.config = config
@@ -77,15 +80,18 @@ class ModelRunner:
         )
         self.decode_runner = DecodeRunner(
             self.model, self.cache, args.max_num_seqs,
-            # V4.1's torch selection path (ops/v41_index.py) is not yet checked graph-safe: no graphs yet.
-            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs and config.v41 is None,
+            # V4.1's torch selection path (ops/v41_index.py) is not yet checked graph-safe; offloaded
+            # experts are fetched after a host read of the step's routing: no graph capture for either.
+            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs and config.v41 is None
+            and not offloads_of(self.model),
             graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
         )
 
     def banner(self) -> list[str]:
         """The start-up lines: what fits (vLLM's words), then every tier's bytes."""
         note = f" ({self.cache_format_note})" if self.cache_format_note else ""
-        return [f"KV cache dtype: {self.cache_format.name}{note}", *self.kv_budget.describe(self.max_model_len)]
+        return [f"KV cache dtype: {self.cache_format.name}{note}", *self.kv_budget.describe(self.max_model_len),
+                *memory_map(self.model, self.kv_budget.total_bytes)]
 
     def prefill(self, chunks: list[SequenceChunk], token_ids: list[int], logits_rows: list[int]) -> torch.Tensor:
         """Logits [len(logits_rows), vocab] of a step of chunks (prefill or mixed)."""
