@@ -59,9 +59,11 @@ def _packed_inputs(B, M, H, D, n_window, K, fmt, seed):
 
 CONFIGS = {
     "prefill": (2, 3, 16, PREFILL_CONFIG_H32),
-    "prefill sliced": (2, 3, 16, PREFILL_CONFIG_PACKED),  # the packed production tiles (QK_SLICE)
+    "prefill sliced": (2, 3, 16, dict(PREFILL_CONFIG_PACKED, QK_SLICE=64)),  # two slices at D 128
+    "prefill packed tiles": (2, 3, 16, PREFILL_CONFIG_PACKED),  # production: QK_SLICE 128 (2 blocks a slice)
     "split-k decode": (2, 1, 16, DECODE_CONFIG_SMALL),
-    "split-k decode sliced": (2, 1, 16, DECODE_CONFIG_SMALL_PACKED),
+    "split-k decode sliced": (2, 1, 16, dict(DECODE_CONFIG_SMALL_PACKED, QK_SLICE=64)),
+    "split-k decode packed tiles": (2, 1, 16, DECODE_CONFIG_SMALL_PACKED),
     "two-pass decode": (3, 1, 64, DECODE_CONFIG_TWO_PASS),
 }
 
@@ -92,8 +94,9 @@ def test_sliced_scores_equal_the_whole_tile_dot_when_sums_are_exact(kind):
     slice read at the wrong channels, or a slice left out, changes them."""
     from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
 
-    B, M, H, whole = CONFIGS[kind]
+    B, M, H, _ = CONFIGS[kind]
     sliced = CONFIGS[kind + " sliced"][3]
+    whole = {k: v for k, v in sliced.items() if k != "QK_SLICE"}  # the same tiles, S as one dot
     for D in (128, 96):  # 96: a partial last slice
         q, win, cmp, idx, sink, counts = sparse_attn_inputs(B, M, H, D, 40, 70, seed=D)
         q, win, cmp = ((t * 2).round().clamp(-4, 4) for t in (q, win, cmp))

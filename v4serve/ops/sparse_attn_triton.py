@@ -102,21 +102,24 @@ DECODE_CONFIG_LARGE = dict(DECODE_CONFIG_SMALL, COLS_PER_SPLIT=64)
 # Over packed rows (issue 17) the Gluon kernel is not used (it reads bf16 rows only) and the tl
 # tiles compute S = Q K^T as a chain of dots over 64-channel slices (QK_SLICE: the sliced kernel,
 # each K slice gathered and dequantized on its own; only P V takes the whole dequantized tile), at
-# the arch's bf16 tile or 32 heads where that has 64. The whole-tile dequantization of the unsliced
+# the tiles below. The whole-tile dequantization of the unsliced
 # kernel spills 400-470 B per thread at every arch under Triton 3.6 and needs 132 KB of shared
 # memory for the split-K decode tile (sm_120 has 99 KB); sliced, none spill (codegen check,
 # registry_packed_kv.py). The slice is one scale block (64 channels), or wider where a slice of
 # 64 would give each thread fewer than 16 code bytes to load (32-column tiles with 8 warps: 128).
-# Not timed on a GPU yet.
+# P V's whole dequantized tile still sets the register peak: at 64 columns x 32 heads (prefill)
+# and at 4 warps (decode) the sliced kernel sits at 255 registers under 3.6 and spills 16-80 B
+# under Triton 3.8 / 3.9, so packed prefill takes 32 x 32 tiles on every arch (230-240 registers)
+# and packed split-K decode 8 warps (181). Not timed on a GPU yet.
 def _sliced(cfg: dict) -> dict:
     return dict(cfg, QK_SLICE=max(64, 16 * 32 * cfg["num_warps"] // cfg["BLOCK_T"]))
 
 
-PREFILL_CONFIG_PACKED = _sliced(PREFILL_CONFIG_H32)
-PREFILL_CONFIGS_PACKED = {arch: _sliced(cfg if cfg["BLOCK_H"] <= 32 else PREFILL_CONFIG_H32)
+PREFILL_CONFIG_PACKED = _sliced(PREFILL_CONFIG_SMALL_SMEM)
+PREFILL_CONFIGS_PACKED = {arch: _sliced(dict(PREFILL_CONFIG_SMALL_SMEM, num_stages=cfg["num_stages"]))
                           for arch, cfg in PREFILL_CONFIGS.items()}
-DECODE_CONFIG_SMALL_PACKED = _sliced(DECODE_CONFIG_SMALL)
-DECODE_CONFIG_LARGE_PACKED = _sliced(DECODE_CONFIG_LARGE)
+DECODE_CONFIG_SMALL_PACKED = _sliced(dict(DECODE_CONFIG_SMALL, num_warps=8))
+DECODE_CONFIG_LARGE_PACKED = _sliced(dict(DECODE_CONFIG_LARGE, num_warps=8))
 SMALL_DECODE_PAIRS = 1024
 # Decode steps of TWO_PASS_MIN_TOKENS or more tokens take the two-pass kernels
 # (sparse_attn_two_pass.py): bf16 P between a scores and a values launch instead of fp32 split
