@@ -2,7 +2,13 @@
 
 An API request becomes one engine request per (prompt, choice): `Generation` submits them,
 receives their outputs on an asyncio queue (fed from the engine thread), and aborts whatever is
-unfinished when the client goes away.
+unfinished when the client goes away or the request's time is up.
+
+Back-pressure and deadlines (`RequestLimits`): `start` refuses the whole request with a 429 and
+`Retry-After` while the engine's waiting queue is at `--max-queued-requests` (the check and the
+submission run on the event loop with no await between them, so concurrent requests cannot
+both slip under the bound); `updates` stops waiting at the deadline, aborts every unfinished
+choice (the engine frees their pages) and raises a 408.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from v4serve.engine import RequestOutput, SamplingParams
 from v4serve.server import sse
 from v4serve.server.engine_loop import EngineLoop
-from v4serve.server.errors import APIError, bad_field, server_error
+from v4serve.server.errors import APIError, bad_field, queue_full, request_timeout, server_error
+from v4serve.server.limits import RETRY_AFTER_S, RequestLimits
 from v4serve.server.protocol import Sampling
 
 
@@ -51,8 +58,10 @@ class Generation:
     """Engine requests `{request_id}-{choice}`: choice c is prompt c // n, sample c % n."""
 
     def __init__(self, engine_loop: EngineLoop, request_id: str, prompts: list[list[int]],
-                 params: list[SamplingParams], n: int):
+                 params: list[SamplingParams], n: int, limits: RequestLimits = RequestLimits()):
         self._engine_loop = engine_loop
+        self._limits = limits
+        self._deadline: float | None = None  # loop time
         self.request_id = request_id
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[int, RequestOutput | Exception]] = asyncio.Queue()
@@ -65,7 +74,15 @@ class Generation:
 
     def start(self) -> None:
         """Submit every choice, as one scheduling group: the scheduler interleaves admission
-        across groups, so a request with many choices cannot starve the others."""
+        across groups, so a request with many choices cannot starve the others. Refused whole
+        (429, nothing submitted) while the waiting queue is full."""
+        bound = self._limits.max_queued_requests
+        if bound is not None:
+            queued = self._engine_loop.num_queued()
+            if queued >= bound:
+                raise queue_full(queued, bound, RETRY_AFTER_S)
+        if self._limits.request_timeout_s is not None:
+            self._deadline = self._loop.time() + self._limits.request_timeout_s
         for index, (engine_id, prompt, params) in enumerate(self.choices):
             self._engine_loop.submit(engine_id, prompt, params, self._sink(index), group=self.request_id)
 
@@ -81,7 +98,7 @@ class Generation:
     async def updates(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(choice index, latest output) as the engine produces them, until every choice finished."""
         while self._open:
-            index, item = await self._queue.get()
+            index, item = await self._next()
             if isinstance(item, Exception):
                 self.abort()
                 if isinstance(item, ValueError):
@@ -90,6 +107,15 @@ class Generation:
             if item.finished:
                 self._open.discard(index)
             yield index, item
+
+    async def _next(self) -> tuple[int, RequestOutput | Exception]:
+        if self._deadline is None:
+            return await self._queue.get()
+        try:
+            return await asyncio.wait_for(self._queue.get(), self._deadline - self._loop.time())
+        except asyncio.TimeoutError:
+            self.abort()
+            raise request_timeout(self._limits.request_timeout_s) from None
 
     async def final(self) -> list[RequestOutput]:
         last: dict[int, RequestOutput] = {}
