@@ -187,6 +187,7 @@ def test_timeout_aborts_and_frees_pages(timed):
     seconds, most, error = _in_use_while(timed, lambda: client.completions.create(
         model="tiny", prompt="too long", max_tokens=3000, extra_body=LONG))
     assert isinstance(error, openai.APIStatusError) and error.status_code == 408, error
+    assert error.response.headers["x-should-retry"] == "false"  # the openai client would retry a 408
     _check_error(error.response.json(), "timeout_error", "request_timeout")
     assert TIMEOUT_S <= seconds < TIMEOUT_S + 10 and most > 0
     m = _wait_metrics(timed, _idle, timeout=5)  # aborted: nothing runs on, every page is free again
@@ -202,3 +203,14 @@ def test_timeout_aborts_and_frees_pages(timed):
     assert isinstance(error, openai.APIError) and "--request-timeout" in error.message, error
     assert TIMEOUT_S <= seconds < TIMEOUT_S + 10 and most > 0
     _wait_metrics(timed, _idle, timeout=5)
+
+    # A client that stops reading is stopped at the deadline all the same; the error is its last event.
+    body = {"prompt": "unread", "max_tokens": 3000, "stream": True, **LONG}
+    with httpx.stream("POST", timed.url + "/v1/completions", json=body, timeout=60,
+                      headers={"authorization": f"Bearer {ENV_KEY}"}) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: {")
+        _wait_metrics(timed, _idle, timeout=TIMEOUT_S + 5)  # while nothing is read
+        events = [line for line in lines if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    _check_error(json.loads(events[-2][6:]), "timeout_error", "request_timeout")

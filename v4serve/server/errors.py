@@ -42,6 +42,8 @@ def queue_full(num_queued: int, limit: int, retry_after_s: int) -> APIError:
 
 
 def request_timeout(seconds: float) -> APIError:
+    """`x-should-retry: false`: the openai client would otherwise retry a 408, and the same
+    request would only time out again."""
     return APIError(f"the request did not finish within the server's limit of {seconds:g} s "
                     f"(--request-timeout); it was aborted", status=408, type="timeout_error",
-                    code="request_timeout")
+                    code="request_timeout", headers={"x-should-retry": "false"})

@@ -7,8 +7,9 @@ unfinished when the client goes away or the request's time is up.
 Back-pressure and deadlines (`RequestLimits`): `start` refuses the whole request with a 429 and
 `Retry-After` while the engine's waiting queue is at `--max-queued-requests` (the check and the
 submission run on the event loop with no await between them, so concurrent requests cannot
-both slip under the bound); `updates` stops waiting at the deadline, aborts every unfinished
-choice (the engine frees their pages) and raises a 408.
+both slip under the bound). At the deadline a timer on the event loop aborts every unfinished
+choice (the engine frees their pages), whether or not a reader is waiting (a stream whose client
+reads slowly is stopped too), and queues a 408 that `updates` raises after the outputs before it.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class Generation:
                  params: list[SamplingParams], n: int, limits: RequestLimits = RequestLimits()):
         self._engine_loop = engine_loop
         self._limits = limits
-        self._deadline: float | None = None  # loop time
+        self._timer: asyncio.TimerHandle | None = None  # the request timeout, once started
         self.request_id = request_id
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[int, RequestOutput | Exception]] = asyncio.Queue()
@@ -82,7 +83,7 @@ class Generation:
             if queued >= bound:
                 raise queue_full(queued, bound, RETRY_AFTER_S)
         if self._limits.request_timeout_s is not None:
-            self._deadline = self._loop.time() + self._limits.request_timeout_s
+            self._timer = self._loop.call_later(self._limits.request_timeout_s, self._expire)
         for index, (engine_id, prompt, params) in enumerate(self.choices):
             self._engine_loop.submit(engine_id, prompt, params, self._sink(index), group=self.request_id)
 
@@ -98,24 +99,33 @@ class Generation:
     async def updates(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(choice index, latest output) as the engine produces them, until every choice finished."""
         while self._open:
-            index, item = await self._next()
+            index, item = await self._queue.get()
             if isinstance(item, Exception):
                 self.abort()
+                if isinstance(item, APIError):  # the timeout
+                    raise item
                 if isinstance(item, ValueError):
                     raise APIError(str(item)) from item
                 raise server_error(f"the engine failed: {item}") from item
             if item.finished:
                 self._open.discard(index)
             yield index, item
+        self._cancel_timer()
 
-    async def _next(self) -> tuple[int, RequestOutput | Exception]:
-        if self._deadline is None:
-            return await self._queue.get()
+    def _expire(self) -> None:
+        """The request's time is up: stop its engine requests now, tell the reader next."""
+        self._timer = None
+        self._queue.put_nowait((-1, request_timeout(self._limits.request_timeout_s)))
         try:
-            return await asyncio.wait_for(self._queue.get(), self._deadline - self._loop.time())
-        except asyncio.TimeoutError:
-            self.abort()
-            raise request_timeout(self._limits.request_timeout_s) from None
+            for index in self._open:
+                self._engine_loop.abort(self.choices[index][0])
+        except RuntimeError:  # the server is shutting down: the engine loop fails what is left
+            pass
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def final(self) -> list[RequestOutput]:
         last: dict[int, RequestOutput] = {}
@@ -124,6 +134,7 @@ class Generation:
         return [last[i] for i in range(len(self.choices))]
 
     def abort(self) -> None:
+        self._cancel_timer()
         for index in self._open:
             self._engine_loop.abort(self.choices[index][0])
         self._open.clear()
