@@ -16,7 +16,7 @@ import pytest
 
 from server_harness import ServerProcess, launch, tiny_server_args
 
-KEY = "sk-ops-test-key"
+KEY, SECOND_KEY = "sk-ops-test-key", "sk-second-key"  # --api-key takes several (key rotation)
 ENV_KEY = "sk-from-the-environment"
 GOOD_ORIGIN, EVIL_ORIGIN = "https://good.example", "https://evil.example"
 QUEUE = 2
@@ -26,7 +26,7 @@ LONG = {"ignore_eos": True}  # with a large max_tokens: runs for minutes on the 
 
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory) -> ServerProcess:
-    s = launch(tiny_server_args("--max-num-seqs", "1", "--api-key", KEY, "--max-queued-requests", str(QUEUE),
+    s = launch(tiny_server_args("--max-num-seqs", "1", "--api-key", KEY, SECOND_KEY, "--max-queued-requests", str(QUEUE),
                                 "--allowed-origins", json.dumps([GOOD_ORIGIN]), "--allow-credentials"),
                tmp_path_factory.mktemp("ops") / "server.log")
     yield s
@@ -90,6 +90,7 @@ def test_wrong_or_missing_key_is_a_401_and_the_right_key_works(ops):
     assert [m.id for m in good.models.list().data] == ["tiny"]
     out = good.completions.create(model="tiny", prompt="hi", max_tokens=2, extra_body=LONG)
     assert out.usage.completion_tokens == 2
+    assert [m.id for m in _client(ops, SECOND_KEY).models.list().data] == ["tiny"]
     r = httpx.get(ops.url + "/v1/models", headers={"authorization": f"bearer  {KEY}"})  # scheme in any case
     assert r.status_code == 200
 

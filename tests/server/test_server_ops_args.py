@@ -10,7 +10,7 @@ import pytest
 from v4serve.server.auth import APIKeyMiddleware, bearer_token
 from v4serve.server.cors import CORSConfig
 from v4serve.server.limits import RequestLimits
-from v4serve.server.serve import add_serve_args, api_key, check_serve_args, cors_config, request_limits
+from v4serve.server.serve import add_serve_args, api_keys, check_serve_args, cors_config, request_limits
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,7 +30,7 @@ def test_defaults_are_vllms_and_open():
     args = _parse()
     assert request_limits(args) == RequestLimits(None, None)  # unbounded queue, no timeout
     assert cors_config(args) == CORSConfig(["*"], ["*"], ["*"], False)
-    assert api_key(args, environ={}) is None
+    assert api_keys(args, environ={}) is None
 
 
 def test_flags_parse():
@@ -44,9 +44,10 @@ def test_flags_parse():
 
 def test_api_key_flag_wins_over_the_environment():
     env = {"V4SERVE_API_KEY": "from-env"}
-    assert api_key(_parse("--api-key", "from-flag"), environ=env) == "from-flag"
-    assert api_key(_parse(), environ=env) == "from-env"
-    assert api_key(_parse(), environ={"V4SERVE_API_KEY": ""}) is None
+    assert api_keys(_parse("--api-key", "from-flag"), environ=env) == ["from-flag"]
+    assert api_keys(_parse("--api-key", "old", "new"), environ=env) == ["old", "new"]
+    assert api_keys(_parse(), environ=env) == ["from-env"]
+    assert api_keys(_parse(), environ={"V4SERVE_API_KEY": ""}) is None
 
 
 @pytest.mark.parametrize("argv, flag", [
@@ -54,6 +55,7 @@ def test_api_key_flag_wins_over_the_environment():
     (["--request-timeout", "0"], "--request-timeout"),
     (["--request-timeout", "nan"], "--request-timeout"),
     (["--api-key", " "], "--api-key"),
+    (["--api-key", "k1", ""], "--api-key"),
     (["--allowed-origins", "https://a.example"], "--allowed-origins"),
     (["--allowed-headers", '{"a": 1}'], "--allowed-headers"),
     (["--allowed-methods", '["GET", 1]'], "--allowed-methods"),
@@ -70,5 +72,18 @@ def test_bearer_token():
     assert bearer_token([(b"authorization", b"Basic k1")]) is None
     assert bearer_token([(b"authorization", b"k1")]) is None
     assert bearer_token([(b"content-type", b"application/json")]) is None
-    with pytest.raises(ValueError, match="api_key"):
-        APIKeyMiddleware(None, "")
+    for keys in ([], [""], ["k1", ""]):
+        with pytest.raises(ValueError, match="api_keys"):
+            APIKeyMiddleware(None, keys)
+
+
+def test_every_key_is_accepted_and_only_those():
+    middleware = APIKeyMiddleware(None, ["old-key", "new-key"])
+
+    def scope(value: bytes) -> dict:
+        return {"headers": [(b"authorization", value)]}
+
+    assert middleware.authorized(scope(b"Bearer old-key")) and middleware.authorized(scope(b"Bearer new-key"))
+    for bad in (b"Bearer old-ke", b"Bearer new-key2", b"Bearer ", b"Bearer old-key new-key", b"old-key"):
+        assert not middleware.authorized(scope(bad)), bad
+    assert not middleware.authorized({"headers": []})

@@ -58,8 +58,8 @@ Handler = Callable[[ServingContext, Any, HTTPRequest], Awaitable[Response]]
 
 def create_app(engine: Engine, model_name: str, max_body_bytes: int = MAX_BODY_BYTES,
                max_seqs_per_request: int = MAX_SEQS_PER_REQUEST, limits: RequestLimits = RequestLimits(),
-               api_key: str | None = None, cors: CORSConfig = CORSConfig()) -> FastAPI:
-    """`api_key` None: no key required."""
+               api_keys: list[str] | None = None, cors: CORSConfig = CORSConfig()) -> FastAPI:
+    """`api_keys` None: no key required."""
     metrics = Metrics(model_name)
     ctx = ServingContext(
         engine_loop=EngineLoop(engine, metrics),
@@ -84,8 +84,8 @@ def create_app(engine: Engine, model_name: str, max_body_bytes: int = MAX_BODY_B
 
     app = FastAPI(title="v4serve", lifespan=lifespan)
     _add_error_handlers(app)
-    if api_key is not None:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    if api_keys is not None:
+        app.add_middleware(APIKeyMiddleware, api_keys=api_keys)
     add_cors(app, cors)  # the outermost: preflights never reach the key check, and 401s carry CORS headers
 
     def endpoint(prepare: Prepare, handler: Handler):

@@ -1,10 +1,12 @@
 """API-key authentication: an ASGI middleware in front of every route but `OPEN_PATHS`.
 
-A request must carry `Authorization: Bearer <key>` (the scheme in any case) with the server's
-key (`--api-key` or the `V4SERVE_API_KEY` environment variable), or it gets a 401 in OpenAI's
-error shape with `WWW-Authenticate: Bearer`. The key is compared as bytes with
-`hmac.compare_digest`, whose time does not depend on where the two first differ, so the
-answer's timing does not leak the key a prefix at a time.
+A request must carry `Authorization: Bearer <key>` (the scheme in any case) with one of the
+server's keys (`--api-key K1 [K2 ...]`, as vLLM's, e.g. to rotate keys; else the
+`V4SERVE_API_KEY` environment variable), or it gets a 401 in OpenAI's error shape with
+`WWW-Authenticate: Bearer`. The token is compared as bytes with every key by
+`hmac.compare_digest`, whose time does not depend on where two strings first differ, and
+without stopping at a match, so the answer's timing does not leak a key a prefix at a time.
+(vLLM checks only some path prefixes; here every route but the open ones needs a key.)
 
 Open: `/health` and `/metrics` (probes and scrapers carry no key), and every OPTIONS request
 (a CORS preflight carries no credentials; the CORS middleware outside this one answers it).
@@ -36,15 +38,18 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
 
 
 class APIKeyMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str):
-        if not api_key:
-            raise ValueError("api_key: must not be empty")
+    def __init__(self, app: ASGIApp, api_keys: list[str]):
+        if not api_keys or not all(api_keys):
+            raise ValueError(f"api_keys: expected one or more non-empty keys, got {len(api_keys)} keys")
         self.app = app
-        self._key = api_key.encode("utf-8")
+        self._keys = [key.encode("utf-8") for key in api_keys]
 
     def authorized(self, scope: Scope) -> bool:
         token = bearer_token(scope.get("headers", []))
-        return token is not None and hmac.compare_digest(token, self._key)
+        if token is None:
+            return False
+        matches = [hmac.compare_digest(token, key) for key in self._keys]  # every key, always
+        return any(matches)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in OPEN_PATHS

@@ -40,9 +40,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="largest request body accepted (413 beyond), e.g. 8MiB")
     p.add_argument("--max-seqs-per-request", type=int, default=MAX_SEQS_PER_REQUEST,
                    help="most sequences (prompts x n) one request may ask for (400 beyond)")
-    p.add_argument("--api-key", default=None,
-                   help=f"require 'Authorization: Bearer <key>' on every route but /health and /metrics "
-                        f"(401 without it); unset: the {API_KEY_ENV} environment variable, if set")
+    p.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                   help=f"require 'Authorization: Bearer <key>' with one of these keys on every route but /health "
+                        f"and /metrics (401 without it); unset: the {API_KEY_ENV} environment variable, if set")
     add_cors_args(p)
     p.add_argument("--max-queued-requests", type=int, default=None,
                    help="answer 429 (with Retry-After) while this many engine requests (prompts x n) wait "
@@ -63,9 +63,13 @@ def request_limits(args: argparse.Namespace) -> RequestLimits:
     return RequestLimits(args.max_queued_requests, args.request_timeout)
 
 
-def api_key(args: argparse.Namespace, environ=os.environ) -> str | None:
-    """--api-key, else the environment variable; None (no key required) if neither is set or empty."""
-    return args.api_key or environ.get(API_KEY_ENV) or None
+def api_keys(args: argparse.Namespace, environ=os.environ) -> list[str] | None:
+    """--api-key's keys, else the environment variable's one; None (no key required) if neither
+    is set (an empty variable is unset)."""
+    if args.api_key:
+        return list(args.api_key)
+    key = environ.get(API_KEY_ENV)
+    return [key] if key else None
 
 
 def check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -75,8 +79,8 @@ def check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error(f"--max-queued-requests must be >= 1, got {args.max_queued_requests}")
     if args.request_timeout is not None and not args.request_timeout > 0:
         parser.error(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
-    if args.api_key is not None and not args.api_key.strip():
-        parser.error("--api-key must not be empty")
+    if args.api_key is not None and not all(key.strip() for key in args.api_key):
+        parser.error("--api-key: a key must not be empty")
 
 
 def missing_packages() -> list[str]:
@@ -96,13 +100,13 @@ def serve(args: argparse.Namespace, make_engine: Callable[[EngineArgs], Engine] 
     print(f"v4serve: serving {name!r} on {engine.device} (max_model_len {engine.max_model_len}, "
           f"max_num_seqs {engine.scheduler.max_num_seqs})")
     print("\n".join(engine.banner()), flush=True)
-    key = api_key(args)
+    keys = api_keys(args)
     limits = request_limits(args)
-    print(f"v4serve: API key {'required' if key else 'not required'}; waiting queue "
+    print(f"v4serve: API key {'required' if keys else 'not required'}; waiting queue "
           f"{limits.max_queued_requests or 'unbounded'}; request timeout "
           f"{f'{limits.request_timeout_s:g} s' if limits.request_timeout_s else 'none'}", flush=True)
     app = create_app(engine, name, max_body_bytes=args.max_body_bytes,
-                     max_seqs_per_request=args.max_seqs_per_request, limits=limits, api_key=key,
+                     max_seqs_per_request=args.max_seqs_per_request, limits=limits, api_keys=keys,
                      cors=cors_config(args))
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             log_config=_log_config(args.log_level), timeout_graceful_shutdown=None,
