@@ -31,9 +31,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request as HTTPRequest
 
 from v4serve.engine import Engine
+from v4serve.server.auth import APIKeyMiddleware
 from v4serve.server.chat import create_chat_completion, prepare_chat_completion
 from v4serve.server.completions import create_completion, prepare_completion
-from v4serve.server.auth import APIKeyMiddleware
 from v4serve.server.context import ServingContext
 from v4serve.server.cors import CORSConfig, add_cors
 from v4serve.server.engine_loop import EngineLoop
