@@ -55,7 +55,8 @@ def prepare_chat_completion(ctx: ServingContext, raw: bytes) -> PreparedChat:
 async def create_chat_completion(ctx: ServingContext, prepared: PreparedChat, http: HTTPRequest) -> Response:
     req = prepared.req
     request_id = new_id("chatcmpl")
-    generation = Generation(ctx.engine_loop, request_id, [prepared.ids], [prepared.params], req.sampling.n)
+    generation = Generation(ctx.engine_loop, request_id, [prepared.ids], [prepared.params], req.sampling.n,
+                            limits=ctx.limits)
     stream = _stream(ctx, req, generation, request_id) if req.sampling.stream else None
     return await respond(generation, http, stream, lambda outputs: {
         "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name,

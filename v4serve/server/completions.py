@@ -43,7 +43,8 @@ def prepare_completion(ctx: ServingContext, raw: bytes) -> PreparedCompletion:
 async def create_completion(ctx: ServingContext, prepared: PreparedCompletion, http: HTTPRequest) -> Response:
     req = prepared.req
     request_id = new_id("cmpl")
-    generation = Generation(ctx.engine_loop, request_id, prepared.prompts, prepared.params, req.sampling.n)
+    generation = Generation(ctx.engine_loop, request_id, prepared.prompts, prepared.params, req.sampling.n,
+                            limits=ctx.limits)
     stream = _stream(ctx, req, generation, request_id) if req.sampling.stream else None
     return await respond(generation, http, stream, lambda outputs: {
         "id": request_id, "object": "text_completion", "created": now(), "model": ctx.model_name,
