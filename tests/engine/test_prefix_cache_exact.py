@@ -56,7 +56,8 @@ def run(engine: Engine, prompts: list[list[int]], recorded, max_tokens: int = 6,
         for out in engine.step():
             if out.finished:
                 outs[out.request_id] = out.outputs[0].token_ids
-    return [(list(outs[n]), torch.stack(recorded.pop(id(p)))) for n, p in zip(names, params)]
+    # (an overlapped decode step launched after a request's last token adds a row nobody reads)
+    return [(list(outs[n]), torch.stack(recorded.pop(id(p))[:len(outs[n])])) for n, p in zip(names, params)]
 
 
 _ids = iter(range(10**9))
@@ -82,3 +83,67 @@ def test_hit_equals_cold_run(recorded, shared):
     assert warm.cache.prefix.hits == 2 * PAGE  # the shared full pages, no more
     cold = run(make_engine(), [second], recorded)[0]
     assert_same(hit, cold)
+
+
+def test_multi_turn(recorded):
+    # Turn 2 = turn 1's prompt + its answer + a new message; turn 3 likewise. Pages holding decoded
+    # tokens are not registered (decode steps round differently from the prefill of a cold run):
+    # turn 2 hits turn 1's full prompt page, turn 3 every full page of turn 2's prompt.
+    turn1 = tokens(PAGE + 20, 4)
+    warm = make_engine()
+    answer = run(warm, [turn1], recorded, max_tokens=2 * PAGE)[0][0]
+    turn2 = turn1 + answer + tokens(9, 5)
+    hit = run(warm, [turn2], recorded)[0]
+    assert warm.cache.prefix.hits == PAGE
+    assert_same(hit, run(make_engine(), [turn2], recorded)[0])
+    turn3 = turn2 + hit[0] + tokens(3, 6)
+    hit3 = run(warm, [turn3], recorded)[0]
+    assert warm.cache.prefix.hits == PAGE + len(turn2) // PAGE * PAGE
+    assert_same(hit3, run(make_engine(), [turn3], recorded)[0])
+
+
+def test_chunked_prefill_hit(recorded):
+    # A 10-token budget splits every page into chunks; the state at each page end is still exact.
+    base = tokens(3 * PAGE + 5, 6)
+    warm = make_engine(max_num_batched_tokens=10)
+    run(warm, [base + tokens(7, 7)], recorded)
+    hit = run(warm, [base + tokens(30, 8)], recorded)[0]
+    assert warm.cache.prefix.hits == 3 * PAGE
+    assert_same(hit, run(make_engine(max_num_batched_tokens=10), [base + tokens(30, 8)], recorded)[0])
+
+
+def test_lru_eviction_under_memory_pressure(recorded):
+    # 5 pages, one request at a time: the second request evicts the first one's later cached page
+    # (a sequence releases its last pages first), the third hits the surviving first page only.
+    base = tokens(2 * PAGE, 9)
+    tight = dict(max_model_len=4 * PAGE, num_kv_pages=5)
+    warm = make_engine(**tight)
+    run(warm, [base + tokens(10, 10), tokens(3 * PAGE + 5, 11)], recorded)
+    third = base[:PAGE + 3] + tokens(40, 12)
+    hit = run(warm, [third], recorded)[0]
+    prefix = warm.cache.prefix
+    assert prefix.hits == PAGE, "page 1 of the first request must have been evicted, page 0 kept"
+    prefix.check()
+    assert_same(hit, run(make_engine(**tight), [third], recorded)[0])
+
+
+def test_preemption_with_shared_prefix(recorded):
+    # Three requests sharing two pages on 6 pages: later arrivals are preempted, then resume from
+    # their own cached pages. Concurrent steps change the rounding of batched matmuls (the same
+    # with and without caching), so this compares tokens and logits to 1e-5, then bit for bit the
+    # request that runs alone after the others.
+    base = tokens(2 * PAGE, 13)
+    prompts = [base + tokens(n, 14 + n) for n in (20, 25, 30)]
+    tight = dict(max_model_len=3 * PAGE, num_kv_pages=6, max_num_seqs=3)
+    warm = make_engine(**tight)
+    outs = run(warm, prompts, recorded, max_tokens=PAGE - 2, together=True)
+    assert warm.scheduler.num_preemptions > 0, "the test must exercise preemption"
+    assert warm.cache.prefix.hits >= 2 * 2 * PAGE
+    for prompt, out in zip(prompts, outs):
+        solo = run(make_engine(**tight), [prompt], recorded, max_tokens=PAGE - 2)[0]
+        assert out[0] == solo[0]
+        torch.testing.assert_close(out[1], solo[1], rtol=0, atol=1e-5)
+    warm.cache.prefix.check()
+    assert warm.cache.prefix.num_used == 0
+    last = base + tokens(33, 99)
+    assert_same(run(warm, [last], recorded)[0], run(make_engine(**tight), [last], recorded)[0])

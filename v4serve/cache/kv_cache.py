@@ -154,7 +154,8 @@ class PagedKVCache:
         self.prefix: PrefixCache | None = None
         self._snapshots: list[torch.Tensor] = []  # per stateful tensor: [num_pages, ...] its value at a page's end
         self._snapshotted: set[int] = set()  # pages whose snapshot holds the state at their end
-        self._chain: dict[int, tuple[int, int]] = {}  # slot -> (pages registered, node id after them)
+        # slot -> (pages registered, node id after them, tokens computed by prefill since admission)
+        self._chain: dict[int, tuple[int, int, int]] = {}
 
     # ------------------------------------------------------------------ prefix caching
     def enable_prefix_caching(self) -> str | None:
@@ -204,19 +205,24 @@ class PagedKVCache:
             available -= sum(1 for p in hit if p in self.prefix._lru)  # they stop being evictable
         return need - available
 
-    def attach_prefix(self, slot: int, pages: list[int], node: int) -> None:
-        """Give a freshly opened slot the cached pages `pages` and the state at their end."""
-        if not pages:
+    def attach_prefix(self, slot: int, pages: list[int], node: int, num_tokens: int) -> None:
+        """Give a freshly opened slot the cached pages `pages` and the state at their end.
+        `num_tokens`: the sequence's tokens now, all computed by prefill chunks from here; only
+        pages within them are registered later (a page holding decoded tokens was computed by
+        decode steps, whose numbers differ from the prefill a cold run of the same tokens does)."""
+        if self.prefix is None:
             return
         if self._pages[slot]:
             raise RuntimeError(f"slot {slot} already holds pages")
+        self._chain[slot] = (len(pages), node, num_tokens)
+        if not pages:
+            return
         self.prefix.acquire(pages)
         self._pages[slot] = list(pages)
         self.page_table[slot, :len(pages)] = torch.tensor(pages, dtype=torch.int64)
         self._update_row_tables(slot)
         for t, snap in zip(self._stateful, self._snapshots):
             t[slot].copy_(snap[pages[-1]])
-        self._chain[slot] = (len(pages), node)
 
     def snapshot_pages(self, ends: list[tuple[int, int]]) -> None:
         """After a step's forward (in stream order, before the next step): for each (slot, end)
@@ -236,19 +242,19 @@ class PagedKVCache:
     def register_pages(self, slot: int, num_computed: int, token_ids) -> None:
         """Register the slot's full, snapshotted pages among its first `num_computed` tokens
         under their prefix keys. `token_ids()`: the sequence's tokens (called only when needed)."""
-        if self.prefix is None or slot not in self._pages:
+        if self.prefix is None or slot not in self._chain:
             return
         w = self.page_size
-        done, node = self._chain.get(slot, (0, 0))
+        done, node, prefilled = self._chain[slot]
         pages = self._pages[slot]
-        full = min(num_computed // w, len(pages))
+        full = min(min(num_computed, prefilled) // w, len(pages))
         if full <= done:
             return
         tokens = token_ids()
         while done < full and pages[done] in self._snapshotted:
             node = self.prefix.register(node, tuple(tokens[done * w:(done + 1) * w]), pages[done])
             done += 1
-        self._chain[slot] = (done, node)
+        self._chain[slot] = (done, node, prefilled)
 
     def _allocate(self, n: int) -> list[int]:
         if self.prefix is None:

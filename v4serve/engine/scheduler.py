@@ -93,7 +93,7 @@ class Scheduler:
             self.waiting.remove(request)
             request.slot = self.cache.open_sequence()
             request.status = Status.RUNNING
-            self.cache.attach_prefix(request.slot, hit, node)
+            self.cache.attach_prefix(request.slot, hit, node, request.num_tokens)
             request.num_computed = start
             if self.cache.prefix is not None:
                 self.cache.prefix.queries += request.num_tokens
