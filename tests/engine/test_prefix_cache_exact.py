@@ -151,3 +151,25 @@ def test_preemption_with_shared_prefix(recorded):
     last = other[:PAGE] + tokens(33, 99)
     assert_same(run(warm, [last], recorded)[0], run(make_engine(**tight), [last], recorded)[0])
     assert warm.cache.prefix.hits >= 3 * PAGE
+
+
+def test_hit_equals_cold_run_on_parity_config_d(recorded, tmp_path):
+    # Oracle config "d" (tests/model/oracle.py): the real CSA / HCA alternation, HCA ratio = window.
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "model"))
+    from oracle import ORACLE_CONFIGS, save_hf_checkpoint
+
+    save_hf_checkpoint("d", tmp_path)
+    w = ORACLE_CONFIGS["d"]["sliding_window"]
+    make = lambda: make_engine(str(tmp_path), max_model_len=6 * w, max_num_batched_tokens=2 * w)  # noqa: E731
+    warm = make()
+    assert warm.cache.page_size == w
+    base = tokens(2 * w + 5, 20)
+    run(warm, [base + tokens(9, 21)], recorded)
+    for end in (2 * w, 2 * w + 5):  # the second prompt diverges on / off a page boundary
+        prompt = base[:end] + tokens(w + 3, 22 + end)
+        hit = run(warm, [prompt], recorded)[0]
+        assert_same(hit, run(make(), [prompt], recorded)[0])
+    assert warm.cache.prefix.hits == 2 * 2 * w
