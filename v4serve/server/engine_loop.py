@@ -35,6 +35,8 @@ class EngineSnapshot:
     alive: bool
     kv_bytes_total: int = 0  # bytes the KV cache allocated (packed rows count their packed bytes)
     kv_bytes_per_page: int = 0  # bytes of the paged tiers per page
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
+    prefix_cache_hits: int = 0  # of which found cached
 
 
 @dataclass
@@ -163,7 +165,9 @@ class EngineLoop:
 
     def _snapshot(self, alive: bool) -> EngineSnapshot:
         scheduler, allocator = self._engine.scheduler, self._engine.cache.allocator
-        budget = self._engine.kv_budget
-        return EngineSnapshot(len(scheduler.running), len(scheduler.waiting), allocator.num_used,
+        budget, prefix = self._engine.kv_budget, self._engine.cache.prefix
+        used = allocator.num_used - (prefix.num_cached if prefix is not None else 0)  # cached pages are reusable
+        return EngineSnapshot(len(scheduler.running), len(scheduler.waiting), used,
                               allocator.num_pages, scheduler.num_preemptions, alive, budget.total_bytes,
-                              int(budget.bytes_per_token * budget.page_size))
+                              int(budget.bytes_per_token * budget.page_size),
+                              prefix.queries if prefix is not None else 0, prefix.hits if prefix is not None else 0)
