@@ -52,6 +52,10 @@ def test_metrics_count_prompt_tokens_and_hits():
     assert m["v4serve_kv_pages_used"] == 0  # cached pages are not counted as used
     off = Engine(EngineArgs(**args, enable_prefix_caching=False))
     assert off.cache.prefix is None
+    # The page-end snapshots are a paged tier of the budget, counted exactly.
+    assert on.cache.nbytes == on.kv_budget.total_bytes and off.cache.nbytes == off.kv_budget.total_bytes
+    assert on.kv_budget.tier_bytes_per_token["page-end snapshots"] > 0
+    assert "page-end snapshots" not in off.kv_budget.tier_bytes_per_token
     _serve(off, prompts)
     m = _metrics(off)
     assert m["v4serve_prefix_cache_queries_total"] == 0 and m["v4serve_prefix_cache_hits_total"] == 0

@@ -166,12 +166,11 @@ class PagedKVCache:
         overlapping compressors' rows (kv and score, open and previous block). A non-overlapping
         compressor's open block is empty at a page boundary when its ratio divides W (required),
         so its online state is the reset state. Memory: W window rows per layer per page on top of
-        the paged tiers (not yet in the budget, `cache/budget.py`)."""
-        if self.plan.token_history or any(p.v41 for p in self.plan):
-            return "prefix caching is off for DeepSeek-V4.1 models (their pools are shared across layers)"
+        the paged tiers (the budget's "page-end snapshots" tier, `cache/budget.py`)."""
+        refused = prefix_caching_refusal(self.geometry)
+        if refused:
+            return refused
         w = self.page_size
-        if any(w % r for r in self.geometry.ratios):
-            return f"prefix caching is off: a compress ratio of {self.geometry.ratios} does not divide the page size {w}"
         n = self.allocator.num_pages
         stateful = [p.data[:self.staging_base].view(self.padding_slot + 1, w, *p.data.shape[1:]) for p in self._windows]
         stateful += [t for s in self._states if isinstance(s, CompressorState) for t in s.tensors()]
@@ -184,11 +183,6 @@ class PagedKVCache:
     def snapshot_nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._snapshots)
 
-    @property
-    def num_available_pages(self) -> int:
-        """Pages an allocation can get (free, and evictable cached pages)."""
-        return self.prefix.num_available if self.prefix is not None else self.allocator.num_free
-
     def match_prefix(self, token_ids: list[int]) -> tuple[list[int], int]:
         """(cached pages that start `token_ids`, node id after them); at least one token is left
         to compute (its logits are wanted)."""
@@ -200,9 +194,9 @@ class PagedKVCache:
         """Pages beyond the available ones a new sequence reusing `hit` needs for `num_tokens`
         tokens (<= 0: it fits)."""
         need = max(0, -(-num_tokens // self.page_size) - len(hit))
-        available = self.num_available_pages
+        available = self.allocator.num_free
         if self.prefix is not None:
-            available -= sum(1 for p in hit if p in self.prefix._lru)  # they stop being evictable
+            available -= sum(1 for p in hit if self.prefix.is_cached(p))  # they stop being evictable
         return need - available
 
     def attach_prefix(self, slot: int, pages: list[int], node: int, num_tokens: int) -> None:
@@ -270,7 +264,7 @@ class PagedKVCache:
     @property
     def nbytes(self) -> int:
         """Bytes of every pool and state tensor the cache allocated (the budget's `total_bytes`)."""
-        tensors = [p.data for p in self._pools] + [t for s in self._states for t in s.tensors()]
+        tensors = [p.data for p in self._pools] + [t for s in self._states for t in s.tensors()] + self._snapshots
         return sum(t.numel() * t.element_size() for t in tensors)
 
     # ------------------------------------------------------------------ sequences and pages
@@ -394,6 +388,16 @@ class PagedKVCache:
             is_decode=True,
             route_rows=route_rows,
         )
+
+
+def prefix_caching_refusal(geometry: CacheGeometry) -> str | None:
+    """Why a cache of this geometry cannot cache prefixes (None: it can)."""
+    if geometry.plan.token_history or any(p.v41 for p in geometry.plan):
+        return "prefix caching is off for DeepSeek-V4.1 models (their pools are shared across layers)"
+    if any(geometry.page_size % r for r in geometry.ratios):
+        return (f"prefix caching is off: the compress ratios {geometry.ratios} must divide the page size "
+                f"{geometry.page_size}")
+    return None
 
 
 def compressed_rows_of_pages(pages: torch.Tensor, ratio: int, page_size: int) -> torch.Tensor:

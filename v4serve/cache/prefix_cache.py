@@ -10,8 +10,9 @@ Every page is in exactly one of three states, so `free + used + cached == num_pa
 * free: in the allocator's free list;
 * used: referenced by at least one running sequence (`refs[page] > 0`); a used page may also be
   registered under a key (shared by several sequences);
-* cached: registered, no references; kept in LRU order (least recently released first) and
-  evicted, oldest first, when the allocator runs out of free pages.
+* cached: registered, no references; the allocator keeps them in LRU order (least recently
+  released first), counts them as free, and evicts them, oldest first, when its free list runs
+  out (`allocator.py`).
 
 What a page's key promises (kept by `PagedKVCache`): the page's compressed rows and index keys,
 plus a snapshot of the sequence state at the page's end (the window ring = exactly this page's W
@@ -20,8 +21,6 @@ rows, and the overlapping compressors' previous complete block), so a sequence r
 """
 
 from __future__ import annotations
-
-from collections import OrderedDict
 
 from v4serve.cache.allocator import PageAllocator
 
@@ -37,7 +36,7 @@ class PrefixCache:
         self._node_of: dict[int, int] = {}  # registered page -> node id (the parent id of its children)
         self._next_node = ROOT + 1
         self.refs: dict[int, int] = {}  # page -> running sequences holding it (absent: 0)
-        self._lru: OrderedDict[int, None] = OrderedDict()  # cached pages (registered, no refs), oldest first
+        allocator.on_evict = self._forget
         # vLLM's counters, in tokens: prompt tokens looked up at admission, and those found.
         self.queries = 0
         self.hits = 0
@@ -45,56 +44,47 @@ class PrefixCache:
     # ------------------------------------------------------------------ accounting
     @property
     def num_cached(self) -> int:
-        """Registered pages nobody holds (evictable)."""
-        return len(self._lru)
+        """Registered pages nobody holds (evictable; the allocator counts them as free)."""
+        return self.allocator.num_cached
 
     @property
     def num_used(self) -> int:
         return len(self.refs)
 
-    @property
-    def num_available(self) -> int:
-        """Pages an allocation can get: free ones and evictable cached ones."""
-        return self.allocator.num_free + len(self._lru)
+    def is_cached(self, page: int) -> bool:
+        return page in self.allocator._cached
 
     def check(self) -> None:
         """Raise if a page is lost or counted twice (free + used + cached == capacity)."""
-        free = set(self.allocator._free)
-        used, cached = set(self.refs), set(self._lru)
-        if free & used or free & cached or used & cached:
+        free, cached, used = set(self.allocator._free), set(self.allocator._cached), set(self.refs)
+        if len(free) != len(self.allocator._free) or free & used or free & cached or used & cached:
             raise AssertionError(f"pages in two states: {sorted((free & used) | (free & cached) | (used & cached))}")
-        if len(free) + len(used) + len(cached) != self.allocator.num_pages or len(free) != self.allocator.num_free:
+        if len(free) + len(used) + len(cached) != self.allocator.num_pages:
             raise AssertionError(f"free {len(free)} + used {len(used)} + cached {len(cached)} != "
                                  f"{self.allocator.num_pages} pages")
         if any(n <= 0 for n in self.refs.values()):
             raise AssertionError("a page with a non-positive reference count")
-        if set(self._lru) - set(self._key_of):
-            raise AssertionError("an unregistered page in the LRU")
+        if cached - set(self._key_of):
+            raise AssertionError("an unregistered page is cached")
 
     # ------------------------------------------------------------------ pages
     def allocate(self, n: int) -> list[int]:
-        """n fresh pages, evicting the least recently released cached pages when free ones run short
-        (raises OutOfPages, taking nothing, when even that is not enough)."""
-        short = n - self.allocator.num_free
-        if 0 < short <= len(self._lru):
-            for _ in range(short):
-                self._evict(next(iter(self._lru)))
+        """n fresh pages (the allocator evicts the least recently released cached pages when its
+        free list runs short; raises OutOfPages, taking nothing, when even that is not enough)."""
         pages = self.allocator.allocate(n)
         for page in pages:
             self.refs[page] = 1
         return pages
 
-    def _evict(self, page: int) -> None:
-        del self._lru[page]
-        key = self._key_of.pop(page)
-        del self._by_key[key]
+    def _forget(self, page: int) -> None:
+        """The allocator evicted a cached page: drop its key."""
+        del self._by_key[self._key_of.pop(page)]
         del self._node_of[page]
-        self.allocator.free([page])
 
     def acquire(self, pages: list[int]) -> None:
         """A sequence takes registered pages (a prefix hit)."""
         for page in pages:
-            self._lru.pop(page, None)
+            self.allocator.reclaim(page)
             self.refs[page] = self.refs.get(page, 0) + 1
 
     def release(self, pages: list[int]) -> None:
@@ -107,7 +97,7 @@ class PrefixCache:
             if n > 0:
                 self.refs[page] = n
             elif page in self._key_of:
-                self._lru[page] = None
+                self.allocator.cache(page)
             else:
                 freed.append(page)
         if freed:

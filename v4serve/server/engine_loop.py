@@ -166,8 +166,7 @@ class EngineLoop:
     def _snapshot(self, alive: bool) -> EngineSnapshot:
         scheduler, allocator = self._engine.scheduler, self._engine.cache.allocator
         budget, prefix = self._engine.kv_budget, self._engine.cache.prefix
-        used = allocator.num_used - (prefix.num_cached if prefix is not None else 0)  # cached pages are reusable
-        return EngineSnapshot(len(scheduler.running), len(scheduler.waiting), used,
+        return EngineSnapshot(len(scheduler.running), len(scheduler.waiting), allocator.num_used,
                               allocator.num_pages, scheduler.num_preemptions, alive, budget.total_bytes,
                               int(budget.bytes_per_token * budget.page_size),
                               prefix.queries if prefix is not None else 0, prefix.hits if prefix is not None else 0)
