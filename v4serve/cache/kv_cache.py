@@ -225,9 +225,9 @@ class PagedKVCache:
             return
         w = self.page_size
         for slot, end in ends:
-            pages = self._pages.get(slot)
-            if end % w or not end or pages is None or len(pages) < end // w:
-                continue
+            pages, chain = self._pages.get(slot), self._chain.get(slot)
+            if end % w or not end or pages is None or len(pages) < end // w or chain is None or end > chain[2]:
+                continue  # not a page end, or a page with decoded tokens (never registered)
             page = pages[end // w - 1]
             for t, snap in zip(self._stateful, self._snapshots):
                 snap[page].copy_(t[slot], non_blocking=True)
