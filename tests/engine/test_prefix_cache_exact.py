@@ -137,11 +137,11 @@ def test_preemption_with_shared_prefix(recorded):
     prompts = [base + tokens(n, 14 + n) for n in (10, 15, 20)]
     tight = dict(max_model_len=3 * PAGE, num_kv_pages=6, max_num_seqs=3)
     warm = make_engine(**tight)
-    outs = run(warm, prompts, recorded, max_tokens=40, together=True)
+    outs = run(warm, prompts, recorded, max_tokens=24, together=True)
     assert warm.scheduler.num_preemptions > 0, "the test must exercise preemption"
     assert warm.cache.prefix.hits >= 2 * PAGE
     for prompt, out in zip(prompts, outs):
-        solo = run(make_engine(**tight), [prompt], recorded, max_tokens=40)[0]
+        solo = run(make_engine(**tight), [prompt], recorded, max_tokens=24)[0]
         assert out[0] == solo[0]
         torch.testing.assert_close(out[1], solo[1], rtol=0, atol=1e-5)
     warm.cache.prefix.check()
