@@ -106,7 +106,8 @@ def tier_costs(geometry: CacheGeometry, kv_dtype: torch.dtype, prefix_caching: b
             if c is not None:
                 per_seq["compressor state"] += c.state_bytes
         if prefix_caching:
-            overlapping = sum(c.state_bytes for c in (g.compressor, g.indexer) if c is not None and c.overlap)
+            # an overlapping state's previous block, first half channels: a quarter of it
+            overlapping = sum(c.state_bytes // 4 for c in (g.compressor, g.indexer) if c is not None and c.overlap)
             per_token["page-end snapshots"] += rows["window"] + overlapping / geometry.page_size
     return per_token, per_seq, staging, sum(per_seq.values()) + scratch
 

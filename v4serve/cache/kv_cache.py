@@ -163,7 +163,8 @@ class PagedKVCache:
 
         Per page it keeps a snapshot of the sequence's state at the page's end: the window ring
         (at a page boundary the ring holds exactly that page's W rows, in position order) and the
-        overlapping compressors' rows (kv and score, open and previous block). A non-overlapping
+        overlapping compressors' previous block (kv and score, the first head_dim channels: all a
+        position on a block boundary reads of the state). A non-overlapping
         compressor's open block is empty at a page boundary when its ratio divides W (required),
         so its online state is the reset state. Memory: W window rows per layer per page on top of
         the paged tiers (the budget's "page-end snapshots" tier, `cache/budget.py`)."""
@@ -173,9 +174,12 @@ class PagedKVCache:
         w = self.page_size
         n = self.allocator.num_pages
         stateful = [p.data[:self.staging_base].view(self.padding_slot + 1, w, *p.data.shape[1:]) for p in self._windows]
-        stateful += [t for s in self._states if isinstance(s, CompressorState) for t in s.tensors()]
+        # Of an overlapping state only the previous block's first half channels are read at a page
+        # boundary (the open block is empty; `model/compressor.py`, `ops/compress_decode*.py`).
+        stateful += [t[:, :t.shape[1] // 2, :t.shape[2] // 2] for s in self._states if isinstance(s, CompressorState)
+                     for t in s.tensors()]
         self._stateful = stateful
-        self._snapshots = [torch.empty((n, *t.shape[1:]), dtype=t.dtype, device=t.device) for t in stateful]
+        self._snapshots = [torch.zeros((n, *t.shape[1:]), dtype=t.dtype, device=t.device) for t in stateful]
         self.prefix = PrefixCache(self.allocator, w)
         return None
 
