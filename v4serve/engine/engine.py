@@ -8,6 +8,7 @@ the KV cache and the decode graphs) and the scheduler.
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,8 @@ from v4serve.tokenizer import Tokenizer
 from v4serve.presets import is_preset
 
 __all__ = ["Engine", "EngineArgs", "resolve_dtype"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,6 +57,10 @@ class Engine:
         self.config = self.runner.config
         self.max_model_len = self.runner.max_model_len
         self.tokenizer = Tokenizer.for_model(None if is_preset(args.model) else args.model)
+        if args.enable_prefix_caching:
+            refused = self.cache.enable_prefix_caching()
+            if refused:
+                logger.info(refused)
         self.scheduler = Scheduler(self.cache, args.max_num_seqs, args.max_num_batched_tokens)
         self.sampler = Sampler(self.config.vocab_size, self.cache.padding_slot + 1, self.config.eos_token_ids,
                                device)
@@ -206,6 +213,7 @@ class Engine:
             bounds = torch.tensor([0] + [len(w) for w in wanted]).cumsum(0).tolist()
             rows = [logits[a:b] for a, b in zip(bounds, bounds[1:])]
             last_rows = [b - 1 for b in bounds[1:]]
+        self.cache.snapshot_pages([(c.request.slot, c.end) for c in plan])  # prefix caching: page-end states
         # Chunks that reach their sequence's end sample a token, all at once, on the device.
         ending = list(range(len(plan))) if token_ids is not None else [
             i for i, chunk in enumerate(plan) if chunk.end == chunk.request.num_tokens
@@ -279,6 +287,7 @@ class Engine:
             if request.status is not Status.RUNNING:
                 continue
             request.num_computed = chunk.end
+            self.cache.register_pages(request.slot, request.num_computed, lambda: request.all_token_ids)
             self._record_prompt_logprobs(chunk, positions, chunk_logits)
             if i in sampled:
                 token, logprob = sampled[i]

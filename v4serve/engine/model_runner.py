@@ -14,6 +14,7 @@ import logging
 import torch
 
 from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
+from v4serve.cache.kv_cache import prefix_caching_refusal
 from v4serve.cache.budget import KVBudget, budget_for_pages, free_gpu_memory, solve_kv_budget
 from v4serve.engine.args import EngineArgs, resolve_dtype
 from v4serve.engine.decode_runner import DecodeRunner
@@ -29,10 +30,12 @@ def kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, dev
               pages_per_seq: int) -> KVBudget:
     """Pages: given, or solved from the byte budget (given, or free GPU memory), or full length."""
     shape = (args.max_num_seqs, pages_per_seq, args.max_num_batched_tokens)
+    snapshots = args.enable_prefix_caching and prefix_caching_refusal(geometry) is None  # their bytes per page
     if args.num_kv_pages is None and (args.kv_cache_memory is not None or device.type == "cuda"):
         memory = args.kv_cache_memory if args.kv_cache_memory is not None else free_gpu_memory(device)
-        return solve_kv_budget(geometry, dtype, memory, *shape)
-    return budget_for_pages(geometry, dtype, args.num_kv_pages or args.max_num_seqs * pages_per_seq, *shape)
+        return solve_kv_budget(geometry, dtype, memory, *shape, prefix_caching=snapshots)
+    return budget_for_pages(geometry, dtype, args.num_kv_pages or args.max_num_seqs * pages_per_seq, *shape,
+                            prefix_caching=snapshots)
 
 
 class ModelRunner:

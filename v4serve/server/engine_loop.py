@@ -40,6 +40,8 @@ class EngineSnapshot:
     alive: bool
     kv_bytes_total: int = 0  # bytes the KV cache allocated (packed rows count their packed bytes)
     kv_bytes_per_page: int = 0  # bytes of the paged tiers per page
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
+    prefix_cache_hits: int = 0  # of which found cached
 
 
 @dataclass
@@ -182,7 +184,8 @@ class EngineLoop:
 
     def _snapshot(self, alive: bool) -> EngineSnapshot:
         scheduler, allocator = self._engine.scheduler, self._engine.cache.allocator
-        budget = self._engine.kv_budget
+        budget, prefix = self._engine.kv_budget, self._engine.cache.prefix
         return EngineSnapshot(len(scheduler.running), len(scheduler.waiting), allocator.num_used,
                               allocator.num_pages, scheduler.num_preemptions, alive, budget.total_bytes,
-                              int(budget.bytes_per_token * budget.page_size))
+                              int(budget.bytes_per_token * budget.page_size),
+                              prefix.queries if prefix is not None else 0, prefix.hits if prefix is not None else 0)
