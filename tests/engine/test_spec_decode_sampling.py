@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from v4serve.engine import Engine, EngineArgs, SamplingParams
-from v4serve.engine.sampler import sample
 from v4serve.engine.spec_decode import accept_greedy, accept_sampled, processed_probs
 
 torch.set_num_threads(1)
@@ -85,14 +84,27 @@ def test_greedy_acceptance_is_the_longest_matching_prefix():
 
 
 def test_processed_probs_is_the_samplers_distribution():
+    """The engine's Sampler draws token = first index whose cumulative probability exceeds its
+    uniform; the same uniforms through processed_probs' cumulative sums give the same tokens."""
+    from types import SimpleNamespace
+
+    from v4serve.engine.sampler import Sampler
+    from v4serve.engine.sampler_ops import row_uniform
+
     logits = torch.randn(50, generator=torch.Generator().manual_seed(5)) * 3
+    sampler = Sampler(50, 1, (), torch.device("cpu"))
     for params in (SamplingParams(temperature=0.7), SamplingParams(temperature=1.3, top_k=5),
-                   SamplingParams(temperature=0.9, top_p=0.6), SamplingParams(temperature=1.0, top_k=8, top_p=0.8)):
-        g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
-        probs = processed_probs(logits[None], params)[0]
-        ours = [int(torch.multinomial(probs, 1, generator=g1)[0]) for _ in range(50)]
-        theirs = [int(sample(logits, params, g2)) for _ in range(50)]
-        assert ours == theirs
+                   SamplingParams(temperature=0.9, top_p=0.6), SamplingParams(temperature=1.0, top_k=8, top_p=0.8),
+                   SamplingParams(temperature=0.8, min_p=0.1)):
+        probs = processed_probs(logits[None], params)[0].double()
+        if params.top_k > 0 and params.top_p == 1.0:
+            assert int((probs > 0).sum()) == params.top_k
+        cdf = probs.cumsum(0)
+        for seed in range(60):
+            request = SimpleNamespace(params=params, seed=seed, slot=0, prompt_token_ids=[], output_token_ids=[])
+            theirs = int(sampler.sample(logits[None].clone(), [request])[0])
+            ours = int((cdf <= row_uniform(seed, 0) * float(cdf[-1])).sum())
+            assert ours == theirs, (params, seed)
 
 
 def test_seeded_speculative_sampling_reproduces():

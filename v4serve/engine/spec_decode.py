@@ -14,13 +14,15 @@ last committed token). What is emitted:
   after temperature / top-k / top-p, `sampler.processed_probs`). A draft given as a single token
   (no q: a deterministic draft) is q = one-hot(d).
 
-Draws use the request's own generator, in a fixed order (one uniform per draft, then one
-categorical draw), so seeded requests reproduce.
+Draws use a generator of the request's own (seeded from `Request.seed`), in a fixed order (one
+uniform per draft, then one categorical draw), so seeded requests reproduce.
 """
 
 from __future__ import annotations
 
 import torch
+
+from v4serve.engine.sampler import shape_for_draw
 
 
 def accept_greedy(target_logits: torch.Tensor, drafts: list[int]) -> list[int]:
@@ -64,18 +66,8 @@ def accept_sampled(target_probs: torch.Tensor, drafts: list[int], draft_probs: t
 
 
 def processed_probs(logits: torch.Tensor, params) -> torch.Tensor:
-    """fp32 probabilities [N, V] that a sampled request draws from: softmax of logits / temperature
-    with top-k and top-p applied (the same rule as `sampler.sample`; kept here so that the sampler
-    can be rewritten without touching speculative decoding: `test_spec_decode_sampling.py` checks
-    the two agree)."""
-    scaled = logits.float() / params.temperature
-    vocab = scaled.shape[-1]
-    if 0 < params.top_k < vocab:
-        kth = torch.topk(scaled, params.top_k, dim=-1).values[..., -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        drop = (probs.cumsum(-1) - probs) >= params.top_p
-        scaled = scaled.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    return torch.softmax(scaled, dim=-1)
+    """fp32 probabilities [N, V] that a sampled request draws from, every row under the same
+    `params`: softmax of the sampler's own shaping (`sampler.shape_for_draw`: temperature, min_p,
+    top-k, top-p). Logit bias, penalties, min_tokens masks and grammars are refused together with
+    speculative decoding (`speculative.check_request`), so nothing else shapes the rows."""
+    return torch.softmax(shape_for_draw(logits.float(), [params] * logits.shape[0]), dim=-1)

@@ -34,11 +34,29 @@ from v4serve.cache.rollback import SlotSnapshot
 from v4serve.engine.outputs import RequestOutput
 from v4serve.engine.request import Request, Status
 from v4serve.engine.request_output import request_output
-from v4serve.engine.sampler import sample_batch
 from v4serve.engine.scheduler import ScheduledChunk
 from v4serve.engine.spec_decode import accept_greedy, accept_sampled, processed_probs
 
 METHODS = ("mtp",)
+
+
+def generator_of(request: Request, device: torch.device) -> torch.Generator:
+    """The request's generator for draft draws and rejection sampling, seeded from its `seed`
+    (the engine's sampler draws from a counter; speculative draws keep their own order)."""
+    if request.spec_generator is None:
+        request.spec_generator = torch.Generator(device=device).manual_seed(request.seed % 2**63)
+    return request.spec_generator
+
+
+def check_request(params) -> None:
+    """Sampling fields speculative decoding does not combine exactly yet: refused by name (a 400)."""
+    bad = [name for name, on in (
+        ("structured_outputs", params.structured_outputs is not None),
+        ("presence_penalty", params.presence_penalty != 0), ("frequency_penalty", params.frequency_penalty != 0),
+        ("repetition_penalty", params.repetition_penalty != 1), ("logit_bias", bool(params.logit_bias)),
+        ("min_tokens", params.min_tokens > 0)) if on]
+    if bad:
+        raise ValueError(f"speculative decoding (speculative_config) does not support {', '.join(bad)} yet")
 MAX_SPECULATIVE_TOKENS = 16
 
 
@@ -171,7 +189,7 @@ class MTPDrafter:
         for b, request in enumerate(requests):
             if not request.params.greedy:
                 q = processed_probs(logits[b:b + 1], request.params)[0]
-                picked[b] = int(torch.multinomial(q, 1, generator=request.generator)[0])
+                picked[b] = int(torch.multinomial(q, 1, generator=generator_of(request, q.device))[0])
                 probs[b].append(q)
             drafts[b].append(picked[b])
         return picked
@@ -240,13 +258,13 @@ class SpeculativeStepper:
             if spec is None:
                 engine._record_prompt_logprobs(chunk, wanted[i], rows)
                 ends = chunk.end == r.num_tokens
-                emitted.append([int(sample_batch(rows[-1:], [r.params], [r.generator])[0])] if ends else [])
+                emitted.append([int(engine.sampler.sample(rows[-1:].float(), [r])[0])] if ends else [])
                 continue
             drafts, probs, snapshot = spec
             if r.params.greedy:
                 out = accept_greedy(rows, drafts)
             else:
-                out = accept_sampled(processed_probs(rows, r.params), drafts, probs, r.generator)
+                out = accept_sampled(processed_probs(rows, r.params), drafts, probs, generator_of(r, rows.device))
             accepted = len(out) - 1
             self.metrics.record(len(drafts), accepted)
             if accepted < len(drafts):
