@@ -142,8 +142,8 @@ def test_a_failure_while_copying_leaves_nothing_allocated(checkpoints, monkeypat
 
         real_copy(scan, write_half, device, progress)
 
-    def keep(config):
-        built["model"] = real_model(config)
+    def keep(config, **kwargs):
+        built["model"] = real_model(config, **kwargs)
         return built["model"]
 
     monkeypatch.setattr(loader, "copy_weights", failing_copy)
