@@ -30,6 +30,8 @@ class EngineArgs:
     cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes captured (default 1, 2, 4, ..., max_num_seqs)
     overlap_decode: bool = True  # launch decode step N+1 before reading step N's tokens
     seed: int = 0
+    tensor_parallel_size: int = 1  # processes (GPUs), one per rank, started by v4serve; the model is split across them
+    enable_expert_parallel: bool = False  # with tensor_parallel_size > 1: split routed experts by expert, not by channel
     progress: bool = True
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -35,9 +35,11 @@ def resolve_config(model: str, overrides: dict[str, Any] | None = None) -> Model
 
 def build_model(
     model: str, device: torch.device | str, dtype: torch.dtype, overrides: dict[str, Any] | None = None,
-    progress: bool = True,
+    progress: bool = True, shard: Callable[[DeepseekV4ForCausalLM], dict] | None = None,
 ) -> tuple[DeepseekV4ForCausalLM, ModelConfig]:
-    """The model with weights: random (fixed seed) for presets, loaded for checkpoints."""
+    """The model with weights: random (fixed seed) for presets, loaded for checkpoints.
+    `shard` (`parallel/shard.py`) cuts the model to one rank's part before any memory is
+    allocated; it returns the cuts, through which only this rank's weights are generated / read."""
     config = resolve_config(model, overrides)
     if config.v41 is not None:  # DeepSeek-V4.1: official-format checkpoints (model/v41_weights.py)
         if is_preset(model):
@@ -46,22 +48,26 @@ def build_model(
         return build_v41_model(model, config, device, dtype), config
     with torch.device("meta"):
         net = DeepseekV4ForCausalLM(config)
+    shards = shard(net) if shard is not None else None
     for name, p in net.named_parameters():  # still on "meta": costs no memory
         if p.is_floating_point() and not any(frag in name for frag in FP32_PARAMETERS):
             p.data = p.data.to(dtype)
     net.to_empty(device=device)
     if is_preset(model):
-        init_random_weights(net, config, seed=PRESET_SEED)
+        init_random_weights(net, config, seed=PRESET_SEED, shards=shards)
     else:
-        load_weights(net, model, config, progress=progress)  # fails unless every tensor is present
+        load_weights(net, model, config, progress=progress, shards=shards)  # fails unless every tensor is present
     net.eval()
     return net, config
 
 
 @torch.no_grad()
-def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: int) -> None:
+def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: int,
+                        shards: dict | None = None) -> None:
     """Deterministic random weights: N(0, 0.02) matrices, unit norms and mHC scales, zero biases,
-    random hash-routing tables. Generated on the model's device, parameter by parameter."""
+    random hash-routing tables. Generated on the model's device, parameter by parameter; a cut
+    parameter (`shards`) draws its full values and keeps its part, so every rank count gets the
+    same model."""
     device = net.lm_head.weight.device
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, t in list(net.named_parameters()) + list(net.named_buffers()):
@@ -72,8 +78,15 @@ def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: i
         elif name.endswith(("base", "hc_base", "sinks", "position_bias", "e_score_correction_bias")):
             t.zero_()
         else:  # slice by slice: a stacked expert tensor's fp32 temporary would not fit beside the model
-            for part in (t if t.dim() == 3 else [t]):
-                part.copy_(torch.randn(part.shape, generator=gen, device=device, dtype=torch.float32).mul_(0.02))
+            spec = shards.get(name) if shards else None
+            shape = spec.full_shape if spec is not None else tuple(t.shape)
+            for e in (range(shape[0]) if len(shape) == 3 else [None]):
+                values = torch.randn(shape[1:] if e is not None else shape, generator=gen, device=device,
+                                     dtype=torch.float32).mul_(0.02)
+                if spec is not None:
+                    spec.copy_part(t, e, values)
+                else:
+                    (t if e is None else t[e]).copy_(values)
 
 
 def save_pretrained(net: DeepseekV4ForCausalLM, config: ModelConfig, path: str | Path) -> None:

@@ -125,8 +125,10 @@ def checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
-def load_weights(model: torch.nn.Module, path: str | Path, config: ModelConfig, progress: bool = True) -> None:
-    """Copy a checkpoint into `model` (parameters and buffers, cast to their dtype)."""
+def load_weights(model: torch.nn.Module, path: str | Path, config: ModelConfig, progress: bool = True,
+                 shards: dict | None = None) -> None:
+    """Copy a checkpoint into `model` (parameters and buffers, cast to their dtype). `shards`: the
+    cut parameters of one tensor-parallel rank (`parallel/shard.py`), whose part alone is read."""
     path = Path(path)
     params = dict(model.named_parameters()) | dict(model.named_buffers())
     loaded: dict[str, set] = {name: set() for name in params}
@@ -148,12 +150,18 @@ def load_weights(model: torch.nn.Module, path: str | Path, config: ModelConfig, 
                 if dtype in _UNSUPPORTED_DTYPES:
                     unsupported.append(f"{key} ({dtype})")
                     continue
-                dest = params[target.name]
-                if target.expert is not None:
-                    dest = dest[target.expert]
-                if target.rows is not None:
-                    dest = dest[target.rows]
-                tensor = f.get_tensor(key)
+                if shards and target.name in shards:
+                    placed = shards[target.name].read(f.get_slice(key), params[target.name], target.expert, target.rows)
+                    if placed is None:  # another rank's expert
+                        continue
+                    dest, tensor = placed
+                else:
+                    dest = params[target.name]
+                    if target.expert is not None:
+                        dest = dest[target.expert]
+                    if target.rows is not None:
+                        dest = dest[target.rows]
+                    tensor = f.get_tensor(key)
                 if tuple(tensor.shape) != tuple(dest.shape):
                     bad_shape.append(f"{key}: checkpoint {tuple(tensor.shape)}, model {tuple(dest.shape)}")
                     continue
