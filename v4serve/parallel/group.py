@@ -35,8 +35,8 @@ class Group:
             self.pg = dist.ProcessGroupGloo(self.store, rank, size, self.timeout)
 
     def _wait(self, work, what: str) -> None:
-        try:
-            work.wait(self.timeout)
+        try:  # NCCL: the stream waits, not the host (capturable); its watchdog enforces the timeout
+            work.wait() if self.device.type == "cuda" else work.wait(self.timeout)
         except Exception as e:  # gloo / NCCL raise RuntimeError subclasses with their own wording
             raise CollectiveError(f"tensor-parallel rank {self.rank}/{self.size}: {what} failed "
                                   f"(a peer rank died or timed out after {self.timeout.total_seconds():.0f} s): {e}") from e
