@@ -1,6 +1,7 @@
 """tensor_parallel_size=2 (gloo, 2 processes on the CPU), with and without expert parallelism,
 against one process: the same greedy tokens, through chunked prefill, preemption and decode
-(continuations included), on the `tiny` preset and on a transformers checkpoint (sliced reads).
+(continuations included), on the `tiny` preset and on a transformers checkpoint (sliced reads);
+then a killed worker (`kill_a_worker`).
 
 The ranks' partial sums are all-reduced, which changes the float32 summation order against one
 process's GEMMs: tokens must be equal, and each request's cumulative logprob (the sum of its
@@ -8,10 +9,15 @@ sampled tokens' logprobs) within LOGPROB_TOL per token."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
 from oracle import random_prompt, save_hf_checkpoint
 from v4serve import LLM, SamplingParams
+from v4serve.parallel.launch import RankDied
 
 LOGPROB_TOL = 1e-4  # |cumulative logprob(TP) - (1 process)| / tokens, float32
 PAGE = 32  # the tiny preset's page (= window) size
@@ -35,7 +41,8 @@ def assert_same(reference, got) -> float:
     return worst
 
 
-def run_case(model: str, prompts: list[list[int]], reference, **extra):
+def run_case(model: str, prompts: list[list[int]], reference, then=None, **extra):
+    """TP2 with `extra` against `reference`; `then(llm)` runs before the workers stop."""
     llm = LLM(model, tensor_parallel_size=2, **TIGHT, **extra)
     try:
         got = generate(llm, prompts)
@@ -44,9 +51,21 @@ def run_case(model: str, prompts: list[list[int]], reference, **extra):
         assert engine.decode_continuations > 0, "the test must exercise overlapped decode"
         worst = assert_same(reference, got)
         print(f"{model} tp2 {extra}: |d cumulative logprob| / token <= {worst:.2e}")
-        return worst
+        if then is not None:
+            then(llm)
     finally:
         llm.engine.runner.close()
+
+
+def kill_a_worker(llm: LLM) -> None:
+    """A rank that dies stops the next generate at once with an error naming it (never a hang)."""
+    worker = llm.engine.runner.workers.procs[0]
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(10)
+    start = time.monotonic()
+    with pytest.raises(RankDied, match=rf"tensor-parallel rank 1 \(pid {worker.pid}\) exited with code -9"):
+        generate(llm, [[6] * 10])
+    assert time.monotonic() - start < 5
 
 
 TINY_PROMPTS = [[5 + i] * n for i, n in enumerate((60, 45, 50, 30))]
@@ -62,7 +81,8 @@ def tiny_reference():
 
 @pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp", "ep"])
 def test_tiny_tp2_matches_one_process(tiny_reference, expert_parallel):
-    run_case("tiny", TINY_PROMPTS, tiny_reference, enable_expert_parallel=expert_parallel)
+    run_case("tiny", TINY_PROMPTS, tiny_reference, then=kill_a_worker if expert_parallel else None,
+             enable_expert_parallel=expert_parallel)
 
 
 @pytest.fixture(scope="module")

@@ -77,6 +77,8 @@ class ModelRunner:
         geometry = CacheGeometry.from_plan(self.plan, config.page_size)
         pages_per_seq = -(-self.max_model_len // config.page_size)
         self.kv_budget = kv_budget(args, geometry, dtype, device, pages_per_seq)
+        if self.workers is not None:
+            self.workers.connect()
         if group is not None:  # every rank holds the same pages: as many as the smallest rank's memory allows
             with self._guard("sizing the KV cache"):
                 pages = group.all_reduce_min(self.kv_budget.num_pages)

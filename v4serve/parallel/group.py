@@ -27,12 +27,23 @@ class Group:
         self.rank, self.size, self.device = rank, size, device
         self.timeout = timedelta(seconds=timeout_s)
         self.store = store
-        if device.type == "cuda":
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = self.timeout
-            self.pg = dist.ProcessGroupNCCL(self.store, rank, size, options)
-        else:
-            self.pg = dist.ProcessGroupGloo(self.store, rank, size, self.timeout)
+        self._pg = None
+
+    def connect(self) -> "Group":
+        """Join the other ranks (blocks until all have; at most the timeout). The model can be cut
+        before (only `rank` and `size` are needed), so rank 0 builds while its workers start."""
+        if self._pg is None:
+            if self.device.type == "cuda":
+                options = dist.ProcessGroupNCCL.Options()
+                options._timeout = self.timeout
+                self._pg = dist.ProcessGroupNCCL(self.store, self.rank, self.size, options)
+            else:
+                self._pg = dist.ProcessGroupGloo(self.store, self.rank, self.size, self.timeout)
+        return self
+
+    @property
+    def pg(self):
+        return self.connect()._pg
 
     def _wait(self, work, what: str) -> None:
         try:  # NCCL: the stream waits, not the host (capturable); its watchdog enforces the timeout

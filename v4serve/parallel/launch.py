@@ -68,9 +68,14 @@ class Workers:
             self.pipes.append(mine)
         self._ops: list[tuple] = []
         self._stop = weakref.finalize(self, _stop_workers, self.procs, self.pipes)
-        self._wait_started(timeout_s)
+        self.group = Group(store, 0, size, device, timeout_s)  # joined by `connect`, once rank 0 has built
+        self._timeout_s = timeout_s
+
+    def connect(self) -> None:
+        """Wait for every worker to start, then join the process group with them."""
+        self._wait_started(self._timeout_s)
         with self.guard("joining the process group"):
-            self.group = Group(store, 0, size, device, timeout_s)
+            self.group.connect()
 
     def _wait_started(self, timeout_s: float) -> None:
         """Until every worker says it is joining the group (a worker that dies before fails here at
@@ -184,7 +189,7 @@ def worker_main(args, rank: int, port: int, conn, device: str, dtype: torch.dtyp
             torch.cuda.set_device(device)
         conn.send(("started", None))
         group = Group(client_store(HOST, port, args.tensor_parallel_size, timeout_s), rank,
-                      args.tensor_parallel_size, device, timeout_s)
+                      args.tensor_parallel_size, device, timeout_s).connect()
         runner = ModelRunner(args, device, dtype, group=group)
         serve_steps(runner, conn, parent_pid)
     except BaseException:
