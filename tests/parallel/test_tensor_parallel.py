@@ -57,6 +57,15 @@ def run_case(model: str, prompts: list[list[int]], reference, then=None, **extra
         llm.engine.runner.close()
 
 
+def break_a_worker(llm: LLM) -> None:
+    """A worker that raises reports its traceback, which the next step's error carries."""
+    workers = llm.engine.runner.workers
+    workers.send("no-such-step")
+    workers.procs[0].join(10)
+    with pytest.raises(RankDied, match=r"(?s)rank 1 .* exited with code 1:.*unknown step kind 'no-such-step'"):
+        generate(llm, [[6] * 10])
+
+
 def kill_a_worker(llm: LLM) -> None:
     """A rank that dies stops the next generate at once with an error naming it (never a hang)."""
     worker = llm.engine.runner.workers.procs[0]
@@ -81,7 +90,7 @@ def tiny_reference():
 
 @pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp", "ep"])
 def test_tiny_tp2_matches_one_process(tiny_reference, expert_parallel):
-    run_case("tiny", TINY_PROMPTS, tiny_reference, then=kill_a_worker if expert_parallel else None,
+    run_case("tiny", TINY_PROMPTS, tiny_reference, then=kill_a_worker if expert_parallel else break_a_worker,
              enable_expert_parallel=expert_parallel)
 
 
