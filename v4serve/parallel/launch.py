@@ -147,8 +147,8 @@ class Workers:
         except RankDied:
             raise
         except Exception as e:
-            for proc in self.procs:
-                proc.join(2.0) if not proc.is_alive() else None
+            for proc in self.procs:  # a peer's death may be seen by the collective before the OS reaps it
+                proc.join(0.5)
             self.check()
             raise RankDied(f"tensor-parallel step failed while {what}: {e}") from e
 
