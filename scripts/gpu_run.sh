@@ -2,7 +2,8 @@
 # One GPU session: the model's GPU path test (Triton vs torch ops), full-shape kernel tests, the
 # kernel benchmark and the tile sweep, each under its own time limit, logs under $OUT.
 # Usage (repo root, on the GPU machine): OUT=/some/dir scripts/gpu_run.sh [STAGE ...]
-#   STAGE: model | ops | bench | sweep[=FILTER] (default: all four, in that order)
+#   STAGE: model | ops | tests | bench | sweep[=FILTER] (default: model ops bench sweep, in that order)
+#   tests: every @pytest.mark.gpu test of the suite (ops, model, engine, server)
 set -uo pipefail
 OUT=${OUT:-/tmp/v4serve-gpu}
 mkdir -p "$OUT"
@@ -26,6 +27,9 @@ for stage in "${STAGES[@]}"; do
     ops)
       timeout ${OPS_LIMIT:-200} $PY -m pytest -m gpu tests/ops -q -p no:cacheprovider 2>&1 \
         | tee "$OUT/pytest_gpu.log" | tail -n 15 ;;
+    tests)
+      timeout ${TESTS_LIMIT:-500} $PY -m pytest -m gpu tests -q -p no:cacheprovider 2>&1 \
+        | tee "$OUT/pytest_all_gpu.log" | tail -n 25 ;;
     bench)
       timeout ${BENCH_LIMIT:-240} $PY -m v4serve.bench.kernels --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 \
         | tee "$OUT/bench.log" | grep -v '^{' ;;

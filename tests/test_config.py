@@ -21,6 +21,9 @@ FLASH_OFFICIAL = {  # as the official V4-Flash checkpoint writes it (legacy name
     "rope_scaling": {"type": "yarn", "factor": 16, "beta_fast": 32, "beta_slow": 1,
                      "original_max_position_embeddings": 65536},
     "rms_norm_eps": 1e-6, "max_position_embeddings": 1048576, "eos_token_id": 1,
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                            "weight_block_size": [128, 128], "activation_scheme": "dynamic"},
+    "expert_dtype": "fp4",
 }
 FLASH_LAYER_TYPES = [SLIDING, SLIDING] + [CSA, HCA] * 20 + [CSA]  # FLASH_OFFICIAL's ratios, transformers' way
 

@@ -24,6 +24,8 @@ import typing
 from typing import Any
 
 from v4serve.cache.budget import parse_size
+from v4serve.config import QUANTIZATION_CHOICES
+from v4serve.engine.offload import parse_cpu_offload_gb
 from v4serve.engine.args import EngineArgs
 
 NOT_FLAGS = {"progress"}  # set by the command (a progress bar suits `generate`, not a server log)
@@ -33,8 +35,9 @@ CHOICES = {
     "dtype": ["float32", "bfloat16", "float16"],
     "kernels": ["auto", "torch", "triton"],
     "kv_cache_dtype": ["auto", "bf16"],
+    "quantization": list(QUANTIZATION_CHOICES),
 }
-TYPES = {"kv_cache_memory": parse_size}  # "2GiB"
+TYPES = {"kv_cache_memory": parse_size, "cpu_offload_gb": parse_cpu_offload_gb}  # "2GiB"; a number or "auto"
 HELP = {
     "model": "preset name (tiny, deepseek-v4-flash, deepseek-v4-pro) or checkpoint folder",
     "seed": "seed of the random numbers of requests that set no seed of their own",
@@ -44,6 +47,10 @@ HELP = {
     "max_num_seqs": "most sequences running at once (the decode batch)",
     "max_num_batched_tokens": "most tokens computed per step (the prefill chunk budget)",
     "cuda_graph_sizes": "decode batch sizes captured as CUDA graphs (None: 1 2 4 ... max-num-seqs)",
+    "quantization": "override config.json's weight format: fp8 (weight-only numerics), fp8-reference (with the "
+                    "official e4m3 activation quantization), none (plain weights; presets)",
+    "cpu_offload_gb": "GiB of routed experts kept in pinned host memory and fetched per step into a device expert "
+                      "cache, or 'auto' (fill the GPU first, keep the KV budget, offload the rest)",
 }
 
 

@@ -2,8 +2,11 @@
 
 * `tiny`: every layer type (sliding, CSA, HCA) and both MoE routings (hash, score), small enough
   to load and generate in a few seconds on a CPU. Used by the demo and the tests.
-* `deepseek-v4-flash`, `deepseek-v4-pro`: the full published shapes, for GPU benchmarks
-  (random weights; pass `hf_overrides={"num_hidden_layers": 8}` to cut the depth).
+* `deepseek-v4-flash`, `deepseek-v4-pro`: the full published shapes in the official weight
+  formats (FP8 e4m3 linears with ue8m0 128x128 block scales, MXFP4 routed experts), for GPU
+  benchmarks: random codes and scales, so they measure what users of the checkpoints run. Pass
+  `hf_overrides={"num_hidden_layers": 8}` to cut the depth, `quantization="none"` for bf16 weights.
+  `tiny` stays bf16 unless asked (`quantization="fp8"`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,13 @@ from v4serve.config import CSA, HCA, SLIDING, ModelConfig
 
 _YARN = {"type": "yarn", "factor": 16, "beta_fast": 32, "beta_slow": 1,
          "original_max_position_embeddings": 65536}
+
+# config.json's fields of the official V4 / V4-Pro checkpoints.
+_OFFICIAL_QUANTIZATION: dict[str, Any] = {
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                            "weight_block_size": [128, 128], "activation_scheme": "dynamic"},
+    "expert_dtype": "fp4",
+}
 
 _COMMON_V4: dict[str, Any] = {
     "model_type": "deepseek_v4",
@@ -68,6 +78,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "deepseek-v4-flash": {
         **_COMMON_V4,
+        **_OFFICIAL_QUANTIZATION,
         "hidden_size": 4096,
         "num_hidden_layers": 43,
         "num_attention_heads": 64,
@@ -82,6 +93,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "deepseek-v4-pro": {
         **_COMMON_V4,
+        **_OFFICIAL_QUANTIZATION,
         "hidden_size": 7168,
         "num_hidden_layers": 61,
         "num_attention_heads": 128,

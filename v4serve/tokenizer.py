@@ -38,6 +38,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def vocab(self) -> dict[str, int]:
+        """Token string -> id, added (special) tokens included (the byte-level BPE strings)."""
+        return self._tok.get_vocab(with_added_tokens=True)
+
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` as written: special tokens in the text are recognised, no BOS added.
 

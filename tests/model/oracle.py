@@ -32,12 +32,13 @@ ORACLE_CONFIGS = {
 }
 
 
-def make_hf_model(name: str):
+def make_hf_model(name: str, spec: dict | None = None):
     """A transformers DeepseekV4ForCausalLM with random float32 weights, perturbed beyond its
-    init (sinks, position biases, gate biases, mHC bases, norms, hash tables) so every term matters."""
+    init (sinks, position biases, gate biases, mHC bases, norms, hash tables) so every term matters.
+    `spec` (same keys as ORACLE_CONFIGS' entries) instead of a named config."""
     from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
-    spec = dict(ORACLE_CONFIGS[name])
+    spec = dict(ORACLE_CONFIGS[name] if spec is None else spec)
     seed = spec.pop("seed")
     n_layers = len(spec["layer_types"])
     shared = dict(

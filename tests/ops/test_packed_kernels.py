@@ -10,7 +10,8 @@ from v4serve.ops.compress_decode import compress_decode
 from v4serve.ops.kv_pack import pack_rows, store_rows, unpack_rows
 from v4serve.ops.norm_rope import rms_norm_rope
 from v4serve.ops.sparse_attn import sparse_attn_paged
-from v4serve.ops.sparse_attn_triton import DECODE_CONFIG_SMALL, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG_H32
+from v4serve.ops.sparse_attn_triton import (
+    DECODE_CONFIG_SMALL, DECODE_CONFIG_SMALL_PACKED, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG_H32, PREFILL_CONFIG_PACKED)
 
 FORMATS = [("fp8_e8m0_b64_rope64", 512), ("fp8_e8m0_b64_rope64", 128), ("fp8_e8m0_b32", 96), ("fp4_e8m0_b32", 128)]
 
@@ -58,7 +59,11 @@ def _packed_inputs(B, M, H, D, n_window, K, fmt, seed):
 
 CONFIGS = {
     "prefill": (2, 3, 16, PREFILL_CONFIG_H32),
+    "prefill sliced": (2, 3, 16, dict(PREFILL_CONFIG_PACKED, QK_SLICE=64)),  # two slices at D 128
+    "prefill packed tiles": (2, 3, 16, PREFILL_CONFIG_PACKED),  # production: QK_SLICE 128 (2 blocks a slice)
     "split-k decode": (2, 1, 16, DECODE_CONFIG_SMALL),
+    "split-k decode sliced": (2, 1, 16, dict(DECODE_CONFIG_SMALL_PACKED, QK_SLICE=64)),
+    "split-k decode packed tiles": (2, 1, 16, DECODE_CONFIG_SMALL_PACKED),
     "two-pass decode": (3, 1, 64, DECODE_CONFIG_TWO_PASS),
 }
 
@@ -79,6 +84,26 @@ def test_attention_over_packed_rows_equals_the_bf16_kernel_over_unpacked(kind, f
     torch_ref = sparse_attn_paged(q, pw, pc, idx, 40, sink, 0.1, counts, row_format=fmt, impl="torch")
     err = (out.double() - torch_ref.double()).norm() / torch_ref.double().norm()
     assert err < 1.5e-2
+
+
+@pytest.mark.parametrize("kind", ["prefill", "split-k decode"])
+def test_sliced_scores_equal_the_whole_tile_dot_when_sums_are_exact(kind):
+    """The sliced kernel (S as a chain of dots over head-dim slices) against the whole-tile kernel.
+    With small integers in q and the rows every partial sum of S is exact in fp32, so the order of
+    the sums (numpy's in the interpreter) cannot matter and the outputs must be bit-identical; a
+    slice read at the wrong channels, or a slice left out, changes them."""
+    from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
+
+    B, M, H, _ = CONFIGS[kind]
+    sliced = CONFIGS[kind + " sliced"][3]
+    whole = {k: v for k, v in sliced.items() if k != "QK_SLICE"}  # the same tiles, S as one dot
+    for D in (128, 96):  # 96: a partial last slice
+        q, win, cmp, idx, sink, counts = sparse_attn_inputs(B, M, H, D, 40, 70, seed=D)
+        q, win, cmp = ((t * 2).round().clamp(-4, 4) for t in (q, win, cmp))
+        out = sparse_attn_paged_triton(q, win, cmp, idx, 40, sink, 0.1, counts, tile_config=dict(sliced))
+        ref = sparse_attn_paged_triton(q, win, cmp, idx, 40, sink, 0.1, counts, tile_config=dict(whole))
+        assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+        assert ref.abs().max() > 0
 
 
 def test_norm_rope_packed_store_kernel():

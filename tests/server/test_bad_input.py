@@ -58,7 +58,7 @@ BAD = [
     (CHAT, _json({"messages": USER, "reasoning_effort": "extreme"}), 400, "reasoning_effort", None),
     (CHAT, _json({"messages": USER, "top_logprobs": 2}), 400, "top_logprobs", None),
     (CHAT, _json({"messages": USER, "max_completion_tokens": 0}), 400, "max_completion_tokens", None),
-    (CHAT, _json({"messages": USER, "presence_penalty": 0.5}), 400, "presence_penalty", None),
+    (CHAT, _json({"messages": USER, "presence_penalty": 5}), 400, "presence_penalty", None),
     (CHAT, _json({"messages": USER, "seed": 2**64}), 400, "seed", None),
 ]
 

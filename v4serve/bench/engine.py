@@ -20,6 +20,7 @@ import time
 import torch
 
 from v4serve.engine import Engine, EngineArgs, SamplingParams
+from v4serve.engine.offload import parse_cpu_offload_gb
 
 
 def _sync() -> None:
@@ -207,16 +208,24 @@ def main(argv: list[str] | None = None) -> int:
                         help="decode batch sizes captured as CUDA graphs (None: 1 2 4 ... max-num-seqs)")
     parser.add_argument("--num-kv-pages", type=int, default=None,
                         help="KV pages (None: solved from free GPU memory for max_num_seqs full-length sequences)")
+    parser.add_argument("--kv-cache-dtype", choices=["auto", "bf16"], default=None,
+                        help="KV rows: the model's native packed formats or bf16 (None: the device's default)")
+    parser.add_argument("--quantization", choices=["fp8", "fp8-reference", "none"], default=None,
+                        help="override the weight format (None: the preset's official FP8 / MXFP4)")
+    parser.add_argument("--cpu-offload-gb", default=0, help="GiB of routed experts in host memory, or 'auto'")
     parser.add_argument("--host-profile", action="store_true", help="only profile the host side of decode steps")
     parser.add_argument("--profile-only", action="store_true", help="only the GPU-busy profile of decode steps")
     args = parser.parse_args(argv)
     engine = Engine(EngineArgs(
         model=args.model, hf_overrides=args.hf_overrides, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs or max(args.concurrency), max_num_batched_tokens=args.prompt_len,
-        num_kv_pages=args.num_kv_pages,
+        num_kv_pages=args.num_kv_pages, kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
+        cpu_offload_gb=parse_cpu_offload_gb(str(args.cpu_offload_gb)),
         cuda_graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
     ))
-    result = {"model": args.model, "overrides": args.hf_overrides, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    print("\n".join(engine.banner()), flush=True)
+    result = {"model": args.model, "overrides": args.hf_overrides, "kv_cache_dtype": engine.runner.cache_format.name,
+              "kv_bytes_per_token": engine.kv_budget.bytes_per_token, "kv_tokens": engine.kv_budget.num_tokens, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "max_num_seqs": engine.scheduler.max_num_seqs,
               "cuda_graph_sizes": engine.decode_runner.ladder, "kv_pages": engine.cache.allocator.num_pages,
               "cuda_graphs": engine.decode_runner.uses_cuda_graphs}

@@ -80,12 +80,17 @@ class KVBudget:
         return lines
 
 
-def tier_costs(geometry: CacheGeometry, kv_dtype: torch.dtype) -> tuple[dict[str, float], dict[str, int], int, int]:
+def tier_costs(geometry: CacheGeometry, kv_dtype: torch.dtype, prefix_caching: bool = False
+               ) -> tuple[dict[str, float], dict[str, int], int, int]:
     """(paged bytes per token, fixed bytes per sequence, staging bytes per step token) by tier, and
     the reserved bytes: one padding slot's fixed tiers plus one scratch row per paged pool. Rows
-    cost what the pools store: packed bytes in a packed cache (`CacheGeometry.row_bytes`)."""
+    cost what the pools store: packed bytes in a packed cache (`CacheGeometry.row_bytes`).
+    `prefix_caching`: each page also keeps the sequence state at its end (`PagedKVCache.
+    enable_prefix_caching`): a window ring and the overlapping compressors' state, per page."""
     size = torch.empty((), dtype=kv_dtype).element_size()
     per_token = {"compressed rows": 0.0, "index keys": 0.0}
+    if prefix_caching:
+        per_token["page-end snapshots"] = 0.0
     per_seq = {"window ring": 0, "compressor state": 0}
     staging = scratch = 0
     for g, rows in zip(geometry.layers, geometry.row_bytes(size)):
@@ -100,6 +105,10 @@ def tier_costs(geometry: CacheGeometry, kv_dtype: torch.dtype) -> tuple[dict[str
         for c in (g.compressor, g.indexer):
             if c is not None:
                 per_seq["compressor state"] += c.state_bytes
+        if prefix_caching:
+            # an overlapping state's previous block, first half channels: a quarter of it
+            overlapping = sum(c.state_bytes // 4 for c in (g.compressor, g.indexer) if c is not None and c.overlap)
+            per_token["page-end snapshots"] += rows["window"] + overlapping / geometry.page_size
     return per_token, per_seq, staging, sum(per_seq.values()) + scratch
 
 
@@ -110,12 +119,13 @@ def solve_kv_budget(
     max_num_seqs: int,
     max_pages_per_seq: int,
     max_step_tokens: int,
+    prefix_caching: bool = False,
 ) -> KVBudget:
     """Pages that `memory_bytes` buys after the fixed costs of `max_num_seqs` sequences.
 
     Never more pages than `max_num_seqs` full-length sequences can use. Raises ValueError when
     the budget does not cover the fixed costs plus one page."""
-    per_token, per_seq, staging_per_token, reserved = tier_costs(geometry, kv_dtype)
+    per_token, per_seq, staging_per_token, reserved = tier_costs(geometry, kv_dtype, prefix_caching)
     fixed = max_num_seqs * sum(per_seq.values()) + max_step_tokens * staging_per_token + reserved
     page_bytes = sum(per_token.values()) * geometry.page_size
     left = memory_bytes - fixed
@@ -132,10 +142,10 @@ def solve_kv_budget(
 
 def budget_for_pages(
     geometry: CacheGeometry, kv_dtype: torch.dtype, num_pages: int, max_num_seqs: int, max_pages_per_seq: int,
-    max_step_tokens: int,
+    max_step_tokens: int, prefix_caching: bool = False,
 ) -> KVBudget:
     """The budget of a given page count (to describe a cache sized by pages, not bytes)."""
-    per_token, per_seq, staging_per_token, reserved = tier_costs(geometry, kv_dtype)
+    per_token, per_seq, staging_per_token, reserved = tier_costs(geometry, kv_dtype, prefix_caching)
     return KVBudget(num_pages, geometry.page_size, max_num_seqs, max_pages_per_seq, per_token, per_seq,
                     max_step_tokens * staging_per_token, reserved)
 

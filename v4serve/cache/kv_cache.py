@@ -15,6 +15,7 @@ import torch
 from v4serve.cache.allocator import PageAllocator
 from v4serve.cache.batch import ForwardBatch, SequenceChunk
 from v4serve.cache.geometry import CacheGeometry, CompressorShape
+from v4serve.cache.prefix_cache import PrefixCache
 from v4serve.cache.view import LayerCache, Pool
 from v4serve.formats import RowFormat
 
@@ -148,6 +149,117 @@ class PagedKVCache:
         )
         self._states = (*compressor_states.values(), *indexer_states.values())
         self._pools = (*windows, *compressed.values(), *index_keys.values())
+        self._windows = windows
+        # Automatic prefix caching (`enable_prefix_caching`): None while off.
+        self.prefix: PrefixCache | None = None
+        self._snapshots: list[torch.Tensor] = []  # per stateful tensor: [num_pages, ...] its value at a page's end
+        self._snapshotted: set[int] = set()  # pages whose snapshot holds the state at their end
+        # slot -> (pages registered, node id after them, tokens computed by prefill since admission)
+        self._chain: dict[int, tuple[int, int, int]] = {}
+
+    # ------------------------------------------------------------------ prefix caching
+    def enable_prefix_caching(self) -> str | None:
+        """Turn automatic prefix caching on (`cache/prefix_cache.py`); returns why not, if not.
+
+        Per page it keeps a snapshot of the sequence's state at the page's end: the window ring
+        (at a page boundary the ring holds exactly that page's W rows, in position order) and the
+        overlapping compressors' previous block (kv and score, the first head_dim channels: all a
+        position on a block boundary reads of the state). A non-overlapping
+        compressor's open block is empty at a page boundary when its ratio divides W (required),
+        so its online state is the reset state. Memory: W window rows per layer per page on top of
+        the paged tiers (the budget's "page-end snapshots" tier, `cache/budget.py`)."""
+        refused = prefix_caching_refusal(self.geometry)
+        if refused:
+            return refused
+        w = self.page_size
+        n = self.allocator.num_pages
+        stateful = [p.data[:self.staging_base].view(self.padding_slot + 1, w, *p.data.shape[1:]) for p in self._windows]
+        # Of an overlapping state only the previous block's first half channels are read at a page
+        # boundary (the open block is empty; `model/compressor.py`, `ops/compress_decode*.py`).
+        stateful += [t[:, :t.shape[1] // 2, :t.shape[2] // 2] for s in self._states if isinstance(s, CompressorState)
+                     for t in s.tensors()]
+        self._stateful = stateful
+        self._snapshots = [torch.zeros((n, *t.shape[1:]), dtype=t.dtype, device=t.device) for t in stateful]
+        self.prefix = PrefixCache(self.allocator, w)
+        return None
+
+    @property
+    def snapshot_nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._snapshots)
+
+    def match_prefix(self, token_ids: list[int]) -> tuple[list[int], int]:
+        """(cached pages that start `token_ids`, node id after them); at least one token is left
+        to compute (its logits are wanted)."""
+        if self.prefix is None:
+            return [], 0
+        return self.prefix.match(token_ids, (len(token_ids) - 1) // self.page_size)
+
+    def pages_to_admit(self, hit: list[int], num_tokens: int) -> int:
+        """Pages beyond the available ones a new sequence reusing `hit` needs for `num_tokens`
+        tokens (<= 0: it fits)."""
+        need = max(0, -(-num_tokens // self.page_size) - len(hit))
+        available = self.allocator.num_free
+        if self.prefix is not None:
+            available -= sum(1 for p in hit if self.prefix.is_cached(p))  # they stop being evictable
+        return need - available
+
+    def attach_prefix(self, slot: int, pages: list[int], node: int, num_tokens: int) -> None:
+        """Give a freshly opened slot the cached pages `pages` and the state at their end.
+        `num_tokens`: the sequence's tokens now, all computed by prefill chunks from here; only
+        pages within them are registered later (a page holding decoded tokens was computed by
+        decode steps, whose numbers differ from the prefill a cold run of the same tokens does)."""
+        if self.prefix is None:
+            return
+        if self._pages[slot]:
+            raise RuntimeError(f"slot {slot} already holds pages")
+        self._chain[slot] = (len(pages), node, num_tokens)
+        if not pages:
+            return
+        self.prefix.acquire(pages)
+        self._pages[slot] = list(pages)
+        self.page_table[slot, :len(pages)] = torch.tensor(pages, dtype=torch.int64)
+        self._update_row_tables(slot)
+        for t, snap in zip(self._stateful, self._snapshots):
+            t[slot].copy_(snap[pages[-1]])
+
+    def snapshot_pages(self, ends: list[tuple[int, int]]) -> None:
+        """After a step's forward (in stream order, before the next step): for each (slot, end)
+        whose `end` is a page boundary, keep the slot's state as the snapshot of the page ending there."""
+        if self.prefix is None:
+            return
+        w = self.page_size
+        for slot, end in ends:
+            pages, chain = self._pages.get(slot), self._chain.get(slot)
+            if end % w or not end or pages is None or len(pages) < end // w or chain is None or end > chain[2]:
+                continue  # not a page end, or a page with decoded tokens (never registered)
+            page = pages[end // w - 1]
+            for t, snap in zip(self._stateful, self._snapshots):
+                snap[page].copy_(t[slot], non_blocking=True)
+            self._snapshotted.add(page)
+
+    def register_pages(self, slot: int, num_computed: int, token_ids) -> None:
+        """Register the slot's full, snapshotted pages among its first `num_computed` tokens
+        under their prefix keys. `token_ids()`: the sequence's tokens (called only when needed)."""
+        if self.prefix is None or slot not in self._chain:
+            return
+        w = self.page_size
+        done, node, prefilled = self._chain[slot]
+        pages = self._pages[slot]
+        full = min(min(num_computed, prefilled) // w, len(pages))
+        if full <= done:
+            return
+        tokens = token_ids()
+        while done < full and pages[done] in self._snapshotted:
+            node = self.prefix.register(node, tuple(tokens[done * w:(done + 1) * w]), pages[done])
+            done += 1
+        self._chain[slot] = (done, node, prefilled)
+
+    def _allocate(self, n: int) -> list[int]:
+        if self.prefix is None:
+            return self.allocator.allocate(n)
+        pages = self.prefix.allocate(n)
+        self._snapshotted.difference_update(pages)
+        return pages
 
     def view(self, layer: int) -> LayerCache:
         """What layer `layer` reads and writes: its pools (or its source layer's), states and formats."""
@@ -156,7 +268,7 @@ class PagedKVCache:
     @property
     def nbytes(self) -> int:
         """Bytes of every pool and state tensor the cache allocated (the budget's `total_bytes`)."""
-        tensors = [p.data for p in self._pools] + [t for s in self._states for t in s.tensors()]
+        tensors = [p.data for p in self._pools] + [t for s in self._states for t in s.tensors()] + self._snapshots
         return sum(t.numel() * t.element_size() for t in tensors)
 
     # ------------------------------------------------------------------ sequences and pages
@@ -185,7 +297,7 @@ class PagedKVCache:
         if num_tokens > self.page_table.shape[1] * self.page_size:
             raise ValueError(f"{num_tokens} tokens exceed the cache's maximum sequence length")
         pages = self._pages[slot]
-        new = self.allocator.allocate(self.pages_needed(slot, num_tokens))
+        new = self._allocate(self.pages_needed(slot, num_tokens))
         if new:
             self.page_table[slot, len(pages):len(pages) + len(new)] = torch.tensor(new, dtype=torch.int64)
             self._update_row_tables(slot)
@@ -193,7 +305,12 @@ class PagedKVCache:
 
     def close_sequence(self, slot: int) -> None:
         """Free the slot and its pages at once (finished, aborted or preempted)."""
-        self.allocator.free(self._pages.pop(slot))
+        pages = self._pages.pop(slot)
+        self._chain.pop(slot, None)
+        if self.prefix is not None:
+            self.prefix.release(pages)
+        else:
+            self.allocator.free(pages)
         self.page_table[slot].fill_(-1)
         self._update_row_tables(slot)
         self._free_slots.append(slot)
@@ -275,6 +392,16 @@ class PagedKVCache:
             is_decode=True,
             route_rows=route_rows,
         )
+
+
+def prefix_caching_refusal(geometry: CacheGeometry) -> str | None:
+    """Why a cache of this geometry cannot cache prefixes (None: it can)."""
+    if geometry.plan.token_history or any(p.v41 for p in geometry.plan):
+        return "prefix caching is off for DeepSeek-V4.1 models (their pools are shared across layers)"
+    if any(geometry.page_size % r for r in geometry.ratios):
+        return (f"prefix caching is off: the compress ratios {geometry.ratios} must divide the page size "
+                f"{geometry.page_size}")
+    return None
 
 
 def compressed_rows_of_pages(pages: torch.Tensor, ratio: int, page_size: int) -> torch.Tensor:

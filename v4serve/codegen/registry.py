@@ -491,6 +491,13 @@ KERNELS: tuple[KernelSpec, ...] = (
     ),
     # ---- packed KV rows (issue 17): v4serve/codegen/registry_packed_kv.py ----
     *PACKED_KV_KERNELS,
+    # ---- sampler: the structured-output token bitmask on fp32 logits (ops/token_bitmask_triton.py) ----
+    KernelSpec(  # TOKEN_BITMASK_CONFIG
+        "sampler.token_bitmask", f"{_OPS}.token_bitmask_triton:_token_bitmask_kernel",
+        types=dict(logits_ptr="*fp32", mask_ptr="*i32", V="i32", stride_l="i32", stride_m="i32"),
+        aligned=("logits_ptr", "mask_ptr", "V", "stride_l", "stride_m"),
+        constexprs=dict(BLOCK_V=2048), num_warps=4, num_stages=3, expect=Expect(max_regs=64),
+    ),
 )
 
 

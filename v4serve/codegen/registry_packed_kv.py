@@ -11,8 +11,7 @@ indexer's key words 4-byte loads; no spills. Register bounds are not set yet (no
 """
 from v4serve.formats import row_format
 from v4serve.ops.kv_pack_triton import packed_constexprs, store_warps
-from v4serve.ops.sparse_attn_triton import (
-    DECODE_CONFIG_SMALL, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG_PACKED, PREFILL_CONFIGS)
+from v4serve.ops.sparse_attn_triton import DECODE_CONFIG_SMALL_PACKED, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIGS_PACKED
 
 from .spec import Expect, KernelSpec
 
@@ -31,6 +30,7 @@ _ATTN_TYPES = dict(
 _ATTN_ALIGNED = ("q_ptr", "win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "sink_ptr", "out_ptr", "part_ptr", "m_ptr",
                  "l_ptr", "ticket_ptr", "H", "D", "C", "n_window", "cols_per_split", *_STRIDES)
 _TP = DECODE_CONFIG_TWO_PASS
+_DEC = DECODE_CONFIG_SMALL_PACKED
 _TP_STRIDES = ("stride_pool", "stride_it", "stride_pt", "stride_ph", "stride_mt", "stride_mj")
 _SCORES_TYPES = dict(
     q_ptr="*bf16", win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
@@ -45,24 +45,25 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
     # ---- sparse attention over packed rows: prefill (the tl kernel: packed prefill never takes the
     # Gluon kernel), split-K decode, two-pass decode ----
     *(
-        KernelSpec(  # PREFILL_CONFIGS[arch], or PREFILL_CONFIG_PACKED where those take 64 heads (sm_90 < 3.9)
-            f"sparse_attn.prefill_fp8kv_sm{arch}", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
+        KernelSpec(  # PREFILL_CONFIGS_PACKED[arch]: the sliced kernel (QK_SLICE), 32 heads or fewer
+            f"sparse_attn.prefill_fp8kv_sm{arch}", f"{_OPS}.sparse_attn_triton:_sparse_attn_sliced_kernel",
             types=dict(_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16", ticket_ptr="*bf16"),
             aligned=_ATTN_ALIGNED,
             constexprs=dict(n_splits=1, HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=cfg["BLOCK_H"],
-                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True, PACKED=True, **_FP8),
+                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True, PACKED=True,
+                            QK_SLICE=cfg["QK_SLICE"], **_FP8),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=(arch,),
             expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
         )
-        for arch, cfg in ((a, PREFILL_CONFIG_PACKED if c["BLOCK_H"] > 32 else c) for a, c in PREFILL_CONFIGS.items())
+        for arch, cfg in PREFILL_CONFIGS_PACKED.items()
     ),
-    KernelSpec(
-        "sparse_attn.decode_fp8kv_pdl", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
+    KernelSpec(  # DECODE_CONFIG_SMALL_PACKED (LARGE differs only in COLS_PER_SPLIT, a runtime argument)
+        "sparse_attn.decode_fp8kv_pdl", f"{_OPS}.sparse_attn_triton:_sparse_attn_sliced_kernel",
         types=dict(_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"), aligned=_ATTN_ALIGNED,
-        constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=DECODE_CONFIG_SMALL["BLOCK_H"],
-                        BLOCK_T=DECODE_CONFIG_SMALL["BLOCK_T"], BLOCK_D=512, PDL=True, EVEN_D=True, PACKED=True,
-                        **_FP8),
-        num_warps=DECODE_CONFIG_SMALL["num_warps"], num_stages=DECODE_CONFIG_SMALL["num_stages"],
+        constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=_DEC["BLOCK_H"],
+                        BLOCK_T=_DEC["BLOCK_T"], BLOCK_D=512, PDL=True, EVEN_D=True, PACKED=True,
+                        QK_SLICE=_DEC["QK_SLICE"], **_FP8),
+        num_warps=_DEC["num_warps"], num_stages=_DEC["num_stages"],
         archs=(90, 100, 120),
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),

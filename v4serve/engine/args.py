@@ -28,11 +28,17 @@ class EngineArgs:
     kernels: str = "auto"  # "auto": Triton kernels on CUDA, torch references on CPU; or "torch" / "triton"
     cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (on CUDA)
     cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes captured (default 1, 2, 4, ..., max_num_seqs)
+    # Reuse the KV pages of a cached prompt prefix (`cache/prefix_cache.py`; bit-exact, page-sized
+    # chunks). Off by default until its page-end snapshots are bounded: today they cost ~8x the
+    # packed KV bytes per token (NOTES.md, session 8).
+    enable_prefix_caching: bool = False
     overlap_decode: bool = True  # launch decode step N+1 before reading step N's tokens
     seed: int = 0
     tensor_parallel_size: int = 1  # processes (GPUs), one per rank, started by v4serve; the model is split across them
     enable_expert_parallel: bool = False  # with tensor_parallel_size > 1: split routed experts by expert, not by channel
     progress: bool = True
+    quantization: str | None = None  # override config.json: "fp8", "fp8-reference", "none" (config.QUANTIZATION_CHOICES)
+    cpu_offload_gb: float | str = 0  # GiB of routed experts in pinned host memory, or "auto" (engine/offload.py)
 
 
 def resolve_device(device: str | None) -> torch.device:

@@ -8,6 +8,7 @@ the KV cache and the decode graphs) and the scheduler.
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -20,13 +21,16 @@ from v4serve.engine.outputs import RequestOutput
 from v4serve.engine.request_output import request_output
 from v4serve.engine.stopping import update_after_token
 from v4serve.engine.request import Request, Status
-from v4serve.engine.sampler import position_logprobs, sample_batch
+from v4serve.engine.sampler import Sampler, position_logprobs
 from v4serve.engine.sampling_params import SamplingParams
 from v4serve.engine.scheduler import ScheduledChunk, Scheduler
+from v4serve.engine.structured_output import StructuredOutputs, accept
 from v4serve.tokenizer import Tokenizer
 from v4serve.presets import is_preset
 
 __all__ = ["Engine", "EngineArgs", "resolve_dtype"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,6 +44,8 @@ class StepInFlight:
     ending: list[int]
     decode: bool
     sampled: torch.Tensor | None = None
+    last: torch.Tensor | None = None  # the logits rows that sample [len(ending), V]
+    deferred: torch.Tensor | None = None  # a continuation's grammar waits for these tokens (the previous step's)
     host: torch.Tensor | None = None
     done: torch.cuda.Event | None = None
 
@@ -51,7 +57,14 @@ class Engine:
         self.config = self.runner.config
         self.max_model_len = self.runner.max_model_len
         self.tokenizer = Tokenizer.for_model(None if is_preset(args.model) else args.model)
+        if args.enable_prefix_caching:
+            refused = self.cache.enable_prefix_caching()
+            if refused:
+                logger.info(refused)
         self.scheduler = Scheduler(self.cache, args.max_num_seqs, args.max_num_batched_tokens)
+        self.sampler = Sampler(self.config.vocab_size, self.cache.padding_slot + 1, self.config.eos_token_ids,
+                               device)
+        self.structured = StructuredOutputs(self.tokenizer, self.config.vocab_size, self.config.eos_token_ids)
         self._seeds = torch.Generator().manual_seed(args.seed)
         self._arrivals = itertools.count()
         self._requests: dict[str, Request] = {}
@@ -113,6 +126,11 @@ class Engine:
         self.validate_prompt(prompt_token_ids)
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        vocab = self.config.vocab_size
+        bad = [t for t in params.logit_bias if t >= vocab]
+        if bad:
+            raise ValueError(f"logit_bias: token ids must be in [0, {vocab}), got {bad[:5]}")
+        grammar = None if params.structured_outputs is None else self.structured.matcher(params.structured_outputs)
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, (1,), generator=self._seeds))
         request = Request(
             request_id=request_id,
@@ -121,7 +139,8 @@ class Engine:
             arrival=next(self._arrivals),
             prompt=prompt,
             group=group,
-            generator=torch.Generator(device=self.device).manual_seed(seed),
+            seed=seed,
+            grammar=grammar,
             detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
         )
         if params.prompt_logprobs is not None:
@@ -155,7 +174,10 @@ class Engine:
             self._in_flight = self._launch_continuation(previous)
             if self._in_flight is not None:
                 self.decode_continuations += 1
-                return self._complete(previous)
+                outputs = self._complete(previous)
+                if self._in_flight.deferred is not None:  # the grammars now know the previous tokens
+                    self._sample(self._in_flight, in_flight=0)
+                return outputs
         outputs = self._complete(previous) if previous is not None else []
         plan = self.scheduler.schedule()
         if plan:
@@ -191,6 +213,7 @@ class Engine:
             bounds = torch.tensor([0] + [len(w) for w in wanted]).cumsum(0).tolist()
             rows = [logits[a:b] for a, b in zip(bounds, bounds[1:])]
             last_rows = [b - 1 for b in bounds[1:]]
+        self.cache.snapshot_pages([(c.request.slot, c.end) for c in plan])  # prefix caching: page-end states
         # Chunks that reach their sequence's end sample a token, all at once, on the device.
         ending = list(range(len(plan))) if token_ids is not None else [
             i for i, chunk in enumerate(plan) if chunk.end == chunk.request.num_tokens
@@ -198,16 +221,32 @@ class Engine:
         step = StepInFlight(plan, wanted, rows, ending, decode)
         if ending:
             picks = [last_rows[i] for i in ending]
-            last = logits if picks == list(range(logits.shape[0])) else logits[picks]
-            step.sampled = sample_batch(last, [plan[i].request.params for i in ending],
-                                        [plan[i].request.generator for i in ending])
-            chosen = last.gather(1, step.sampled[:, None])[:, 0] - torch.logsumexp(last, dim=-1)
-            step.host = torch.empty(2, len(ending), dtype=torch.float64, pin_memory=self.device.type == "cuda")
-            step.host.copy_(torch.stack((step.sampled.double(), chosen.double())), non_blocking=True)
-            if self.device.type == "cuda":
-                step.done = torch.cuda.Event()
-                step.done.record()
+            step.last = logits if picks == list(range(logits.shape[0])) else logits[picks]
+            if token_ids is not None and any(plan[i].request.grammar is not None for i in ending):
+                step.deferred = token_ids  # sampled in `step` once the previous step's tokens are read
+            else:
+                self._sample(step, in_flight=0 if token_ids is None else 1, pending=token_ids)
         return step
+
+    def _sample(self, step: StepInFlight, in_flight: int, pending: torch.Tensor | None = None) -> None:
+        """Enqueue the sampling of a launched step's ending rows (after its forward or graph replay)
+        and the copy of the tokens and their logprobs to the host."""
+        requests = [step.plan[i].request for i in step.ending]
+        last = step.last
+        bitmask = self.structured.bitmask([r.grammar for r in requests])
+        must_end = set()
+        if bitmask is not None:
+            short = [i for i, r in enumerate(requests) if len(r.output_token_ids) + in_flight < r.params.min_tokens]
+            must_end = self.structured.only_stops(bitmask, short) if short else set()
+            bitmask = bitmask.pin_memory() if self.device.type == "cuda" else bitmask
+            bitmask = bitmask.to(self.device, non_blocking=True)
+        step.sampled = self.sampler.sample(last, requests, in_flight, pending, bitmask, must_end)
+        chosen = last.gather(1, step.sampled[:, None])[:, 0] - torch.logsumexp(last, dim=-1)
+        step.host = torch.empty(2, len(step.ending), dtype=torch.float64, pin_memory=self.device.type == "cuda")
+        step.host.copy_(torch.stack((step.sampled.double(), chosen.double())), non_blocking=True)
+        if self.device.type == "cuda":
+            step.done = torch.cuda.Event()
+            step.done.record()
 
     def _can_continue(self, step: StepInFlight) -> bool:
         """A decode step may be followed before its tokens are known when nothing else waits, every
@@ -248,6 +287,7 @@ class Engine:
             if request.status is not Status.RUNNING:
                 continue
             request.num_computed = chunk.end
+            self.cache.register_pages(request.slot, request.num_computed, lambda: request.all_token_ids)
             self._record_prompt_logprobs(chunk, positions, chunk_logits)
             if i in sampled:
                 token, logprob = sampled[i]
@@ -291,6 +331,14 @@ class Engine:
                 torch.log_softmax(logits, dim=-1), token, request.params.logprobs, self._token_text
             ))
         update_after_token(request, token, self.config.eos_token_ids, self.max_model_len)
+        if request.grammar is not None and request.finish_reason is None:
+            if not accept(request.grammar, token):
+                request.finish_reason, request.stop_reason = "stop", "grammar"  # the mask allows only accepted tokens
+            elif request.grammar.is_terminated():  # its end (a stop token), even before min_tokens: nothing may follow
+                request.finish_reason = "stop"
+            if request.finish_reason is not None:
+                request.detokenizer.flush()
+                request.text = request.detokenizer.text
         if request.finish_reason is not None:
             self.scheduler.finish(request)
             self._requests.pop(request.request_id, None)

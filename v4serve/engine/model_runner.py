@@ -20,15 +20,17 @@ import logging
 import torch
 
 from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
+from v4serve.cache.kv_cache import prefix_caching_refusal
 from v4serve.cache.budget import KVBudget, budget_for_pages, free_gpu_memory, solve_kv_budget
 from v4serve.engine.args import EngineArgs, resolve_dtype
 from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.formats import CacheFormat
+from v4serve.engine.offload import kv_reserve_bytes, memory_map
 from v4serve.layer_plan import ModelPlan, layer_plans, resolve_cache_format
-from v4serve.model.loader import build_model, resolve_config
+from v4serve.model.loader import build_model, offloads_of, resolve_config
 from v4serve.parallel.group import Group
 from v4serve.parallel.launch import Workers
-from v4serve.parallel.shard import shard_model
+from v4serve.parallel.shard import refuse_unsupported, shard_model
 
 logger = logging.getLogger(__name__)
 
@@ -37,16 +39,20 @@ def kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, dev
               pages_per_seq: int) -> KVBudget:
     """Pages: given, or solved from the byte budget (given, or free GPU memory), or full length."""
     shape = (args.max_num_seqs, pages_per_seq, args.max_num_batched_tokens)
+    snapshots = args.enable_prefix_caching and prefix_caching_refusal(geometry) is None  # their bytes per page
     if args.num_kv_pages is None and (args.kv_cache_memory is not None or device.type == "cuda"):
         memory = args.kv_cache_memory if args.kv_cache_memory is not None else free_gpu_memory(device)
-        return solve_kv_budget(geometry, dtype, memory, *shape)
-    return budget_for_pages(geometry, dtype, args.num_kv_pages or args.max_num_seqs * pages_per_seq, *shape)
+        return solve_kv_budget(geometry, dtype, memory, *shape, prefix_caching=snapshots)
+    return budget_for_pages(geometry, dtype, args.num_kv_pages or args.max_num_seqs * pages_per_seq, *shape,
+                            prefix_caching=snapshots)
 
 
 class ModelRunner:
     def __init__(self, args: EngineArgs, device: torch.device, dtype: torch.dtype, group: Group | None = None):
         self.device = device
-        config = resolve_config(args.model, args.hf_overrides)
+        config = resolve_config(args.model, args.hf_overrides, args.quantization)
+        refuse_unsupported(config.quantization, args.cpu_offload_gb, args.enable_prefix_caching,
+                           args.tensor_parallel_size)
         self.workers: Workers | None = None
         if args.tensor_parallel_size > 1 and group is None:  # rank 0: start the other ranks
             self.workers = Workers(args, device, dtype)
@@ -56,6 +62,7 @@ class ModelRunner:
             # DeepSeek-V4.1 defaults on any device: its reference's bf16 activations (its golden
             # outputs were made with them); resolve_cache_format gives it its native cache formats.
             dtype = resolve_dtype(args.dtype or torch.bfloat16, device)
+        reserve = kv_reserve_bytes(args, config, device, dtype, args.kv_cache_dtype)
         self.cache_format: CacheFormat
         self.cache_format, self.cache_format_note = resolve_cache_format(config, args.kv_cache_dtype, device.type)
         if self.cache_format_note:
@@ -63,7 +70,8 @@ class ModelRunner:
         shard = None if group is None else (lambda net: shard_model(net, group, args.enable_expert_parallel))
         with self._guard("building the model"):
             self.model, config = build_model(args.model, device, dtype, args.hf_overrides,
-                                             args.progress and (group is None or group.rank == 0), shard=shard)
+                                             args.progress and (group is None or group.rank == 0),
+                                             args.quantization, args.cpu_offload_gb, reserve, shard=shard)
         self.model.fuse_projections()
         self.model.bind_kernels(args.kernels)
         self.config = config
@@ -102,8 +110,10 @@ class ModelRunner:
         )
         self.decode_runner = DecodeRunner(
             self.model, self.cache, args.max_num_seqs,
-            # V4.1's torch selection path (ops/v41_index.py) is not yet checked graph-safe: no graphs yet.
-            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs and config.v41 is None,
+            # V4.1's torch selection path (ops/v41_index.py) is not yet checked graph-safe; offloaded
+            # experts are fetched after a host read of the step's routing: no graph capture for either.
+            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs and config.v41 is None
+            and not offloads_of(self.model),
             graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
         )
         if self.workers is not None:
@@ -115,7 +125,8 @@ class ModelRunner:
     def banner(self) -> list[str]:
         """The start-up lines: what fits (vLLM's words), then every tier's bytes."""
         note = f" ({self.cache_format_note})" if self.cache_format_note else ""
-        return [f"KV cache dtype: {self.cache_format.name}{note}", *self.kv_budget.describe(self.max_model_len)]
+        return [f"KV cache dtype: {self.cache_format.name}{note}", *self.kv_budget.describe(self.max_model_len),
+                *memory_map(self.model, self.kv_budget.total_bytes)]
 
     def prefill(self, chunks: list[SequenceChunk], token_ids: list[int], logits_rows: list[int]) -> torch.Tensor:
         """Logits [len(logits_rows), vocab] of a step of chunks (prefill or mixed)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-import torch
+from typing import Any
 
 from v4serve.engine.detokenizer import IncrementalDetokenizer
 from v4serve.engine.outputs import PositionLogprobs
@@ -26,7 +26,8 @@ class Request:
     arrival: int  # arrival order: first come, first served
     prompt: str | None = None
     group: str | None = None  # the API request this sequence belongs to (None: its own group)
-    generator: torch.Generator | None = None
+    seed: int = 0  # the sampler's noise key (the params' seed, or one the engine drew)
+    grammar: Any = None  # structured outputs: the request's xgrammar GrammarMatcher
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[PositionLogprobs] = field(default_factory=list)
     prompt_logprobs: list[PositionLogprobs | None] = field(default_factory=list)

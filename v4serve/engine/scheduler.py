@@ -77,25 +77,43 @@ class Scheduler:
                 break
             if request not in self.running:  # preempted while making room for an earlier request
                 continue
-            length = min(request.num_tokens - request.num_computed, budget)
+            length = self._chunk_length(request.num_computed, request.num_tokens, budget)
             if not self._reserve(request, request.num_computed + length):
                 continue
             plan.append(ScheduledChunk(request, request.num_computed, length))
             budget -= length
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.cache.num_free_slots:
             request = self._next_admission()
-            length = min(request.num_tokens, budget)
-            if self.cache.pages_needed(None, length) > self.cache.allocator.num_free:
+            # Cached pages of its prefix (none for prompt logprobs: every prompt position is scored).
+            hit, node = ([], 0) if request.wants_prompt_logprobs else self.cache.match_prefix(request.all_token_ids)
+            start = len(hit) * self.cache.page_size
+            length = self._chunk_length(start, request.num_tokens, budget)
+            if self.cache.pages_to_admit(hit, start + length) > 0:
                 break
             self.waiting.remove(request)
             request.slot = self.cache.open_sequence()
             request.status = Status.RUNNING
-            request.num_computed = 0
-            self.cache.reserve(request.slot, length)
+            self.cache.attach_prefix(request.slot, hit, node, request.num_tokens)
+            request.num_computed = start
+            if self.cache.prefix is not None:
+                self.cache.prefix.queries += request.num_tokens
+                self.cache.prefix.hits += start
+            self.cache.reserve(request.slot, start + length)
             self.running.append(request)
-            plan.append(ScheduledChunk(request, 0, length))
+            plan.append(ScheduledChunk(request, start, length))
             budget -= length
         return plan
+
+    def _chunk_length(self, start: int, num_tokens: int, budget: int) -> int:
+        """Tokens to compute from `start`. With prefix caching a chunk never crosses a page
+        boundary, so every page is computed in a step of its own and its numbers do not depend on
+        where a sequence's prefix hit began (a hit resumes at a page boundary exactly as a cold run
+        does), and the state at each page's end is there to snapshot after the step."""
+        length = min(num_tokens - start, budget)
+        if self.cache.prefix is not None:
+            w = self.cache.page_size
+            length = min(length, w - start % w)
+        return length
 
     def _next_admission(self) -> Request:
         """The earliest waiting sequence of the group with the fewest running sequences (ties:

@@ -1,4 +1,5 @@
-"""Build a model from a preset name or a checkpoint folder, on a device, in a dtype."""
+"""Build a model from a preset name or a checkpoint folder, on a device, in a dtype (quantized
+weights kept in their formats, routed experts optionally partly in host memory)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ from typing import Any, Callable
 
 import torch
 
-from v4serve.config import ModelConfig
+from v4serve.config import ModelConfig, apply_quantization_override
 from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
-from v4serve.model.weights import load_weights
+from v4serve.model.quantized import EXPERT_TENSORS, MXFP4Experts
+from v4serve.model.quantized_install import install, official_plan
+from v4serve.model.quantized_offload import ExpertOffload
+from v4serve.model.quantized_placement import plan_placement
+from v4serve.model.weights import Target, copy_weights, scan_checkpoint
 from v4serve.presets import PRESET_SEED, PRESETS, is_preset, preset_config
 
 # Parameters the reference keeps in fp32 whatever the model dtype (mHC, sinks, compressor and
@@ -21,44 +26,118 @@ FP32_PARAMETERS = (
 )
 
 
-def resolve_config(model: str, overrides: dict[str, Any] | None = None) -> ModelConfig:
+def resolve_config(model: str, overrides: dict[str, Any] | None = None, quantization: str | None = None) -> ModelConfig:
+    """The config of a preset or checkpoint folder, `hf_overrides` applied, then `quantization`
+    (which only overrides what config.json says: see `apply_quantization_override`)."""
     if is_preset(model):
-        return preset_config(model, overrides)
-    path = Path(model)
-    if not path.exists():
-        raise ValueError(
-            f"model {model!r} is neither a preset ({', '.join(PRESETS)}) nor an existing checkpoint folder"
-        )
-    config = ModelConfig.from_pretrained(path)
-    return config.replace(**overrides) if overrides else config
+        config = preset_config(model, overrides)
+    else:
+        path = Path(model)
+        if not path.exists():
+            raise ValueError(
+                f"model {model!r} is neither a preset ({', '.join(PRESETS)}) nor an existing checkpoint folder"
+            )
+        config = ModelConfig.from_pretrained(path)
+        config = config.replace(**overrides) if overrides else config
+    return apply_quantization_override(config, quantization)
 
 
 def build_model(
     model: str, device: torch.device | str, dtype: torch.dtype, overrides: dict[str, Any] | None = None,
-    progress: bool = True, shard: Callable[[DeepseekV4ForCausalLM], dict] | None = None,
+    progress: bool = True, quantization: str | None = None, cpu_offload_gb: float | str = 0,
+    reserve_bytes: int = 0, shard: Callable[[DeepseekV4ForCausalLM], dict] | None = None,
 ) -> tuple[DeepseekV4ForCausalLM, ModelConfig]:
     """The model with weights: random (fixed seed) for presets, loaded for checkpoints.
-    `shard` (`parallel/shard.py`) cuts the model to one rank's part before any memory is
-    allocated; it returns the cuts, through which only this rank's weights are generated / read."""
-    config = resolve_config(model, overrides)
+
+    Built on "meta" first (no memory); the quantized modules are installed as a transformation of
+    that model (from the checkpoint's tensors, or the official layout for a quantized preset); a
+    checkpoint is checked completely from its headers; then every tensor is allocated once, on
+    `device` (or, for offloaded experts, in pinned host memory) and filled. A failure after
+    allocation frees what was allocated before it propagates. The quantized modules are
+    `UsesKernels`: `bind_kernels` picks their implementation with the rest.
+
+    `shard` (`parallel/shard.py`) cuts the meta model to one tensor-parallel rank's part after the
+    quantized modules are installed; it returns the cuts, through which only this rank's weights
+    are generated / read (checked against the full shapes). Sharding quantized modules or
+    offloaded experts is future work: refused (`refuse_unsupported`)."""
+    device = torch.device(device)
+    config = resolve_config(model, overrides, quantization)
+    if shard is not None:
+        from v4serve.parallel.shard import refuse_unsupported
+        refuse_unsupported(config.quantization, cpu_offload_gb)
     if config.v41 is not None:  # DeepSeek-V4.1: official-format checkpoints (model/v41_weights.py)
         if is_preset(model):
             raise ValueError(f"preset {model!r}: DeepSeek-V4.1 presets are not available yet")
+        if shard is not None:
+            raise NotImplementedError("tensor_parallel_size > 1 for DeepSeek-V4.1 is not supported yet (future work)")
         from v4serve.model.v41_weights import build_v41_model
         return build_v41_model(model, config, device, dtype), config
     with torch.device("meta"):
         net = DeepseekV4ForCausalLM(config)
-    shards = shard(net) if shard is not None else None
     for name, p in net.named_parameters():  # still on "meta": costs no memory
         if p.is_floating_point() and not any(frag in name for frag in FP32_PARAMETERS):
             p.data = p.data.to(dtype)
-    net.to_empty(device=device)
+    scan, shards = None, None
     if is_preset(model):
-        init_random_weights(net, config, seed=PRESET_SEED, shards=shards)
+        install(net, official_plan(net, config), config.quantization, config)
+        shards = shard(net) if shard is not None else None
     else:
-        load_weights(net, model, config, progress=progress, shards=shards)  # fails unless every tensor is present
+        scan = scan_checkpoint(net, Path(model), config,
+                               lambda plan: install(net, plan, config.quantization, config), shard=shard)
+    placement = plan_placement(net, config, cpu_offload_gb, device, reserve_bytes)
+    offloads = {}
+    try:
+        for name, host in placement.host_experts.items():
+            if not host:
+                continue
+            module = net.get_submodule(name)
+            offloads[name] = ExpertOffload(module, host, min(placement.n_slots, len(host)) or 1, device)
+            for tensor in EXPERT_TENSORS:  # now held by the offload, not allocated as parameters
+                del module._parameters[tensor]
+            module.offload = offloads[name]
+        net.to_empty(device=device)
+        if scan is None:
+            init_random_weights(net, config, seed=PRESET_SEED, shards=shards)
+        else:
+            cut = {"params": dict(net.named_parameters()) | dict(net.named_buffers())} if shard is not None else {}
+            copy_weights(scan, _writer(net, offloads), device, progress=progress, **cut)
+    except BaseException:
+        net.to_empty(device="meta")
+        for name in offloads:
+            net.get_submodule(name).offload = None
+        offloads.clear()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise
     net.eval()
     return net, config
+
+
+def _writer(net: torch.nn.Module, offloads: dict[str, ExpertOffload]):
+    """write(target, value): into the parameter, or expert by expert into an ExpertOffload."""
+    params = dict(net.named_parameters()) | dict(net.named_buffers())
+
+    def write(target: Target, value: torch.Tensor) -> None:
+        module, _, tensor = target.name.rpartition(".")
+        if module in offloads and tensor in EXPERT_TENSORS:
+            experts = [target.expert] if target.expert is not None else range(value.shape[0])
+            for i, e in enumerate(experts):
+                dest = offloads[module].dest(tensor, e)
+                part = value if target.expert is not None else value[i]
+                (dest if target.rows is None else dest[target.rows]).copy_(part)
+            return
+        dest = params[target.name]
+        if target.expert is not None:
+            dest = dest[target.expert]
+        if target.rows is not None:
+            dest = dest[target.rows]
+        dest.copy_(value)
+
+    return write
+
+
+def offloads_of(net: torch.nn.Module) -> list[ExpertOffload]:
+    return [m.offload for m in net.modules() if isinstance(m, MXFP4Experts) and m.offload is not None]
 
 
 @torch.no_grad()
@@ -66,12 +145,29 @@ def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: i
                         shards: dict | None = None) -> None:
     """Deterministic random weights: N(0, 0.02) matrices, unit norms and mHC scales, zero biases,
     random hash-routing tables. Generated on the model's device, parameter by parameter; a cut
-    parameter (`shards`) draws its full values and keeps its part, so every rank count gets the
-    same model."""
+    parameter (`shards`, `parallel/shard.py`) draws its full values and keeps its part, so every
+    rank count gets the same model.
+    Quantized weights come in their formats: random e4m3 codes of N(0, 1) with power-of-two block
+    scales 2^-7..2^-5; random packed e2m1 bytes with ue8m0 scales 2^-8..2^-6 (std ~0.01-0.05)."""
     device = net.lm_head.weight.device
     gen = torch.Generator(device=device).manual_seed(seed)
-    for name, t in list(net.named_parameters()) + list(net.named_buffers()):
-        if name.endswith("tid2eid"):
+    tensors = []  # named_parameters' order, an offloaded layer's experts where its parameters were
+    for prefix, module in net.named_modules():
+        tensors += [(f"{prefix}.{n}", p) for n, p in module.named_parameters(recurse=False)]
+        if isinstance(module, MXFP4Experts) and module.offload is not None:
+            tensors += [(f"{prefix}.{n}", _ExpertRows(module.offload, n)) for n in EXPERT_TENSORS]
+    tensors += list(net.named_buffers())
+    for name, t in tensors:
+        if t.dtype == torch.float8_e4m3fn:
+            t.copy_(torch.randn(t.shape, generator=gen, device=device).clamp_(-448, 448))
+        elif name.endswith("weight_scale_inv") and t.dtype == torch.float32:
+            t.copy_(torch.exp2(torch.randint(-7, -4, t.shape, generator=gen, device=device).float()))
+        elif t.dtype == torch.uint8:  # MXFP4 experts, slice by slice
+            low, high = (119, 122) if name.endswith("_scale_inv") else (0, 256)
+            for i, part in enumerate(t):
+                value = torch.randint(low, high, part.shape, generator=gen, device=device, dtype=torch.uint8)
+                t.write(i, value) if isinstance(t, _ExpertRows) else part.copy_(value)
+        elif name.endswith("tid2eid"):
             t.copy_(torch.randint(0, config.n_routed_experts, t.shape, generator=gen, device=device))
         elif name.endswith(("norm.weight", ".scale", "hc_scale")):
             t.fill_(1.0)
@@ -89,8 +185,26 @@ def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: i
                     (t if e is None else t[e]).copy_(values)
 
 
+class _ExpertRows:
+    """An offloaded experts tensor seen as its E rows in expert order (for random init)."""
+
+    dtype = torch.uint8
+
+    def __init__(self, offload: ExpertOffload, tensor: str):
+        self.offload, self.tensor = offload, tensor
+
+    def __iter__(self):
+        return (self.offload.dest(self.tensor, e) for e in range(self.offload.n_experts))
+
+    def write(self, expert: int, value: torch.Tensor) -> None:
+        self.offload.dest(self.tensor, expert).copy_(value)
+
+
 def save_pretrained(net: DeepseekV4ForCausalLM, config: ModelConfig, path: str | Path) -> None:
-    """Write `config.json` and `model.safetensors` in transformers' naming."""
+    """Write `config.json` and `model.safetensors` in transformers' naming (quantized modules as
+    e4m3 `weight` + fp32 `weight_scale_inv`, packed experts + ue8m0 `*_scale_inv` bytes)."""
+    if offloads_of(net):
+        raise ValueError("save_pretrained of a model with offloaded experts: build it with cpu_offload_gb=0")
     from safetensors.torch import save_file
 
     path = Path(path)

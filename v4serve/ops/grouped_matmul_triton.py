@@ -27,6 +27,25 @@ GROUPED_MATMUL_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, nu
 
 
 @triton.jit
+def group_block(ends_ptr, block, N_GROUPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
+    """The block schedule, from the group ends: group e's blocks are [first_e, first_e + blocks_e).
+    -> (e, the block's pick indices [BLOCK_M], their mask); e == N_GROUPS past the last block."""
+    groups = tl.arange(0, BLOCK_E)
+    group_ok = groups < N_GROUPS
+    ends = tl.load(ends_ptr + groups, mask=group_ok, other=0)
+    starts = tl.load(ends_ptr + groups - 1, mask=group_ok & (groups > 0), other=0)
+    blocks = tl.where(group_ok, (ends - starts + BLOCK_M - 1) // BLOCK_M, 0)
+    block_ends = tl.cumsum(blocks, 0)
+    e = tl.sum((block_ends <= block).to(tl.int32), 0)  # the group whose blocks cover this one
+    mine = groups == e
+    start = tl.sum(tl.where(mine, starts, 0), 0)
+    end = tl.sum(tl.where(mine, ends, 0), 0)
+    first_block = tl.sum(tl.where(mine, block_ends - blocks, 0), 0)
+    offs_m = start + (block - first_block) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return e, offs_m, offs_m < end
+
+
+@triton.jit
 def _grouped_matmul_kernel(
     x_ptr, w_ptr, rows_ptr, ends_ptr, y_ptr,
     N, K, stride_x, stride_we, stride_wn, stride_y,
@@ -35,25 +54,10 @@ def _grouped_matmul_kernel(
 ):
     if PDL:
         gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
-    block = tl.program_id(0)
-    # The block schedule, from the group ends: group e's blocks are [first_e, first_e + blocks_e).
-    groups = tl.arange(0, BLOCK_E)
-    group_ok = groups < N_GROUPS
-    ends = tl.load(ends_ptr + groups, mask=group_ok, other=0)
-    starts = tl.load(ends_ptr + groups - 1, mask=group_ok & (groups > 0), other=0)
-    blocks = tl.where(group_ok, (ends - starts + BLOCK_M - 1) // BLOCK_M, 0)
-    block_ends = tl.cumsum(blocks, 0)
-    e = tl.sum((block_ends <= block).to(tl.int32), 0)  # the group whose blocks cover this one
+    e, offs_m, mask_m = group_block(ends_ptr, tl.program_id(0), N_GROUPS, BLOCK_M, BLOCK_E)
     if e >= N_GROUPS:
         return
-    mine = groups == e
-    start = tl.sum(tl.where(mine, starts, 0), 0)
-    end = tl.sum(tl.where(mine, ends, 0), 0)
-    first_block = tl.sum(tl.where(mine, block_ends - blocks, 0), 0)
-
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = start + (block - first_block) * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < end
     if HAS_ROWS:
         rows = tl.load(rows_ptr + offs_m, mask=mask_m, other=0)
     else:

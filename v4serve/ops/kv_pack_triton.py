@@ -16,9 +16,11 @@ Dequantize (`load_packed`, a [R, K] tile of channels [d0, d0 + K) of R rows): th
 becomes the fp16 with bits (c & 0x80) << 8 | (c & 0x7f) << 7, which is decode(c) * 2^-8 exactly
 (subnormals included: both formats put the implicit bit at exponent field 0), converted to fp32,
 times 2^8 (now decode(c), a normal fp32 or 0) and times 2^(b - 127); every step is exact, as is
-the final cast to bf16 (at most 4 significant bits). The tile is loaded as [R, G, SUB] with SUB = min(K, PK_BLOCK)
-contiguous bytes per (row, group), so each group is one or more 16-byte loads at 16-byte aligned
-row strides; the scale bytes are read as the int32 words that hold them (4-byte loads).
+the final cast to bf16 (at most 4 significant bits; done per element before the tile is
+reshaped, so no fp32 copy of a whole tile is live). The tile is loaded as [R, G, SUB] with
+SUB = min(K, PK_BLOCK) contiguous bytes per (row, group), so each group is one or more 16-byte
+loads at 16-byte aligned row strides; the scale bytes are read as the int32 words that hold them
+(4-byte loads).
 
 Grids: `_store_rows_kernel` (N,): one program per row (skipped when rows[i] < 0);
 `_unpack_rows_kernel` (cdiv(N, 16),): 16 rows per program.
@@ -106,11 +108,20 @@ def _e4m3_scaled(codes, scale_bytes):
 
 @triton.jit
 def load_packed(row_ptrs, live, d0, D, K: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr,
-                PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr):
+                PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr,
+                OUT_DTYPE: tl.constexpr = tl.bfloat16):
     """Channels [d0, d0 + K) of the fp8 rows at row_ptrs (uint8* [R]; rows not `live` and channels
-    >= D read as 0) as fp32 [R, K]. d0 is a multiple of min(K, PK_BLOCK)."""
+    >= D read as 0) as OUT_DTYPE [R, K] (bf16 or fp32). d0 is a multiple of min(K, PK_BLOCK).
+
+    The values are cast to OUT_DTYPE per element, before the [R, G, SUB] -> [R, K] reshape. A tile
+    of several groups loads the bf16 tail once as [R, SUB] and broadcasts it over the groups (as a
+    masked [R, G, SUB] tensor it would cost a whole bf16 tile of registers and pipeline buffers)."""
     G: tl.constexpr = (K + PK_BLOCK - 1) // PK_BLOCK
     SUB: tl.constexpr = K // G
+    TAIL: tl.constexpr = (PK_SCALE_OFF - PK_TAIL_OFF) // 2  # bf16 tail channels: [PK_NQ, PK_NQ + TAIL)
+    # No group straddles the codes and the tail; a tile of several groups holds the whole tail in
+    # the one group that starts at PK_NQ (d0 is a multiple of PK_BLOCK then).
+    tl.static_assert(not PK_HAS_TAIL or (PK_NQ % SUB == 0 and (G == 1 or TAIL <= SUB)))
     g = tl.arange(0, G)
     ch = d0 + g[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [G, SUB]
     is_q = ch < PK_NQ
@@ -122,12 +133,20 @@ def load_packed(row_ptrs, live, d0, D, K: tl.constexpr, PK_NQ: tl.constexpr, PK_
     words = (row_ptrs + PK_SCALE_OFF).to(tl.pointer_type(tl.int32))
     sw = tl.load(words[:, None] + (group // 4)[None, :], mask=live[:, None], other=0x7F7F7F7F)
     sb = (sw >> (8 * (group % 4))[None, :]) & 0xFF
-    v = _e4m3_scaled(codes, sb[:, :, None])
+    v = _e4m3_scaled(codes, sb[:, :, None]).to(OUT_DTYPE)
     if PK_HAS_TAIL:
-        tail_ptr = (base + PK_TAIL_OFF).to(tl.pointer_type(tl.bfloat16))
         in_tail = (ch >= PK_NQ) & (ch < D)
-        tail = tl.load(tail_ptr + (ch - PK_NQ)[None, :, :], mask=live[:, None, None] & in_tail[None, :, :], other=0.0)
-        v = tl.where(in_tail[None, :, :], tail.to(tl.float32), v)
+        if G == 1:
+            tail_ptr = (base + PK_TAIL_OFF).to(tl.pointer_type(tl.bfloat16))
+            tail = tl.load(tail_ptr + (ch - PK_NQ)[None, :, :], mask=live[:, None, None] & in_tail[None, :, :],
+                           other=0.0)
+            v = tl.where(in_tail[None, :, :], tail.to(OUT_DTYPE), v)
+        else:
+            lane = tl.arange(0, SUB)
+            lane_ok = (lane < TAIL) & (PK_NQ + lane < D) & (d0 + K > PK_NQ)
+            tail_ptr = (tl.multiple_of(row_ptrs, 16) + PK_TAIL_OFF).to(tl.pointer_type(tl.bfloat16))
+            tail = tl.load(tail_ptr[:, None] + lane[None, :], mask=live[:, None] & lane_ok[None, :], other=0.0)
+            v = tl.where(in_tail[None, :, :], tail.to(OUT_DTYPE)[:, None, :], v)
     return tl.reshape(v, (row_ptrs.shape[0], K))
 
 
@@ -154,7 +173,7 @@ def _unpack_rows_kernel(packed_ptr, out_ptr, N, D, stride_p, stride_o, BLOCK_R: 
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = r < N
     v = load_packed(packed_ptr + r.to(tl.int64) * stride_p, ok, 0, D, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF,
-                    PK_SCALE_OFF, PK_HAS_TAIL)
+                    PK_SCALE_OFF, PK_HAS_TAIL, out_ptr.dtype.element_ty)
     ch = tl.arange(0, BLOCK_D)
     tl.store(out_ptr + r.to(tl.int64)[:, None] * stride_o + ch[None, :], v.to(out_ptr.dtype.element_ty),
              mask=ok[:, None] & (ch < D)[None, :])

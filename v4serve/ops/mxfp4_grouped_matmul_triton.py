@@ -26,6 +26,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import pdl_launch
+from v4serve.ops.grouped_matmul_triton import group_block
 from v4serve.ops.quant_decode_triton import e2m1_to_f32, ue8m0_to_f32
 
 # Decode: a handful of picks per expert. Prefill: tens of picks per expert (2048 tokens x 6 / 256).
@@ -44,25 +45,11 @@ def _mxfp4_grouped_matmul_kernel(
 ):
     if PDL:
         gdc_wait()
-    block = tl.program_id(0)
-    groups = tl.arange(0, BLOCK_E)
-    group_ok = groups < N_GROUPS
-    ends = tl.load(ends_ptr + groups, mask=group_ok, other=0)
-    starts = tl.load(ends_ptr + groups - 1, mask=group_ok & (groups > 0), other=0)
-    blocks = tl.where(group_ok, (ends - starts + BLOCK_M - 1) // BLOCK_M, 0)
-    block_ends = tl.cumsum(blocks, 0)
-    e = tl.sum((block_ends <= block).to(tl.int32), 0)
+    e, offs_m, mask_m = group_block(ends_ptr, tl.program_id(0), N_GROUPS, BLOCK_M, BLOCK_E)
     if e >= N_GROUPS:
         return
-    mine = groups == e
-    start = tl.sum(tl.where(mine, starts, 0), 0)
-    end = tl.sum(tl.where(mine, ends, 0), 0)
-    first_block = tl.sum(tl.where(mine, block_ends - blocks, 0), 0)
-
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    offs_m = start + (block - first_block) * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < end
     if HAS_ROWS:
         rows = tl.load(rows_ptr + offs_m, mask=mask_m, other=0)
     else:

@@ -56,5 +56,40 @@ def gather_packed_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool
     rows = load_rows(idx_ptr, tok, stride_it, cols, hi)
     live = rows >= 0
     kv = load_packed(row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool), live, d0, D, K,
-                     PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL)
-    return kv.to(tl.bfloat16), live
+                     PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, tl.bfloat16)
+    return kv, live
+
+
+@triton.jit
+def sliced_scores(q_rows, head_ok, win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window, cols, hi, D,
+                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, QK_SLICE: tl.constexpr, PACKED: tl.constexpr,
+                  PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr,
+                  PK_HAS_TAIL: tl.constexpr):
+    """Q K^T of token `tok`'s columns `cols` (fp32 [BLOCK_H, len(cols)], unscaled) as a chain of
+    dots over QK_SLICE-wide slices of the head dim, each K slice gathered (and, PACKED, dequantized)
+    on its own and the Q slice re-read from q_rows (the heads' row pointers; L1 hits); then the
+    whole KV tile ([len(cols), BLOCK_D] bf16, for P V) and which columns are live.
+
+    On the tensor cores the chain accumulates in the same k order as one dot over BLOCK_D, so S has
+    the bits of tl.dot(q, tl.trans(kv)) there; under the interpreter (numpy) it does not, so the
+    tests compare it with this same function over bf16 rows."""
+    rows = load_rows(idx_ptr, tok, stride_it, cols, hi)
+    live = rows >= 0
+    row_ptrs = row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)
+    s = tl.zeros([BLOCK_H, cols.shape[0]], dtype=tl.float32)
+    for k in range(0, BLOCK_D, QK_SLICE):
+        kd = k + tl.arange(0, QK_SLICE)
+        q = tl.load(q_rows[:, None] + kd[None, :], mask=head_ok[:, None] & (kd < D)[None, :], other=0.0)
+        if PACKED:
+            kk = load_packed(row_ptrs, live, k, D, QK_SLICE, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL,
+                             tl.bfloat16)
+        else:
+            kk = tl.load(row_ptrs[:, None] + kd[None, :], mask=live[:, None] & (kd < D)[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(kk), s)
+    dims = tl.arange(0, BLOCK_D)
+    if PACKED:
+        kv = load_packed(row_ptrs, live, 0, D, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL,
+                         tl.bfloat16)
+    else:
+        kv = tl.load(row_ptrs[:, None] + dims[None, :], mask=live[:, None] & (dims < D)[None, :], other=0.0)
+    return s, kv, live

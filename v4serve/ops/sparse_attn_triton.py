@@ -19,6 +19,15 @@ tl.where(is_window, win_ptr, cmp_ptr) under tl.multiple_of(.., 16), so the gathe
 loads), runs S = Q K^T and acc += P V as bf16 tl.dot with fp32 accumulation, and keeps the online
 softmax state (m [BLOCK_H], l [BLOCK_H], acc [BLOCK_H, D]) in registers.
 
+Over packed fp8 rows (PACKED, issue 17) the production tiles set QK_SLICE and launch
+`_sparse_attn_sliced_kernel`, the same program with S = Q K^T computed as a chain of dots over
+QK_SLICE-wide slices of the head dim (sparse_attn_tiles.sliced_scores: each K slice gathered and
+dequantized on its own, the Q slice re-read from L1; P V still takes the whole dequantized tile).
+Dequantizing the whole [BLOCK_T, 512] tile for S spills 400-470 B under Triton 3.6. On the tensor
+cores the chain accumulates in the same k order as one dot, so the sliced kernel's output has the
+bits of the unsliced one at the same tiles (the GPU tests check it); under the interpreter numpy's
+matmul order differs, so the CPU tests compare it with itself over bf16 rows.
+
 The production prefill on sm_90 (Triton 3.6, D = 512) is instead the warp-specialised Gluon
 kernel of sparse_attn_gluon.py (1.2-1.6x faster at the PR shapes, same output bits), and decode
 steps of 2 or more tokens run the two-pass kernels of sparse_attn_two_pass.py (bf16 P between a
@@ -62,7 +71,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from v4serve.ops._dispatch import check_16_byte_aligned, compiled_on_cuda, pdl_supported, triton_at_least
 from v4serve.ops.sparse_attn_gluon import WS_HEAD_DIM, sparse_attn_ws
 from v4serve.ops.kv_pack_triton import packed_constexprs
-from v4serve.ops.sparse_attn_tiles import column_bound, gather_kv_tile, gather_packed_kv_tile
+from v4serve.ops.sparse_attn_tiles import column_bound, gather_kv_tile, gather_packed_kv_tile, sliced_scores
 from v4serve.ops.sparse_attn_two_pass import sparse_attn_two_pass
 
 # Production tiles (H200 sweeps, docs/performance.md). Prefill: all 64 heads of a token share each
@@ -81,7 +90,6 @@ from v4serve.ops.sparse_attn_two_pass import sparse_attn_two_pass
 PREFILL_CONFIG = dict(BLOCK_H=64, BLOCK_T=64, num_warps=8, num_stages=1)
 PREFILL_CONFIG_H32 = dict(BLOCK_H=32, BLOCK_T=64, num_warps=8, num_stages=1)
 PREFILL_CONFIG_SMALL_SMEM = dict(BLOCK_H=32, BLOCK_T=32, num_warps=8, num_stages=1)
-PREFILL_CONFIG_PACKED = PREFILL_CONFIG_H32  # prefill over packed rows where the bf16 tiles take 64 heads or the Gluon kernel
 PREFILL_CONFIGS = {
     80: dict(PREFILL_CONFIG_H32, num_stages=2),
     90: PREFILL_CONFIG_H32 if triton_at_least(3, 9) else PREFILL_CONFIG,
@@ -91,6 +99,27 @@ PREFILL_CONFIGS = {
 DECODE_CONFIG_SMALL = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=32, MERGE="kernel", PDL=True, num_warps=4,
                            num_stages=2)
 DECODE_CONFIG_LARGE = dict(DECODE_CONFIG_SMALL, COLS_PER_SPLIT=64)
+# Over packed rows (issue 17) the Gluon kernel is not used (it reads bf16 rows only) and the tl
+# tiles compute S = Q K^T as a chain of dots over 64-channel slices (QK_SLICE: the sliced kernel,
+# each K slice gathered and dequantized on its own; only P V takes the whole dequantized tile), at
+# the tiles below. The whole-tile dequantization of the unsliced
+# kernel spills 400-470 B per thread at every arch under Triton 3.6 and needs 132 KB of shared
+# memory for the split-K decode tile (sm_120 has 99 KB); sliced, none spill (codegen check,
+# registry_packed_kv.py). The slice is one scale block (64 channels), or wider where a slice of
+# 64 would give each thread fewer than 16 code bytes to load (32-column tiles with 8 warps: 128).
+# P V's whole dequantized tile still sets the register peak: at 64 columns x 32 heads (prefill)
+# and at 4 warps (decode) the sliced kernel sits at 255 registers under 3.6 and spills 16-80 B
+# under Triton 3.8 / 3.9, so packed prefill takes 32 x 32 tiles on every arch (230-240 registers)
+# and packed split-K decode 8 warps (181). Not timed on a GPU yet.
+def _sliced(cfg: dict) -> dict:
+    return dict(cfg, QK_SLICE=max(64, 16 * 32 * cfg["num_warps"] // cfg["BLOCK_T"]))
+
+
+PREFILL_CONFIG_PACKED = _sliced(PREFILL_CONFIG_SMALL_SMEM)
+PREFILL_CONFIGS_PACKED = {arch: _sliced(dict(PREFILL_CONFIG_SMALL_SMEM, num_stages=cfg["num_stages"]))
+                          for arch, cfg in PREFILL_CONFIGS.items()}
+DECODE_CONFIG_SMALL_PACKED = _sliced(dict(DECODE_CONFIG_SMALL, num_warps=8))
+DECODE_CONFIG_LARGE_PACKED = _sliced(dict(DECODE_CONFIG_LARGE, num_warps=8))
 SMALL_DECODE_PAIRS = 1024
 # Decode steps of TWO_PASS_MIN_TOKENS or more tokens take the two-pass kernels
 # (sparse_attn_two_pass.py): bf16 P between a scores and a values launch instead of fp32 split
@@ -113,23 +142,28 @@ DECODE_CONFIG_TWO_PASS = dict(KERNEL="two_pass", BLOCK_H=64, BLOCK_T=64, BLOCK_K
 PREFILL_CONFIG_WS = dict(KERNEL="ws", BLOCK_T=64, KV_STAGES=2)
 
 
-def prefill_config(device: torch.device, head_dim: int = WS_HEAD_DIM) -> dict:
-    """The production prefill tiles for the GPU `device` is on, at this head dim."""
+def prefill_config(device: torch.device, head_dim: int = WS_HEAD_DIM, packed: bool = False) -> dict:
+    """The production prefill tiles for the GPU `device` is on, at this head dim (packed: over
+    packed fp8 rows)."""
+    configs = PREFILL_CONFIGS_PACKED if packed else PREFILL_CONFIGS
     if not compiled_on_cuda(device):
-        return PREFILL_CONFIG
+        return PREFILL_CONFIG_PACKED if packed else PREFILL_CONFIG
     major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) == (9, 0) and head_dim == WS_HEAD_DIM and not triton_at_least(3, 7):
+    if (major, minor) == (9, 0) and head_dim == WS_HEAD_DIM and not triton_at_least(3, 7) and not packed:
         return PREFILL_CONFIG_WS
     if (major, minor) == (8, 0) or major in (9, 10):
-        return PREFILL_CONFIGS[major * 10]
-    return PREFILL_CONFIGS[120]  # sm_86, sm_89, sm_12x: 99 KB of shared memory per block
+        return configs[major * 10]
+    return configs[120]  # sm_86, sm_89, sm_12x: 99 KB of shared memory per block
 
 
-def decode_config(n_tokens: int, n_columns: int) -> dict:
-    """The production decode tiles for `n_tokens` query tokens (B at M = 1) over `n_columns` columns."""
+def decode_config(n_tokens: int, n_columns: int, packed: bool = False) -> dict:
+    """The production decode tiles for `n_tokens` query tokens (B at M = 1) over `n_columns` columns
+    (packed: over packed fp8 rows)."""
     if n_tokens >= TWO_PASS_MIN_TOKENS:
         return DECODE_CONFIG_TWO_PASS
-    return DECODE_CONFIG_SMALL if n_tokens * n_columns <= SMALL_DECODE_PAIRS else DECODE_CONFIG_LARGE
+    if n_tokens * n_columns <= SMALL_DECODE_PAIRS:
+        return DECODE_CONFIG_SMALL_PACKED if packed else DECODE_CONFIG_SMALL
+    return DECODE_CONFIG_LARGE_PACKED if packed else DECODE_CONFIG_LARGE
 
 
 LOG2E = 1.4426950408889634
@@ -152,6 +186,51 @@ def _sparse_attn_kernel(
     PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
     PK_HAS_TAIL: tl.constexpr = False, PK_PAYLOAD: tl.constexpr = 0, PK_ROW_BYTES: tl.constexpr = 0,
 ):
+    """S = Q K^T as one dot over the whole [BLOCK_T, BLOCK_D] tile (the bf16 production kernel)."""
+    _sparse_attn_program(
+        q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr, ticket_ptr,
+        H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
+        stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
+        stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
+        HAS_COUNTS, SPLIT, FUSED_MERGE, BLOCK_H, BLOCK_T, BLOCK_D, EVEN_D, PDL, PACKED, PK_NQ, PK_BLOCK,
+        PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, 0)
+
+
+@triton.jit
+def _sparse_attn_sliced_kernel(
+    q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr, ticket_ptr,
+    H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
+    stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
+    stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
+    HAS_COUNTS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    PDL: tl.constexpr = False, PACKED: tl.constexpr = False, PK_FP4: tl.constexpr = False, PK_NQ: tl.constexpr = 0,
+    PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
+    PK_HAS_TAIL: tl.constexpr = False, PK_PAYLOAD: tl.constexpr = 0, PK_ROW_BYTES: tl.constexpr = 0,
+    QK_SLICE: tl.constexpr = 64,
+):
+    """S = Q K^T as a chain of dots over QK_SLICE-wide slices of the head dim (the tiles over packed
+    rows): each K slice is gathered and dequantized on its own, only P V takes the whole tile."""
+    _sparse_attn_program(
+        q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr, ticket_ptr,
+        H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
+        stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
+        stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
+        HAS_COUNTS, SPLIT, FUSED_MERGE, BLOCK_H, BLOCK_T, BLOCK_D, EVEN_D, PDL, PACKED, PK_NQ, PK_BLOCK,
+        PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, QK_SLICE)
+
+
+@triton.jit
+def _sparse_attn_program(
+    q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr, ticket_ptr,
+    H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
+    stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
+    stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
+    HAS_COUNTS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+    PDL: tl.constexpr, PACKED: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr,
+    PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr, QK_SLICE: tl.constexpr,
+):
     if PDL:
         # Let the merge kernel (launched with programmatic dependent launch) start its prologue now;
         # its griddepcontrol.wait still waits for this whole grid and its memory.
@@ -167,8 +246,9 @@ def _sparse_attn_kernel(
     else:
         dim_ok = dims < D
 
-    q = tl.load(q_ptr + tok * stride_qt + heads[:, None] * stride_qh + dims[None, :],
-                mask=head_ok[:, None] & dim_ok[None, :], other=0.0)
+    if not QK_SLICE:
+        q = tl.load(q_ptr + tok * stride_qt + heads[:, None] * stride_qh + dims[None, :],
+                    mask=head_ok[:, None] & dim_ok[None, :], other=0.0)
     sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
 
     lo = split * cols_per_split
@@ -178,14 +258,21 @@ def _sparse_attn_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     for start in range(lo, hi, BLOCK_T):
-        if PACKED:
-            kv, live = gather_packed_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
-                                             start + tl.arange(0, BLOCK_T), hi, 0, D, BLOCK_D, PK_NQ, PK_BLOCK,
-                                             PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL)
+        if QK_SLICE:
+            s, kv, live = sliced_scores(q_ptr + tok * stride_qt + heads * stride_qh, head_ok, win_ptr, cmp_ptr,
+                                        idx_ptr, tok, stride_it, stride_pool, n_window, start + tl.arange(0, BLOCK_T),
+                                        hi, D, BLOCK_H, BLOCK_D, QK_SLICE, PACKED, PK_NQ, PK_BLOCK, PK_TAIL_OFF,
+                                        PK_SCALE_OFF, PK_HAS_TAIL)
+            s = s * qk_scale_log2
         else:
-            kv, live = gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
-                                      start + tl.arange(0, BLOCK_T), hi, dims, dim_ok)
-        s = tl.dot(q, tl.trans(kv)) * qk_scale_log2
+            if PACKED:
+                kv, live = gather_packed_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
+                                                 start + tl.arange(0, BLOCK_T), hi, 0, D, BLOCK_D, PK_NQ, PK_BLOCK,
+                                                 PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL)
+            else:
+                kv, live = gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
+                                          start + tl.arange(0, BLOCK_T), hi, dims, dim_ok)
+            s = tl.dot(q, tl.trans(kv)) * qk_scale_log2
         s = tl.where(live[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -288,26 +375,29 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
         return out.reshape(B, M, H, D)
     qk_scale_log2 = float(scale) * LOG2E
     if M > 1:
-        cfg = dict(prefill_config(q.device, D) if tile_config is None else tile_config)
+        cfg = dict(prefill_config(q.device, D, bool(pk)) if tile_config is None else tile_config)
     else:
-        cfg = dict(decode_config(T, C) if tile_config is None else tile_config)
+        cfg = dict(decode_config(T, C, bool(pk)) if tile_config is None else tile_config)
     kernel = cfg.pop("KERNEL", "tl")
     pdl = cfg.pop("PDL", False) and pdl_supported(q.device)
     if kernel == "two_pass":
         return sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, counts is not None,
                                     pdl, cfg, pk).reshape(B, M, H, D)
-    if pk and M > 1 and tile_config is None and (kernel == "ws" or cfg.get("BLOCK_H", 0) > 32):
-        # Packed rows: the Gluon kernel reads bf16 rows only, so packed prefill takes the tl kernel,
-        # at 32 heads (the 64-head tile plus the dequantization spills under 3.6 on sm_90: codegen check).
-        kernel, cfg = "tl", dict(PREFILL_CONFIG_PACKED)
     ws = kernel == "ws"
     if ws and D != WS_HEAD_DIM:
         raise ValueError(f"the warp-specialised kernel takes D = {WS_HEAD_DIM}, got {D}")
+    if ws and pk:
+        raise ValueError("the warp-specialised kernel reads bf16 rows only, not packed rows (row_format)")
+    # QK_SLICE in the tiles: the sliced kernel (S as a chain over head-dim slices), else the whole-tile one.
+    qk_slice = cfg.pop("QK_SLICE", 0)
+    attn_kernel = _sparse_attn_sliced_kernel if qk_slice else _sparse_attn_kernel
     cols_per_split = cfg.pop("COLS_PER_SPLIT", None)
     cols_per_split = max(1, C) if cols_per_split is None else max(1, min(cols_per_split, C))
     merge = cfg.pop("MERGE", "kernel")
     BLOCK_D = max(16, triton.next_power_of_2(D))
     even_d = BLOCK_D == D
+    if qk_slice:
+        cfg["QK_SLICE"] = min(qk_slice, BLOCK_D)
     common = (qt, win, cmp, it, ct, sink, out)
     n_splits = max(1, triton.cdiv(C, cols_per_split)) if M == 1 else 1
     if ws:
@@ -316,7 +406,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     n_hblocks = triton.cdiv(H, cfg["BLOCK_H"])
     if n_splits == 1:
         # One program per (token, head block) over every column: the output is written directly.
-        _sparse_attn_kernel[(T, n_hblocks, 1)](
+        attn_kernel[(T, n_hblocks, 1)](
             *common, out, out, out, out,
             H, D, C, n_window, max(C, 1), 1, qk_scale_log2,
             qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), out.stride(0), out.stride(1),
@@ -328,7 +418,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     part, m_part, l_part = _partials(T, n_splits, H, D, q.device)
     fused = merge == "fused"
     tickets = torch.zeros(T * n_hblocks, dtype=torch.int32, device=q.device) if fused else it
-    _sparse_attn_kernel[(T, n_hblocks, n_splits)](
+    attn_kernel[(T, n_hblocks, n_splits)](
         *common, part, m_part, l_part, tickets,
         H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
         qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), out.stride(0), out.stride(1),

@@ -81,7 +81,7 @@ def _scores_kernel(
             q = tl.load(q_rows[:, None] + dims[None, :], mask=head_ok[:, None] & (dims < D)[None, :], other=0.0)
             if PACKED:
                 kv = load_packed(row_ptrs, live, k, D, BLOCK_K, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
-                                 PK_HAS_TAIL).to(tl.bfloat16)
+                                 PK_HAS_TAIL, tl.bfloat16)
             else:
                 kv = tl.load(row_ptrs[:, None] + dims[None, :], mask=live[:, None] & (dims < D)[None, :], other=0.0)
             s = tl.dot(q, tl.trans(kv), s)
@@ -107,7 +107,7 @@ def _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows, m_j, m, n_live, n_window
     row_ptrs = row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)
     if PACKED:
         kv = load_packed(row_ptrs, rows >= 0, d0, D, BLOCK_DV, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
-                         PK_HAS_TAIL).to(tl.bfloat16)
+                         PK_HAS_TAIL, tl.bfloat16)
     else:
         kv = tl.load(row_ptrs[:, None] + dims[None, :], mask=(rows >= 0)[:, None] & dim_ok[None, :], other=0.0)
     p = tl.load(p_ptr + tok * stride_pt + heads[:, None] * stride_ph + cols[None, :],

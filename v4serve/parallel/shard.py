@@ -82,6 +82,29 @@ class ShardSpec:
         return dest, _read_runs(handle, dim, list(self.keep))
 
 
+def refuse_unsupported(quantization, cpu_offload_gb: float | str = 0, enable_prefix_caching: bool = False,
+                       tensor_parallel_size: int | None = None) -> None:
+    """What tensor_parallel_size > 1 does not do yet (future work), as a ValueError naming the flags:
+    FP8 / MXFP4 weights (`quantization`, or a checkpoint's quantization_config: the quantized
+    modules are not cut yet), `cpu_offload_gb` != 0 (offloaded experts are not cut yet), and
+    `enable_prefix_caching` (its page-table changes are not replayed on the other ranks yet).
+    `tensor_parallel_size` None: a sharded build (> 1)."""
+    if tensor_parallel_size is not None and tensor_parallel_size <= 1:
+        return
+    tp = f"tensor_parallel_size {tensor_parallel_size}" if tensor_parallel_size else "tensor_parallel_size > 1"
+    if quantization is not None:
+        raise ValueError(f"{tp} with FP8/MXFP4 weights (quantization / the "
+                         "checkpoint's quantization_config): sharding quantized modules is not supported yet "
+                         "(future work); use tensor_parallel_size 1, or a bf16 checkpoint with quantization='none'")
+    if cpu_offload_gb not in (0, 0.0):
+        raise ValueError(f"{tp} with cpu_offload_gb={cpu_offload_gb!r}: "
+                         "sharding offloaded experts is not supported yet (future work); use cpu_offload_gb=0")
+    if enable_prefix_caching:
+        raise ValueError(f"{tp} with enable_prefix_caching=True: the other "
+                         "ranks do not replay prefix caching's page-table changes yet (future work); "
+                         "use enable_prefix_caching=False")
+
+
 def _read_runs(handle, dim: int, index: list[int]) -> torch.Tensor:
     """handle[..., index, ...] along `dim`, reading contiguous runs only (safetensors get_slice)."""
     runs, start = [], index[0]

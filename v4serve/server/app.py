@@ -3,6 +3,10 @@
     POST /v1/completions        POST /v1/chat/completions
     GET  /v1/models             GET  /health             GET /metrics
 
+Operating it (each off by default but CORS, which allows every origin, as vLLM's): an API key
+checked in front of every route but /health and /metrics (auth.py), CORS around everything
+(cors.py), a bounded waiting queue and a request timeout (`RequestLimits`, serving.py).
+
 The app owns an `EngineLoop` over the engine it is given; the loop starts with the app and stops
 after uvicorn has drained the requests in flight (SIGTERM).
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
+import threading
 from contextlib import asynccontextmanager
 from typing import Any, Awaitable, Callable
 
@@ -27,13 +32,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request as HTTPRequest
 
 from v4serve.engine import Engine
+from v4serve.server.auth import APIKeyMiddleware
 from v4serve.server.chat import create_chat_completion, prepare_chat_completion
 from v4serve.server.completions import create_completion, prepare_completion
 from v4serve.server.context import ServingContext
+from v4serve.server.cors import CORSConfig, add_cors
 from v4serve.server.engine_loop import EngineLoop
 from v4serve.server.errors import APIError, server_error
 from v4serve.server.metrics import Metrics
-from v4serve.server.limits import MAX_SEQS_PER_REQUEST
+from v4serve.server.limits import MAX_SEQS_PER_REQUEST, RequestLimits
 from v4serve.server.memory import release_free_memory
 from v4serve.server.prompt_length import PromptLimit
 from v4serve.server.protocol import MAX_BODY_BYTES
@@ -51,7 +58,9 @@ Handler = Callable[[ServingContext, Any, HTTPRequest], Awaitable[Response]]
 
 
 def create_app(engine: Engine, model_name: str, max_body_bytes: int = MAX_BODY_BYTES,
-               max_seqs_per_request: int = MAX_SEQS_PER_REQUEST) -> FastAPI:
+               max_seqs_per_request: int = MAX_SEQS_PER_REQUEST, limits: RequestLimits = RequestLimits(),
+               api_keys: list[str] | None = None, cors: CORSConfig = CORSConfig()) -> FastAPI:
+    """`api_keys` None: no key required."""
     metrics = Metrics(model_name)
     ctx = ServingContext(
         engine_loop=EngineLoop(engine, metrics),
@@ -64,10 +73,13 @@ def create_app(engine: Engine, model_name: str, max_body_bytes: int = MAX_BODY_B
         max_seqs_per_request=max_seqs_per_request,
         prompt_limit=PromptLimit.for_tokenizer(engine.tokenizer.file, engine.max_model_len),
         workers=ThreadPoolExecutor(NUM_WORKERS, thread_name_prefix="v4serve-prepare"),
+        limits=limits,
     )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        # The grammar compiler's vocabulary takes seconds to build: not on the engine thread.
+        threading.Thread(target=engine.structured.prepare, name="v4serve-grammar", daemon=True).start()
         ctx.engine_loop.start()
         yield
         ctx.engine_loop.stop()
@@ -75,6 +87,9 @@ def create_app(engine: Engine, model_name: str, max_body_bytes: int = MAX_BODY_B
 
     app = FastAPI(title="v4serve", lifespan=lifespan)
     _add_error_handlers(app)
+    if api_keys is not None:
+        app.add_middleware(APIKeyMiddleware, api_keys=api_keys)
+    add_cors(app, cors)  # the outermost: preflights never reach the key check, and 401s carry CORS headers
 
     def endpoint(prepare: Prepare, handler: Handler):
         async def run(http: HTTPRequest) -> Response:
@@ -166,4 +181,4 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _error_response(e: APIError) -> Response:
-    return JSONResponse(e.body(), status_code=e.status)
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)

@@ -19,6 +19,8 @@ from starlette.requests import Request as HTTPRequest
 
 from v4serve.chat import StreamingParser, encode_messages, parse_completion
 from v4serve.engine import RequestOutput, SamplingParams
+from v4serve.engine.sampling_params import StructuredOutputsParams
+from v4serve.engine.structured_output_dsml import tool_call_grammar
 from v4serve.server import sse
 from v4serve.server.context import ServingContext
 from v4serve.server.errors import APIError
@@ -45,20 +47,33 @@ def prepare_chat_completion(ctx: ServingContext, raw: bytes) -> PreparedChat:
     ctx.prompt_limit.check_chars(rendered_content_chars(req.messages), "messages")  # before encoding it
     ids = ctx.tokenize(_encode(req), "messages")
     check_prompt(ids, ctx.vocab_size, ctx.max_model_len, "messages")
-    params = sampling_params(req.sampling, len(ids), ctx.max_model_len, req.logprobs)
+    params = sampling_params(req.sampling, len(ids), ctx.max_model_len, req.logprobs, ctx.vocab_size,
+                             _tool_grammar(req))
     return PreparedChat(replace(req, messages=[]), ids, params)
 
 
 async def create_chat_completion(ctx: ServingContext, prepared: PreparedChat, http: HTTPRequest) -> Response:
     req = prepared.req
     request_id = new_id("chatcmpl")
-    generation = Generation(ctx.engine_loop, request_id, [prepared.ids], [prepared.params], req.sampling.n)
+    generation = Generation(ctx.engine_loop, request_id, [prepared.ids], [prepared.params], req.sampling.n,
+                            limits=ctx.limits)
     stream = _stream(ctx, req, generation, request_id) if req.sampling.stream else None
     return await respond(generation, http, stream, lambda outputs: {
         "id": request_id, "object": "chat.completion", "created": now(), "model": ctx.model_name,
         "choices": [_choice(ctx, req, request_id, index, out) for index, out in enumerate(outputs)],
         "usage": usage(outputs, req.sampling.n),
+        **({"prompt_logprobs": ctx.logprobs.prompt(outputs[0].prompt_logprobs)}
+           if req.sampling.prompt_logprobs is not None else {}),
     })
+
+
+def _tool_grammar(req: ChatRequest) -> StructuredOutputsParams | None:
+    """`tool_choice: "required"` or a named function: the completion is constrained to a DSML
+    tool-call block (one or more calls of the tools, or exactly one call of the named one)."""
+    if req.tool_choice in ("auto", "none"):
+        return None
+    name = None if req.tool_choice == "required" else req.tool_choice["function"]["name"]
+    return StructuredOutputsParams(grammar=tool_call_grammar(req.tools, name))
 
 
 def _encode(req: ChatRequest) -> str:

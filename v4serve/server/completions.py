@@ -35,14 +35,16 @@ def prepare_completion(ctx: ServingContext, raw: bytes) -> PreparedCompletion:
         ids = ctx.tokenize(prompt, param) if isinstance(prompt, str) else list(prompt)
         check_prompt(ids, ctx.vocab_size, ctx.max_model_len, param)
         prompts.append(ids)
-    params = [sampling_params(req.sampling, len(ids), ctx.max_model_len, req.logprobs) for ids in prompts]
+    params = [sampling_params(req.sampling, len(ids), ctx.max_model_len, req.logprobs, ctx.vocab_size)
+              for ids in prompts]
     return PreparedCompletion(replace(req, prompts=[]), prompts, params)
 
 
 async def create_completion(ctx: ServingContext, prepared: PreparedCompletion, http: HTTPRequest) -> Response:
     req = prepared.req
     request_id = new_id("cmpl")
-    generation = Generation(ctx.engine_loop, request_id, prepared.prompts, prepared.params, req.sampling.n)
+    generation = Generation(ctx.engine_loop, request_id, prepared.prompts, prepared.params, req.sampling.n,
+                            limits=ctx.limits)
     stream = _stream(ctx, req, generation, request_id) if req.sampling.stream else None
     return await respond(generation, http, stream, lambda outputs: {
         "id": request_id, "object": "text_completion", "created": now(), "model": ctx.model_name,
@@ -56,8 +58,11 @@ def _choice(ctx: ServingContext, req: CompletionRequest, index: int, out: Reques
     logprobs = None
     if req.logprobs is not None:
         logprobs = ctx.logprobs.completions(c.logprobs, c.token_ids, req.logprobs, offset=0)
-    return {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
-            "stop_reason": c.stop_reason}
+    choice = {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
+              "stop_reason": c.stop_reason}
+    if req.sampling.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = ctx.logprobs.prompt(out.prompt_logprobs)
+    return choice
 
 
 async def _stream(ctx: ServingContext, req: CompletionRequest, generation: Generation,

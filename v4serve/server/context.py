@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from v4serve.server.engine_loop import EngineLoop
 from v4serve.server.errors import APIError
+from v4serve.server.limits import RequestLimits
 from v4serve.server.metrics import Metrics
 from v4serve.server.prompt_length import PromptLimit
 from v4serve.server.protocol import check_fan_out
@@ -27,6 +28,7 @@ class ServingContext:
     prompt_limit: PromptLimit
     # Parsing, validation and tokenization run here, never on the event loop (app.py).
     workers: ThreadPoolExecutor
+    limits: RequestLimits = RequestLimits()  # the waiting-queue bound and the request timeout
 
     @property
     def logprobs(self) -> LogprobFormatter:

@@ -6,6 +6,11 @@ request is unfinished, and sleeps on a condition otherwise. Each step's outputs 
 that `submit` registered for the request (the sink is called on the engine thread; the server's
 sinks hand the output to the asyncio loop with `call_soon_threadsafe`). After every round the
 thread publishes an `EngineSnapshot` that `/metrics` and `/health` read without locking.
+
+`num_queued()` counts the engine requests not yet running: those submitted whose command has
+not run, plus the scheduler's waiting queue as the engine thread last saw it (kept under the
+lock, updated as each request is added and after each step, so the sum never dips in between).
+The server refuses new requests while it is at `--max-queued-requests` (serving.py).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ class EngineSnapshot:
     alive: bool
     kv_bytes_total: int = 0  # bytes the KV cache allocated (packed rows count their packed bytes)
     kv_bytes_per_page: int = 0  # bytes of the paged tiers per page
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
+    prefix_cache_hits: int = 0  # of which found cached
 
 
 @dataclass
@@ -56,6 +63,8 @@ class EngineLoop:
         self._tracked: dict[str, _Tracked] = {}
         self._stopping = False
         self.on_fatal: Callable[[BaseException], None] | None = None  # the server stops itself (`serve.py`)
+        self._pending = 0  # submitted, not yet added to the engine (under _cond)
+        self._waiting = 0  # the scheduler's waiting queue, as last seen by the engine thread (under _cond)
         self._thread = threading.Thread(target=self._run, name="v4serve-engine", daemon=True)
         self.snapshot = self._snapshot(alive=False)
 
@@ -81,9 +90,18 @@ class EngineLoop:
             except Exception as e:  # ValueError: bad request; anything else: a bug, this request only
                 sink(e)
                 return
+            finally:
+                with self._cond:
+                    self._pending -= 1
+                    self._waiting = len(self._engine.scheduler.waiting)
             self._tracked[request_id] = _Tracked(sink, len(prompt_token_ids), submitted)
 
-        self._queue(add)
+        self._queue(add, pending=1)
+
+    def num_queued(self) -> int:
+        """Engine requests submitted and not yet running (see the module docstring)."""
+        with self._cond:
+            return self._pending + self._waiting
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free its pages at once (no-op if it already finished)."""
@@ -95,10 +113,11 @@ class EngineLoop:
 
         self._queue(cancel)
 
-    def _queue(self, command: Callable[[], None]) -> None:
+    def _queue(self, command: Callable[[], None], pending: int = 0) -> None:
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the engine is shutting down")
+            self._pending += pending
             self._commands.append(command)
             self._cond.notify()
 
@@ -124,6 +143,8 @@ class EngineLoop:
                 return
             if self._engine.has_unfinished():
                 self._step()
+            with self._cond:
+                self._waiting = len(self._engine.scheduler.waiting)
             self.snapshot = self._snapshot(alive=True)
 
     def _step(self) -> None:
@@ -173,7 +194,8 @@ class EngineLoop:
 
     def _snapshot(self, alive: bool) -> EngineSnapshot:
         scheduler, allocator = self._engine.scheduler, self._engine.cache.allocator
-        budget = self._engine.kv_budget
+        budget, prefix = self._engine.kv_budget, self._engine.cache.prefix
         return EngineSnapshot(len(scheduler.running), len(scheduler.waiting), allocator.num_used,
                               allocator.num_pages, scheduler.num_preemptions, alive, budget.total_bytes,
-                              int(budget.bytes_per_token * budget.page_size))
+                              int(budget.bytes_per_token * budget.page_size),
+                              prefix.queries if prefix is not None else 0, prefix.hits if prefix is not None else 0)

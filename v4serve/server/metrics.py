@@ -83,6 +83,10 @@ class Metrics:
                 ("v4serve_generation_tokens_total", "Tokens generated.", self._generation_tokens),
                 ("v4serve_num_preemptions_total", "Requests preempted for KV pages (recomputed later).",
                  snapshot.preemptions),
+                ("v4serve_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+                 snapshot.prefix_cache_queries),
+                ("v4serve_prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+                 snapshot.prefix_cache_hits),
             ]
             for name, help_text, value in counters:
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]

@@ -1,19 +1,21 @@
 """Request bodies of `/v1/completions` and `/v1/chat/completions`: parsed and checked field by field.
 
 Every error is an `APIError` whose message starts with the field's name and whose `param` is
-that name, so a client sees exactly what to fix. Fields this server does not know are ignored
-(OpenAI clients send extras); fields it knows but cannot honour are refused, not ignored.
-Every string of the body (extras included) is valid Unicode and the nesting is bounded
-(json_body.py); `tools` are checked as JSON Schemas (tool_schemas.py).
+that name, so a client sees exactly what to fix. A field this server does not know, or knows but
+cannot honour, is refused (400 naming it), never ignored; `user` is accepted (an end-user id for
+the operator's logs, OpenAI's meaning).
+Every string of the body is valid Unicode and the nesting is bounded (json_body.py); `tools`
+are checked as JSON Schemas (tool_schemas.py).
 Checks that need the prompt (its length against the context) happen later, in `sampling`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from v4serve.engine.sampling_params import StructuredOutputsParams
 from v4serve.server.errors import APIError, bad_field
 from v4serve.server.json_body import parse_json_body, parse_json_text
 from v4serve.server.tool_schemas import check_tools
@@ -26,6 +28,20 @@ MAX_STOP = 16  # stop strings per request
 # still fits torch's generator seeds, [-2**63, 2**64).
 MIN_SEED, MAX_SEED = -2**63, 2**63 - 1
 REASONING_EFFORTS = {"low": "high", "medium": "high", "high": "high", "max": "max"}
+LOGIT_BIAS_LIMIT = 100.0  # biases are clamped to [-100, 100] (OpenAI's range, as vLLM does)
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+_COMMON_FIELDS = {
+    "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "n",
+    "ignore_eos", "min_tokens", "stream", "stream_options", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "logit_bias", "skip_special_tokens", "prompt_logprobs", "logprobs", "user", *GUIDED,
+    "structured_outputs",
+}
+STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
+COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"}
+CHAT_FIELDS = _COMMON_FIELDS | {
+    "messages", "tools", "tool_choice", "response_format", "top_logprobs", "reasoning_effort", "thinking",
+    "chat_template_kwargs", "max_completion_tokens", "parallel_tool_calls",
+}
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -81,6 +97,12 @@ class Fields:
             raise bad_field(name, f"expected an object, got {_kind(value)}")
         return value
 
+    def known(self, fields: set[str]) -> None:
+        """Refuse the first field outside `fields` (so nothing a client asks for is ignored)."""
+        for name in self.body:
+            if name not in fields:
+                raise bad_field(name, "is not supported by this server")
+
     def unsupported(self, name: str, allowed: Any) -> None:
         """Refuse a field unless it is absent or has its neutral value."""
         value = self.body.get(name)
@@ -103,6 +125,16 @@ class Sampling:
     min_tokens: int
     stream: bool
     include_usage: bool
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None
+    structured: StructuredOutputsParams | None = None  # guided_* (or, on chat, response_format)
+    structured_field: str | None = None  # the request field that asked for it
 
 
 @dataclass(frozen=True)
@@ -123,10 +155,12 @@ class ChatRequest:
     reasoning_effort: str | None
     sampling: Sampling
     logprobs: int | None  # None: no logprobs; k: top-k alternatives per token
+    tool_choice: Any = "auto"  # "auto" | "none" | "required" | {"type": "function", "function": {"name": ...}}
 
 
 def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
     f = Fields(body)
+    f.known(COMPLETION_FIELDS)
     for name, neutral in (("echo", False), ("suffix", None), ("best_of", 1)):
         f.unsupported(name, neutral)
     return CompletionRequest(
@@ -139,19 +173,17 @@ def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
 
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     f = Fields(body)
+    f.known(CHAT_FIELDS)
+    f.unsupported("parallel_tool_calls", True)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_field("messages", "expected a non-empty list of messages")
     tool_choice = f.get("tool_choice", "auto")
-    if tool_choice not in ("auto", "none"):
-        raise bad_field("tool_choice", f"only 'auto' and 'none' are supported, got {json.dumps(tool_choice)}")
     tools = f.get("tools")
     if tools is not None:
         check_tools(tools, "tools")
     _check_messages_json(messages)
-    response_format = f.obj("response_format")
-    if response_format.get("type", "text") != "text":
-        raise bad_field("response_format.type", "only 'text' is supported")
+    _check_tool_choice(tool_choice, tools)
     want_logprobs = f.boolean("logprobs", False)
     top_logprobs = f.integer("top_logprobs", 0, 0, MAX_LOGPROBS)
     if top_logprobs and not want_logprobs:
@@ -160,6 +192,17 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     if effort is not None and effort not in REASONING_EFFORTS:
         raise bad_field("reasoning_effort", f"expected one of {', '.join(REASONING_EFFORTS)}, got {effort!r}")
     use_tools = bool(tools) and tool_choice != "none"
+    sampling = _sampling(f, default_max_tokens=None)
+    response_format = _response_format(f.obj("response_format"))
+    if response_format is not None:
+        if sampling.structured is not None:
+            raise bad_field("response_format", f"cannot be combined with {sampling.structured_field}")
+        sampling = replace(sampling, structured=response_format, structured_field="response_format")
+    if sampling.structured is not None and tool_choice not in ("auto", "none"):
+        raise bad_field("tool_choice", f"cannot be combined with {sampling.structured_field}")
+    if _thinking(f) and (sampling.structured is not None or tool_choice not in ("auto", "none")):
+        field = sampling.structured_field or "tool_choice"
+        raise bad_field(field, "is not supported with thinking enabled (it would constrain the reasoning)")
     return ChatRequest(
         model=f.string("model"),
         messages=messages,
@@ -167,8 +210,9 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
         parse_tools=use_tools,
         thinking_mode="thinking" if _thinking(f) else "chat",
         reasoning_effort=REASONING_EFFORTS.get(effort) if effort else None,
-        sampling=_sampling(f, default_max_tokens=None),
+        sampling=sampling,
         logprobs=top_logprobs if want_logprobs else None,
+        tool_choice=tool_choice,
     )
 
 
@@ -197,6 +241,96 @@ def check_fan_out(num_prompts: int, n: int, limit: int, param: str) -> None:
             f"sequences per request (--max-seqs-per-request)", param=param, code="too_many_sequences")
 
 
+def _check_tool_choice(tool_choice: Any, tools: Any) -> None:
+    if tool_choice in ("auto", "none"):
+        return
+    if tool_choice == "required" or isinstance(tool_choice, dict):
+        if not tools:
+            raise bad_field("tool_choice", f"{json.dumps(tool_choice)} needs a non-empty tools list")
+    if tool_choice == "required":
+        return
+    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    if not (isinstance(tool_choice, dict) and tool_choice.get("type") == "function" and isinstance(name, str)):
+        raise bad_field("tool_choice", "expected 'auto', 'none', 'required' or "
+                        f'{{"type": "function", "function": {{"name": ...}}}}, got {json.dumps(tool_choice)}')
+    names = [t.get("function", {}).get("name") for t in tools if isinstance(t, dict)]
+    if name not in names:
+        raise bad_field("tool_choice.function.name", f"{name!r} is not one of the tools ({', '.join(map(str, names))})")
+
+
+def _response_format(fmt: dict[str, Any]) -> StructuredOutputsParams | None:
+    kind = fmt.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if kind != "json_schema":
+        raise bad_field("response_format.type", f"expected 'text', 'json_object' or 'json_schema', got {json.dumps(kind)}")
+    spec = fmt.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise bad_field("response_format.json_schema.schema", "expected a JSON schema object")
+    return _checked(StructuredOutputsParams, dict(json=schema), "response_format.json_schema.schema")
+
+
+def _structured(f: Fields) -> tuple[StructuredOutputsParams | None, str | None]:
+    """vLLM's guided_json / guided_regex / guided_choice / guided_grammar, or its newer
+    `structured_outputs: {"json" | "regex" | "choice" | "grammar" | "json_object": ...}`: at most one."""
+    given = [name for name in (*GUIDED, "structured_outputs") if f.body.get(name) is not None]
+    if not given:
+        return None, None
+    if len(given) > 1:
+        raise bad_field(given[1], f"cannot be combined with {given[0]}")
+    name = given[0]
+    value = f.body[name]
+    if name == "structured_outputs":
+        spec = f.obj(name)
+        unknown = [k for k in spec if k not in STRUCTURED_KEYS]
+        if unknown:
+            raise bad_field(f"{name}.{unknown[0]}", "is not supported by this server")
+        set_keys = [k for k in STRUCTURED_KEYS if spec.get(k) not in (None, False)]
+        if len(set_keys) != 1:
+            raise bad_field(name, f"needs exactly one of {', '.join(STRUCTURED_KEYS)}")
+        field = f"{name}.{set_keys[0]}"
+        return _checked(StructuredOutputsParams, {set_keys[0]: spec[set_keys[0]]}, field), field
+    if name == "guided_json" and not isinstance(value, (dict, str)):
+        raise bad_field(name, f"expected a JSON schema (an object or its JSON text), got {_kind(value)}")
+    return _checked(StructuredOutputsParams, {GUIDED[name]: value}, name), name
+
+
+def _checked(make, kwargs: dict, field: str):
+    """`make(**kwargs)` and a compile check of the constraint; a ValueError becomes a 400 naming `field`."""
+    from v4serve.engine.structured_output import check_structured_outputs
+
+    try:
+        params = make(**kwargs)
+        check_structured_outputs(params, field)
+    except ValueError as e:
+        message = str(e)
+        raise bad_field(field, message[len(field) + 2:] if message.startswith(field + ":") else message) from None
+    return params
+
+
+def _logit_bias(value: Any) -> dict[int, float] | None:
+    """OpenAI's {"token id": bias}: keys are token ids as strings (or integers), biases clamped to [-100, 100]."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise bad_field("logit_bias", f"expected an object of token id -> bias, got {_kind(value)}")
+    out = {}
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise bad_field("logit_bias", f"keys must be token ids, got {json.dumps(key)}") from None
+        if token < 0:
+            raise bad_field("logit_bias", f"token ids must be >= 0, got {token}")
+        if not isinstance(bias, (int, float)) or isinstance(bias, bool) or bias != bias:
+            raise bad_field("logit_bias", f"bias of token {token} must be a number, got {_kind(bias)}")
+        out[token] = max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(bias)))
+    return out
+
+
 def _thinking(f: Fields) -> bool:
     """DeepSeek's `thinking: {"type": ...}` or the `chat_template_kwargs.thinking` switch."""
     thinking = f.obj("thinking")
@@ -211,9 +345,13 @@ def _thinking(f: Fields) -> bool:
 
 
 def _sampling(f: Fields, default_max_tokens: int | None) -> Sampling:
-    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
-        f.unsupported(name, 1.0 if name == "repetition_penalty" else 0)
-    f.unsupported("logit_bias", {})
+    structured, structured_field = _structured(f)
+    stop_token_ids = f.get("stop_token_ids", [])
+    if not isinstance(stop_token_ids, list) or not all(_is_token(t) and t >= 0 for t in stop_token_ids):
+        raise bad_field("stop_token_ids", "expected a list of non-negative token ids")
+    prompt_logprobs = f.integer("prompt_logprobs", None, 0, MAX_LOGPROBS)
+    if prompt_logprobs is not None and f.get("stream", False) is True:
+        raise bad_field("prompt_logprobs", "is not supported with stream: true")
     max_tokens = f.integer("max_completion_tokens", None, 1)
     if max_tokens is None:
         max_tokens = f.integer("max_tokens", default_max_tokens, 1)
@@ -239,6 +377,16 @@ def _sampling(f: Fields, default_max_tokens: int | None) -> Sampling:
         min_tokens=min_tokens,
         stream=stream,
         include_usage=include_usage,
+        min_p=f.number("min_p", 0.0, 0.0, 1.0),
+        presence_penalty=f.number("presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=f.number("frequency_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=f.number("repetition_penalty", 1.0, 0.0, float("inf"), lo_open=True),
+        logit_bias=_logit_bias(f.get("logit_bias")),
+        stop_token_ids=tuple(stop_token_ids),
+        skip_special_tokens=f.boolean("skip_special_tokens", True),
+        prompt_logprobs=prompt_logprobs,
+        structured=structured,
+        structured_field=structured_field,
     )
 
 

@@ -80,6 +80,15 @@ class LogprobFormatter:
             content.append(item)
         return {"content": content}
 
+    def prompt(self, positions: list[PositionLogprobs | None] | None) -> list | None:
+        """vLLM's `prompt_logprobs`: per prompt token None (the first) or {token id: {"logprob",
+        "rank", "decoded_token"}} for the top-N plus the actual token."""
+        if positions is None:
+            return None
+        return [None if entry is None else {
+            str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": self.token(t)} for t, lp in entry.items()
+        } for entry in positions]
+
     def _chat_entry(self, token_id: int, logprob: float) -> dict:
         text = self.token(token_id)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}

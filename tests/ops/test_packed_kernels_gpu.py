@@ -1,0 +1,82 @@
+"""Kernels over packed KV rows at the PR shapes on the GPU (`pytest -m gpu tests/ops`): attention and
+indexer over packed rows against the same kernels over the rows dequantized by the torch reference
+(bit-identical: the dequantization is exact and the math after it is the same).
+
+Attention pools are fp8_e8m0_b64_rope64 rows of the bench cases (v4serve/bench/shapes.py, the
+FreeToken PR shapes by name), index keys fp4_e8m0_b32. Three comparisons per attention shape:
+- the production launch over packed rows against the same tiles over the unpacked bf16 rows;
+- the same against the whole-tile kernel at those tiles without QK_SLICE (prefill and split-K
+  decode: the sliced kernel's chain of dots must accumulate like one dot on the tensor cores);
+- at the decode shapes, the torch reference over the unpacked rows within bf16 rounding.
+"""
+
+import pytest
+import torch
+from cases import rel_err
+
+from v4serve.bench.shapes import all_shapes, indexer_case, sparse_decode_case, sparse_prefill_case
+from v4serve.ops.indexer import index_scores
+from v4serve.ops.kv_pack import pack_rows, unpack_rows
+from v4serve.ops.sparse_attn import sparse_attn_paged
+from v4serve.ops.sparse_attn_triton import decode_config, prefill_config, sparse_attn_paged_triton
+
+pytestmark = pytest.mark.gpu
+
+KV_FORMAT, INDEX_FORMAT = "fp8_e8m0_b64_rope64", "fp4_e8m0_b32"
+SHAPES = all_shapes()
+ATTN_SHAPES = [n for n, (kind, _) in SHAPES.items() if kind in ("prefill", "decode")]
+INDEXER_SHAPES = [n for n, (kind, _) in SHAPES.items() if kind == "indexer"]
+
+
+def _packed_case(name):
+    kind, args = SHAPES[name]
+    case = (sparse_prefill_case if kind == "prefill" else sparse_decode_case)(*args, device="cuda", seed=len(name))
+    q, win, cmp, idx, n_window, sink, scale, counts = case.args()
+    pw, pc = pack_rows(win, KV_FORMAT), pack_rows(cmp, KV_FORMAT)
+    D = q.shape[-1]
+    uw, uc = unpack_rows(pw, KV_FORMAT, D, impl="torch"), unpack_rows(pc, KV_FORMAT, D, impl="torch")
+    return kind, (q, idx, n_window, sink, scale, counts), (pw, pc), (uw, uc)
+
+
+def _same_bits(a, b):
+    return a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+@pytest.mark.parametrize("name", ATTN_SHAPES)
+def test_attention_over_packed_rows_is_the_bf16_kernel_over_unpacked_rows(name):
+    kind, (q, idx, n_window, sink, scale, counts), (pw, pc), (uw, uc) = _packed_case(name)
+    B, M = q.shape[:2]
+    tiles = prefill_config(q.device, q.shape[-1], packed=True) if M > 1 else decode_config(B, idx.shape[-1], packed=True)
+    out = sparse_attn_paged(q, pw, pc, idx, n_window, sink, scale, counts, row_format=KV_FORMAT, impl="triton")
+    ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts, tile_config=dict(tiles))
+    assert not out.isnan().any() and out.abs().amax() > 0
+    assert _same_bits(out, ref), f"{name}: packed vs bf16 rows at {tiles}: rel err {rel_err(out, ref):.3g}"
+    if kind == "decode":
+        torch_ref = sparse_attn_paged(q.float(), uw.float(), uc.float(), idx, n_window, sink, scale, counts,
+                                      impl="torch")
+        assert rel_err(out, torch_ref) < 1e-2
+
+
+@pytest.mark.parametrize("name", [n for n in ATTN_SHAPES if "B8" not in n])  # B8: the two-pass kernels
+def test_sliced_scores_have_the_bits_of_the_whole_tile_dot(name):
+    _, (q, idx, n_window, sink, scale, counts), (pw, pc), (uw, uc) = _packed_case(name)
+    B, M = q.shape[:2]
+    tiles = prefill_config(q.device, q.shape[-1], packed=True) if M > 1 else decode_config(B, idx.shape[-1], packed=True)
+    assert tiles.get("QK_SLICE")
+    whole = {k: v for k, v in tiles.items() if k != "QK_SLICE"}
+    out = sparse_attn_paged(q, pw, pc, idx, n_window, sink, scale, counts, row_format=KV_FORMAT, impl="triton")
+    ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts, tile_config=whole)
+    assert _same_bits(out, ref), f"{name}: sliced vs whole-tile S at {whole}: rel err {rel_err(out, ref):.3g}"
+
+
+@pytest.mark.parametrize("name", INDEXER_SHAPES)
+def test_index_scores_over_packed_keys_are_the_bf16_kernel_over_unpacked_keys(name):
+    _, args = SHAPES[name]
+    q, w, k_pool, key_rows, n_visible = indexer_case(*args, device="cuda", seed=len(name))
+    packed = pack_rows(k_pool, INDEX_FORMAT)
+    unpacked = unpack_rows(packed, INDEX_FORMAT, k_pool.shape[1], impl="torch")
+    out = index_scores(q, w, packed, key_rows, n_visible, row_format=INDEX_FORMAT, impl="triton")
+    ref = index_scores(q, w, unpacked, key_rows, n_visible, impl="triton")
+    finite = torch.isfinite(ref)
+    assert finite.any() and torch.equal(torch.isfinite(out), finite)
+    assert torch.equal(out, ref), f"{name}: max |diff| {(out - ref)[finite].abs().max():.3g}"

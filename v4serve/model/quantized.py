@@ -1,0 +1,107 @@
+"""Modules whose weights stay in the checkpoint's quantized formats.
+
+FP8 block-scaled linear (`FP8Linear`), the official dense format:
+
+    weight        float8_e4m3fn [N, K]                       e4m3 codes
+    weight_scale_inv  float32 [ceil(N/bn), ceil(K/bk)]       one multiplier per (bn, bk) block
+    W[n, k] = float(weight[n, k]) * weight_scale_inv[n // bn, k // bk]
+    y = x W^T            (fp8_linear: weight-only numerics, or with act_block the official
+                          e4m3 activation quantization per act_block channels)
+
+ue8m0 checkpoint scales (F8_E8M0: byte b means 2^(b-127)) are widened to fp32 at load; they are
+one number per 128x128 block, so fp32 costs nothing. Partial blocks (N or K not a multiple of the
+block) use ceil, the last block covering the remainder.
+
+MXFP4 routed experts (`MXFP4Experts`), OCP MXFP4 along K:
+
+    gate_up_proj  uint8 [E, 2I, D/2]   packed e2m1 pairs: element 2j in the low nibble, 2j+1 high
+    gate_up_proj_scale_inv uint8 [E, 2I, D/32]   ue8m0 exponent byte per 32 elements along K
+    down_proj     uint8 [E, D, I/2],   down_proj_scale_inv uint8 [E, D, I/32]
+    W[e, n, k] = e2m1(code) * 2^(scale[e, n, k // 32] - 127)
+    e2m1 code c (4 bits): sign = c >> 3, magnitude = (0, .5, 1, 1.5, 2, 3, 4, 6)[c & 7]
+
+Rows 0..I-1 of gate_up are W1 (gate), rows I..2I-1 are W3 (up), as the bf16 `RoutedExperts`.
+The forward is `RoutedExperts`' (sort, two grouped matmuls around the clamped SwiGLU, combine)
+with `mxfp4_grouped_matmul` in place of `grouped_matmul`. The expert tensors can be handed in
+explicitly (`run(..., tensors=)`), which is how `ExpertOffload` runs them from its slots.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from v4serve.config import ModelConfig
+from v4serve.model.kernels import UsesKernels
+from v4serve.ops.fp8_linear import fp8_linear
+from v4serve.ops.moe_combine import moe_combine
+from v4serve.ops.moe_sort import moe_sort
+from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
+from v4serve.ops.swiglu import clamped_swiglu
+from v4serve.ops.weight_formats import MXFP4_BLOCK, dequantize_fp8_blocks, fp8_scale_shape
+
+MX_BLOCK = MXFP4_BLOCK  # elements along K per MXFP4 scale
+EXPERT_TENSORS = ("gate_up_proj", "gate_up_proj_scale_inv", "down_proj", "down_proj_scale_inv")
+
+
+class FP8Linear(UsesKernels, nn.Module):
+    """y = x W^T with W kept as e4m3 codes + fp32 block scales (see the module docstring)."""
+
+    def __init__(self, in_features: int, out_features: int, block: tuple[int, int], act_block: int | None = None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.block, self.act_block = tuple(block), act_block
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn),
+                                   requires_grad=False)
+        self.weight_scale_inv = nn.Parameter(
+            torch.empty(fp8_scale_shape(out_features, in_features, self.block), dtype=torch.float32), requires_grad=False
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8_linear(x, self.weight, self.weight_scale_inv, block=self.block, act_block=self.act_block,
+                          impl=self.impl)
+
+    def dequantized(self) -> torch.Tensor:
+        return dequantize_fp8_blocks(self.weight, self.weight_scale_inv, self.block)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, block={self.block}, act_block={self.act_block}"
+
+
+class MXFP4Experts(UsesKernels, nn.Module):
+    """The routed experts of one layer in MXFP4 (see the module docstring for the layout)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        e, d, i = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
+        for name, k in (("hidden_size", d), ("moe_intermediate_size", i)):
+            if k % MX_BLOCK:
+                raise ValueError(f"MXFP4 experts need `{name}` ({k}) to be a multiple of {MX_BLOCK}")
+        self.n_experts, self.limit = e, config.swiglu_limit
+        u8 = dict(dtype=torch.uint8)
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, d // 2, **u8), requires_grad=False)
+        self.gate_up_proj_scale_inv = nn.Parameter(torch.empty(e, 2 * i, d // MX_BLOCK, **u8), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(e, d, i // 2, **u8), requires_grad=False)
+        self.down_proj_scale_inv = nn.Parameter(torch.empty(e, d, i // MX_BLOCK, **u8), requires_grad=False)
+        self.offload = None  # an ExpertOffload (engine/offload.py) when some experts live in host memory
+
+    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+                add: torch.Tensor | None = None) -> torch.Tensor:
+        if self.offload is not None:
+            return self.offload.run(self, x, experts, weights, add)
+        return self.run(x, experts, weights, add, [getattr(self, n) for n in EXPERT_TENSORS])
+
+    def run(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+            add: torch.Tensor | None, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """`RoutedExperts.forward` over `tensors` (EXPERT_TENSORS order, leading dim = groups):
+        expert ids index their leading dim. No host synchronisation."""
+        gate_up, gate_up_scale, down, down_scale = tensors
+        rows, ends, pos = moe_sort(experts, gate_up.shape[0], impl=self.impl)
+        gate, up = mxfp4_grouped_matmul(x, gate_up, gate_up_scale, rows, ends, impl=self.impl).chunk(2, dim=-1)
+        hidden = clamped_swiglu(gate, up, self.limit, impl=self.impl)
+        y = mxfp4_grouped_matmul(hidden, down, down_scale, None, ends, impl=self.impl)
+        return moe_combine(y, pos, weights, add, impl=self.impl)
+
+    def expert_bytes(self) -> int:
+        """Bytes of one expert (its four tensors)."""
+        return sum(getattr(self, n)[0].numel() * getattr(self, n).element_size() for n in EXPERT_TENSORS)

@@ -1,0 +1,85 @@
+"""Install the quantized modules into a built (meta) model: a build-time transformation.
+
+Which modules: for a checkpoint, what its tensors are (an F8_E4M3 weight makes its linear an
+`FP8Linear`, packed e2m1 experts make the layer's experts `MXFP4Experts`); for a preset, the
+official layout (`OFFICIAL_FP8` below, MXFP4 experts when `expert_dtype` is fp4).
+
+`o_a_proj` (the official `wo_a`) is FP8 on disk, but the grouped output projection multiplies
+each head group by its own row block (an einsum over the weight); the official inference code
+dequantizes this one weight to BF16 when it converts the checkpoint, and so do we: at load, into
+the model dtype (`DEQUANTIZE_AT_LOAD`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from v4serve.config import ModelConfig, QuantConfig
+from v4serve.model.quantized import FP8Linear, MXFP4Experts
+
+# Linears that run as `module(x)` and may be FP8: the official checkpoint's FP8 set (suffixes
+# under `model.layers.N.`).
+OFFICIAL_FP8 = (
+    "self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_proj", "self_attn.o_b_proj",
+    "self_attn.compressor.indexer.q_b_proj",
+    "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj",
+)
+DEQUANTIZE_AT_LOAD = ("self_attn.o_a_proj",)
+EXPERTS = "mlp.experts"
+
+
+def layer_suffix(module_name: str) -> str | None:
+    """`model.layers.3.self_attn.q_a_proj` -> `self_attn.q_a_proj`; None outside the layers."""
+    parts = module_name.split(".")
+    if len(parts) > 3 and parts[0] == "model" and parts[1] == "layers" and parts[2].isdigit():
+        return ".".join(parts[3:])
+    return None
+
+
+@dataclass
+class QuantPlan:
+    """Module names (full dotted names) per treatment."""
+
+    fp8: set[str] = field(default_factory=set)
+    mxfp4: set[str] = field(default_factory=set)
+    dequantize: set[str] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.fp8 or self.mxfp4 or self.dequantize)
+
+
+def official_plan(net: nn.Module, config: ModelConfig) -> QuantPlan:
+    """The official checkpoint's layout, for presets with `quantization` set."""
+    plan = QuantPlan()
+    q = config.quantization
+    if q is None:
+        return plan
+    if q.expert_dtype == "fp8":
+        raise ValueError("FP8 routed experts (expert_dtype fp8) are not supported yet; use fp4 or bf16")
+    for name, _ in net.named_modules():
+        suffix = layer_suffix(name)
+        if suffix in OFFICIAL_FP8:
+            plan.fp8.add(name)
+        elif suffix == EXPERTS and q.expert_dtype == "fp4":
+            plan.mxfp4.add(name)
+    return plan
+
+
+def install(net: nn.Module, plan: QuantPlan, quant: QuantConfig | None, config: ModelConfig) -> None:
+    """Swap the planned modules (on whatever device the model is; meta costs nothing)."""
+    if plan.fp8 and quant is None:
+        raise ValueError("FP8 modules need a quantization config (weight_block_size)")
+    for name in sorted(plan.fp8 | plan.mxfp4):
+        parent_name, _, child = name.rpartition(".")
+        parent = net.get_submodule(parent_name)
+        old = getattr(parent, child)
+        with torch.device(next(old.parameters()).device):  # meta while building: no memory
+            if name in plan.fp8:
+                new = FP8Linear(old.in_features, old.out_features, quant.weight_block_size, quant.act_block)
+            else:
+                new = MXFP4Experts(config)
+        new.impl = getattr(old, "impl", "auto")  # model/kernels.py binds it again with the rest
+        setattr(parent, child, new)
