@@ -37,6 +37,8 @@ class EngineArgs:
     # Speculative decoding, as vLLM spells it: {"method": "mtp", "num_speculative_tokens": k}
     # (the checkpoint's MTP layer drafts k tokens, the model verifies them in one step; runs eagerly).
     speculative_config: dict[str, Any] | None = None
+    tensor_parallel_size: int = 1  # processes (GPUs), one per rank, started by v4serve; the model is split across them
+    enable_expert_parallel: bool = False  # with tensor_parallel_size > 1: split routed experts by expert, not by channel
     progress: bool = True
     quantization: str | None = None  # override config.json: "fp8", "fp8-reference", "none" (config.QUANTIZATION_CHOICES)
     cpu_offload_gb: float | str = 0  # GiB of routed experts in pinned host memory, or "auto" (engine/offload.py)

@@ -5,10 +5,16 @@ projections fused, the layer plan for the cache's `kv_cache_dtype` (`v4serve/lay
 the memory budget solved from that plan (`cache/budget.py`), the cache, and the decode runner
 (CUDA graphs). `prefill` and `decode` turn a step's tokens into logits; everything about requests
 lives in the engine.
+
+With `tensor_parallel_size` N > 1 the rank-0 runner starts ranks 1..N-1 (`parallel/launch.py`),
+each building its own runner with `group`; the model is cut to the rank's part as it is built
+(`parallel/shard.py`), every rank's KV cache holds the pages the smallest rank's memory allows,
+and each `prefill` / `decode` is sent to the workers before rank 0 runs it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -19,9 +25,12 @@ from v4serve.cache.budget import KVBudget, budget_for_pages, free_gpu_memory, so
 from v4serve.engine.args import EngineArgs, resolve_dtype
 from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.formats import CacheFormat
-from v4serve.layer_plan import ModelPlan, layer_plans, resolve_cache_format
 from v4serve.engine.offload import kv_reserve_bytes, memory_map
+from v4serve.layer_plan import ModelPlan, layer_plans, resolve_cache_format
 from v4serve.model.loader import build_model, offloads_of, resolve_config
+from v4serve.parallel.group import Group
+from v4serve.parallel.launch import Workers
+from v4serve.parallel.shard import refuse_unsupported, shard_model
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +49,16 @@ def kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, dev
 
 
 class ModelRunner:
-    def __init__(self, args: EngineArgs, device: torch.device, dtype: torch.dtype):
+    def __init__(self, args: EngineArgs, device: torch.device, dtype: torch.dtype, group: Group | None = None):
         self.device = device
         config = resolve_config(args.model, args.hf_overrides, args.quantization)
+        refuse_unsupported(config.quantization, args.cpu_offload_gb, args.enable_prefix_caching,
+                           args.tensor_parallel_size)
+        self.workers: Workers | None = None
+        if args.tensor_parallel_size > 1 and group is None:  # rank 0: start the other ranks
+            self.workers = Workers(args, device, dtype)
+            group = self.workers.group
+        self.group = group
         if config.v41 is not None:
             # DeepSeek-V4.1 defaults on any device: its reference's bf16 activations (its golden
             # outputs were made with them); resolve_cache_format gives it its native cache formats.
@@ -55,9 +71,16 @@ class ModelRunner:
         from v4serve.engine.speculative import SpeculativeConfig
 
         self.speculative = SpeculativeConfig.from_dict(args.speculative_config)
-        self.model, config = build_model(args.model, device, dtype, args.hf_overrides, args.progress,
-                                         args.quantization, args.cpu_offload_gb, reserve,
-                                         mtp=self.speculative is not None and self.speculative.method == "mtp")
+        if self.speculative is not None and args.tensor_parallel_size > 1:
+            raise ValueError("speculative_config with tensor_parallel_size > 1 is not supported yet (the other ranks "
+                             "do not replay the verification's rollback): future work")
+        shard = None if group is None else (lambda net: shard_model(net, group, args.enable_expert_parallel))
+        with self._guard("building the model"):
+            self.model, config = build_model(args.model, device, dtype, args.hf_overrides,
+                                             args.progress and (group is None or group.rank == 0),
+                                             args.quantization, args.cpu_offload_gb, reserve,
+                                             mtp=self.speculative is not None and self.speculative.method == "mtp",
+                                             shard=shard)
         self.model.fuse_projections()
         self.model.bind_kernels(args.kernels)
         self.config = config
@@ -71,6 +94,14 @@ class ModelRunner:
         geometry = CacheGeometry.from_plan(self.plan, config.page_size)
         pages_per_seq = -(-self.max_model_len // config.page_size)
         self.kv_budget = kv_budget(args, geometry, dtype, device, pages_per_seq, self.max_step_tokens(args))
+        if self.workers is not None:
+            self.workers.connect()
+        if group is not None:  # every rank holds the same pages: as many as the smallest rank's memory allows
+            with self._guard("sizing the KV cache"):
+                pages = group.all_reduce_min(self.kv_budget.num_pages)
+            if pages != self.kv_budget.num_pages:
+                self.kv_budget = budget_for_pages(geometry, dtype, pages, args.max_num_seqs, pages_per_seq,
+                                                  self.max_step_tokens(args))
         if self.kv_budget.num_pages < pages_per_seq:  # a long request would preempt itself forever
             raise ValueError(
                 f"the KV cache holds {self.kv_budget.num_pages} pages ({self.kv_budget.num_tokens} tokens), fewer "
@@ -95,6 +126,11 @@ class ModelRunner:
             and not offloads_of(self.model) and self.speculative is None,
             graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
         )
+        if self.workers is not None:
+            self.workers.record(self.cache)
+
+    def _guard(self, what: str):
+        return self.workers.guard(what) if self.workers is not None else contextlib.nullcontext()
 
     def banner(self) -> list[str]:
         """The start-up lines: what fits (vLLM's words), then every tier's bytes."""
@@ -114,8 +150,24 @@ class ModelRunner:
 
     def prefill(self, chunks: list[SequenceChunk], token_ids: list[int], logits_rows: list[int]) -> torch.Tensor:
         """Logits [len(logits_rows), vocab] of a step of chunks (prefill or mixed)."""
-        return self.model(self.cache.build_batch(chunks, token_ids, logits_rows), self.cache)
+        if self.workers is None:
+            return self.model(self.cache.build_batch(chunks, token_ids, logits_rows), self.cache)
+        self.workers.send("prefill", chunks, token_ids, logits_rows)
+        with self.workers.guard("running a prefill step"):
+            return self.model(self.cache.build_batch(chunks, token_ids, logits_rows), self.cache)
 
     def decode(self, token_ids: list[int] | torch.Tensor, positions: list[int], slots: list[int]) -> torch.Tensor:
         """Logits [n, vocab] of one token per sequence (graph-replayed on CUDA)."""
-        return self.decode_runner.run(token_ids, positions, slots)
+        if self.workers is None:
+            return self.decode_runner.run(token_ids, positions, slots)
+        on_device = isinstance(token_ids, torch.Tensor)
+        self.workers.send("decode", None if on_device else list(token_ids), list(positions), list(slots))
+        with self.workers.guard("running a decode step"):
+            if on_device:  # a continuation's sampled tokens go to the workers device to device
+                token_ids = self.group.broadcast(token_ids.to(torch.int64).contiguous())
+            return self.decode_runner.run(token_ids, positions, slots)
+
+    def close(self) -> None:
+        """Stop the other ranks (also done when the runner is garbage-collected or at exit)."""
+        if self.workers is not None:
+            self.workers.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -45,7 +45,7 @@ def resolve_config(model: str, overrides: dict[str, Any] | None = None, quantiza
 def build_model(
     model: str, device: torch.device | str, dtype: torch.dtype, overrides: dict[str, Any] | None = None,
     progress: bool = True, quantization: str | None = None, cpu_offload_gb: float | str = 0,
-    reserve_bytes: int = 0, mtp: bool = False,
+    reserve_bytes: int = 0, mtp: bool = False, shard: Callable[[DeepseekV4ForCausalLM], dict] | None = None,
 ) -> tuple[DeepseekV4ForCausalLM, ModelConfig]:
     """The model with weights: random (fixed seed) for presets, loaded for checkpoints.
 
@@ -55,14 +55,24 @@ def build_model(
     `device` (or, for offloaded experts, in pinned host memory) and filled. A failure after
     allocation frees what was allocated before it propagates. The quantized modules are
     `UsesKernels`: `bind_kernels` picks their implementation with the rest. `mtp`: with the
-    checkpoint's MTP layers (speculative decoding's draft; quantized like the decoder layers)."""
+    checkpoint's MTP layers (speculative decoding's draft; quantized like the decoder layers).
+
+    `shard` (`parallel/shard.py`) cuts the meta model to one tensor-parallel rank's part after the
+    quantized modules are installed; it returns the cuts, through which only this rank's weights
+    are generated / read (checked against the full shapes). Sharding quantized modules or
+    offloaded experts is future work: refused (`refuse_unsupported`)."""
     device = torch.device(device)
     config = resolve_config(model, overrides, quantization)
     if config.v41 is not None and mtp:
         raise ValueError("speculative decoding with MTP: DeepSeek-V4.1's DSpark draft stages are not supported")
+    if shard is not None:
+        from v4serve.parallel.shard import refuse_unsupported
+        refuse_unsupported(config.quantization, cpu_offload_gb)
     if config.v41 is not None:  # DeepSeek-V4.1: official-format checkpoints (model/v41_weights.py)
         if is_preset(model):
             raise ValueError(f"preset {model!r}: DeepSeek-V4.1 presets are not available yet")
+        if shard is not None:
+            raise NotImplementedError("tensor_parallel_size > 1 for DeepSeek-V4.1 is not supported yet (future work)")
         from v4serve.model.v41_weights import build_v41_model
         return build_v41_model(model, config, device, dtype), config
     with torch.device("meta"):
@@ -70,12 +80,13 @@ def build_model(
     for name, p in net.named_parameters():  # still on "meta": costs no memory
         if p.is_floating_point() and not any(frag in name for frag in FP32_PARAMETERS):
             p.data = p.data.to(dtype)
-    scan = None
+    scan, shards = None, None
     if is_preset(model):
         install(net, official_plan(net, config), config.quantization, config)
+        shards = shard(net) if shard is not None else None
     else:
         scan = scan_checkpoint(net, Path(model), config,
-                               lambda plan: install(net, plan, config.quantization, config))
+                               lambda plan: install(net, plan, config.quantization, config), shard=shard)
     placement = plan_placement(net, config, cpu_offload_gb, device, reserve_bytes)
     offloads = {}
     try:
@@ -89,9 +100,10 @@ def build_model(
             module.offload = offloads[name]
         net.to_empty(device=device)
         if scan is None:
-            init_random_weights(net, config, seed=PRESET_SEED)
+            init_random_weights(net, config, seed=PRESET_SEED, shards=shards)
         else:
-            copy_weights(scan, _writer(net, offloads), device, progress=progress)
+            cut = {"params": dict(net.named_parameters()) | dict(net.named_buffers())} if shard is not None else {}
+            copy_weights(scan, _writer(net, offloads), device, progress=progress, **cut)
     except BaseException:
         net.to_empty(device="meta")
         for name in offloads:
@@ -132,9 +144,12 @@ def offloads_of(net: torch.nn.Module) -> list[ExpertOffload]:
 
 
 @torch.no_grad()
-def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: int) -> None:
+def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: int,
+                        shards: dict | None = None) -> None:
     """Deterministic random weights: N(0, 0.02) matrices, unit norms and mHC scales, zero biases,
-    random hash-routing tables. Generated on the model's device, parameter by parameter.
+    random hash-routing tables. Generated on the model's device, parameter by parameter; a cut
+    parameter (`shards`, `parallel/shard.py`) draws its full values and keeps its part, so every
+    rank count gets the same model.
     Quantized weights come in their formats: random e4m3 codes of N(0, 1) with power-of-two block
     scales 2^-7..2^-5; random packed e2m1 bytes with ue8m0 scales 2^-8..2^-6 (std ~0.01-0.05)."""
     device = net.lm_head.weight.device
@@ -164,8 +179,15 @@ def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: i
         elif name.endswith(("base", "hc_base", "sinks", "position_bias", "e_score_correction_bias")):
             t.zero_()
         else:  # slice by slice: a stacked expert tensor's fp32 temporary would not fit beside the model
-            for part in (t if t.dim() == 3 else [t]):
-                part.copy_(torch.randn(part.shape, generator=gen, device=device, dtype=torch.float32).mul_(0.02))
+            spec = shards.get(name) if shards else None
+            shape = spec.full_shape if spec is not None else tuple(t.shape)
+            for e in (range(shape[0]) if len(shape) == 3 else [None]):
+                values = torch.randn(shape[1:] if e is not None else shape, generator=gen, device=device,
+                                     dtype=torch.float32).mul_(0.02)
+                if spec is not None:
+                    spec.copy_part(t, e, values)
+                else:
+                    (t if e is None else t[e]).copy_(values)
 
 
 class _ExpertRows:

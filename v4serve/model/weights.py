@@ -214,6 +214,7 @@ _SECTION_ORDER = (
     "missing tensors",
     "unexpected tensors",
     "tensors with the wrong shape",
+    "quantized tensors of a tensor-parallel model (sharding them is future work)",
 )
 
 
@@ -237,6 +238,7 @@ class Job:
     kind: str
     scale: Entry | None = None
     block: tuple[int, int] | None = None  # dequantize: the FP8 block
+    shard: Any = None  # parallel/shard.py ShardSpec: only this rank's part is read
 
 
 @dataclass
@@ -252,10 +254,15 @@ def _module_of(param: str) -> str:
     return param.rpartition(".")[0]
 
 
-def scan_checkpoint(net: torch.nn.Module, path: Path, config: ModelConfig, install) -> CheckpointScan:
+def scan_checkpoint(net: torch.nn.Module, path: Path, config: ModelConfig, install, shard=None) -> CheckpointScan:
     """Read every shard header, decide the quantized modules from the tensors' dtypes, `install`
     them (a callback taking a QuantPlan) on the meta model, and check every tensor. Any problem:
-    ONE WeightsError naming every bad tensor, before anything is allocated."""
+    ONE WeightsError naming every bad tensor, before anything is allocated.
+
+    `shard(net)` (`parallel/shard.py`), run after `install`, cuts the model to one tensor-parallel
+    rank's part and returns its ShardSpecs by parameter name: a cut target's checkpoint tensor is
+    checked against the FULL shape (`full_shape`, of the target's expert / rows); tensors of other
+    ranks' experts (expert parallel) get no job and are not missing."""
     from v4serve.model.quantized_install import DEQUANTIZE_AT_LOAD, EXPERTS, OFFICIAL_FP8, QuantPlan, layer_suffix
 
     files = checkpoint_files(path)
@@ -317,6 +324,7 @@ def scan_checkpoint(net: torch.nn.Module, path: Path, config: ModelConfig, insta
             "size is unknown); pass quantization='fp8' to assume the official 128x128 blocks"
         )
     install(plan)
+    shards = shard(net) if shard is not None else {}
     params = dict(net.named_parameters()) | dict(net.named_buffers())
 
     # 2. Shapes and dtypes against the installed modules; scales to their weights.
@@ -325,7 +333,10 @@ def scan_checkpoint(net: torch.nn.Module, path: Path, config: ModelConfig, insta
     scale_of = {base: e for e, base in scales}
     block = config.quantization.weight_block_size if config.quantization else None
     for e, target in weights:
-        dest = _dest(params[target.name], target)
+        spec = shards.get(target.name)
+        if spec is not None and target.expert is not None and spec.dim == 0 and target.expert not in spec.keep:
+            continue  # another rank's expert
+        dest = _dest(params[target.name], target) if spec is None else _full(spec, target)
         module = _module_of(target.name)
         if module in plan.dequantize:
             kind = "dequantize"
@@ -367,13 +378,16 @@ def scan_checkpoint(net: torch.nn.Module, path: Path, config: ModelConfig, insta
                 _mark(loaded, scale_target)
         elif scale is not None:
             bad("scales of weights that are not quantized", scale.key)
-        jobs.append(Job(e, target, kind, *((scale, block) if kind == "dequantize" else ())))
+        if spec is not None and (kind != "plain" or scale is not None):
+            bad("quantized tensors of a tensor-parallel model (sharding them is future work)", e.key)
+            continue
+        jobs.append(Job(e, target, kind, *((scale, block) if kind == "dequantize" else ()), shard=spec))
         _mark(loaded, target)
     for e in scale_of.values():  # scales of weights not rejected above (those are reported already)
         base = scale_base(e.key)
         if not any(line.split(" ")[0].rstrip(":") == base for lines in problems.values() for line in lines):
             bad("scales of weights that are not quantized", e.key)
-    missing = [name for name, parts in loaded.items() if not _complete(name, parts, params, config)]
+    missing = [name for name, parts in loaded.items() if not _complete(name, parts, config, shards.get(name))]
     if missing:
         problems["missing tensors"] = missing
     if problems or file_problems:
@@ -396,27 +410,38 @@ def _dest(param: torch.Tensor, target: Target) -> torch.Tensor:
     return dest
 
 
+def _full(spec, target: Target) -> torch.Tensor:
+    """A meta tensor of the shape the checkpoint holds for `target` of a cut parameter (`spec`)."""
+    full = torch.empty(spec.full_shape, device="meta")
+    return _dest(full, target)
+
+
 def _mark(loaded: dict[str, set], target: Target) -> None:
     loaded[target.name].add((target.expert, None if target.rows is None else target.rows.start))
 
 
-def _complete(name: str, parts: set, params: dict[str, torch.Tensor], config: ModelConfig) -> bool:
-    """Whole tensors are complete once loaded; fused expert tensors need every expert (and both halves)."""
+def _complete(name: str, parts: set, config: ModelConfig, spec=None) -> bool:
+    """Whole tensors are complete once loaded; fused expert tensors need every expert (and both
+    halves): with expert parallelism (`spec` cutting experts), every expert of this rank."""
     if not parts:
         return False
     if (None, None) in parts:
         return True
     halves = 2 if name.endswith(("gate_up_proj", "gate_up_proj" + _SCALE_PARAM)) else 1
-    return len(parts) == config.n_routed_experts * halves
+    experts = len(spec.keep) if spec is not None and spec.dim == 0 else config.n_routed_experts
+    return len(parts) == experts * halves
 
 
 @torch.no_grad()
-def copy_weights(scan: CheckpointScan, write, device: torch.device, progress: bool = True) -> None:
+def copy_weights(scan: CheckpointScan, write, device: torch.device, progress: bool = True,
+                 params: dict[str, torch.Tensor] | None = None) -> None:
     """Run the copies one tensor at a time from the memory-mapped shards (safe_open): each tensor
     is read, put in its stored form (e4m3 codes, fp32 block scales, packed bytes, or for
     `dequantize` jobs the model dtype, computed on `device`) and handed to `write(target, value)`,
     which copies it straight to its place (device, or pinned host memory for offloaded experts).
-    A progress bar in GB and GB/s."""
+    A progress bar in GB and GB/s. A job of a cut parameter (`job.shard`, tensor parallel) reads
+    only this rank's part (`ShardSpec.read` on safe_open's `get_slice`) into its place in
+    `params[job.target.name]` (the materialised parameters by name)."""
     from v4serve.ops.weight_formats import decode_ue8m0, dequantize_fp8_blocks
 
     handles: dict[Path, Any] = {}
@@ -432,6 +457,16 @@ def copy_weights(scan: CheckpointScan, write, device: torch.device, progress: bo
     with tqdm(total=scan.total_bytes, desc="Loading weights", unit="B", unit_scale=True, unit_divisor=1000,
               disable=not progress) as bar:
         for job in scan.jobs:
+            if job.shard is not None:
+                if job.entry.file not in handles:
+                    handles[job.entry.file] = safe_open(str(job.entry.file), framework="pt")
+                placed = job.shard.read(handles[job.entry.file].get_slice(job.entry.key), params[job.target.name],
+                                        job.target.expert, job.target.rows)
+                assert placed is not None, job.entry.key  # other ranks' experts have no job
+                dest, t = placed
+                dest.copy_(t.to(dest.dtype))
+                bar.update(job.entry.nbytes)
+                continue
             t = read(job.entry)
             if job.kind == "fp8":
                 t = t.view(torch.float8_e4m3fn)

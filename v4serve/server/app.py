@@ -117,6 +117,7 @@ def create_app(engine: Engine, model_name: str, max_body_bytes: int = MAX_BODY_B
         return PlainTextResponse(metrics.render(ctx.engine_loop.snapshot),
                                  media_type="text/plain; version=0.0.4")
 
+    app.state.engine_loop = ctx.engine_loop
     return app
 
 

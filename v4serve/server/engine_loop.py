@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from v4serve.engine import Engine, RequestOutput, SamplingParams
+from v4serve.parallel.launch import RankDied
 from v4serve.server.metrics import Metrics
 
 log = logging.getLogger("v4serve.server")
@@ -62,6 +63,7 @@ class EngineLoop:
         self._commands: list[Callable[[], None]] = []
         self._tracked: dict[str, _Tracked] = {}
         self._stopping = False
+        self.on_fatal: Callable[[BaseException], None] | None = None  # the server stops itself (`serve.py`)
         self._pending = 0  # submitted, not yet added to the engine (under _cond)
         self._waiting = 0  # the scheduler's waiting queue, as last seen by the engine thread (under _cond)
         self._thread = threading.Thread(target=self._run, name="v4serve-engine", daemon=True)
@@ -149,6 +151,14 @@ class EngineLoop:
     def _step(self) -> None:
         try:
             outputs = self._engine.step()
+        except RankDied as e:  # a tensor-parallel rank is gone: nothing can run any more; stop serving
+            log.critical("%s", e)
+            self._fail_all(e)
+            with self._cond:
+                self._stopping = True
+            if self.on_fatal is not None:
+                self.on_fatal(e)
+            return
         except Exception as e:  # a bug: fail the requests in flight, keep serving
             log.exception("engine step failed; failing %d requests", len(self._tracked))
             self._fail_all(e)

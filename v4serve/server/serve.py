@@ -112,7 +112,18 @@ def serve(args: argparse.Namespace, make_engine: Callable[[EngineArgs], Engine] 
                             log_config=_log_config(args.log_level), timeout_graceful_shutdown=None,
                             access_log=args.log_level == "debug")
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+    fatal: list[BaseException] = []
+
+    def stop(error: BaseException) -> None:  # a tensor-parallel rank died (RankDied)
+        fatal.append(error)
+        server.should_exit = True
+
+    app.state.engine_loop.on_fatal = stop
+    server.run()
+    if fatal:
+        print(f"v4serve: stopped: {fatal[0]}", file=sys.stderr)
+        return 1
     return 0
 
 
