@@ -14,6 +14,7 @@ import argparse
 import hashlib
 import json
 import sys
+import time
 
 import torch
 import triton
@@ -181,31 +182,35 @@ def sha256(t: torch.Tensor) -> str:
     return hashlib.sha256(raw.numpy().tobytes()).hexdigest()[:16]
 
 
-def run(names, cold: bool, device="cuda"):
+def run(names, cold: bool, device="cuda", log=sys.stderr):
+    """Yield one row per shape, in order, as soon as it is measured (a time limit keeps the rows
+    already printed)."""
     shapes = all_shapes()
-    built = {n: build(*shapes[n], device) for n in names}
+    built = {}
+    for n in names:
+        t0 = time.perf_counter()
+        built[n] = build(*shapes[n], device)
+        print(f"# built {n} ({time.perf_counter() - t0:.1f} s)", file=log, flush=True)
     best = {n: float("inf") for n in names}
     for _ in range(2):
         for n in names:
             best[n] = min(best[n], time_hot(built[n][0]))
-    rows = []
     for n in names:
         fn, nbytes, flops, set_bytes = built[n][:4]
         peak = built[n][4] if len(built[n]) > 4 else H200_TFLOPS
         us = best[n]
         floor_us = max(nbytes / (H200_TBPS * 1e6), flops / (peak * 1e6))
         kind = shapes[n][0]
-        rows.append(dict(
+        yield dict(
             shape=n, us=round(us, 2),
             cold_us=round(time_cold(kind, shapes[n][1], device, set_bytes), 2) if cold and not kind.startswith("prefill") else None,
             bytes=nbytes, flops=flops, tbps=round(nbytes / us / 1e6, 3), tflops=round(flops / us / 1e6, 1),
             floor_frac=round(floor_us / us, 3), pr_h100_us=PR_NEW38_US.get(n),
             speedup_vs_pr=round(PR_NEW38_US[n] / us, 2) if n in PR_NEW38_US else None,
             target_us=TARGET_US.get(n), sha256=sha256(fn()),
-        ))
+        )
         del built[n]
         torch.cuda.empty_cache()
-    return rows
 
 
 def verdict(row) -> str:
@@ -214,15 +219,16 @@ def verdict(row) -> str:
     return "ok" if ok else "MISS"
 
 
-def print_table(rows, out=sys.stdout):
-    head = f"{'shape':34s} {'µs':>9s} {'cold µs':>8s} {'TB/s':>6s} {'TF/s':>6s} {'floor':>6s} {'PR H100':>8s} {'x PR':>6s} {'target':>7s}  {'':4s} sha256"
-    print(head, file=out)
-    for r in rows:
-        cold = f"{r['cold_us']:8.2f}" if r["cold_us"] is not None else f"{'-':>8s}"
-        target = f"{r['target_us']:7.1f}" if r["target_us"] else f"{'-':>7s}"
-        pr = f"{r['pr_h100_us']:8.2f} {r['speedup_vs_pr']:6.2f}" if r["pr_h100_us"] else f"{'-':>8s} {'-':>6s}"
-        print(f"{r['shape']:34s} {r['us']:9.2f} {cold} {r['tbps']:6.2f} {r['tflops']:6.1f} {r['floor_frac']:6.3f} "
-              f"{pr} {target}  {verdict(r):4s} {r['sha256']}", file=out)
+TABLE_HEAD = (f"{'shape':34s} {'µs':>9s} {'cold µs':>8s} {'TB/s':>6s} {'TF/s':>6s} {'floor':>6s} {'PR H100':>8s} "
+              f"{'x PR':>6s} {'target':>7s}  {'':4s} sha256")
+
+
+def table_line(r) -> str:
+    cold = f"{r['cold_us']:8.2f}" if r["cold_us"] is not None else f"{'-':>8s}"
+    target = f"{r['target_us']:7.1f}" if r["target_us"] else f"{'-':>7s}"
+    pr = f"{r['pr_h100_us']:8.2f} {r['speedup_vs_pr']:6.2f}" if r["pr_h100_us"] else f"{'-':>8s} {'-':>6s}"
+    return (f"{r['shape']:34s} {r['us']:9.2f} {cold} {r['tbps']:6.2f} {r['tflops']:6.1f} {r['floor_frac']:6.3f} "
+            f"{pr} {target}  {verdict(r):4s} {r['sha256']}")
 
 
 def main(argv=None) -> int:
@@ -236,17 +242,19 @@ def main(argv=None) -> int:
         print("v4serve bench kernels needs a CUDA GPU", file=sys.stderr)
         return 2
     names = [n for n in all_shapes() if args.only in n]
-    rows = run(names, cold=not args.no_cold)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    print_table(rows)
-    line = json.dumps(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                           rows=rows))
+    print(TABLE_HEAD, flush=True)
+    rows = []
+    for row in run(names, cold=not args.no_cold):
+        rows.append(row)
+        print(table_line(row), flush=True)
+        line = json.dumps(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                               triton=triton.__version__, rows=rows))
+        if args.json:  # rewritten after every row: a run stopped at its time limit keeps its rows
+            with open(args.json, "w") as f:
+                f.write(line + "\n")
     print(line)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(line + "\n")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
