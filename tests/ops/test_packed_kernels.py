@@ -170,3 +170,33 @@ def test_compress_decode_packed_output_is_the_pack_of_its_rows(overlap, impl):
     untouched = torch.ones(pool.shape[0], dtype=torch.bool)
     untouched[target] = False
     assert (pool[untouched] == 0x5A).all()
+
+
+@pytest.mark.parametrize("fmt,D", [("fp8_e8m0_b64_rope64", 128), ("fp8_e8m0_b32", 64)])
+def test_production_prefill_over_packed_rows_is_the_bf16_launch_over_unpacked_rows(fmt, D):
+    """Production prefill over packed rows unpacks each referenced row once (ops/kv_compact.py) and
+    runs the bf16 prefill kernel: the same bits as that kernel over every row unpacked."""
+    from v4serve.formats import row_format
+    from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
+
+    q, pw, pc, idx, sink, counts = _packed_inputs(2, 3, 16, D, 40, 70, fmt, seed=D)
+    uw, uc = unpack_rows(pw, fmt, D, impl="torch"), unpack_rows(pc, fmt, D, impl="torch")
+    assert (idx[..., 40:] < 0).any() and (idx >= 0).any()  # holes and live columns both present
+    out = sparse_attn_paged_triton(q, pw, pc, idx, 40, sink, 0.1, counts, row_format=row_format(fmt))
+    ref = sparse_attn_paged_triton(q, uw, uc, idx, 40, sink, 0.1, counts)
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16)) and ref.abs().amax() > 0
+
+
+def test_unpack_referenced_rows_keeps_the_values_each_column_names():
+    from v4serve.formats import row_format
+    from v4serve.ops.kv_compact import unpack_referenced_rows
+
+    fmt, D = row_format("fp8_e8m0_b64_rope64"), 128
+    pool = pack_rows(_rows(50, D, seed=3), fmt)
+    cols = torch.tensor([[7, -1, 7, 49], [0, 3, -1, -1], [-1, -1, -1, -1]], dtype=torch.int32)
+    rows, renumbered = unpack_referenced_rows(pool, cols, fmt, D)
+    assert rows.shape == (4, D)  # rows 0, 3, 7 and 49, each unpacked once
+    full = unpack_rows(pool, fmt, D, impl="torch")
+    live = cols >= 0
+    assert torch.equal(renumbered < 0, ~live)
+    assert torch.equal(rows[renumbered[live].long()].view(torch.int16), full[cols[live].long()].view(torch.int16))

@@ -9,6 +9,8 @@ import sys
 from triton.testing import do_bench_cudagraph
 
 from v4serve.bench.shapes import sparse_decode_case, sparse_prefill_case
+from v4serve.formats import row_format
+from v4serve.ops.kv_pack import pack_rows
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_LARGE,
     DECODE_CONFIG_SMALL,
@@ -50,6 +52,19 @@ DECODE_CANDIDATES = [
 ]
 
 
+# Over packed fp8 rows (issue 17): split-K at B1 with more heads per program (each program
+# dequantizes its rows once for its heads: 64 heads = once per row), QK_SLICE 64 / 128; two-pass
+# at B8 with shallower pipelines (the packed gather is 16-byte loads of codes, then scales).
+PACKED_DECODE_CANDIDATES = [
+    None,
+    *(dict(_decode(h, cols, 32, warps, 2), QK_SLICE=sl)
+      for h, cols, warps, sl in ((16, 32, 4, 128), (32, 32, 8, 128), (64, 32, 8, 128), (64, 64, 8, 128),
+                                 (32, 64, 8, 64), (64, 32, 8, 64))),
+    _two_pass(block_k=64, score_stages=2, value_stages=2),
+    None,
+]
+
+
 def _label(cfg) -> str:
     if cfg is None:
         return "production"
@@ -78,6 +93,15 @@ PREFILL_SHAPES = {"prefill r4 S8192": (4, 8192, 0), "prefill r128 S8192": (128, 
                   "prefill r0 S8192": (0, 8192, 0)}
 # B1 and B8 are the PR's; B2 and B4 show where the split-K / two-pass dispatch should switch.
 DECODE_SHAPES = {f"decode r{r} B{B}": (r, B, 32767) for B in (1, 2, 4, 8) for r in (4, 128, 0)}
+PACKED_DECODE_SHAPES = {f"decode fp8kv r{r} B{B}": (r, B, 32767) for B in (1, 8) for r in (4, 128, 0)}
+PACKED_FORMAT = "fp8_e8m0_b64_rope64"
+
+
+def _packed_run(case):
+    q, win, cmp, idx, n_window, sink, scale, counts = case.args()
+    pw, pc, fmt = pack_rows(win, PACKED_FORMAT), pack_rows(cmp, PACKED_FORMAT), row_format(PACKED_FORMAT)
+    return lambda cfg: sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, scale, counts, tile_config=cfg,
+                                                row_format=fmt)
 
 
 def main() -> int:
@@ -90,6 +114,9 @@ def main() -> int:
         if only in name:
             case = sparse_decode_case(*args, "cuda")
             _sweep(name, lambda cfg, c=case: sparse_attn_paged_triton(*c.args(), tile_config=cfg), DECODE_CANDIDATES)
+    for name, args in PACKED_DECODE_SHAPES.items():
+        if only in name:
+            _sweep(name, _packed_run(sparse_decode_case(*args, "cuda")), PACKED_DECODE_CANDIDATES)
     return 0
 
 

@@ -70,9 +70,9 @@ def sliced_scores(q_rows, head_ok, win_ptr, cmp_ptr, idx_ptr, tok, stride_it, st
     on its own and the Q slice re-read from q_rows (the heads' row pointers; L1 hits); then the
     whole KV tile ([len(cols), BLOCK_D] bf16, for P V) and which columns are live.
 
-    On the tensor cores the chain accumulates in the same k order as one dot over BLOCK_D, so S has
-    the bits of tl.dot(q, tl.trans(kv)) there; under the interpreter (numpy) it does not, so the
-    tests compare it with this same function over bf16 rows."""
+    S equals tl.dot(q, tl.trans(kv)) up to the order of the fp32 sums (on the H200 the chain rounds
+    differently from one dot: the tests compare the two bit for bit on integer-valued inputs, where
+    every partial sum is exact)."""
     rows = load_rows(idx_ptr, tok, stride_it, cols, hi)
     live = rows >= 0
     row_ptrs = row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)

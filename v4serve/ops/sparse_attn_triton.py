@@ -23,10 +23,14 @@ Over packed fp8 rows (PACKED, issue 17) the production tiles set QK_SLICE and la
 `_sparse_attn_sliced_kernel`, the same program with S = Q K^T computed as a chain of dots over
 QK_SLICE-wide slices of the head dim (sparse_attn_tiles.sliced_scores: each K slice gathered and
 dequantized on its own, the Q slice re-read from L1; P V still takes the whole dequantized tile).
-Dequantizing the whole [BLOCK_T, 512] tile for S spills 400-470 B under Triton 3.6. On the tensor
-cores the chain accumulates in the same k order as one dot, so the sliced kernel's output has the
-bits of the unsliced one at the same tiles (the GPU tests check it); under the interpreter numpy's
-matmul order differs, so the CPU tests compare it with itself over bf16 rows.
+Dequantizing the whole [BLOCK_T, 512] tile for S spills 400-470 B under Triton 3.6. The chain is
+not one dot's accumulation order on the tensor cores: on the H200 its output differs from the
+unsliced kernel's by a relative 7e-5 (prefill tiles) and 3e-7 (split-K decode), rounding only.
+Decode reads packed rows through it; production *prefill* over packed rows does not (each row is
+read by many queries, so dequantizing per (query, row) pair cost 8x the bf16 kernel's time on the
+H200): it unpacks every referenced row once into a small bf16 pool (kv_compact.py) and runs the
+bf16 prefill kernels, with the bits of the bf16 kernel over every row unpacked. The sliced
+kernel still serves prefill tiles given explicitly and steps captured in a CUDA graph.
 
 The production prefill on sm_90 (Triton 3.6, D = 512) is instead the warp-specialised Gluon
 kernel of sparse_attn_gluon.py (1.2-1.6x faster at the PR shapes, same output bits), and decode
@@ -70,6 +74,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from v4serve.ops._dispatch import check_16_byte_aligned, compiled_on_cuda, pdl_supported, triton_at_least
 from v4serve.ops.sparse_attn_gluon import WS_HEAD_DIM, sparse_attn_ws
+from v4serve.ops.kv_compact import unpack_referenced_rows
 from v4serve.ops.kv_pack_triton import packed_constexprs
 from v4serve.ops.sparse_attn_tiles import column_bound, gather_kv_tile, gather_packed_kv_tile, sliced_scores
 from v4serve.ops.sparse_attn_two_pass import sparse_attn_two_pass
@@ -374,6 +379,8 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     if T == 0:
         return out.reshape(B, M, H, D)
     qk_scale_log2 = float(scale) * LOG2E
+    if M > 1 and pk and tile_config is None and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return _prefill_over_unpacked_rows(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, row_format)
     if M > 1:
         cfg = dict(prefill_config(q.device, D, bool(pk)) if tile_config is None else tile_config)
     else:
@@ -431,6 +438,15 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
         return out.reshape(B, M, H, D)
     _merge(part, m_part, l_part, sink, out, pdl)
     return out.reshape(B, M, H, D)
+
+
+def _prefill_over_unpacked_rows(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, row_format):
+    """Production prefill over packed rows: every row the step references unpacked once
+    (kv_compact.py), then the bf16 prefill kernels (Gluon on sm_90) over them."""
+    D = q.shape[-1]
+    win, win_cols = unpack_referenced_rows(win_pool, idx[..., :n_window], row_format, D)
+    cmp, cmp_cols = unpack_referenced_rows(cmp_pool, idx[..., n_window:], row_format, D)
+    return sparse_attn_paged_triton(q, win, cmp, torch.cat([win_cols, cmp_cols], -1), n_window, sink, scale, counts)
 
 
 def _partials(T, n_splits, H, D, device):
