@@ -1,6 +1,8 @@
 """Expert offload (`cpu_offload_gb`) on the CPU: the mechanism (resident experts, device slots,
 fetches, LRU eviction, steps split into rounds, placement by measured use) runs for real and gives
-the same tokens and logprobs as no offload; the placement arithmetic at full V4-Flash scale."""
+bit for bit the logits of no offload (every lm_head output of the run compared with torch.equal),
+with the torch ops and with the Triton MoE kernels (interpreter); the placement arithmetic at full
+V4-Flash scale."""
 
 from __future__ import annotations
 
@@ -29,17 +31,33 @@ def checkpoint(tmp_path_factory):
 
 
 def _run(llm, prompts, tokens=24):
-    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, logprobs=0)
-    outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
-    return [(o.outputs[0].token_ids, [next(iter(lp.values())).logprob for lp in o.outputs[0].logprobs]) for o in outs]
+    """(token ids and logprobs per prompt, every lm_head output of the run in order)."""
+    logits = []
+    hook = llm.engine.model.lm_head.register_forward_hook(lambda m, i, out: logits.append(out.detach().clone()))
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, logprobs=0)
+        outs = llm.generate(prompt_token_ids=prompts, sampling_params=params)
+    finally:
+        hook.remove()
+    return [(o.outputs[0].token_ids, [next(iter(lp.values())).logprob for lp in o.outputs[0].logprobs])
+            for o in outs], logits
 
 
 def _assert_same(got, expected):
-    """Identical tokens; logprobs equal up to fp32 summation order (a step split into rounds adds
-    the rounds' partial expert sums, and the per-expert matmuls see other row counts)."""
-    for (tokens, logprobs), (want_tokens, want_logprobs) in zip(got, expected, strict=True):
-        assert tokens == want_tokens
-        assert max(abs(a - b) for a, b in zip(logprobs, want_logprobs)) < 1e-5
+    """Bit-identical: the same tokens and logprobs, and every logits tensor of the run equal (a
+    step split into passes keeps each pick's expert output from its expert's pass and combines
+    once, with the groups and tiles of the resident run)."""
+    (runs, logits), (want_runs, want_logits) = got, expected
+    assert runs == want_runs
+    assert len(logits) == len(want_logits)
+    for a, b in zip(logits, want_logits):
+        assert torch.equal(a, b), f"max |d logit| = {(a - b).abs().max().item():.3g}"
+
+
+def _bind_moe(llm, impl):
+    for m in llm.engine.model.modules():
+        if isinstance(m, MXFP4Experts):
+            m.impl = impl
 
 
 def test_offload_gives_the_same_tokens_as_no_offload(checkpoint):
@@ -101,3 +119,22 @@ def test_auto_fills_the_gpu_first_and_keeps_the_kv_budget():
     assert not plan_placement(net, config, "auto", torch.device("cpu"), reserve)
     fixed = plan_placement(net, config, 40, torch.device("cuda"), 0)
     assert sum(map(len, fixed.host_experts.values())) == -(-40 * GIB // per_expert)
+
+
+def test_offload_with_the_triton_moe_kernels_is_bit_identical(checkpoint):
+    """The Triton MoE ops (sort, MXFP4 grouped matmul, SwiGLU, combine: the kernels the GPU runs,
+    here in the interpreter) with every expert resident and with 6 of 8 experts offloaded to 4
+    slots, in the CUDA pass schedule (`overlap`: a resident pass, then slot passes), a prefill
+    step split into passes included. (The CPU schedule runs above with the torch ops.)"""
+    prompts = [random_prompt(32, seed=13)]
+    kwargs = dict(device="cpu", dtype="float32", max_num_batched_tokens=32, progress=False)
+    resident = LLM(str(checkpoint), **kwargs)
+    _bind_moe(resident, "triton")
+    expected = _run(resident, prompts, tokens=2)
+    llm = LLM(str(checkpoint), cpu_offload_gb=24 * EXPERT_BYTES / GIB, **kwargs)
+    _bind_moe(llm, "triton")
+    offloads = offloads_of(llm.engine.model)
+    for off in offloads:
+        off.overlap = True
+    _assert_same(_run(llm, prompts, tokens=2), expected)
+    assert any(off.split_steps > 0 for off in offloads)

@@ -23,7 +23,8 @@ MXFP4 routed experts (`MXFP4Experts`), OCP MXFP4 along K:
 Rows 0..I-1 of gate_up are W1 (gate), rows I..2I-1 are W3 (up), as the bf16 `RoutedExperts`.
 The forward is `RoutedExperts`' (sort, two grouped matmuls around the clamped SwiGLU, combine)
 with `mxfp4_grouped_matmul` in place of `grouped_matmul`. The expert tensors can be handed in
-explicitly (`run(..., tensors=)`), which is how `ExpertOffload` runs them from its slots.
+explicitly (`run(..., tensors=)`, or `pick_outputs` for the expert outputs before the combine),
+which is how `ExpertOffload` runs them from its slots.
 """
 
 from __future__ import annotations
@@ -95,12 +96,27 @@ class MXFP4Experts(UsesKernels, nn.Module):
             add: torch.Tensor | None, tensors: list[torch.Tensor]) -> torch.Tensor:
         """`RoutedExperts.forward` over `tensors` (EXPERT_TENSORS order, leading dim = groups):
         expert ids index their leading dim. No host synchronisation."""
-        gate_up, gate_up_scale, down, down_scale = tensors
-        rows, ends, pos = moe_sort(experts, gate_up.shape[0], impl=self.impl)
-        gate, up = mxfp4_grouped_matmul(x, gate_up, gate_up_scale, rows, ends, impl=self.impl).chunk(2, dim=-1)
-        hidden = clamped_swiglu(gate, up, self.limit, impl=self.impl)
-        y = mxfp4_grouped_matmul(hidden, down, down_scale, None, ends, impl=self.impl)
+        y, pos = self.pick_outputs(x, experts, tensors)
         return moe_combine(y, pos, weights, add, impl=self.impl)
+
+    def pick_outputs(self, x: torch.Tensor, groups: torch.Tensor, tensors: list[torch.Tensor],
+                     n_sort: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y [T*k, D] in sorted pick order, pos [T*k]) before the routing weights: the picks
+        sorted by their row of `tensors` (groups [T, k]), the two grouped matmuls around the SwiGLU.
+
+        `n_sort` > G (the leading dim of `tensors`): picks with group id G are sorted past every
+        group and computed by none (their rows of y are undefined); `ExpertOffload` runs a pass
+        over some experts that way. The tiles are chosen for the layer's n_experts whatever G is,
+        so a pick's row of y has the same bits as with every expert resident: it depends only on
+        the picks of its group (the same ones, in the same order: the sort is stable) and the tiles."""
+        gate_up, gate_up_scale, down, down_scale = tensors
+        g = gate_up.shape[0]
+        rows, ends, pos = moe_sort(groups, n_sort or g, impl=self.impl)
+        ends = ends[:g]
+        tiles = dict(impl=self.impl, tile_experts=self.n_experts)
+        gate, up = mxfp4_grouped_matmul(x, gate_up, gate_up_scale, rows, ends, **tiles).chunk(2, dim=-1)
+        hidden = clamped_swiglu(gate, up, self.limit, impl=self.impl)
+        return mxfp4_grouped_matmul(hidden, down, down_scale, None, ends, **tiles), pos
 
     def expert_bytes(self) -> int:
         """Bytes of one expert (its four tensors)."""

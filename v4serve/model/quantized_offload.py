@@ -15,8 +15,13 @@ ones copied host -> slot on a side copy stream, evicting the least recently used
 does not need. On CUDA (`overlap`) the resident experts' picks run in a pass of their own while
 those copies are in flight; the offloaded picks run once the compute stream has waited for the
 copy stream. A step that needs more offloaded experts than there are slots (a long prefill) runs
-in more passes of at most S offloaded experts. Each pass computes the picks of its experts (the
-others weigh 0 and point at one of its rows, never at a slot being written); the passes add up.
+in more passes of at most S offloaded experts. Each pass computes the expert outputs of its
+experts' picks (the other picks are sorted past the last group and computed by no group, so they
+read no weights, never a slot being written); every pick keeps its output from its expert's pass,
+and one combine sums each token's picks. The result is bit-identical to the model with every
+expert resident (`MXFP4Experts.pick_outputs` says why): a split step is exact, not a sum of
+per-pass partial combines (which would round each pass to the model dtype and add the rounded
+parts in another order).
 Overlap with the EARLIER layers is not done: the routing of a layer is known only when it runs.
 
 `counts` [E] (host, int64) counts every pick: `place_by_counts` moves the most used experts into
@@ -30,6 +35,7 @@ from collections import OrderedDict
 import torch
 
 from v4serve.model.quantized import EXPERT_TENSORS
+from v4serve.ops.moe_combine import moe_combine
 
 
 class ExpertOffload:
@@ -97,22 +103,28 @@ class ExpertOffload:
             self._fetch(chunks[0])
         else:
             passes = [(self.resident + chunks[0], chunks[0])] + [(c, c) for c in chunks[1:]]
-        out = None
+        # Every pass computes the expert outputs of its members' picks (the other picks get the
+        # group id past the last row: sorted last, computed by no group, reading no weights, so
+        # never a slot being written); each pick's output is kept from the pass of its expert, in
+        # pick order; one combine at the end. So the bits are those of one pass with every expert
+        # resident: same groups (a pick's group holds the same picks, in the same order), same
+        # tiles (`pick_outputs`), same fp32 sum over a token's picks, the shared expert added once.
+        n_rows = self.device_tensors[0].shape[0]  # R + S: group id n_rows = "not in this pass"
+        y = None
         for k, (members, chunk) in enumerate(passes):
             if chunk is not None:
                 if not (self.overlap and self.resident and k == 1):
                     self._fetch(chunk)
                 self._wait()
-            mapped, w = self.index[experts], weights
-            if len(passes) > 1:  # only this pass's picks count; the others point at one of its rows
-                mine = torch.zeros(self.n_experts, dtype=torch.bool, device=self.device)
-                mine[torch.tensor(members, dtype=torch.long, device=self.device)] = True
-                picked = mine[experts]
-                w = torch.where(picked, weights, torch.zeros_like(weights))
-                mapped = torch.where(picked, mapped, self.index[members[0]])
-            y = module.run(x, mapped, w, add if k == 0 else None, self.device_tensors)
-            out = y if out is None else out + y
-        return out
+            mine = torch.zeros(self.n_experts, dtype=torch.bool, device=self.device)
+            mine[torch.tensor(members, dtype=torch.long, device=self.device)] = True
+            picked = mine[experts]
+            mapped = torch.where(picked, self.index[experts], n_rows)
+            y_sorted, pos = module.pick_outputs(x, mapped, self.device_tensors, n_sort=n_rows + 1)
+            part = y_sorted[pos]  # pick order
+            y = part if y is None else torch.where(picked.reshape(-1, 1), part, y)
+        identity = torch.arange(y.shape[0], device=y.device)
+        return moe_combine(y, identity, weights, add, impl=module.impl)
 
     def _fetch(self, group: list[int]) -> None:
         """Issue the copies that put every expert of `group` in a slot (on the copy stream on CUDA:

@@ -6,17 +6,24 @@ import torch
 
 from v4serve.ops._dispatch import use_triton
 from v4serve.ops.mxfp4_grouped_matmul_reference import mxfp4_grouped_matmul_reference
-from v4serve.ops.mxfp4_grouped_matmul_triton import mxfp4_grouped_matmul_triton
+from v4serve.ops.mxfp4_grouped_matmul_triton import mxfp4_config, mxfp4_grouped_matmul_triton
 from v4serve.ops.weight_formats import check_mxfp4_weight
 
 
 def mxfp4_grouped_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor | None,
-                         ends: torch.Tensor, impl: str = "auto") -> torch.Tensor:
+                         ends: torch.Tensor, impl: str = "auto", tile_experts: int | None = None) -> torch.Tensor:
     """y [M, N] with y[m] = x[rows[m]] @ W[g(m)]^T, picks sorted by group g.
 
     x [T, K] (bf16 / fp16 / fp32); weight uint8 [E, N, K/2] packed e2m1; scale uint8 ue8m0
     [E, N, K/32]; rows [M] int64, or None for rows[m] = m (M = T); ends [E] int32, the cumulative
-    ends of the groups (group e owns picks ends[e-1] .. ends[e] - 1). y in x.dtype.
+    ends of the groups (group e owns picks ends[e-1] .. ends[e] - 1). y in x.dtype. Picks at or
+    past ends[E-1] belong to no group: their rows of y are left undefined (uninitialised on the
+    Triton path, zero on the torch path).
+
+    `tile_experts` (default E): the expert count the Triton tile choice is made for
+    (`mxfp4_config`). A row of y depends only on its group's picks and on the tiles, so an
+    `ExpertOffload`, whose weight tensor holds resident rows + slots instead of the layer's E
+    experts, passes the layer's E to get the bits that the experts all resident would give.
     """
     check_mxfp4_weight(weight, scale)
     if x.dim() != 2 or weight.dim() != 3 or 2 * weight.shape[2] != x.shape[1]:
@@ -27,5 +34,6 @@ def mxfp4_grouped_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Ten
         raise ValueError("x, weight and scale must have a unit stride along K")
     n_picks = x.shape[0] if rows is None else rows.shape[0]
     if use_triton(impl, x, weight, scale, ends):
-        return mxfp4_grouped_matmul_triton(x, weight.view(torch.uint8), scale, rows, ends, n_picks)
+        config = None if tile_experts is None else mxfp4_config(n_picks, tile_experts)
+        return mxfp4_grouped_matmul_triton(x, weight.view(torch.uint8), scale, rows, ends, n_picks, config)
     return mxfp4_grouped_matmul_reference(x if rows is None else x[rows], weight.view(torch.uint8), scale, ends)
