@@ -75,13 +75,17 @@ def assert_same(a, b):
 
 @pytest.mark.parametrize("shared", [2 * PAGE, 2 * PAGE + 11])  # on / off a page boundary
 def test_hit_equals_cold_run(recorded, shared):
+    # The first request keeps a snapshot at its last full page only; the second matches its first
+    # two pages but has no snapshot to end a hit at, so it computes them and keeps one where the
+    # sharing ends; the third hits the shared full pages.
     base = tokens(shared, 1)
-    first, second = base + tokens(40, 2), base + tokens(29, 3)
+    first, second, third = base + tokens(40, 2), base + tokens(29, 3), base + tokens(29, 4)
     warm = make_engine()
-    run(warm, [first], recorded)
-    hit = run(warm, [second], recorded)[0]
+    run(warm, [first, second], recorded)
+    assert warm.cache.prefix.hits == 0
+    hit = run(warm, [third], recorded)[0]
     assert warm.cache.prefix.hits == 2 * PAGE  # the shared full pages, no more
-    cold = run(make_engine(), [second], recorded)[0]
+    cold = run(make_engine(), [third], recorded)[0]
     assert_same(hit, cold)
 
 
@@ -93,6 +97,7 @@ def test_multi_turn(recorded):
     warm = make_engine()
     answer = run(warm, [turn1], recorded, max_tokens=2 * PAGE)[0][0]
     turn2 = turn1 + answer + tokens(9, 5)
+    assert len(warm.cache.snapshots) == 1  # at the end of turn 1's last full prompt page
     hit = run(warm, [turn2], recorded)[0]
     assert warm.cache.prefix.hits == PAGE
     assert_same(hit, run(make_engine(), [turn2], recorded)[0])
@@ -113,18 +118,43 @@ def test_chunked_prefill_hit(recorded):
 
 
 def test_lru_eviction_under_memory_pressure(recorded):
-    # 5 pages, one request at a time: the second request evicts the first one's later cached page
-    # (a sequence releases its last pages first), the third hits the surviving first page only.
+    # 5 pages, one request at a time: the first leaves its 2 full pages cached (a snapshot after
+    # page 1), the second shares page 0 (and leaves a snapshot after it); the third evicts the first
+    # one's later cached page (a sequence releases its last pages first) and its snapshot; the
+    # fourth hits the surviving first page only.
     base = tokens(2 * PAGE, 9)
     tight = dict(max_model_len=4 * PAGE, num_kv_pages=5)
     warm = make_engine(**tight)
-    run(warm, [base + tokens(10, 10), tokens(3 * PAGE + 5, 11)], recorded)
+    run(warm, [base + tokens(10, 10), base[:PAGE] + tokens(5, 13), tokens(3 * PAGE + 5, 11)], recorded)
     third = base[:PAGE + 3] + tokens(40, 12)
     hit = run(warm, [third], recorded)[0]
     prefix = warm.cache.prefix
     assert prefix.hits == PAGE, "page 1 of the first request must have been evicted, page 0 kept"
     prefix.check()
     assert_same(hit, run(make_engine(**tight), [third], recorded)[0])
+
+
+def test_evicted_snapshot_gives_a_shorter_exact_hit(recorded):
+    # Two snapshot slots. The first request leaves one after page 1 (its last full page), the
+    # second, sharing page 0 only, one after page 0; an unrelated third takes the least recently
+    # used slot (the first's). The fourth shares both pages: its hit ends at page 0's snapshot, and
+    # is still bit-exact.
+    base = tokens(2 * PAGE, 30)
+    warm = make_engine(num_prefix_snapshots=2)
+    assert warm.kv_budget.snapshot_slots == 2 and warm.cache.snapshots.num_slots == 2
+    run(warm, [base + tokens(10, 31), base[:PAGE] + tokens(20, 32)], recorded)
+    assert warm.cache.prefix.hits == 0 and warm.cache.snapshots.evictions == 0
+    run(warm, [tokens(PAGE + 5, 33)], recorded)
+    assert warm.cache.snapshots.evictions == 1
+    fourth = base + tokens(40, 34)
+    assert len(warm.cache.match_prefix(fourth).pages) == 1 and warm.cache.match_prefix(fourth).shared == 2
+    hit = run(warm, [fourth], recorded)[0]
+    assert warm.cache.prefix.hits == PAGE
+    assert_same(hit, run(make_engine(num_prefix_snapshots=2), [fourth], recorded)[0])
+    # the fourth took a snapshot where the sharing ended: the next one hits both pages
+    fifth = base + tokens(40, 35)
+    assert_same(run(warm, [fifth], recorded)[0], run(make_engine(), [fifth], recorded)[0])
+    assert warm.cache.prefix.hits == PAGE + 2 * PAGE
 
 
 def test_preemption_with_shared_prefix(recorded):

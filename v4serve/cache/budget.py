@@ -2,8 +2,10 @@
 
 Paged tiers (compressed rows, index keys) cost bytes per token of history; fixed tiers (the
 window ring, the compressor state) cost bytes per running sequence whatever its length; the
-staging rows cost bytes per token of a step. The solver subtracts the fixed costs from the
-budget and spends the rest on pages.
+staging rows cost bytes per token of a step; with prefix caching, a pool of page-end snapshots
+(`cache/snapshots.py`) costs a fixed number of slots, sized from `prefix_snapshot_fraction` of
+the budget (at least one per sequence slot) unless `num_prefix_snapshots` is given. The solver
+subtracts the fixed costs from the budget and spends the rest on pages.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from v4serve.cache.geometry import CacheGeometry
 
 # Share of free GPU memory the KV cache may take when no explicit budget is given.
 GPU_MEMORY_FRACTION = 0.85
+# Share of the KV budget the prefix snapshots take by default (`EngineArgs.prefix_snapshot_fraction`).
+PREFIX_SNAPSHOT_FRACTION = 0.1
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,12 @@ class KVBudget:
     tier_bytes_per_sequence: dict[str, int]  # fixed tiers, per running sequence
     staging_bytes: int  # per-step rows, fixed
     reserved_bytes: int  # decode's padding slot and the pools' scratch rows (kv_cache.py), fixed
+    snapshot_slots: int = 0  # prefix caching's page-end snapshots (0: prefix caching off)
+    snapshot_slot_bytes: int = 0  # bytes of one snapshot (`snapshot_slot_bytes`)
+
+    @property
+    def snapshot_bytes(self) -> int:
+        return self.snapshot_slots * self.snapshot_slot_bytes
 
     @property
     def bytes_per_token(self) -> float:
@@ -42,7 +52,8 @@ class KVBudget:
     @property
     def total_bytes(self) -> int:
         paged = self.bytes_per_token * self.page_size * self.num_pages
-        return int(paged) + self.bytes_per_sequence * self.max_num_seqs + self.staging_bytes + self.reserved_bytes
+        return (int(paged) + self.bytes_per_sequence * self.max_num_seqs + self.staging_bytes + self.reserved_bytes
+                + self.snapshot_bytes)
 
     @property
     def full_length_sequences(self) -> int:
@@ -72,6 +83,12 @@ class KVBudget:
         for tier, b in self.tier_bytes_per_sequence.items():
             lines.append(f"  {tier:<22} {b:>12d} bytes/sequence ({b / full_length:.1f} bytes/token at {full_length} tokens)")
         lines.append(f"  {'staging rows':<22} {self.staging_bytes:>12d} bytes")
+        if self.snapshot_slots:
+            lines.append(
+                f"  {'prefix snapshots':<22} {self.snapshot_bytes:>12d} bytes ({self.snapshot_slots} slots of "
+                f"{self.snapshot_slot_bytes} bytes, {self.snapshot_bytes / 2**20:.1f} MiB, "
+                f"{self.snapshot_bytes / max(self.total_bytes, 1):.1%} of the KV cache)"
+            )
         lines.append(
             f"  {self.num_pages} pages of {self.page_size} tokens ({self.num_pages * self.page_size} tokens, "
             f"{self.total_bytes / 2**20:.1f} MiB); {self.max_num_seqs} sequence slots; "
@@ -80,17 +97,12 @@ class KVBudget:
         return lines
 
 
-def tier_costs(geometry: CacheGeometry, kv_dtype: torch.dtype, prefix_caching: bool = False
-               ) -> tuple[dict[str, float], dict[str, int], int, int]:
+def tier_costs(geometry: CacheGeometry, kv_dtype: torch.dtype) -> tuple[dict[str, float], dict[str, int], int, int]:
     """(paged bytes per token, fixed bytes per sequence, staging bytes per step token) by tier, and
     the reserved bytes: one padding slot's fixed tiers plus one scratch row per paged pool. Rows
-    cost what the pools store: packed bytes in a packed cache (`CacheGeometry.row_bytes`).
-    `prefix_caching`: each page also keeps the sequence state at its end (`PagedKVCache.
-    enable_prefix_caching`): a window ring and the overlapping compressors' state, per page."""
+    cost what the pools store: packed bytes in a packed cache (`CacheGeometry.row_bytes`)."""
     size = torch.empty((), dtype=kv_dtype).element_size()
     per_token = {"compressed rows": 0.0, "index keys": 0.0}
-    if prefix_caching:
-        per_token["page-end snapshots"] = 0.0
     per_seq = {"window ring": 0, "compressor state": 0}
     staging = scratch = 0
     for g, rows in zip(geometry.layers, geometry.row_bytes(size)):
@@ -105,11 +117,39 @@ def tier_costs(geometry: CacheGeometry, kv_dtype: torch.dtype, prefix_caching: b
         for c in (g.compressor, g.indexer):
             if c is not None:
                 per_seq["compressor state"] += c.state_bytes
-        if prefix_caching:
-            # an overlapping state's previous block, first half channels: a quarter of it
-            overlapping = sum(c.state_bytes // 4 for c in (g.compressor, g.indexer) if c is not None and c.overlap)
-            per_token["page-end snapshots"] += rows["window"] + overlapping / geometry.page_size
     return per_token, per_seq, staging, sum(per_seq.values()) + scratch
+
+
+def snapshot_slot_bytes(geometry: CacheGeometry, kv_dtype: torch.dtype) -> int:
+    """Bytes of one page-end snapshot (`cache/snapshots.py`): per layer W window rows, plus a
+    quarter of each overlapping compressor's state (its previous block, half rows, half channels)."""
+    size = torch.empty((), dtype=kv_dtype).element_size()
+    total = 0
+    for g, rows in zip(geometry.layers, geometry.row_bytes(size)):
+        total += geometry.page_size * rows["window"]
+        total += sum(c.state_bytes // 4 for c in (g.compressor, g.indexer) if c is not None and c.overlap)
+    return total
+
+
+@dataclass(frozen=True)
+class SnapshotSizing:
+    """How many prefix snapshots to keep: `count` when given, else `fraction` of the KV budget's
+    bytes, at least `min_count` (one per sequence slot: every running sequence can leave one)."""
+
+    fraction: float = PREFIX_SNAPSHOT_FRACTION
+    count: int | None = None
+    min_count: int = 1
+
+    def __post_init__(self):
+        if not 0 <= self.fraction < 1:
+            raise ValueError(f"prefix_snapshot_fraction must be in [0, 1), got {self.fraction}")
+        if self.count is not None and self.count < 1:
+            raise ValueError(f"num_prefix_snapshots must be >= 1, got {self.count}")
+
+    def slots(self, budget_bytes: float, slot_bytes: int) -> int:
+        if self.count is not None:
+            return self.count
+        return max(self.min_count, int(self.fraction * budget_bytes // slot_bytes))
 
 
 def solve_kv_budget(
@@ -119,14 +159,17 @@ def solve_kv_budget(
     max_num_seqs: int,
     max_pages_per_seq: int,
     max_step_tokens: int,
-    prefix_caching: bool = False,
+    snapshots: SnapshotSizing | None = None,
 ) -> KVBudget:
-    """Pages that `memory_bytes` buys after the fixed costs of `max_num_seqs` sequences.
+    """Pages that `memory_bytes` buys after the fixed costs of `max_num_seqs` sequences (and of
+    the prefix snapshots, when `snapshots` is given: prefix caching on).
 
     Never more pages than `max_num_seqs` full-length sequences can use. Raises ValueError when
     the budget does not cover the fixed costs plus one page."""
-    per_token, per_seq, staging_per_token, reserved = tier_costs(geometry, kv_dtype, prefix_caching)
-    fixed = max_num_seqs * sum(per_seq.values()) + max_step_tokens * staging_per_token + reserved
+    per_token, per_seq, staging_per_token, reserved = tier_costs(geometry, kv_dtype)
+    slot_bytes = snapshot_slot_bytes(geometry, kv_dtype) if snapshots is not None else 0
+    slots = snapshots.slots(memory_bytes, slot_bytes) if snapshots is not None else 0
+    fixed = max_num_seqs * sum(per_seq.values()) + max_step_tokens * staging_per_token + reserved + slots * slot_bytes
     page_bytes = sum(per_token.values()) * geometry.page_size
     left = memory_bytes - fixed
     num_pages = int(left // page_bytes) if page_bytes else max_num_seqs * max_pages_per_seq
@@ -134,20 +177,27 @@ def solve_kv_budget(
     if num_pages < 1:
         raise ValueError(
             f"kv_cache_memory: {memory_bytes} bytes do not cover the fixed KV costs ({fixed} bytes for "
-            f"{max_num_seqs} sequences) plus one page ({page_bytes:.0f} bytes)"
+            f"{max_num_seqs} sequences{f' and {slots} prefix snapshots' if slots else ''}) plus one page "
+            f"({page_bytes:.0f} bytes)"
         )
     return KVBudget(num_pages, geometry.page_size, max_num_seqs, max_pages_per_seq, per_token, per_seq,
-                    max_step_tokens * staging_per_token, reserved)
+                    max_step_tokens * staging_per_token, reserved, slots, slot_bytes)
 
 
 def budget_for_pages(
     geometry: CacheGeometry, kv_dtype: torch.dtype, num_pages: int, max_num_seqs: int, max_pages_per_seq: int,
-    max_step_tokens: int, prefix_caching: bool = False,
+    max_step_tokens: int, snapshots: SnapshotSizing | None = None,
 ) -> KVBudget:
-    """The budget of a given page count (to describe a cache sized by pages, not bytes)."""
-    per_token, per_seq, staging_per_token, reserved = tier_costs(geometry, kv_dtype, prefix_caching)
+    """The budget of a given page count (to describe a cache sized by pages, not bytes). The
+    snapshots' fraction is then of a budget that would hold these pages beside them."""
+    per_token, per_seq, staging_per_token, reserved = tier_costs(geometry, kv_dtype)
+    slot_bytes = slots = 0
+    if snapshots is not None:
+        slot_bytes = snapshot_slot_bytes(geometry, kv_dtype)
+        paged = sum(per_token.values()) * geometry.page_size * num_pages
+        slots = snapshots.slots(paged / (1 - snapshots.fraction), slot_bytes)
     return KVBudget(num_pages, geometry.page_size, max_num_seqs, max_pages_per_seq, per_token, per_seq,
-                    max_step_tokens * staging_per_token, reserved)
+                    max_step_tokens * staging_per_token, reserved, slots, slot_bytes)
 
 
 def free_gpu_memory(device: torch.device) -> int:

@@ -10,18 +10,42 @@ Two extra rows keep decode steps free of host decisions, so they can run as CUDA
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import torch
 
 from v4serve.cache.allocator import PageAllocator
 from v4serve.cache.batch import ForwardBatch, SequenceChunk
 from v4serve.cache.geometry import CacheGeometry, CompressorShape
-from v4serve.cache.prefix_cache import PrefixCache
+from v4serve.cache.prefix_cache import ROOT, PrefixCache
+from v4serve.cache.snapshots import SnapshotPool
 from v4serve.cache.view import LayerCache, Pool
 from v4serve.formats import RowFormat
 
 # Pools are handed to Triton kernels that gather rows with 16-byte loads.
 _ALIGNMENT = 16
 TICKETS = 1024  # counters in the step's ticket buffer (ForwardBatch.tickets)
+
+
+class PrefixHit(NamedTuple):
+    """`PagedKVCache.match_prefix`'s answer: the cached pages reused (ending at a snapshot), the
+    node id after them, and the registered pages matched in all (>= len(pages))."""
+
+    pages: list[int]
+    node: int
+    shared: int
+
+
+@dataclass
+class _Chain:
+    """A slot's prefix-caching progress: pages registered, the node id after them, tokens
+    computed by prefill since admission, and the page ends where it takes snapshots."""
+
+    done: int
+    node: int
+    prefilled: int
+    snapshot_ends: set[int]
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str, row_align: int = _ALIGNMENT
@@ -152,114 +176,125 @@ class PagedKVCache:
         self._windows = windows
         # Automatic prefix caching (`enable_prefix_caching`): None while off.
         self.prefix: PrefixCache | None = None
-        self._snapshots: list[torch.Tensor] = []  # per stateful tensor: [num_pages, ...] its value at a page's end
-        self._snapshotted: set[int] = set()  # pages whose snapshot holds the state at their end
-        # slot -> (pages registered, node id after them, tokens computed by prefill since admission)
-        self._chain: dict[int, tuple[int, int, int]] = {}
+        self.snapshots: SnapshotPool | None = None
+        self._stateful: list[torch.Tensor] = []
+        self._chain: dict[int, _Chain] = {}  # slot -> its registration progress and snapshot ends
 
     # ------------------------------------------------------------------ prefix caching
-    def enable_prefix_caching(self) -> str | None:
-        """Turn automatic prefix caching on (`cache/prefix_cache.py`); returns why not, if not.
+    def enable_prefix_caching(self, num_snapshots: int) -> str | None:
+        """Turn automatic prefix caching on (`cache/prefix_cache.py`) with a pool of
+        `num_snapshots` page-end snapshots (`cache/snapshots.py`); returns why not, if not.
 
-        Per page it keeps a snapshot of the sequence's state at the page's end: the window ring
-        (at a page boundary the ring holds exactly that page's W rows, in position order) and the
-        overlapping compressors' previous block (kv and score, the first head_dim channels: all a
-        position on a block boundary reads of the state). A non-overlapping
-        compressor's open block is empty at a page boundary when its ratio divides W (required),
-        so its online state is the reset state. Memory: W window rows per layer per page on top of
-        the paged tiers (the budget's "page-end snapshots" tier, `cache/budget.py`)."""
+        A snapshot is the sequence's state at a page's end: the window ring (at a page boundary
+        the ring holds exactly that page's W rows, in position order) and the overlapping
+        compressors' previous block (kv and score, the first half rows and channels: all a
+        position on a block boundary reads of the state). A non-overlapping compressor's open
+        block is empty at a page boundary when its ratio divides W (required), so its online
+        state is the reset state. Memory: `num_snapshots` slots of W window rows per layer plus
+        those quarter states (the budget's "prefix snapshots" line, `cache/budget.py`)."""
         refused = prefix_caching_refusal(self.geometry)
         if refused:
             return refused
         w = self.page_size
-        n = self.allocator.num_pages
         stateful = [p.data[:self.staging_base].view(self.padding_slot + 1, w, *p.data.shape[1:]) for p in self._windows]
         # Of an overlapping state only the previous block's first half channels are read at a page
         # boundary (the open block is empty; `model/compressor.py`, `ops/compress_decode*.py`).
         stateful += [t[:, :t.shape[1] // 2, :t.shape[2] // 2] for s in self._states if isinstance(s, CompressorState)
                      for t in s.tensors()]
         self._stateful = stateful
-        self._snapshots = [torch.zeros((n, *t.shape[1:]), dtype=t.dtype, device=t.device) for t in stateful]
+        self.snapshots = SnapshotPool(stateful, num_snapshots)
         self.prefix = PrefixCache(self.allocator, w)
+        self.prefix.on_forget = self.snapshots.drop
         return None
 
     @property
     def snapshot_nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._snapshots)
+        return self.snapshots.nbytes if self.snapshots is not None else 0
 
-    def match_prefix(self, token_ids: list[int]) -> tuple[list[int], int]:
-        """(cached pages that start `token_ids`, node id after them); at least one token is left
-        to compute (its logits are wanted)."""
+    def match_prefix(self, token_ids: list[int]) -> PrefixHit:
+        """The cached pages a new sequence of `token_ids` reuses: the longest run of registered
+        pages that starts it and ends at a page with a snapshot (at least one token is left to
+        compute: its logits are wanted); `shared`: how many registered pages matched in all."""
         if self.prefix is None:
-            return [], 0
-        return self.prefix.match(token_ids, (len(token_ids) - 1) // self.page_size)
+            return PrefixHit([], 0, 0)
+        chain, _ = self.prefix.match(token_ids, (len(token_ids) - 1) // self.page_size)
+        k = len(chain)
+        while k and chain[k - 1] not in self.snapshots:
+            k -= 1
+        return PrefixHit(chain[:k], self.prefix.node_of(chain[k - 1]) if k else ROOT, len(chain))
 
-    def pages_to_admit(self, hit: list[int], num_tokens: int) -> int:
+    def pages_to_admit(self, hit: PrefixHit, num_tokens: int) -> int:
         """Pages beyond the available ones a new sequence reusing `hit` needs for `num_tokens`
         tokens (<= 0: it fits)."""
-        need = max(0, -(-num_tokens // self.page_size) - len(hit))
+        need = max(0, -(-num_tokens // self.page_size) - len(hit.pages))
         available = self.allocator.num_free
         if self.prefix is not None:
-            available -= sum(1 for p in hit if self.prefix.is_cached(p))  # they stop being evictable
+            available -= sum(1 for p in hit.pages if self.prefix.is_cached(p))  # they stop being evictable
         return need - available
 
-    def attach_prefix(self, slot: int, pages: list[int], node: int, num_tokens: int) -> None:
-        """Give a freshly opened slot the cached pages `pages` and the state at their end.
+    def attach_prefix(self, slot: int, hit: PrefixHit, num_tokens: int) -> None:
+        """Give a freshly opened slot the cached pages of `hit` and the state at their end.
         `num_tokens`: the sequence's tokens now, all computed by prefill chunks from here; only
         pages within them are registered later (a page holding decoded tokens was computed by
-        decode steps, whose numbers differ from the prefill a cold run of the same tokens does)."""
+        decode steps, whose numbers differ from the prefill a cold run of the same tokens does).
+
+        Snapshot policy: the sequence keeps the state at the end of its last full prefilled page
+        (where its next turn, this prompt plus the answer plus a new message, resumes), and, when
+        its prompt matched registered pages past the hit's end (a prefix shared with an earlier
+        sequence, with no snapshot where the sharing ends), the state at the end of the shared
+        pages, so that the next sequence sharing them hits all of them."""
         if self.prefix is None:
             return
         if self._pages[slot]:
             raise RuntimeError(f"slot {slot} already holds pages")
-        self._chain[slot] = (len(pages), node, num_tokens)
+        w, pages = self.page_size, hit.pages
+        ends = {num_tokens // w * w, hit.shared * w} - {0, len(pages) * w}
+        self._chain[slot] = _Chain(len(pages), hit.node, num_tokens, ends)
         if not pages:
             return
         self.prefix.acquire(pages)
         self._pages[slot] = list(pages)
         self.page_table[slot, :len(pages)] = torch.tensor(pages, dtype=torch.int64)
         self._update_row_tables(slot)
-        for t, snap in zip(self._stateful, self._snapshots):
-            t[slot].copy_(snap[pages[-1]])
+        self.snapshots.load(pages[-1], self._stateful, slot)
 
     def snapshot_pages(self, ends: list[tuple[int, int]]) -> None:
         """After a step's forward (in stream order, before the next step): for each (slot, end)
-        whose `end` is a page boundary, keep the slot's state as the snapshot of the page ending there."""
+        where the slot's policy wants a snapshot (`attach_prefix`), keep the slot's state as the
+        snapshot of the page ending there."""
         if self.prefix is None:
             return
         w = self.page_size
         for slot, end in ends:
             pages, chain = self._pages.get(slot), self._chain.get(slot)
-            if end % w or not end or pages is None or len(pages) < end // w or chain is None or end > chain[2]:
-                continue  # not a page end, or a page with decoded tokens (never registered)
-            page = pages[end // w - 1]
-            for t, snap in zip(self._stateful, self._snapshots):
-                snap[page].copy_(t[slot], non_blocking=True)
-            self._snapshotted.add(page)
+            if chain is None or end not in chain.snapshot_ends or pages is None or len(pages) < end // w:
+                continue
+            self.snapshots.save(pages[end // w - 1], self._stateful, slot)
 
     def register_pages(self, slot: int, num_computed: int, token_ids) -> None:
-        """Register the slot's full, snapshotted pages among its first `num_computed` tokens
-        under their prefix keys. `token_ids()`: the sequence's tokens (called only when needed)."""
+        """Register the slot's full pages among its first `num_computed` prefilled tokens under
+        their prefix keys. `token_ids()`: the sequence's tokens (called only when needed). A page
+        whose key another page holds stays private; its snapshot, if any, goes to that page."""
         if self.prefix is None or slot not in self._chain:
             return
-        w = self.page_size
-        done, node, prefilled = self._chain[slot]
+        w, chain = self.page_size, self._chain[slot]
         pages = self._pages[slot]
-        full = min(min(num_computed, prefilled) // w, len(pages))
-        if full <= done:
+        full = min(min(num_computed, chain.prefilled) // w, len(pages))
+        if full <= chain.done:
             return
         tokens = token_ids()
-        while done < full and pages[done] in self._snapshotted:
-            node = self.prefix.register(node, tuple(tokens[done * w:(done + 1) * w]), pages[done])
-            done += 1
-        self._chain[slot] = (done, node, prefilled)
+        while chain.done < full:
+            page = pages[chain.done]
+            chain.node, registered = self.prefix.register(chain.node, tuple(tokens[chain.done * w:(chain.done + 1) * w]),
+                                                          page)
+            if registered != page:
+                self.snapshots.move(page, registered)
+            chain.done += 1
 
     def _allocate(self, n: int) -> list[int]:
         if self.prefix is None:
             return self.allocator.allocate(n)
-        pages = self.prefix.allocate(n)
-        self._snapshotted.difference_update(pages)
-        return pages
+        return self.prefix.allocate(n)
 
     def view(self, layer: int) -> LayerCache:
         """What layer `layer` reads and writes: its pools (or its source layer's), states and formats."""
@@ -268,8 +303,8 @@ class PagedKVCache:
     @property
     def nbytes(self) -> int:
         """Bytes of every pool and state tensor the cache allocated (the budget's `total_bytes`)."""
-        tensors = [p.data for p in self._pools] + [t for s in self._states for t in s.tensors()] + self._snapshots
-        return sum(t.numel() * t.element_size() for t in tensors)
+        tensors = [p.data for p in self._pools] + [t for s in self._states for t in s.tensors()]
+        return sum(t.numel() * t.element_size() for t in tensors) + self.snapshot_nbytes
 
     # ------------------------------------------------------------------ sequences and pages
     @property
@@ -309,6 +344,9 @@ class PagedKVCache:
         self._chain.pop(slot, None)
         if self.prefix is not None:
             self.prefix.release(pages)
+            for page in pages:  # a private page's snapshot (taken, key held by another page) goes with it
+                if not self.prefix.is_registered(page):
+                    self.snapshots.drop(page)
         else:
             self.allocator.free(pages)
         self.page_table[slot].fill_(-1)

@@ -14,13 +14,17 @@ Every page is in exactly one of three states, so `free + used + cached == num_pa
   released first), counts them as free, and evicts them, oldest first, when its free list runs
   out (`allocator.py`).
 
-What a page's key promises (kept by `PagedKVCache`): the page's compressed rows and index keys,
-plus a snapshot of the sequence state at the page's end (the window ring = exactly this page's W
-rows, and the overlapping compressors' previous complete block), so a sequence reusing pages
-[0, k) continues at position k * W exactly as the sequence that computed them did.
+What a page's key promises (kept by `PagedKVCache`): the page's compressed rows and index keys
+were computed by prefill exactly as a cold run computes them. A hit may *end* only at a page that
+also has a snapshot of the sequence state at its end (`cache/snapshots.py`: the window ring =
+exactly this page's W rows, and the overlapping compressors' previous complete block); only some
+pages have one (a bounded LRU pool), so a sequence reusing pages [0, k) with a snapshot at page
+k - 1 continues at position k * W exactly as the sequence that computed them did.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from v4serve.cache.allocator import PageAllocator
 
@@ -37,6 +41,7 @@ class PrefixCache:
         self._next_node = ROOT + 1
         self.refs: dict[int, int] = {}  # page -> running sequences holding it (absent: 0)
         allocator.on_evict = self._forget
+        self.on_forget: Callable[[int], None] | None = None  # told of every page whose key is dropped
         # vLLM's counters, in tokens: prompt tokens looked up at admission, and those found.
         self.queries = 0
         self.hits = 0
@@ -80,6 +85,8 @@ class PrefixCache:
         """The allocator evicted a cached page: drop its key."""
         del self._by_key[self._key_of.pop(page)]
         del self._node_of[page]
+        if self.on_forget is not None:
+            self.on_forget(page)
 
     def acquire(self, pages: list[int]) -> None:
         """A sequence takes registered pages (a prefix hit)."""
@@ -104,14 +111,22 @@ class PrefixCache:
             self.allocator.free(freed[::-1])
 
     # ------------------------------------------------------------------ keys
-    def register(self, parent: int, tokens: tuple[int, ...], page: int) -> int:
+    def is_registered(self, page: int) -> bool:
+        return page in self._key_of
+
+    def node_of(self, page: int) -> int:
+        """The node id the successors of registered `page` chain from."""
+        return self._node_of[page]
+
+    def register(self, parent: int, tokens: tuple[int, ...], page: int) -> tuple[int, int]:
         """Register `page` (held by the caller) as the full page `tokens` after node `parent`;
-        return the node id its successors chain from. If another page already holds that key,
-        the existing one stays registered and its node id is returned (`page` stays private)."""
+        return (the node id its successors chain from, the page registered under that key). If
+        another page already holds that key, the existing one stays registered and is returned
+        with its node id (`page` stays private)."""
         key = (parent, tokens)
         existing = self._by_key.get(key)
         if existing is not None:
-            return self._node_of[existing]
+            return self._node_of[existing], existing
         if page in self._key_of:  # already registered under another key (cannot happen: keys are per position)
             raise AssertionError(f"page {page} registered twice")
         node = self._next_node
@@ -119,11 +134,12 @@ class PrefixCache:
         self._by_key[key] = page
         self._key_of[page] = key
         self._node_of[page] = node
-        return node
+        return node, page
 
     def match(self, token_ids: list[int], max_pages: int) -> tuple[list[int], int]:
         """The longest run of registered pages that starts `token_ids` (at most `max_pages`), and
-        the node id after it. Touches nothing (admission may still decide to wait)."""
+        the node id after it. Touches nothing (admission may still decide to wait). Where a hit
+        may end (a page with a snapshot) is the caller's business (`PagedKVCache.match_prefix`)."""
         w, parent, pages = self.page_size, ROOT, []
         for k in range(min(max_pages, len(token_ids) // w)):
             page = self._by_key.get((parent, tuple(token_ids[k * w:(k + 1) * w])))

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from v4serve.cache.budget import PREFIX_SNAPSHOT_FRACTION
+
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
 
@@ -28,10 +30,12 @@ class EngineArgs:
     kernels: str = "auto"  # "auto": Triton kernels on CUDA, torch references on CPU; or "torch" / "triton"
     cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (on CUDA)
     cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes captured (default 1, 2, 4, ..., max_num_seqs)
-    # Reuse the KV pages of a cached prompt prefix (`cache/prefix_cache.py`; bit-exact, page-sized
-    # chunks). Off by default until its page-end snapshots are bounded: today they cost ~8x the
-    # packed KV bytes per token (NOTES.md, session 8).
-    enable_prefix_caching: bool = False
+    # Reuse the KV pages of a cached prompt prefix (`cache/prefix_cache.py`; bit-exact hits, prefill
+    # chunks end on page boundaries). None = on where supported; off, with a log line, with
+    # tensor_parallel_size > 1, speculative decoding and DeepSeek-V4.1 (True there: an error / a warning).
+    enable_prefix_caching: bool | None = None  # None: on where supported (vLLM's default)
+    prefix_snapshot_fraction: float = PREFIX_SNAPSHOT_FRACTION  # share of the KV cache for prefix snapshots (the states where a cached prefix can end)
+    num_prefix_snapshots: int | None = None  # prefix snapshot slots (None: from prefix_snapshot_fraction, at least max_num_seqs)
     overlap_decode: bool = True  # launch decode step N+1 before reading step N's tokens
     seed: int = 0
     # Speculative decoding, as vLLM spells it: {"method": "mtp", "num_speculative_tokens": k}

@@ -57,10 +57,6 @@ class Engine:
         self.config = self.runner.config
         self.max_model_len = self.runner.max_model_len
         self.tokenizer = Tokenizer.for_model(None if is_preset(args.model) else args.model)
-        if args.enable_prefix_caching:
-            refused = self.cache.enable_prefix_caching()
-            if refused:
-                logger.info(refused)
         self.scheduler = Scheduler(self.cache, args.max_num_seqs, args.max_num_batched_tokens)
         self.sampler = Sampler(self.config.vocab_size, self.cache.padding_slot + 1, self.config.eos_token_ids,
                                device)

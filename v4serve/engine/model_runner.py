@@ -21,7 +21,7 @@ import torch
 
 from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
 from v4serve.cache.kv_cache import prefix_caching_refusal
-from v4serve.cache.budget import KVBudget, budget_for_pages, free_gpu_memory, solve_kv_budget
+from v4serve.cache.budget import KVBudget, SnapshotSizing, budget_for_pages, free_gpu_memory, solve_kv_budget
 from v4serve.engine.args import EngineArgs, resolve_dtype
 from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.formats import CacheFormat
@@ -36,23 +36,41 @@ logger = logging.getLogger(__name__)
 
 
 def kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, device: torch.device,
-              pages_per_seq: int, step_tokens: int | None = None) -> KVBudget:
+              pages_per_seq: int, step_tokens: int | None = None, snapshots: SnapshotSizing | None = None
+              ) -> KVBudget:
     """Pages: given, or solved from the byte budget (given, or free GPU memory), or full length.
-    `step_tokens`: the cache's staging rows (default max_num_batched_tokens)."""
+    `step_tokens`: the cache's staging rows (default max_num_batched_tokens). `snapshots`: prefix
+    caching's snapshot pool (None: prefix caching off)."""
     shape = (args.max_num_seqs, pages_per_seq, step_tokens or args.max_num_batched_tokens)
-    snapshots = args.enable_prefix_caching and prefix_caching_refusal(geometry) is None  # their bytes per page
     if args.num_kv_pages is None and (args.kv_cache_memory is not None or device.type == "cuda"):
         memory = args.kv_cache_memory if args.kv_cache_memory is not None else free_gpu_memory(device)
-        return solve_kv_budget(geometry, dtype, memory, *shape, prefix_caching=snapshots)
+        return solve_kv_budget(geometry, dtype, memory, *shape, snapshots=snapshots)
     return budget_for_pages(geometry, dtype, args.num_kv_pages or args.max_num_seqs * pages_per_seq, *shape,
-                            prefix_caching=snapshots)
+                            snapshots=snapshots)
+
+
+def prefix_caching_off(args: EngineArgs, geometry: CacheGeometry) -> str | None:
+    """Why prefix caching is off for these arguments and this cache (None: it is on)."""
+    if args.enable_prefix_caching is False:
+        return "prefix caching is off (enable_prefix_caching=False)"
+    if args.tensor_parallel_size > 1:  # explicitly True: refused by refuse_unsupported before this
+        return ("prefix caching is off with tensor_parallel_size > 1 (the other ranks do not replay its "
+                "page-table changes yet)")
+    if args.speculative_config is not None:
+        return ("prefix caching is off with speculative decoding (the MTP drafter needs the hidden "
+                "states of every prompt token)")
+    return prefix_caching_refusal(geometry)
+
+
+def snapshot_sizing(args: EngineArgs) -> SnapshotSizing:
+    return SnapshotSizing(args.prefix_snapshot_fraction, args.num_prefix_snapshots, args.max_num_seqs)
 
 
 class ModelRunner:
     def __init__(self, args: EngineArgs, device: torch.device, dtype: torch.dtype, group: Group | None = None):
         self.device = device
         config = resolve_config(args.model, args.hf_overrides, args.quantization)
-        refuse_unsupported(config.quantization, args.cpu_offload_gb, args.enable_prefix_caching,
+        refuse_unsupported(config.quantization, args.cpu_offload_gb, args.enable_prefix_caching is True,
                            args.tensor_parallel_size)
         self.workers: Workers | None = None
         if args.tensor_parallel_size > 1 and group is None:  # rank 0: start the other ranks
@@ -93,7 +111,12 @@ class ModelRunner:
         self.plan: ModelPlan = layer_plans(config, self.cache_format)
         geometry = CacheGeometry.from_plan(self.plan, config.page_size)
         pages_per_seq = -(-self.max_model_len // config.page_size)
-        self.kv_budget = kv_budget(args, geometry, dtype, device, pages_per_seq, self.max_step_tokens(args))
+        self.prefix_caching_note = prefix_caching_off(args, geometry)
+        if self.prefix_caching_note and args.enable_prefix_caching is not False:
+            # asked for explicitly: a warning; by default: a line of the log
+            (logger.warning if args.enable_prefix_caching else logger.info)(self.prefix_caching_note)
+        snapshots = None if self.prefix_caching_note else snapshot_sizing(args)
+        self.kv_budget = kv_budget(args, geometry, dtype, device, pages_per_seq, self.max_step_tokens(args), snapshots)
         if self.workers is not None:
             self.workers.connect()
         if group is not None:  # every rank holds the same pages: as many as the smallest rank's memory allows
@@ -101,7 +124,7 @@ class ModelRunner:
                 pages = group.all_reduce_min(self.kv_budget.num_pages)
             if pages != self.kv_budget.num_pages:
                 self.kv_budget = budget_for_pages(geometry, dtype, pages, args.max_num_seqs, pages_per_seq,
-                                                  self.max_step_tokens(args))
+                                                  self.max_step_tokens(args), snapshots)
         if self.kv_budget.num_pages < pages_per_seq:  # a long request would preempt itself forever
             raise ValueError(
                 f"the KV cache holds {self.kv_budget.num_pages} pages ({self.kv_budget.num_tokens} tokens), fewer "
@@ -117,6 +140,10 @@ class ModelRunner:
             dtype=dtype,
             device=device,
         )
+        if snapshots is not None:
+            refused = self.cache.enable_prefix_caching(self.kv_budget.snapshot_slots)
+            if refused:  # prefix_caching_off checked the same geometry
+                raise AssertionError(refused)
         self.decode_runner = DecodeRunner(
             self.model, self.cache, args.max_num_seqs,
             # V4.1's torch selection path (ops/v41_index.py) is not yet checked graph-safe; offloaded
@@ -135,8 +162,12 @@ class ModelRunner:
     def banner(self) -> list[str]:
         """The start-up lines: what fits (vLLM's words), then every tier's bytes."""
         note = f" ({self.cache_format_note})" if self.cache_format_note else ""
-        return [f"KV cache dtype: {self.cache_format.name}{note}", *self.kv_budget.describe(self.max_model_len),
-                *memory_map(self.model, self.kv_budget.total_bytes)]
+        b = self.kv_budget
+        prefix = (f"Prefix caching: off ({self.prefix_caching_note})" if self.prefix_caching_note else
+                  f"Prefix caching: on ({b.snapshot_slots} snapshot slots of {b.snapshot_slot_bytes} bytes, "
+                  f"{b.snapshot_bytes / 2**20:.1f} MiB)")
+        return [f"KV cache dtype: {self.cache_format.name}{note}", *b.describe(self.max_model_len), prefix,
+                *memory_map(self.model, b.total_bytes)]
 
     def max_step_tokens(self, args: EngineArgs) -> int:
         """Tokens one step may hold: the batch budget, plus k drafts per sequence when speculating."""

@@ -33,7 +33,7 @@ def parse_cpu_offload_gb(text: str) -> float | str:
 
 def kv_reserve_bytes(args, config, device: torch.device, dtype: torch.dtype, kv_cache_dtype: str | None = None) -> int:
     """Bytes `auto` offload leaves free for the KV cache: `kv_cache_memory` when given, else the
-    pages of max_num_seqs full-length sequences in the cache's formats."""
+    pages of max_num_seqs full-length sequences in the cache's formats (and the prefix snapshots)."""
     if args.cpu_offload_gb != "auto" or device.type != "cuda":
         return 0
     if args.kv_cache_memory is not None:
@@ -44,8 +44,11 @@ def kv_reserve_bytes(args, config, device: torch.device, dtype: torch.dtype, kv_
     pages = -(-max_len // config.page_size)
     geometry = CacheGeometry.from_plan(layer_plans(config, resolve_cache_format(config, kv_cache_dtype, "cuda")[0]),
                                        config.page_size)
+    from v4serve.engine.model_runner import prefix_caching_off, snapshot_sizing
+
+    snapshots = None if prefix_caching_off(args, geometry) else snapshot_sizing(args)
     budget = budget_for_pages(geometry, dtype, args.num_kv_pages or args.max_num_seqs * pages,
-                              args.max_num_seqs, pages, args.max_num_batched_tokens)
+                              args.max_num_seqs, pages, args.max_num_batched_tokens, snapshots)
     return budget.total_bytes
 
 

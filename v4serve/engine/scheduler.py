@@ -23,6 +23,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from v4serve.cache import OutOfPages, PagedKVCache
+from v4serve.cache.kv_cache import PrefixHit
 from v4serve.engine.request import Request, Status
 
 
@@ -85,15 +86,15 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.cache.num_free_slots:
             request = self._next_admission()
             # Cached pages of its prefix (none for prompt logprobs: every prompt position is scored).
-            hit, node = ([], 0) if request.wants_prompt_logprobs else self.cache.match_prefix(request.all_token_ids)
-            start = len(hit) * self.cache.page_size
+            hit = PrefixHit([], 0, 0) if request.wants_prompt_logprobs else self.cache.match_prefix(request.all_token_ids)
+            start = len(hit.pages) * self.cache.page_size
             length = self._chunk_length(start, request.num_tokens, budget)
             if self.cache.pages_to_admit(hit, start + length) > 0:
                 break
             self.waiting.remove(request)
             request.slot = self.cache.open_sequence()
             request.status = Status.RUNNING
-            self.cache.attach_prefix(request.slot, hit, node, request.num_tokens)
+            self.cache.attach_prefix(request.slot, hit, request.num_tokens)
             request.num_computed = start
             if self.cache.prefix is not None:
                 self.cache.prefix.queries += request.num_tokens
