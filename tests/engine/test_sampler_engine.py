@@ -119,13 +119,35 @@ def test_regex_and_choice_with_n_greater_than_one(llm):
 
 
 def test_a_grammar_that_allows_the_greedy_tokens_changes_nothing(llm):
+    from free_run_grammar import allowing_grammar
+
     free = llm.generate(["Hello there"], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
-    text = free.outputs[0].text
-    pattern = re.escape(text) + ".*"  # allows exactly what the free run wrote, then anything
+    tokens = free.outputs[0].token_ids
+    grammar, m = allowing_grammar(llm.engine.structured, llm.engine.tokenizer, tokens)
+    assert m >= 8, f"the grammar accepts only {m} of the free tokens"
     constrained = llm.generate(["Hello there"], SamplingParams(
-        temperature=0.0, max_tokens=12, ignore_eos=True,
-        structured_outputs=StructuredOutputsParams(regex=pattern)))[0]
-    assert constrained.outputs[0].token_ids == free.outputs[0].token_ids
+        temperature=0.0, max_tokens=12, ignore_eos=True, structured_outputs=grammar))[0]
+    assert constrained.outputs[0].token_ids[:m] == tokens[:m]
+
+
+def test_a_grammar_of_the_decoded_text_refuses_a_partial_character(llm):
+    """Why the grammar above is built from the tokens: the H200 run wrote token 731 (bytes E6 8C, a
+    partial UTF-8 character) as its 23rd token; its text ends in U+FFFD, and `re.escape(text)`
+    then refuses 731 and allows 2779 (bytes EF BF, the start of U+FFFD), which greedy took."""
+    from free_run_grammar import allowing_grammar
+
+    structured, tokenizer = llm.engine.structured, llm.engine.tokenizer
+    tokens = [73169, 11621, 731]
+    assert tokenizer.decode(tokens).endswith("\ufffd")
+    naive = structured.matcher(StructuredOutputsParams(regex=re.escape(tokenizer.decode(tokens)) + ".*"))
+    assert naive.accept_token(73169) and naive.accept_token(11621)
+    allowed = naive.fill_next_token_bitmask  # the engine's mask of the next step
+    mask = torch.full((1, structured.words), -1, dtype=torch.int32)
+    allowed(mask, 0)
+    bit = lambda t: bool((int(mask[0, t // 32]) >> (t % 32)) & 1)  # noqa: E731
+    assert not bit(731) and bit(2779)
+    _, m = allowing_grammar(structured, tokenizer, tokens)
+    assert m == 3  # the clean prefix's grammar accepts the partial character as the start of "anything"
 
 
 def test_bad_constraints_name_the_field():

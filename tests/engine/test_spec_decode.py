@@ -50,7 +50,7 @@ def plain():
 
 class ScriptedDraft:
     """Drafts the plain run's own tokens (`expected`: request id -> its output tokens), the draft at
-    position `wrong(step) % k` replaced by a wrong token (None: always right)."""
+    position `wrong(step) % k` replaced by a wrong token (`wrong` None, or returning None: right)."""
 
     def __init__(self, expected: dict[str, list[int]], wrong=None):
         self.expected, self.wrong, self.steps = expected, wrong, 0
@@ -61,8 +61,9 @@ class ScriptedDraft:
             r = item.request
             n = len(r.output_token_ids)
             drafts = list(self.expected[r.request_id][n:n + k])
-            if self.wrong is not None and drafts:
-                j = self.wrong(self.steps) % k
+            j = None if self.wrong is None or not drafts else self.wrong(self.steps)
+            if j is not None:
+                j %= k
                 if j < len(drafts):
                     drafts[j] = (drafts[j] + 1) % 1000
             out.append((drafts, None))
@@ -95,6 +96,18 @@ def test_partly_correct_draft_rolls_back_exactly(plain):
     assert 0 < m.num_accepted_tokens < m.num_draft_tokens
     per = m.accepted_per_position
     assert per[0] > 0 and per[0] >= per[1] >= per[2] >= per[3] and per[0] > per[3]
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_partly_correct_draft_with_few_drafts(plain, k):
+    """k = 1 (and 2): a draft wrong on every other step gives exact output and partial acceptance
+    (the H200 test's `% k` rule made every k = 1 draft wrong: 0 accepted of 66)."""
+    engine = _spec_engine(k)
+    engine.spec.drafter = ScriptedDraft({rid: toks for rid, (toks, _, _) in plain.items()},
+                                        wrong=lambda s: None if s % 2 else s // 2)
+    assert _run(engine) == plain
+    m = engine.spec.metrics
+    assert 0 < m.num_accepted_tokens < m.num_draft_tokens and m.accepted_per_position[0] > 0
 
 
 def test_abort_mid_run_leaves_the_others_exact(plain):

@@ -128,6 +128,41 @@ def test_store_rows_writes_the_named_rows_and_skips_negative():
     assert (pool[[0, 2, 3, 5]] == 7).all()
 
 
+@pytest.mark.parametrize("rows", [[-1, 0, 3], [2, 0, -1, -1], [-1, -1], [], [5, 1, 0, 4]])
+@pytest.mark.parametrize("name", ["fp8_e8m0_b64_rope64", "fp4_e8m0_b32"])
+def test_store_rows_reference_skips_negative_rows_without_a_host_sync(rows, name):
+    """The torch store runs inside the captured decode step (kernels="torch"): no mask indexing,
+    no host sync (capture_guard.py), and still exactly the kept rows written, whatever the
+    negative rows' places (first, last, all, none) and with row 0 among the kept rows."""
+    from capture_guard import NoCaptureBreakingOps
+    from v4serve.ops.kv_pack_reference import store_rows_reference
+
+    f = row_format(name)
+    dim = DIMS[name]
+    pool = torch.full((6, f.row_bytes(dim) + 16), 7, dtype=torch.uint8)
+    x = _random_rows(8, dim, 3)[:len(rows)]
+    row_ids = torch.tensor(rows, dtype=torch.int64)
+    with NoCaptureBreakingOps():
+        store_rows_reference(pool, row_ids, x, f)
+    expect = torch.full_like(pool, 7)
+    for i, r in enumerate(rows):
+        if r >= 0:
+            expect[r, :f.row_bytes(dim)] = pack_rows(x[i:i + 1], f, impl="torch")[0]
+    assert torch.equal(pool, expect)
+
+
+def test_fp4_unpack_reads_no_host_data():
+    """unpack of fp4 rows builds no tensor from a host list (a pageable copy under capture)."""
+    from capture_guard import NoCaptureBreakingOps
+    from v4serve.ops.kv_pack_reference import E2M1_GRID, e2m1_values
+
+    codes = torch.arange(16, dtype=torch.uint8)
+    with NoCaptureBreakingOps():
+        values = e2m1_values(codes)
+    grid = torch.tensor(E2M1_GRID)
+    assert torch.equal(values.view(torch.int32), torch.cat([grid, -grid]).view(torch.int32))  # -0.0 kept
+
+
 def test_errors_name_the_bad_field():
     with pytest.raises(ValueError, match="not a packed format"):
         pack_rows(torch.zeros(1, 8), "bf16")

@@ -60,9 +60,13 @@ def e2m1_codes(y: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
-    """4-bit e2m1 codes (uint8) -> fp32 values, signed zeros kept."""
-    grid = torch.tensor(E2M1_GRID, dtype=torch.float32, device=codes.device)
-    mag = grid[(codes & 7).to(torch.int64)]
+    """4-bit e2m1 codes (uint8) -> fp32 values, signed zeros kept. The grid is selected with
+    scalar `where`s, not gathered from a tensor built from the host list: that would be a pageable
+    host-to-device copy, which a CUDA-graph capture of the decode step does not allow."""
+    i = codes & 7
+    mag = torch.zeros(codes.shape, dtype=torch.float32, device=codes.device)
+    for code, g in enumerate(E2M1_GRID[1:], 1):
+        mag = torch.where(i == code, g, mag)
     return torch.where((codes & 8) != 0, -mag, mag)
 
 
@@ -115,7 +119,18 @@ def unpack_rows_reference(packed: torch.Tensor, fmt: RowFormat, dim: int, dtype:
 
 
 def store_rows_reference(pool: torch.Tensor, rows: torch.Tensor, x: torch.Tensor, fmt: RowFormat) -> None:
-    """pool[rows[i]] = pack(x[i]) in place, for every rows[i] >= 0 (negative rows are skipped)."""
+    """pool[rows[i]] = pack(x[i]) in place, for every rows[i] >= 0 (negative rows are skipped).
+
+    Without a host sync, so that the decode step that calls it can be captured in a CUDA graph
+    (selecting the kept rows with a boolean mask would run `nonzero`, whose size the host must
+    read): every row is packed, and a negative row i writes instead what the first kept row f
+    writes (pool[rows[f]] = pack(x[f]): the same bytes to the same place, so duplicates cannot
+    race); when no row is kept, each writes pool[0] back onto itself."""
     keep = rows >= 0
-    packed = pack_rows_reference(x[keep], fmt)
-    pool[rows[keep].to(torch.int64), : packed.shape[1]] = packed
+    i = torch.arange(rows.shape[0], device=rows.device)
+    first = torch.argmax(keep.to(torch.int32)) if rows.shape[0] else i.sum()  # 0 when none is kept
+    src = torch.where(keep, i, first)
+    dst = rows.to(torch.int64)[src].clamp(min=0)
+    packed = pack_rows_reference(x, fmt)
+    width = packed.shape[1]
+    pool[dst, :width] = torch.where(keep[src, None], packed[src], pool[dst, :width])
