@@ -3,7 +3,9 @@ bit for bit, as a cold run of the same prompt (CPU, float32), for prefixes endin
 boundary, pages holding generated tokens, chunked prefill, preemption and LRU eviction.
 
 "Cold run" = an engine with an empty cache and the same arguments (prefix caching on: its
-prefill chunks never cross a page boundary, the chunking a hit resumes from). Logits are the rows
+prefill chunks end on the chunk grid, the step's token budget rounded down to whole pages, where
+a hit resumes). Most tests take a budget of one page (grid = page); `test_hits_resume_on_the_chunk_grid`
+takes two. Logits are the rows
 the engine samples from, recorded by wrapping its `Sampler.sample`."""
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def recorded(monkeypatch):
 
 def make_engine(model="tiny", **kw) -> Engine:
     args = dict(model=model, device="cpu", dtype="float32", max_num_seqs=4, max_model_len=8 * PAGE,
-                max_num_batched_tokens=64, progress=False, enable_prefix_caching=True)
+                max_num_batched_tokens=PAGE, progress=False, enable_prefix_caching=True)
     return Engine(EngineArgs(**(args | kw)))
 
 
@@ -203,3 +205,18 @@ def test_hit_equals_cold_run_on_parity_config_d(recorded, tmp_path):
         hit = run(warm, [prompt], recorded)[0]
         assert_same(hit, run(make(), [prompt], recorded)[0])
     assert warm.cache.prefix.hits == 2 * 2 * w
+
+
+def test_hits_resume_on_the_chunk_grid(recorded):
+    """A budget of two pages: cold prompts prefill two pages a step, snapshots sit on multiples of
+    two pages only, so a hit over three cached pages resumes after two, and equals a cold run."""
+    make = lambda: make_engine(max_num_batched_tokens=2 * PAGE)  # noqa: E731
+    base = tokens(3 * PAGE + 5, 11)
+    warm = make()
+    assert warm.cache.chunk_grid == 2 * PAGE
+    run(warm, [base], recorded, max_tokens=1)
+    assert len(warm.cache.snapshots) == 1  # at 2 pages (3 pages is off the grid)
+    follow = base + tokens(20, 12)
+    hit = run(warm, [follow], recorded)[0]
+    assert warm.cache.prefix.hits == 2 * PAGE
+    assert_same(hit, run(make(), [follow], recorded)[0])

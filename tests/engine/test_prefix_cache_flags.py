@@ -102,7 +102,8 @@ def test_metrics_count_prompt_tokens_and_hits():
     g = random.Random(0)
     shared = [g.randrange(500) for _ in range(PAGE + 3)]
     prompts = [shared + [1, 2, 3], shared + [4, 5]]  # the second hits the first's snapshot after page 0
-    args = dict(model="tiny", device="cpu", max_model_len=4 * PAGE, progress=False)
+    # A budget of one page: hits resume on multiples of it (the chunk grid)
+    args = dict(model="tiny", device="cpu", max_model_len=4 * PAGE, max_num_batched_tokens=PAGE, progress=False)
     on = Engine(EngineArgs(**args))  # on by default
     _serve(on, prompts)
     m = _metrics(on)

@@ -181,9 +181,16 @@ class PagedKVCache:
         self._chain: dict[int, _Chain] = {}  # slot -> its registration progress and snapshot ends
 
     # ------------------------------------------------------------------ prefix caching
-    def enable_prefix_caching(self, num_snapshots: int) -> str | None:
+    def enable_prefix_caching(self, num_snapshots: int, chunk_grid: int | None = None) -> str | None:
         """Turn automatic prefix caching on (`cache/prefix_cache.py`) with a pool of
         `num_snapshots` page-end snapshots (`cache/snapshots.py`); returns why not, if not.
+
+        `chunk_grid` (a multiple of the page size; default one page): prefill chunks end on
+        multiples of it and snapshots are kept only there, so a hit resumes where a cold run of the
+        same prompt also began a chunk, and computes every later chunk with the cold run's shapes
+        (the same bits). The engine sets it to the step's token budget rounded down to whole
+        pages: cold prompts prefill in full-budget chunks, and a hit is cut back to the grid (at
+        most grid - page tokens shorter than the cached pages).
 
         A snapshot is the sequence's state at a page's end: the window ring (at a page boundary
         the ring holds exactly that page's W rows, in position order) and the overlapping
@@ -202,6 +209,10 @@ class PagedKVCache:
         stateful += [t[:, :t.shape[1] // 2, :t.shape[2] // 2] for s in self._states if isinstance(s, CompressorState)
                      for t in s.tensors()]
         self._stateful = stateful
+        grid = w if chunk_grid is None else chunk_grid
+        if grid <= 0 or grid % w:
+            raise ValueError(f"chunk_grid must be a positive multiple of the page size {w}, got {chunk_grid}")
+        self.chunk_grid = grid
         self.snapshots = SnapshotPool(stateful, num_snapshots)
         self.prefix = PrefixCache(self.allocator, w)
         self.prefix.on_forget = self.snapshots.drop
@@ -247,9 +258,8 @@ class PagedKVCache:
             return
         if self._pages[slot]:
             raise RuntimeError(f"slot {slot} already holds pages")
-        w, pages = self.page_size, hit.pages
-        ends = {num_tokens // w * w, hit.shared * w} - {0, len(pages) * w}
-        self._chain[slot] = _Chain(len(pages), hit.node, num_tokens, ends)
+        pages = hit.pages
+        self._chain[slot] = _Chain(len(pages), hit.node, num_tokens, self.snapshot_ends(hit, num_tokens))
         if not pages:
             return
         self.prefix.acquire(pages)
@@ -257,6 +267,14 @@ class PagedKVCache:
         self.page_table[slot, :len(pages)] = torch.tensor(pages, dtype=torch.int64)
         self._update_row_tables(slot)
         self.snapshots.load(pages[-1], self._stateful, slot)
+
+    def snapshot_ends(self, hit: PrefixHit, num_tokens: int) -> set[int]:
+        """The token positions where a sequence admitted with `hit` and `num_tokens` tokens keeps a
+        snapshot (attach_prefix's policy, on the chunk grid)."""
+        if self.prefix is None:
+            return set()
+        g = self.chunk_grid
+        return {num_tokens // g * g, hit.shared * self.page_size // g * g} - {0, len(hit.pages) * self.page_size}
 
     def snapshot_pages(self, ends: list[tuple[int, int]]) -> None:
         """After a step's forward (in stream order, before the next step): for each (slot, end)

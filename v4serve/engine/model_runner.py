@@ -141,7 +141,9 @@ class ModelRunner:
             device=device,
         )
         if snapshots is not None:
-            refused = self.cache.enable_prefix_caching(self.kv_budget.snapshot_slots)
+            page = self.cache.page_size
+            refused = self.cache.enable_prefix_caching(self.kv_budget.snapshot_slots,
+                                                       chunk_grid=max(page, args.max_num_batched_tokens // page * page))
             if refused:  # prefix_caching_off checked the same geometry
                 raise AssertionError(refused)
         self.decode_runner = DecodeRunner(

@@ -106,14 +106,14 @@ class Scheduler:
         return plan
 
     def _chunk_length(self, start: int, num_tokens: int, budget: int) -> int:
-        """Tokens to compute from `start`. With prefix caching a chunk never crosses a page
-        boundary, so every page is computed in a step of its own and its numbers do not depend on
-        where a sequence's prefix hit began (a hit resumes at a page boundary exactly as a cold run
-        does), and the state at each page's end is there to snapshot after the step."""
+        """Tokens to compute from `start`: up to the budget, and with prefix caching never past the
+        next multiple of the cache's chunk grid (`PagedKVCache.enable_prefix_caching`), so a
+        cold run and a hit that resumes on the grid compute each chunk with the same shapes, and
+        the state at each snapshot position exists at the end of a step."""
         length = min(num_tokens - start, budget)
         if self.cache.prefix is not None:
-            w = self.cache.page_size
-            length = min(length, w - start % w)
+            g = self.cache.chunk_grid
+            length = min(length, g - start % g)
         return length
 
     def _next_admission(self) -> Request:
