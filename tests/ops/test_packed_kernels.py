@@ -192,11 +192,13 @@ def test_unpack_referenced_rows_keeps_the_values_each_column_names():
     from v4serve.ops.kv_compact import unpack_referenced_rows
 
     fmt, D = row_format("fp8_e8m0_b64_rope64"), 128
-    pool = pack_rows(_rows(50, D, seed=3), fmt)
-    cols = torch.tensor([[7, -1, 7, 49], [0, 3, -1, -1], [-1, -1, -1, -1]], dtype=torch.int32)
-    rows, renumbered = unpack_referenced_rows(pool, cols, fmt, D)
-    assert rows.shape == (4, D)  # rows 0, 3, 7 and 49, each unpacked once
-    full = unpack_rows(pool, fmt, D, impl="torch")
+    win, cmp = pack_rows(_rows(10, D, seed=2), fmt), pack_rows(_rows(50, D, seed=3), fmt)
+    # two window columns, then compressed ones; row 7 of each pool named (different rows)
+    cols = torch.tensor([[7, -1, 7, 49], [0, 3, -1, -1], [-1, -1, -1, -1], [7, 9, 0, 7]], dtype=torch.int32)
+    rows, renumbered = unpack_referenced_rows(win, cmp, cols, 2, fmt, D)
+    assert rows.shape == (7, D)  # window rows 0, 3, 7, 9; compressed rows 0, 7, 49: each unpacked once
+    full = torch.cat([unpack_rows(win, fmt, D, impl="torch"), unpack_rows(cmp, fmt, D, impl="torch")])
     live = cols >= 0
-    assert torch.equal(renumbered < 0, ~live)
-    assert torch.equal(rows[renumbered[live].long()].view(torch.int16), full[cols[live].long()].view(torch.int16))
+    g = torch.where(torch.arange(4) < 2, cols, cols + 10)
+    assert torch.equal(renumbered < 0, ~live) and renumbered.dtype == torch.int32
+    assert torch.equal(rows[renumbered[live].long()].view(torch.int16), full[g[live].long()].view(torch.int16))

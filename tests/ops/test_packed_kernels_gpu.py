@@ -7,8 +7,9 @@ FreeToken PR shapes by name), index keys fp4_e8m0_b32. Per attention shape:
   ops/kv_compact.py, then the bf16 prefill kernels) has the bits of the production bf16 launch over
   every row unpacked;
 - decode: the production launch over packed rows (dequantized in the kernel) against the same
-  tiles over the unpacked bf16 rows, within fp32 accumulation-order rounding (first H200 run:
-  relative 2.6e-7; the in-kernel dequantization feeds the dots in another order), and the torch
+  tiles over the unpacked bf16 rows, within fp32 accumulation-order rounding (H200: relative
+  2.6e-7 to 5.5e-5 over the six decode shapes, a few outputs one bf16 ulp apart: the in-kernel
+  dequantization feeds the dots in another order; a wrong scale or channel gives ~1), and the torch
   reference over the unpacked rows within bf16 rounding;
 - the sliced kernel (S as a chain of dots over head-dim slices) against the whole-tile kernel at
   the same tiles, bit for bit, on integer-valued q and rows, where every partial sum of S is exact
@@ -60,7 +61,7 @@ def test_attention_over_packed_rows_is_the_bf16_kernel_over_unpacked_rows(name):
         return
     tiles = decode_config(B, idx.shape[-1], packed=True)
     ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts, tile_config=dict(tiles))
-    assert rel_err(out, ref) < 1e-5, f"{name}: packed vs bf16 rows at {tiles}: rel err {rel_err(out, ref):.3g}"
+    assert rel_err(out, ref) < 5e-4, f"{name}: packed vs bf16 rows at {tiles}: rel err {rel_err(out, ref):.3g}"
     torch_ref = sparse_attn_paged(q.float(), uw.float(), uc.float(), idx, n_window, sink, scale, counts,
                                   impl="torch")
     assert rel_err(out, torch_ref) < 1e-2

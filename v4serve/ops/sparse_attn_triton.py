@@ -443,10 +443,8 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
 def _prefill_over_unpacked_rows(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, row_format):
     """Production prefill over packed rows: every row the step references unpacked once
     (kv_compact.py), then the bf16 prefill kernels (Gluon on sm_90) over them."""
-    D = q.shape[-1]
-    win, win_cols = unpack_referenced_rows(win_pool, idx[..., :n_window], row_format, D)
-    cmp, cmp_cols = unpack_referenced_rows(cmp_pool, idx[..., n_window:], row_format, D)
-    return sparse_attn_paged_triton(q, win, cmp, torch.cat([win_cols, cmp_cols], -1), n_window, sink, scale, counts)
+    rows, cols = unpack_referenced_rows(win_pool, cmp_pool, idx, n_window, row_format, q.shape[-1])
+    return sparse_attn_paged_triton(q, rows, rows, cols, n_window, sink, scale, counts)  # one pool for both
 
 
 def _partials(T, n_splits, H, D, device):
