@@ -62,7 +62,9 @@ def _bind_moe(llm, impl):
 
 def test_offload_gives_the_same_tokens_as_no_offload(checkpoint):
     prompts = [random_prompt(150, seed=11), random_prompt(40, seed=12)]
-    kwargs = dict(device="cpu", dtype="float32", max_num_batched_tokens=64, progress=False)
+    # Prefix caching off: the prompts run twice on one engine and every forward's logits are compared.
+    kwargs = dict(device="cpu", dtype="float32", max_num_batched_tokens=64, enable_prefix_caching=False,
+                  progress=False)
     expected = _run(LLM(str(checkpoint), **kwargs), prompts)
     # 6 of the 8 experts of each of the 4 layers in host memory, 4 slots per layer (2 * top-2).
     llm = LLM(str(checkpoint), cpu_offload_gb=24 * EXPERT_BYTES / GIB, **kwargs)
@@ -127,7 +129,8 @@ def test_offload_with_the_triton_moe_kernels_is_bit_identical(checkpoint):
     slots, in the CUDA pass schedule (`overlap`: a resident pass, then slot passes), a prefill
     step split into passes included. (The CPU schedule runs above with the torch ops.)"""
     prompts = [random_prompt(32, seed=13)]
-    kwargs = dict(device="cpu", dtype="float32", max_num_batched_tokens=32, progress=False)
+    kwargs = dict(device="cpu", dtype="float32", max_num_batched_tokens=32, enable_prefix_caching=False,
+                  progress=False)
     resident = LLM(str(checkpoint), **kwargs)
     _bind_moe(resident, "triton")
     expected = _run(resident, prompts, tokens=2)
