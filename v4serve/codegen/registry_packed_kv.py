@@ -11,7 +11,8 @@ indexer's key words 4-byte loads; no spills. Register bounds are not set yet (no
 """
 from v4serve.formats import row_format
 from v4serve.ops.kv_pack_triton import packed_constexprs, store_warps
-from v4serve.ops.sparse_attn_triton import DECODE_CONFIG_SMALL_PACKED, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIGS_PACKED
+from v4serve.ops.sparse_attn_triton import (
+    DECODE_CONFIG_LARGE_PACKED, DECODE_CONFIG_SMALL_PACKED, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIGS_PACKED)
 
 from .spec import Expect, KernelSpec
 
@@ -30,7 +31,8 @@ _ATTN_TYPES = dict(
 _ATTN_ALIGNED = ("q_ptr", "win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "sink_ptr", "out_ptr", "part_ptr", "m_ptr",
                  "l_ptr", "ticket_ptr", "H", "D", "C", "n_window", "cols_per_split", *_STRIDES)
 _TP = DECODE_CONFIG_TWO_PASS
-_DEC = DECODE_CONFIG_SMALL_PACKED
+# The hardware e4m3 conversion (load_packed's FP8_CVT) where production uses it: sm_89 and newer.
+_CVT = {arch: arch >= 89 for arch in (80, 90, 100, 120)}
 _TP_STRIDES = ("stride_pool", "stride_it", "stride_pt", "stride_ph", "stride_mt", "stride_mj")
 _SCORES_TYPES = dict(
     q_ptr="*bf16", win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
@@ -51,27 +53,30 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
             aligned=_ATTN_ALIGNED,
             constexprs=dict(n_splits=1, HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=cfg["BLOCK_H"],
                             BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True, PACKED=True,
-                            QK_SLICE=cfg["QK_SLICE"], **_FP8),
+                            QK_SLICE=cfg["QK_SLICE"], PK_FP8_CVT=_CVT[arch], **_FP8),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=(arch,),
             expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
         )
         for arch, cfg in PREFILL_CONFIGS_PACKED.items()
     ),
-    KernelSpec(  # DECODE_CONFIG_SMALL_PACKED (LARGE differs only in COLS_PER_SPLIT, a runtime argument)
-        "sparse_attn.decode_fp8kv_pdl", f"{_OPS}.sparse_attn_triton:_sparse_attn_sliced_kernel",
-        types=dict(_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"), aligned=_ATTN_ALIGNED,
-        constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=_DEC["BLOCK_H"],
-                        BLOCK_T=_DEC["BLOCK_T"], BLOCK_D=512, PDL=True, EVEN_D=True, PACKED=True,
-                        QK_SLICE=_DEC["QK_SLICE"], **_FP8),
-        num_warps=_DEC["num_warps"], num_stages=_DEC["num_stages"],
-        archs=(90, 100, 120),
-        expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
+    *(
+        KernelSpec(  # DECODE_CONFIG_{SMALL,LARGE}_PACKED: the whole tile dequantized once (no QK_SLICE)
+            f"sparse_attn.decode_fp8kv{suffix}_pdl", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
+            types=dict(_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"), aligned=_ATTN_ALIGNED,
+            constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=cfg["BLOCK_H"],
+                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=True, EVEN_D=True, PACKED=True,
+                            PK_FP8_CVT=True, **_FP8),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            archs=(90, 100, 120),
+            expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
+        )
+        for suffix, cfg in (("", DECODE_CONFIG_SMALL_PACKED), ("_large", DECODE_CONFIG_LARGE_PACKED))
     ),
     KernelSpec(
         "sparse_attn.two_pass_scores_fp8kv_pdl", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",
         types=_SCORES_TYPES, aligned=tuple(k for k in _SCORES_TYPES if k != "qk_scale_log2"),
         constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_K=_TP["BLOCK_K"],
-                        PDL=True, PACKED=True, **_LOAD_PK),
+                        PDL=True, PACKED=True, PK_FP8_CVT=True, **_LOAD_PK),
         archs=(90, 100, 120), **_TP["SCORES"],
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),
@@ -79,7 +84,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         "sparse_attn.two_pass_values_fp8kv_pdl", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
         types=_VALUES_TYPES, aligned=tuple(_VALUES_TYPES),
         constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
-                        BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, **_LOAD_PK),
+                        BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, **_LOAD_PK),
         archs=(90, 100, 120), **_TP["VALUES"],
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),
