@@ -10,10 +10,12 @@ from triton.testing import do_bench_cudagraph
 
 from v4serve.bench.shapes import sparse_decode_case, sparse_prefill_case
 from v4serve.formats import row_format
-from v4serve.ops.kv_pack import pack_rows
+from v4serve.ops.kv_pack import pack_rows, unpack_rows
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_LARGE,
     DECODE_CONFIG_SMALL,
+    DECODE_CONFIG_SMALL_PACKED,
+    DECODE_CONFIG_SMALL_PACKED_SLICED,
     DECODE_CONFIG_TWO_PASS,
     PREFILL_CONFIG,
     sparse_attn_paged_triton,
@@ -52,15 +54,29 @@ DECODE_CANDIDATES = [
 ]
 
 
-# Over packed fp8 rows (issue 17): split-K at B1 with more heads per program (each program
-# dequantizes its rows once for its heads: 64 heads = once per row), QK_SLICE 64 / 128; two-pass
-# at B8 with shallower pipelines (the packed gather is 16-byte loads of codes, then scales).
-PACKED_DECODE_CANDIDATES = [
+# Over packed fp8 rows (issue 17), B1 (split-K) and B8 (two-pass) apart. "bf16 rows" times the
+# production bf16 launch over the same values unpacked (the bar the packed rows must meet);
+# FP8_CVT False is the integer e4m3 decode of session 9, True the hardware conversion (sm_89+).
+PACKED_DECODE_B1_CANDIDATES = [
+    None,  # whole tile, 8 warps, 1 stage, FP8_CVT where supported
+    "bf16 rows",
+    dict(DECODE_CONFIG_SMALL_PACKED_SLICED, FP8_CVT=False),  # session 9's production
+    dict(DECODE_CONFIG_SMALL_PACKED_SLICED, FP8_CVT=True),  # its slices, hardware decode
+    dict(DECODE_CONFIG_SMALL_PACKED, FP8_CVT=False),  # the whole tile, integer decode
+    dict(DECODE_CONFIG_SMALL_PACKED, num_warps=4),  # the bf16 production tiles: its output bits
+    dict(DECODE_CONFIG_SMALL_PACKED, num_stages=2),  # codes through a cp.async stage
+    "bf16 rows",
     None,
-    *(dict(_decode(h, cols, 32, warps, 2), QK_SLICE=sl)
-      for h, cols, warps, sl in ((16, 32, 4, 128), (32, 32, 8, 128), (64, 32, 8, 128), (64, 64, 8, 128),
-                                 (32, 64, 8, 64), (64, 32, 8, 64))),
-    _two_pass(block_k=64, score_stages=2, value_stages=2),
+]
+PACKED_DECODE_B8_CANDIDATES = [
+    None,  # two-pass, rope tail slice apart, FP8_CVT where supported
+    "bf16 rows",
+    dict(DECODE_CONFIG_TWO_PASS, FP8_CVT=False, TAIL_APART=False),  # session 9's production
+    dict(DECODE_CONFIG_TWO_PASS, FP8_CVT=False),  # tail apart only
+    dict(DECODE_CONFIG_TWO_PASS, TAIL_APART=False),  # hardware decode only
+    _two_pass(block_k=64, score_warps=8, score_stages=4, value_stages=3),  # scores over 8 warps
+    _two_pass(block_k=64, score_stages=2, value_stages=2),  # shallower pipelines
+    "bf16 rows",
     None,
 ]
 
@@ -68,8 +84,10 @@ PACKED_DECODE_CANDIDATES = [
 def _label(cfg) -> str:
     if cfg is None:
         return "production"
+    if isinstance(cfg, str):
+        return cfg
     short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
-                 BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh")
+                 BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh", FP8_CVT="cvt", TAIL_APART="tail_apart")
     launch = lambda v: f"{v['num_warps']}w{v['num_stages']}s" if isinstance(v, dict) else v  # noqa: E731
     return " ".join(f"{short.get(k, k)}={launch(v)}" for k, v in cfg.items() if k not in ("MERGE", "PDL", "KERNEL")) + (
         f" ({cfg['KERNEL']})" if "KERNEL" in cfg else "")
@@ -98,10 +116,19 @@ PACKED_FORMAT = "fp8_e8m0_b64_rope64"
 
 
 def _packed_run(case):
+    """run(cfg) over the case's pools packed; cfg "bf16 rows": the production bf16 launch over the
+    packed rows unpacked (the same values)."""
     q, win, cmp, idx, n_window, sink, scale, counts = case.args()
     pw, pc, fmt = pack_rows(win, PACKED_FORMAT), pack_rows(cmp, PACKED_FORMAT), row_format(PACKED_FORMAT)
-    return lambda cfg: sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, scale, counts, tile_config=cfg,
-                                                row_format=fmt)
+    uw, uc = unpack_rows(pw, fmt, q.shape[-1]), unpack_rows(pc, fmt, q.shape[-1])
+
+    def run(cfg):
+        if cfg == "bf16 rows":
+            return sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts)
+        return sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, scale, counts, tile_config=cfg,
+                                        row_format=fmt)
+
+    return run
 
 
 def main() -> int:
@@ -116,7 +143,8 @@ def main() -> int:
             _sweep(name, lambda cfg, c=case: sparse_attn_paged_triton(*c.args(), tile_config=cfg), DECODE_CANDIDATES)
     for name, args in PACKED_DECODE_SHAPES.items():
         if only in name:
-            _sweep(name, _packed_run(sparse_decode_case(*args, "cuda")), PACKED_DECODE_CANDIDATES)
+            candidates = PACKED_DECODE_B1_CANDIDATES if args[1] == 1 else PACKED_DECODE_B8_CANDIDATES
+            _sweep(name, _packed_run(sparse_decode_case(*args, "cuda")), candidates)
     return 0
 
 

@@ -76,7 +76,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         "sparse_attn.two_pass_scores_fp8kv_pdl", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",
         types=_SCORES_TYPES, aligned=tuple(k for k in _SCORES_TYPES if k != "qk_scale_log2"),
         constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_K=_TP["BLOCK_K"],
-                        PDL=True, PACKED=True, PK_FP8_CVT=True, **_LOAD_PK),
+                        PDL=True, PACKED=True, PK_FP8_CVT=True, TAIL_APART=True, **_LOAD_PK),
         archs=(90, 100, 120), **_TP["SCORES"],
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),

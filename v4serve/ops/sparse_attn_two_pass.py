@@ -59,7 +59,7 @@ def _scores_kernel(
     HAS_COUNTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False, PACKED: tl.constexpr = False, PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1,
     PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0, PK_HAS_TAIL: tl.constexpr = False,
-    PK_FP8_CVT: tl.constexpr = False,
+    PK_FP8_CVT: tl.constexpr = False, TAIL_APART: tl.constexpr = True,
 ):
     tok = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
@@ -76,12 +76,13 @@ def _scores_kernel(
         q_rows = q_ptr + tok * stride_qt + heads * stride_qh
         # S = Q K^T as a K loop over BLOCK_K-wide slices of the head dim: the pipeliner streams
         # both operands into shared memory with cp.async, several slices ahead. Over packed rows
-        # whose bf16 tail is one whole slice (V4: 448 codes + 64 rope channels at BLOCK_K 64), the
-        # loop covers the codes only and the tail slice is gathered before it (its loads fly during
-        # the loop) and dotted after it: the same slices in the same order, without a masked tail
-        # load and a select in every code slice.
+        # whose bf16 tail is one whole slice (V4: 448 codes + 64 rope channels at BLOCK_K 64) and
+        # TAIL_APART, the loop covers the codes only and the tail slice is gathered before it (its
+        # loads fly during the loop) and dotted after it: the same slices in the same order,
+        # without a masked tail load and a select in every code slice.
         TAIL: tl.constexpr = (PK_SCALE_OFF - PK_TAIL_OFF) // 2
-        SPLIT_TAIL: tl.constexpr = PACKED and PK_HAS_TAIL and PK_NQ % BLOCK_K == 0 and TAIL == BLOCK_K
+        SPLIT_TAIL: tl.constexpr = (TAIL_APART and PACKED and PK_HAS_TAIL and PK_NQ % BLOCK_K == 0
+                                    and TAIL == BLOCK_K)
         s = tl.zeros([BLOCK_H, BLOCK_T], dtype=tl.float32)
         if SPLIT_TAIL:
             tail_dims = PK_NQ + tl.arange(0, BLOCK_K)
@@ -202,7 +203,8 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
     """Launch both passes on [T, H, D] views as sparse_attn_triton.py prepares them.
 
     cfg: BLOCK_H, BLOCK_T, BLOCK_K (the scores pass's head-dim slice), BLOCK_DV, VALUE_BLOCK_H (the
-    values pass's heads per program; default BLOCK_H), and the launch options of each pass as
+    values pass's heads per program; default BLOCK_H), TAIL_APART (packed rows: the rope tail slice
+    gathered before the code slices; default True), and the launch options of each pass as
     SCORES / VALUES = dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
     (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
     pk = {k: v for k, v in (pk or {}).items() if k == "PACKED" or k in _PK_PARAMS}
@@ -221,7 +223,7 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
         H, D, C, n_window, qk_scale_log2,
         qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1),
         HAS_COUNTS=has_counts, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=min(cfg["BLOCK_K"], block_d), PDL=pdl,
-        **cfg["SCORES"], **pk,
+        TAIL_APART=cfg.get("TAIL_APART", True), **cfg["SCORES"], **pk,
     )
     _values_kernel[(T, triton.cdiv(D, block_dv), triton.cdiv(H, block_hv))](
         win, cmp, it, ct, sink, p, m, l, out,
