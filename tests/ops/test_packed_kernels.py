@@ -114,6 +114,24 @@ def test_hardware_e4m3_conversion_gives_the_unpacked_rows_bits():
         assert torch.equal(out.view(torch.int16), ref.view(torch.int16)) and ref.abs().amax() > 0
 
 
+def test_unpack_route_has_the_bits_of_the_bf16_launch_over_unpacked_pools():
+    """KERNEL "unpack" (sparse_attn_unpacked_decode.py: each token's columns unpacked into a scratch
+    pool, then the bf16 launch) against the bf16 launch over the pools unpacked by the torch
+    reference: the same values in the same column order, so the same bits."""
+    from v4serve.formats import row_format
+    from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
+
+    fmt, D, n_window = "fp8_e8m0_b64_rope64", 128, 8
+    q, pw, pc, idx, sink, counts = _packed_inputs(2, 1, 16, D, n_window, 24, fmt, seed=7)
+    uw, uc = unpack_rows(pw, fmt, D, impl="torch"), unpack_rows(pc, fmt, D, impl="torch")
+    assert (idx < 0).any() and (counts < 24).any()  # holes and columns past the live count
+    for inner in (DECODE_CONFIG_SMALL, DECODE_CONFIG_TWO_PASS):
+        out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.1, counts, row_format=row_format(fmt),
+                                       tile_config=dict(KERNEL="unpack", INNER=inner))
+        ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 0.1, counts, tile_config=dict(inner))
+        assert torch.equal(out.view(torch.int16), ref.view(torch.int16)) and ref.abs().amax() > 0
+
+
 @pytest.mark.parametrize("kind", ["prefill", "split-k decode"])
 def test_sliced_scores_equal_the_whole_tile_dot_when_sums_are_exact(kind):
     """The sliced kernel (S as a chain of dots over head-dim slices) against the whole-tile kernel.

@@ -36,10 +36,11 @@ def _decode(h, cols, block_t, warps, stages):
                 MERGE="kernel", PDL=True)
 
 
-def _two_pass(block_t=64, block_k=128, block_dv=32, score_warps=4, score_stages=3, value_stages=3, **more):
+def _two_pass(block_t=64, block_k=128, block_dv=32, score_warps=4, score_stages=3, value_stages=3, value_warps=4,
+              **more):
     return dict(DECODE_CONFIG_TWO_PASS, BLOCK_T=block_t, BLOCK_K=block_k, BLOCK_DV=block_dv,
                 SCORES=dict(num_warps=score_warps, num_stages=score_stages),
-                VALUES=dict(num_warps=4, num_stages=value_stages), **more)
+                VALUES=dict(num_warps=value_warps, num_stages=value_stages), **more)
 
 
 DECODE_CANDIDATES = [
@@ -65,6 +66,7 @@ PACKED_DECODE_B1_CANDIDATES = [
     dict(DECODE_CONFIG_SMALL_PACKED, FP8_CVT=False),  # the whole tile, integer decode
     dict(DECODE_CONFIG_SMALL_PACKED, num_warps=4),  # the bf16 production tiles: its output bits
     dict(DECODE_CONFIG_SMALL_PACKED, num_stages=2),  # codes through a cp.async stage
+    dict(KERNEL="unpack"),  # each column unpacked into a scratch pool, then the bf16 launch
     "bf16 rows",
     None,
 ]
@@ -75,7 +77,10 @@ PACKED_DECODE_B8_CANDIDATES = [
     dict(DECODE_CONFIG_TWO_PASS, FP8_CVT=False),  # tail apart only
     dict(DECODE_CONFIG_TWO_PASS, TAIL_APART=False),  # hardware decode only
     _two_pass(block_k=64, score_warps=8, score_stages=4, value_stages=3),  # scores over 8 warps
+    _two_pass(block_k=64, score_stages=4, value_stages=3, value_warps=8),  # values over 8 warps
+    _two_pass(block_k=64, score_stages=4, value_stages=3, block_dv=64),  # values: one scale block a program
     _two_pass(block_k=64, score_stages=2, value_stages=2),  # shallower pipelines
+    dict(KERNEL="unpack"),  # each column unpacked into a scratch pool, then the bf16 launch
     "bf16 rows",
     None,
 ]
@@ -88,6 +93,8 @@ def _label(cfg) -> str:
         return cfg
     short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
                  BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh", FP8_CVT="cvt", TAIL_APART="tail_apart")
+    if cfg.get("KERNEL") == "unpack":
+        return "unpack columns, then the production bf16 launch (unpack)"
     launch = lambda v: f"{v['num_warps']}w{v['num_stages']}s" if isinstance(v, dict) else v  # noqa: E731
     return " ".join(f"{short.get(k, k)}={launch(v)}" for k, v in cfg.items() if k not in ("MERGE", "PDL", "KERNEL")) + (
         f" ({cfg['KERNEL']})" if "KERNEL" in cfg else "")

@@ -88,6 +88,17 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         archs=(90, 100, 120), **_TP["VALUES"],
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),
+    KernelSpec(  # the comparison route KERNEL="unpack": each token's columns unpacked, then the bf16 launch
+        "sparse_attn.unpack_columns_fp8kv", f"{_OPS}.sparse_attn_unpacked_decode:_unpack_columns_kernel",
+        types=dict(win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", rows_ptr="*bf16",
+                   cols_ptr="*i32", C="i32", D="i32", n_window="i32", stride_pool="i32", stride_it="i32",
+                   stride_rows="i32", stride_ct="i32"),
+        aligned=("win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "rows_ptr", "cols_ptr", "C", "D", "n_window",
+                 "stride_pool", "stride_it", "stride_rows", "stride_ct"),
+        constexprs=dict(HAS_COUNTS=True, BLOCK_C=8, BLOCK_D=512, PK_FP8_CVT=True, **_LOAD_PK), num_warps=4,
+        archs=(90, 100, 120),
+        expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES),
+    ),
     # ---- indexer scores over packed fp4 keys: 17-word rows, 4-byte aligned only ----
     KernelSpec(
         "indexer.scores_fp8kv", f"{_OPS}.indexer_triton:_index_scores_kernel",

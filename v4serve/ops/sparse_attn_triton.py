@@ -43,7 +43,8 @@ The production prefill on sm_90 (Triton 3.6, D = 512) is instead the warp-specia
 kernel of sparse_attn_gluon.py (1.2-1.6x faster at the PR shapes, same output bits), and decode
 steps of 2 or more tokens run the two-pass kernels of sparse_attn_two_pass.py (bf16 P between a
 scores and a values launch instead of fp32 split partials); the wrapper below dispatches on the
-tile config's KERNEL ("tl", "ws" or "two_pass").
+tile config's KERNEL ("tl", "ws", "two_pass", or "unpack": packed rows unpacked per column first,
+sparse_attn_unpacked_decode.py).
 
 - prefill (M > 1): grid (T, cdiv(H, BLOCK_H), 1); the program covers every column and writes
   acc / (l + 2^(sink2 - m)) in bf16. sm_90: BLOCK_H 64, so one [64, 512] fp32 accumulator per
@@ -86,6 +87,7 @@ from v4serve.ops.kv_compact import unpack_referenced_rows
 from v4serve.ops.kv_pack_triton import packed_constexprs
 from v4serve.ops.sparse_attn_tiles import column_bound, gather_kv_tile, gather_packed_kv_tile, sliced_scores
 from v4serve.ops.sparse_attn_two_pass import sparse_attn_two_pass
+from v4serve.ops.sparse_attn_unpacked_decode import unpack_columns
 
 # Production tiles (H200 sweeps, docs/performance.md). Prefill: all 64 heads of a token share each
 # gathered [64, 512] KV tile. Single-token decode (steps of more tokens take the two-pass kernels
@@ -407,6 +409,12 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     fp8_cvt = cfg.pop("FP8_CVT", None)  # packed rows: None = the hardware e4m3 conversion where there is one
     if pk:
         pk["PK_FP8_CVT"] = fp8_conversion_supported(q.device) if fp8_cvt is None else bool(fp8_cvt)
+    if kernel == "unpack":  # packed rows: each token's columns unpacked, then the bf16 launch (a comparison)
+        if not pk:
+            raise ValueError("tile config KERNEL 'unpack' reads packed rows (row_format)")
+        rows, cols = unpack_columns(win, cmp, it, ct, n_window, D, pk, counts is not None)
+        return sparse_attn_paged_triton(q, rows, rows, cols.reshape(B, M, C), n_window, sink, scale, counts,
+                                        tile_config=cfg.get("INNER"))
     if kernel == "two_pass":
         return sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, counts is not None,
                                     pdl, cfg, pk).reshape(B, M, H, D)
