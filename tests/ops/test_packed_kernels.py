@@ -65,6 +65,7 @@ CONFIGS = {
     "split-k decode sliced": (2, 1, 16, dict(DECODE_CONFIG_SMALL_PACKED, QK_SLICE=64)),
     "split-k decode packed tiles": (2, 1, 16, DECODE_CONFIG_SMALL_PACKED),
     "two-pass decode": (3, 1, 64, DECODE_CONFIG_TWO_PASS),
+    "two-pass decode, whole-tile scores": (3, 1, 64, dict(DECODE_CONFIG_TWO_PASS, WHOLE_TILE=True)),
 }
 
 

@@ -77,9 +77,9 @@ PACKED_DECODE_B8_CANDIDATES = [
     dict(DECODE_CONFIG_TWO_PASS, FP8_CVT=False),  # tail apart only
     dict(DECODE_CONFIG_TWO_PASS, TAIL_APART=False),  # hardware decode only
     _two_pass(block_k=64, score_warps=8, score_stages=4, value_stages=3),  # scores over 8 warps
+    _two_pass(block_k=64, score_warps=8, score_stages=1, value_stages=3, WHOLE_TILE=True),  # scores: one dot
     _two_pass(block_k=64, score_stages=4, value_stages=3, value_warps=8),  # values over 8 warps
     _two_pass(block_k=64, score_stages=4, value_stages=3, block_dv=64),  # values: one scale block a program
-    _two_pass(block_k=64, score_stages=2, value_stages=2),  # shallower pipelines
     dict(KERNEL="unpack"),  # each column unpacked into a scratch pool, then the bf16 launch
     "bf16 rows",
     None,
@@ -92,7 +92,8 @@ def _label(cfg) -> str:
     if isinstance(cfg, str):
         return cfg
     short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
-                 BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh", FP8_CVT="cvt", TAIL_APART="tail_apart")
+                 BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh", FP8_CVT="cvt", TAIL_APART="tail_apart",
+                 WHOLE_TILE="whole_tile")
     if cfg.get("KERNEL") == "unpack":
         return "unpack columns, then the production bf16 launch (unpack)"
     launch = lambda v: f"{v['num_warps']}w{v['num_stages']}s" if isinstance(v, dict) else v  # noqa: E731
