@@ -134,13 +134,14 @@ PREFILL_CONFIGS_PACKED = {arch: _sliced(dict(PREFILL_CONFIG_SMALL_SMEM, num_stag
 # FP8_CVT) and used by both dots, as the bf16 kernel uses its gathered tile: S is one dot, so the
 # output has the bits of the bf16 kernel at these tiles over the unpacked rows. 8 warps (216
 # registers, 80 KB of shared memory, no spills under 3.6 on sm_90 / 100 / 120; at 4 warps 252).
-# One stage at up to 32 columns per split (one tile per program: a cp.async stage would only add
-# a shared-memory round trip before the dequantization); two at 64 (the second tile prefetched).
+# One stage (at 32 columns per split a program has one tile: a cp.async stage would only add a
+# shared-memory round trip before the dequantization; at 64, two stages would prefetch the second
+# tile but need 101 KB of shared memory, past sm_120's 99 KB).
 # Session 9's sliced tiles (S as a chain of 128-wide slices, each gathered and dequantized on its
 # own, then the whole tile again for P V; 10.19 / 9.59 / 9.39 µs at r4 / r128 / r0 B1 on the H200
 # against the bf16 rows' 6.81 / 6.12 / 5.72): DECODE_CONFIG_SMALL_PACKED_SLICED.
 DECODE_CONFIG_SMALL_PACKED = dict(DECODE_CONFIG_SMALL, num_warps=8, num_stages=1)
-DECODE_CONFIG_LARGE_PACKED = dict(DECODE_CONFIG_LARGE, num_warps=8, num_stages=2)
+DECODE_CONFIG_LARGE_PACKED = dict(DECODE_CONFIG_LARGE, num_warps=8, num_stages=1)
 DECODE_CONFIG_SMALL_PACKED_SLICED = _sliced(dict(DECODE_CONFIG_SMALL, num_warps=8))
 SMALL_DECODE_PAIRS = 1024
 # Decode steps of TWO_PASS_MIN_TOKENS or more tokens take the two-pass kernels
