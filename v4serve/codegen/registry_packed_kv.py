@@ -11,8 +11,7 @@ indexer's key words 4-byte loads; no spills. Register bounds are not set yet (no
 """
 from v4serve.formats import row_format
 from v4serve.ops.kv_pack_triton import packed_constexprs, store_warps
-from v4serve.ops.sparse_attn_triton import (
-    DECODE_CONFIG_LARGE_PACKED, DECODE_CONFIG_SMALL_PACKED, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIGS_PACKED)
+from v4serve.ops.sparse_attn_triton import DECODE_CONFIG_SMALL_PACKED, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIGS_PACKED
 
 from .spec import Expect, KernelSpec
 
@@ -31,6 +30,7 @@ _ATTN_TYPES = dict(
 _ATTN_ALIGNED = ("q_ptr", "win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "sink_ptr", "out_ptr", "part_ptr", "m_ptr",
                  "l_ptr", "ticket_ptr", "H", "D", "C", "n_window", "cols_per_split", *_STRIDES)
 _TP = DECODE_CONFIG_TWO_PASS
+_DEC = DECODE_CONFIG_SMALL_PACKED
 # The hardware e4m3 conversion (load_packed's FP8_CVT) where production uses it: sm_89 and newer.
 _CVT = {arch: arch >= 89 for arch in (80, 90, 100, 120)}
 _TP_STRIDES = ("stride_pool", "stride_it", "stride_pt", "stride_ph", "stride_mt", "stride_mj")
@@ -59,18 +59,16 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         )
         for arch, cfg in PREFILL_CONFIGS_PACKED.items()
     ),
-    *(
-        KernelSpec(  # DECODE_CONFIG_{SMALL,LARGE}_PACKED: the whole tile dequantized once (no QK_SLICE)
-            f"sparse_attn.decode_fp8kv{suffix}_pdl", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
-            types=dict(_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"), aligned=_ATTN_ALIGNED,
-            constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=cfg["BLOCK_H"],
-                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=True, EVEN_D=True, PACKED=True,
-                            PK_FP8_CVT=True, **_FP8),
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-            archs=(90, 100, 120),
-            expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
-        )
-        for suffix, cfg in (("", DECODE_CONFIG_SMALL_PACKED), ("_large", DECODE_CONFIG_LARGE_PACKED))
+    KernelSpec(  # DECODE_CONFIG_SMALL_PACKED, the whole tile dequantized once (LARGE differs only in
+        # COLS_PER_SPLIT, a runtime argument)
+        "sparse_attn.decode_fp8kv_pdl", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
+        types=dict(_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"), aligned=_ATTN_ALIGNED,
+        constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=_DEC["BLOCK_H"],
+                        BLOCK_T=_DEC["BLOCK_T"], BLOCK_D=512, PDL=True, EVEN_D=True, PACKED=True, PK_FP8_CVT=True,
+                        **_FP8),
+        num_warps=_DEC["num_warps"], num_stages=_DEC["num_stages"],
+        archs=(90, 100, 120),
+        expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),
     KernelSpec(
         "sparse_attn.two_pass_scores_fp8kv_pdl", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",
