@@ -70,14 +70,17 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         archs=(90, 100, 120),
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),
-    KernelSpec(
-        "sparse_attn.two_pass_scores_fp8kv_pdl", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",
-        types=_SCORES_TYPES, aligned=tuple(k for k in _SCORES_TYPES if k != "qk_scale_log2"),
-        constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_K=_TP["BLOCK_K"],
-                        PDL=True, PACKED=True, PK_FP8_CVT=True, TAIL_APART=True, WHOLE_TILE=False, BLOCK_D=512,
-                        **_LOAD_PK),
-        archs=(90, 100, 120), **_TP["SCORES"],
-        expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
+    *(
+        KernelSpec(  # TAIL_APART where the launcher sets it (two_pass_tail_apart: sm_90 / sm_100)
+            f"sparse_attn.two_pass_scores_fp8kv_pdl{suffix}", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",
+            types=_SCORES_TYPES, aligned=tuple(k for k in _SCORES_TYPES if k != "qk_scale_log2"),
+            constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_K=_TP["BLOCK_K"],
+                            PDL=True, PACKED=True, PK_FP8_CVT=True, TAIL_APART=tail_apart, WHOLE_TILE=False,
+                            BLOCK_D=512, **_LOAD_PK),
+            archs=archs, **_TP["SCORES"],
+            expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
+        )
+        for suffix, archs, tail_apart in (("", (90, 100), True), ("_sm120", (120,), False))
     ),
     KernelSpec(
         "sparse_attn.two_pass_values_fp8kv_pdl", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
@@ -94,7 +97,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
                    stride_rows="i32", stride_ct="i32"),
         aligned=("win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "rows_ptr", "cols_ptr", "C", "D", "n_window",
                  "stride_pool", "stride_it", "stride_rows", "stride_ct"),
-        constexprs=dict(HAS_COUNTS=True, BLOCK_C=8, BLOCK_D=512, PK_FP8_CVT=True, **_LOAD_PK), num_warps=4,
+        constexprs=dict(HAS_COUNTS=True, BLOCK_C=16, BLOCK_D=512, PK_FP8_CVT=True, **_LOAD_PK), num_warps=4,
         archs=(90, 100, 120),
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES),
     ),

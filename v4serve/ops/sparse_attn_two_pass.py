@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from v4serve.ops._dispatch import compiled_on_cuda
 from v4serve.ops.kv_pack_triton import load_packed
 from v4serve.ops.sparse_attn_tiles import column_bound, load_rows, row_pointers
 
@@ -220,14 +221,21 @@ def _values_kernel(
              out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
 
 
+def two_pass_tail_apart(device: torch.device) -> bool:
+    """The default of TAIL_APART: on with wgmma (sm_90 / sm_100) and in the interpreter; off where the
+    scores pass runs mma.sync (sm_80 / sm_89 / sm_120), whose registers the tail slice held across the
+    loop overflows (8 bytes of stack on sm_120 under Triton 3.6, codegen check)."""
+    return not compiled_on_cuda(device) or torch.cuda.get_device_capability(device)[0] in (9, 10)
+
+
 def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, has_counts, pdl, cfg, pk=None):
     """Launch both passes on [T, H, D] views as sparse_attn_triton.py prepares them.
 
     cfg: BLOCK_H, BLOCK_T, BLOCK_K (the scores pass's head-dim slice), BLOCK_DV, VALUE_BLOCK_H (the
     values pass's heads per program; default BLOCK_H), TAIL_APART (packed rows: the rope tail slice
-    gathered before the code slices; default True), WHOLE_TILE (the scores pass gathers its whole
-    tile at once and computes S as one dot instead of the K loop; default False), and the launch
-    options of each pass as
+    gathered before the code slices; default two_pass_tail_apart(device)), WHOLE_TILE (the scores
+    pass gathers its whole tile at once and computes S as one dot instead of the K loop; default
+    False), and the launch options of each pass as
     SCORES / VALUES = dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
     (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
     pk = {k: v for k, v in (pk or {}).items() if k == "PACKED" or k in _PK_PARAMS}
@@ -246,7 +254,8 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
         H, D, C, n_window, qk_scale_log2,
         qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1),
         HAS_COUNTS=has_counts, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=min(cfg["BLOCK_K"], block_d), PDL=pdl,
-        TAIL_APART=cfg.get("TAIL_APART", True), WHOLE_TILE=cfg.get("WHOLE_TILE", False), BLOCK_D=block_d,
+        TAIL_APART=cfg.get("TAIL_APART", two_pass_tail_apart(qt.device)), WHOLE_TILE=cfg.get("WHOLE_TILE", False),
+        BLOCK_D=block_d,
         **cfg["SCORES"], **pk,
     )
     _values_kernel[(T, triton.cdiv(D, block_dv), triton.cdiv(H, block_hv))](

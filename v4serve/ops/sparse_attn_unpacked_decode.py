@@ -28,7 +28,7 @@ import triton.language as tl
 from v4serve.ops.kv_pack_triton import load_packed
 from v4serve.ops.sparse_attn_tiles import column_bound, load_rows, row_pointers
 
-BLOCK_C = 8
+BLOCK_C = 16
 _PK_LOAD = ("PK_NQ", "PK_BLOCK", "PK_TAIL_OFF", "PK_SCALE_OFF", "PK_HAS_TAIL", "PK_FP8_CVT")
 
 
