@@ -10,7 +10,9 @@ FreeToken PR shapes by name), index keys fp4_e8m0_b32. Per attention shape:
   tiles over the unpacked bf16 rows, within fp32 accumulation-order rounding (H200, session 9's
   kernels: relative 2.6e-7 to 5.5e-5 over the six decode shapes, a few outputs one bf16 ulp apart;
   a wrong scale or channel gives ~1), and the torch reference over the unpacked rows within bf16
-  rounding; bit for bit on integer-valued q and rows, where every partial sum is exact in fp32;
+  rounding; on integer-valued q and rows (S exact in any order) every output within one bf16 ulp
+  and nearly all bit for bit (the dequantized mma operands have kWidth 4, the bf16 ones 2: the k
+  order inside each mma.sync of P V differs, and P V's sums are not exact);
 - the hardware e4m3 conversion (FP8_CVT, production on sm_89+) against the integer one, bit for
   bit (the same values reach the same dots);
 - the sliced kernel (S as a chain of dots over head-dim slices) against the whole-tile kernel at
@@ -80,9 +82,11 @@ DECODE_SHAPES = [n for n in ATTN_SHAPES if SHAPES[n][0] == "decode"]
 
 
 @pytest.mark.parametrize("name", DECODE_SHAPES)
-def test_packed_decode_has_the_bits_of_the_bf16_kernel_when_sums_are_exact(name):
+def test_packed_decode_is_the_bf16_kernel_when_scores_are_exact(name):
     """Production decode over packed rows against the bf16 kernels at the same tiles over the same
-    values (rows of small integers pack exactly), bit for bit: a wrong scale, channel or row shows."""
+    values (rows of small integers pack exactly, and S is exact in any order): every output within
+    one bf16 ulp, at most 0.1% of them not bit-equal (P V's summation order inside the mma); a
+    wrong scale, channel or row moves most outputs by far more."""
     _, (q, idx, n_window, sink, scale, counts), _, (uw, uc) = _packed_case(name)
     q, uw, uc = _integer_valued(q, uw, uc)
     pw, pc = pack_rows(uw, KV_FORMAT), pack_rows(uc, KV_FORMAT)
@@ -92,7 +96,11 @@ def test_packed_decode_has_the_bits_of_the_bf16_kernel_when_sums_are_exact(name)
     tiles = decode_config(q.shape[0], idx.shape[-1], packed=True)
     ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts, tile_config=dict(tiles))
     assert ref.abs().amax() > 0
-    assert _same_bits(out, ref), f"{name}: packed vs bf16 rows at {tiles}: rel err {rel_err(out, ref):.3g}"
+    diff, mag = (out.float() - ref.float()).abs(), ref.float().abs()
+    one_ulp = torch.maximum(mag * 2.0**-7, mag.amax() * 1e-6)
+    differing = float((diff > 0).float().mean())
+    assert (diff <= one_ulp).all() and differing < 1e-3, (
+        f"{name}: packed vs bf16 rows at {tiles}: rel err {rel_err(out, ref):.3g}, {differing:.2%} of outputs differ")
 
 
 @pytest.mark.parametrize("name", DECODE_SHAPES)

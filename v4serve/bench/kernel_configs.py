@@ -64,7 +64,7 @@ PACKED_DECODE_B1_CANDIDATES = [
     dict(DECODE_CONFIG_SMALL_PACKED_SLICED, FP8_CVT=False),  # session 9's production
     dict(DECODE_CONFIG_SMALL_PACKED_SLICED, FP8_CVT=True),  # its slices, hardware decode
     dict(DECODE_CONFIG_SMALL_PACKED, FP8_CVT=False),  # the whole tile, integer decode
-    dict(DECODE_CONFIG_SMALL_PACKED, num_warps=4),  # the bf16 production tiles: its output bits
+    dict(DECODE_CONFIG_SMALL_PACKED, num_warps=4),  # the bf16 production tiles
     dict(DECODE_CONFIG_SMALL_PACKED, num_stages=2),  # codes through a cp.async stage
     dict(KERNEL="unpack"),  # each column unpacked into a scratch pool, then the bf16 launch
     "bf16 rows",

@@ -23,8 +23,11 @@ Over packed fp8 rows (PACKED, issue 17) the program gathers the packed bytes of 
 codes and the bf16 rope tail as 16-byte loads, the ue8m0 scales as the int32 words holding them)
 and dequantizes them in registers (kv_pack_triton.load_packed; exact, so the tile holds the
 unpacked rows' values). Split-K decode does it once per [BLOCK_T, D] tile and runs both dots on
-it, like the bf16 kernel: the same output bits as the bf16 kernel at the same tiles over the
-unpacked rows. Tiles that set QK_SLICE launch `_sparse_attn_sliced_kernel` instead, the same
+it, like the bf16 kernel: the same values into the same dots as the bf16 kernel at the same tiles
+over the unpacked rows. The bits can still differ by fp32 summation order: Triton lays the
+dequantized operands out with kWidth 4 (the bf16 kernel's: 2), which permutes the k order inside
+each mma.sync (equal bits where every sum is exact; otherwise a few outputs one bf16 ulp apart,
+session 9's H200 test: relative 3e-7 to 5.5e-5). Tiles that set QK_SLICE launch `_sparse_attn_sliced_kernel` instead, the same
 program with S = Q K^T computed as a chain of dots over QK_SLICE-wide slices of the head dim
 (sparse_attn_tiles.sliced_scores: each K slice gathered and dequantized on its own, the Q slice
 re-read from L1; P V still takes the whole dequantized tile): the packed prefill tiles, and
@@ -131,8 +134,8 @@ PREFILL_CONFIGS_PACKED = {arch: _sliced(dict(PREFILL_CONFIG_SMALL_SMEM, num_stag
 # Split-K decode over packed rows (session 10): the bf16 tiles (16 heads x 32-column splits), each
 # [32, 512] tile gathered once (codes, rope tail and scale words: one round of 16- and 4-byte
 # loads), dequantized once in registers (the hardware e4m3 conversion on sm_89+, load_packed's
-# FP8_CVT) and used by both dots, as the bf16 kernel uses its gathered tile: S is one dot, so the
-# output has the bits of the bf16 kernel at these tiles over the unpacked rows. 8 warps (216
+# FP8_CVT) and used by both dots, as the bf16 kernel uses its gathered tile (S is one dot; the
+# same values as the bf16 kernel's at these tiles, up to the k order inside the mma). 8 warps (216
 # registers, 80 KB of shared memory, no spills under 3.6 on sm_90 / 100 / 120; at 4 warps 252).
 # One stage (at 32 columns per split a program has one tile: a cp.async stage would only add a
 # shared-memory round trip before the dequantization; at 64, two stages would prefetch the second
