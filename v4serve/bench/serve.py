@@ -205,8 +205,8 @@ def summarize(outcome: Run, args: argparse.Namespace) -> dict:
             summary[f"{name}_p{p}"] = percentile(values, p)
     labels = list(dict.fromkeys(r.label for r in results if r.label))  # in first-seen order
     summary["ttft_ms_by_label"] = [
-        {"label": label, "count": len(ttfts), "ttft_ms_mean": _mean(ttfts), "ttft_ms_p50": percentile(ttfts, 50),
-         "ttft_ms_p99": percentile(ttfts, 99)}
+        {"label": label, "count": len(ttfts), "ttft_ms_mean": _mean(ttfts),
+         **{f"ttft_ms_p{p}": percentile(ttfts, p) for p in PERCENTILES}}
         for label in labels for ttfts in [[r.ttft * 1e3 for r in ok if r.label == label]]
     ]
     queries, hits = outcome.prefix_cache or (None, None)
@@ -233,9 +233,12 @@ def print_table(s: dict) -> None:
     for name in ("ttft_ms", "tpot_ms", "latency_ms"):
         cells = " ".join(f"{s[f'{name}_p{p}']:10.1f}" for p in PERCENTILES)
         print(f"{name:<18} {s[f'{name}_mean']:10.1f} {cells}")
-    for row in s["ttft_ms_by_label"]:
-        print(f"ttft_ms {row['label']:<10} {row['ttft_ms_mean']:10.1f} {row['ttft_ms_p50']:10.1f} "
-              f"{'':>10} {row['ttft_ms_p99']:10.1f}   ({row['count']} requests)")
+    if s["ttft_ms_by_label"]:
+        width = max(18, *(len(row["label"]) for row in s["ttft_ms_by_label"]))
+        print(f"{'ttft_ms by label':<{width}} {'mean':>10} " + " ".join(f"{'p' + str(p):>10}" for p in PERCENTILES))
+        for row in s["ttft_ms_by_label"]:
+            cells = " ".join(f"{row[f'ttft_ms_p{p}']:10.1f}" for p in PERCENTILES)
+            print(f"{row['label']:<{width}} {row['ttft_ms_mean']:10.1f} {cells}   ({row['count']} requests)")
     for error in s["errors"]:
         print(f"error: {error}")
 
