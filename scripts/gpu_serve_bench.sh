@@ -13,7 +13,7 @@
 #   also among scripts/gpu_run.sh's `tests`, which collects every GPU test)
 # Knobs (environment): MODEL, OVERRIDES, QUANTIZATION (empty: the preset's FP8 / MXFP4; "none":
 # bf16 weights), PREFIX (8192), TURN (128), BATCHED (2048: the step budget = prefix caching's chunk
-# grid), MAX_MODEL_LEN, MAX_NUM_SEQS, DEVICE (the server's --device), CONVERSATIONS, TURNS, PORT,
+# grid), MAX_MODEL_LEN, MAX_NUM_SEQS, KV_PAGES, DEVICE (the server's --device), CONVERSATIONS, TURNS, PORT,
 # and the time limits *_LIMIT in seconds.
 # Files under $OUT: pytest_prefix.log, engine_prefix.log, server_on.log, server_off.log,
 # serve_bench.log (tables), serve_results.jsonl (one JSON line per bench serve run; "metadata" says which).
@@ -50,8 +50,9 @@ CONVERSATIONS=${CONVERSATIONS:-8}
 TURNS=${TURNS:-4}
 PORT=${PORT:-8011}
 URL=http://127.0.0.1:$PORT
+KV_PAGES=${KV_PAGES:-4096}  # 524,288 tokens: nothing is evicted in these runs (~1,000 pages at most)
 MODEL_ARGS=(--model "$MODEL" --hf-overrides "$OVERRIDES" --max-model-len "$MAX_MODEL_LEN"
-            --max-num-batched-tokens "$BATCHED")
+            --max-num-batched-tokens "$BATCHED" --num-kv-pages "$KV_PAGES")
 [[ -n ${QUANTIZATION:-} ]] && MODEL_ARGS+=(--quantization "$QUANTIZATION")
 STAGES=("$@")
 [[ ${#STAGES[@]} -eq 0 ]] && STAGES=(engine serve)
@@ -66,7 +67,7 @@ STAGES=("$@")
 
 wait_healthy() {  # $1: server pid, $2: its log; 0 once /health answers 200
   local t0=$SECONDS
-  while (( SECONDS - t0 < ${STARTUP_LIMIT:-300} )); do
+  while (( SECONDS - t0 < ${STARTUP_LIMIT:-240} )); do
     if ! kill -0 "$1" 2>/dev/null; then
       echo "the server exited while starting; the end of its log:"; tail -n 30 "$2"; return 1
     fi
@@ -75,7 +76,7 @@ wait_healthy() {  # $1: server pid, $2: its log; 0 once /health answers 200
     fi
     sleep 2
   done
-  echo "no /health after ${STARTUP_LIMIT:-300} s; the end of the server's log:"; tail -n 30 "$2"; return 1
+  echo "no /health after ${STARTUP_LIMIT:-240} s; the end of the server's log:"; tail -n 30 "$2"; return 1
 }
 
 stop_server() {  # $1: pid; SIGTERM (graceful), SIGKILL after 60 s
@@ -88,7 +89,7 @@ stop_server() {  # $1: pid; SIGTERM (graceful), SIGKILL after 60 s
 bench_serve() {  # $1: prefix caching on|off, $2: workload name, then bench serve's flags
   local caching=$1 name=$2
   shift 2
-  timeout "${BENCH_LIMIT:-180}" $PY -m v4serve.cli bench serve --url "$URL" --json "$OUT/last.json" \
+  timeout "${BENCH_LIMIT:-150}" $PY -m v4serve.cli bench serve --url "$URL" --json "$OUT/last.json" \
     --metadata "prefix_caching=$caching" "workload=$name" "$@" 2>&1 | grep -v '^{' | tee -a "$OUT/serve_bench.log"
   [[ -f $OUT/last.json ]] && cat "$OUT/last.json" >> "$OUT/serve_results.jsonl" && rm -f "$OUT/last.json"
 }
