@@ -119,7 +119,7 @@ _COMPRESS_DECODE_ALIGNED = ("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_
 _QUANT_MAX_REGS = {
     "decode_w8a16": {90: 96, 100: 96, 120: 96}, "decode_w8a16_sm80": {80: 100},
     "decode_w8a8": {90: 96, 100: 96, 120: 72}, "decode_w8a8_sm80": {80: 96},
-    "decode_m64_w8a16": {90: 128, 100: 128, 120: 128}, "decode_m64_w8a8": {90: 160, 100: 160, 120: 160},
+    "decode_m64_w8a16": {90: 144, 100: 168, 120: 192}, "decode_m64_w8a8": {90: 144, 100: 168, 120: 192},
     "prefill_w8a16": {90: 240, 100: 255, 120: 246}, "prefill_w8a16_sm80": {80: 255},
     "prefill_w8a8": {90: 251, 100: 255, 120: 255}, "prefill_w8a8_sm80": {80: 255},
     "mxfp4_decode": {80: 141, 90: 118, 100: 115, 120: 122},
@@ -446,8 +446,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             f"fp8_linear.{phase}{'_m64' if m64 else ''}_{mode}{'_sm80' if sm80 else ''}",
             f"{_OPS}.fp8_linear_triton:_fp8_linear_{phase}_kernel",
             types=dict(
-                # decode in act mode quantizes its bf16 activation tiles itself (QUANT_A)
-                x_ptr=("*u8" if sm80 else "*fp8e4nv") if mode == "w8a8" and phase == "prefill" else "*bf16",
+                x_ptr=("*u8" if sm80 else "*fp8e4nv") if mode == "w8a8" else "*bf16",
                 xs_ptr="*fp32", w_ptr="*u8" if sm80 else "*fp8e4nv", ws_ptr="*fp32",
                 **(dict(part_ptr="*fp32") if phase == "decode" else {}), y_ptr="*bf16",
                 **(dict(arrivals_ptr="*i32") if phase == "decode" else {}),
@@ -458,7 +457,6 @@ KERNELS: tuple[KernelSpec, ...] = (
                      *(("part_ptr", "arrivals_ptr", "k_per_split", "stride_ps") if phase == "decode" else ())),
             constexprs=dict(PDL=False, BN=128, BK=128, AB=128 if mode == "w8a8" else 1, ACT_FP8=mode == "w8a8",
                             FP8_DOT=mode == "w8a8" and not sm80, NATIVE_FP8=not sm80, POST_SCALE=True, IEEE=False,
-                            QUANT_A=mode == "w8a8" and phase == "decode",
                             **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             archs=(80,) if sm80 else (90, 100, 120),
