@@ -76,7 +76,7 @@ def test_offload_gives_the_same_tokens_as_no_offload(checkpoint):
     _assert_same(_run(llm, prompts), expected)
     # (the random routers are skewed: some layers pick only a few experts, so "some layer")
     assert any(off.fetches > off.n_slots for off in offloads)  # slots reused: evicted, fetched again
-    assert any(off.split_steps > 0 for off in offloads)  # a chunk needed more offloaded experts than slots
+    assert any(off.multi_chunk_steps > 0 for off in offloads)  # a chunk needed more offloaded experts than slots
     for off in offloads:
         assert off.fetches > 0 and int(off.counts.sum()) == 2 * (150 + 40 + 2 * 23)  # top-2 picks per token
         held = [x for x in off.slots]
@@ -140,4 +140,4 @@ def test_offload_with_the_triton_moe_kernels_is_bit_identical(checkpoint):
     for off in offloads:
         off.overlap = True
     _assert_same(_run(llm, prompts, tokens=2), expected)
-    assert any(off.split_steps > 0 for off in offloads)
+    assert any(off.multi_chunk_steps > 0 for off in offloads)

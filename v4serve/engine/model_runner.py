@@ -27,7 +27,7 @@ from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.formats import CacheFormat
 from v4serve.engine.offload import kv_reserve_bytes, memory_map
 from v4serve.layer_plan import ModelPlan, layer_plans, resolve_cache_format
-from v4serve.model.loader import build_model, offloads_of, resolve_config
+from v4serve.model.loader import build_model, resolve_config
 from v4serve.parallel.group import Group
 from v4serve.parallel.launch import Workers
 from v4serve.parallel.shard import refuse_unsupported, shard_model
@@ -148,11 +148,11 @@ class ModelRunner:
                 raise AssertionError(refused)
         self.decode_runner = DecodeRunner(
             self.model, self.cache, args.max_num_seqs,
-            # V4.1's torch selection path (ops/v41_index.py) is not yet checked graph-safe; offloaded
-            # experts are fetched after a host read of the step's routing: no graph capture for either.
-            # Speculative steps run eagerly (engine/speculative.py): no decode graphs to capture.
+            # V4.1's torch selection path (ops/v41_index.py) is not yet checked graph-safe: no graph
+            # capture. Offloaded experts are planned and fetched on the device (model/quantized_offload.py):
+            # captured like the rest. Speculative steps run eagerly (engine/speculative.py).
             use_cuda_graphs=device.type == "cuda" and args.cuda_graphs and config.v41 is None
-            and not offloads_of(self.model) and self.speculative is None,
+            and self.speculative is None,
             graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
         )
         if self.workers is not None:

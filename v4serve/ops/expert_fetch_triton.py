@@ -42,7 +42,8 @@ def expert_fetch_triton(src: torch.Tensor, dst: torch.Tensor, copy_count: torch.
     row_bytes = src[0].numel() * src.element_size()
     cfg = {k: v for k, v in FETCH_CONFIG.items() if k != "programs"}
     programs = programs or FETCH_CONFIG["programs"]
-    words_src, words_dst = src.view(torch.int32), dst.view(torch.int32)
+    words_src = src.reshape(src.shape[0], -1).view(torch.int32)
+    words_dst = dst.reshape(dst.shape[0], -1).view(torch.int32)
     row_words = row_bytes // 4
     n_chunks = triton.cdiv(row_words, cfg["BLOCK"])
     grid = (max(1, min(programs, copy_slot.shape[0] * n_chunks)),)
