@@ -13,6 +13,7 @@ from oracle import random_prompt
 from quantized_writer import make_quantized_oracle
 from v4serve import LLM, SamplingParams
 from v4serve.config import apply_quantization_override
+from v4serve.engine.offload import calibrate_placement
 from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
 from v4serve.model.loader import offloads_of
 from v4serve.model.quantized import MXFP4Experts
@@ -91,6 +92,16 @@ def test_offload_gives_the_same_tokens_as_no_offload(checkpoint):
         hottest = set(torch.argsort(off.counts, descending=True, stable=True)[:2].tolist())
         assert set(off.resident) == hottest
         assert all(int(off.index[x]) == off.row_of[x] for x in off.resident)
+        assert not off.slots and all(int(off.index[x]) == -1 for x in off.host_experts)
+    # The engine's calibration run: counts from zero, every pick of its requests counted, then placed.
+    summary = calibrate_placement(llm.engine, prompt_tokens=16, requests=2, output_tokens=2)
+    assert summary["tokens"] == 2 * (8 + 2) and summary["use"]["layers"] == 4
+    # top-2 picks of 16 prompt tokens and 2 decode rows, or 4 with the step that overlapped decode
+    # launches before the last tokens are read (its outputs are dropped, its routing counted)
+    assert len({int(off.counts.sum()) for off in offloads}) == 1
+    assert 2 * (16 + 2) <= int(offloads[0].counts.sum()) <= 2 * (16 + 4)
+    for off in offloads:
+        assert set(off.resident) == set(torch.argsort(off.counts, descending=True, stable=True)[:2].tolist())
     before = sum(off.fetches for off in offloads)
     _assert_same(_run(llm, prompts), expected)
     assert sum(off.fetches for off in offloads) > before

@@ -23,7 +23,9 @@ written); every pick keeps its output from its expert's pass, and one combine su
 picks, so the result is bit-identical to the model with every expert resident
 (`MXFP4Experts.pick_outputs` says why). A chunk with no member costs its launches (a plan, four
 empty fetches, the MoE kernels over no group): at decode only the first chunk usually has members.
-On the CPU nothing runs beside the compute: the resident experts join chunk 0's pass.
+On the CPU nothing runs beside the compute: the resident experts join chunk 0's pass. The plan
+and the fetch run their Triton kernels on CUDA whatever the model's `kernels` (the torch fetch
+reads the copy count on the host, which a graph cannot capture), their torch references on the CPU.
 Prefetch across layers is not done: a layer's routing is known only when it runs.
 """
 
@@ -135,8 +137,8 @@ class ExpertOffload:
             mapped = expert_cache_plan(
                 picks, self.host_row_of, self.index, self.slot_expert, self.slot_stamp, self.clock, self._fetches,
                 self.counts, self.copy_count, self.copy_slot, self.copy_src, chunk=chunk, n_resident=r,
-                with_resident=chunk == 0 and not separate_resident, count_picks=chunk == 0, impl=module.impl)
-            self._fetch(module.impl)
+                with_resident=chunk == 0 and not separate_resident, count_picks=chunk == 0)
+            self._fetch()
             if chunk == 0 and separate_resident:  # beside the copies of chunk 0
                 y = self._pass(module, x, self.resident_row[experts], y, n_rows)
             self._wait()
@@ -151,7 +153,7 @@ class ExpertOffload:
         part = y_sorted[pos]
         return part if y is None else torch.where((groups.reshape(-1) < n_rows)[:, None], part, y)
 
-    def _fetch(self, impl: str) -> None:
+    def _fetch(self) -> None:
         """The copy list's rows host -> slots; on CUDA on the side stream, after what the compute
         stream has queued (the previous pass may still read the slots): `_wait` before reading."""
         stream = self.copy_stream
@@ -159,7 +161,7 @@ class ExpertOffload:
             stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream) if stream is not None else _nullcontext():
             for dev, host in zip(self.device_tensors, self.host_tensors):
-                expert_fetch(host, dev, self.copy_count, self.copy_slot, self.copy_src, len(self.row_of), impl=impl)
+                expert_fetch(host, dev, self.copy_count, self.copy_slot, self.copy_src, len(self.row_of))
 
     def _wait(self) -> None:
         if self.copy_stream is not None:
