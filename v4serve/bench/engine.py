@@ -7,7 +7,7 @@ The full V4-Flash with expert offload, uniform then Zipf-skewed routing with the
 by measured use (scripts/gpu_flash_e2e.sh runs this and the Pro runs):
 
     python -m v4serve.bench.engine --hf-overrides '{}' --cpu-offload-gb auto --ttft-prompt-lens 2048 8192 \
-        --max-model-len 8448 --concurrency 1 8 32 --routing uniform zipf --placement by-use --no-profile
+        --max-model-len 8448 --concurrency 1 8 32 --routing uniform zipf --placement static by-use --no-profile
 
 Also reported: load time (engine construction: weights, graphs, KV cache), the memory map (device
 weights, resident experts, expert slots, host experts, KV), per routing mode the measured expert
@@ -253,9 +253,13 @@ def _parser() -> argparse.ArgumentParser:
                              "use), or routers re-drawn so expected expert use follows Zipf(--zipf-exponent) "
                              "(model/router_skew.py)")
     parser.add_argument("--zipf-exponent", type=float, default=1.0, help="exponent a of the Zipf routing (use of rank r ~ r^-a)")
-    parser.add_argument("--placement", choices=["static", "by-use"], default="static",
-                        help="offloaded experts: as loaded (the highest ids of each layer), or, before each routing "
-                             "mode's measurements, a calibration run counts picks and the most used go to the GPU")
+    parser.add_argument("--placement", choices=["static", "by-use"], nargs="+", default=["static"],
+                        help="offloaded experts, per routing mode (one value: every mode): as they are (loaded: the "
+                             "highest ids of each layer), or a calibration run counts picks and the most used go to "
+                             "the GPU before the mode's measurements")
+    parser.add_argument("--no-offload-overlap", action="store_true",
+                        help="offloaded layers: the resident experts join the first fetched chunk's pass (one MoE "
+                             "pass fewer, the fetch not hidden) instead of computing beside the fetch")
     parser.add_argument("--calibration-tokens", type=int, default=4096,
                         help="prompt tokens of the calibration run (8 requests, 32 generated tokens each)")
     parser.add_argument("--speculative-config", type=json.loads, default=None,
@@ -268,15 +272,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def measure_mode(engine: Engine, args, routing: str, seed: int) -> dict:
+def measure_mode(engine: Engine, args, routing: str, placement: str, seed: int) -> dict:
     """One routing mode on a built engine: routers re-drawn (after the first mode, or for zipf),
     placement calibrated when asked, then TTFT per prompt length and TPOT per concurrency."""
     exponent = args.zipf_exponent if routing == "zipf" else 0.0
-    entry: dict = {"routing": routing, "zipf_exponent": exponent, "placement": args.placement}
+    entry: dict = {"routing": routing, "zipf_exponent": exponent, "placement": placement}
     if routing == "zipf" or seed:
         apply_zipf_routing(engine.model, engine.config, exponent, seed=seed)
     offloaded = bool(offloads_of(engine.model))
-    if offloaded and args.placement == "by-use":
+    if offloaded and placement == "by-use":
         t0 = time.perf_counter()
         entry["calibration"] = calibrate_placement(engine, args.calibration_tokens, seed=seed)
         entry["calibration"]["seconds"] = round(time.perf_counter() - t0, 2)
@@ -306,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         num_kv_pages=args.num_kv_pages, kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
         cpu_offload_gb=parse_cpu_offload_gb(str(args.cpu_offload_gb)),
         cuda_graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
-        speculative_config=args.speculative_config,
+        speculative_config=args.speculative_config, offload_overlap=not args.no_offload_overlap,
     ))
     _sync()
     load_s = time.perf_counter() - t0
@@ -317,8 +321,12 @@ def main(argv: list[str] | None = None) -> int:
               "max_num_seqs": engine.scheduler.max_num_seqs,
               "cuda_graph_sizes": engine.decode_runner.ladder, "kv_pages": engine.cache.allocator.num_pages,
               "cuda_graphs": engine.decode_runner.uses_cuda_graphs, "load_s": round(load_s, 2),
-              "memory": memory_summary(engine.model, engine.kv_budget.total_bytes), "banner": banner}
-    print(f"load {load_s:.1f} s; decode CUDA graphs: {result['cuda_graphs']}, max_num_seqs: {result['max_num_seqs']}, "
+              "weights_load_s": round(engine.runner.load_seconds, 2),
+              "graph_capture_s": round(engine.runner.capture_seconds, 2),
+              "memory": memory_summary(engine.model, engine.kv_budget.total_bytes), "banner": banner,
+              "offload_overlap": not args.no_offload_overlap}
+    print(f"load {load_s:.1f} s (weights {engine.runner.load_seconds:.1f} s, decode graphs "
+          f"{engine.runner.capture_seconds:.1f} s); decode CUDA graphs: {result['cuda_graphs']}, max_num_seqs: {result['max_num_seqs']}, "
           f"KV pages: {result['kv_pages']}", flush=True)
     if args.host_profile:
         for c in args.concurrency:
@@ -331,7 +339,13 @@ def main(argv: list[str] | None = None) -> int:
         for c in args.concurrency:
             print(gpu_busy_fraction(engine, c))
         return 0
-    result["modes"] = [measure_mode(engine, args, routing, seed) for seed, routing in enumerate(args.routing)]
+    placements = args.placement if len(args.placement) == len(args.routing) else args.placement[:1] * len(args.routing)
+    result["modes"] = []
+    for seed, (routing, placement) in enumerate(zip(args.routing, placements)):
+        result["modes"].append(measure_mode(engine, args, routing, placement, seed))
+        if args.json_out:  # rewritten after every mode: a run stopped at its time limit keeps the modes done
+            with open(args.json_out, "w") as f:
+                json.dump(result, f, indent=1)
     first = result["modes"][0]
     result["ttft_ms"], result["tpot"] = first["ttft_ms"][str(lens[0])], first["tpot"]
     result["profile"] = [gpu_busy_fraction(engine, c) for c in args.concurrency] if on_gpu and not args.no_profile else []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 import torch
 
@@ -27,7 +28,7 @@ from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.formats import CacheFormat
 from v4serve.engine.offload import kv_reserve_bytes, memory_map
 from v4serve.layer_plan import ModelPlan, layer_plans, resolve_cache_format
-from v4serve.model.loader import build_model, resolve_config
+from v4serve.model.loader import build_model, offloads_of, resolve_config
 from v4serve.parallel.group import Group
 from v4serve.parallel.launch import Workers
 from v4serve.parallel.shard import refuse_unsupported, shard_model
@@ -93,6 +94,7 @@ class ModelRunner:
             raise ValueError("speculative_config with tensor_parallel_size > 1 is not supported yet (the other ranks "
                              "do not replay the verification's rollback): future work")
         shard = None if group is None else (lambda net: shard_model(net, group, args.enable_expert_parallel))
+        t0 = time.perf_counter()
         with self._guard("building the model"):
             self.model, config = build_model(args.model, device, dtype, args.hf_overrides,
                                              args.progress and (group is None or group.rank == 0),
@@ -101,6 +103,11 @@ class ModelRunner:
                                              shard=shard)
         self.model.fuse_projections()
         self.model.bind_kernels(args.kernels)
+        for offload in offloads_of(self.model):  # before the decode graphs capture the pass schedule
+            offload.overlap = offload.overlap and args.offload_overlap
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.load_seconds = time.perf_counter() - t0  # weights read or generated, placed, fused
         self.config = config
         self.max_model_len = args.max_model_len or min(config.max_position_embeddings, 8192)
         if self.max_model_len > config.max_position_embeddings:
@@ -146,6 +153,7 @@ class ModelRunner:
                                                        chunk_grid=max(page, args.max_num_batched_tokens // page * page))
             if refused:  # prefix_caching_off checked the same geometry
                 raise AssertionError(refused)
+        t0 = time.perf_counter()
         self.decode_runner = DecodeRunner(
             self.model, self.cache, args.max_num_seqs,
             # V4.1's torch selection path (ops/v41_index.py) is not yet checked graph-safe: no graph
@@ -155,6 +163,7 @@ class ModelRunner:
             and self.speculative is None,
             graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
         )
+        self.capture_seconds = time.perf_counter() - t0  # decode graphs (and the kernels they compile)
         if self.workers is not None:
             self.workers.record(self.cache)
 

@@ -38,10 +38,11 @@ def _expert_fetch_kernel(src_ptr, dst_ptr, copy_count_ptr, copy_slot_ptr, copy_s
 
 
 def expert_fetch_triton(src: torch.Tensor, dst: torch.Tensor, copy_count: torch.Tensor, copy_slot: torch.Tensor,
-                        copy_src: torch.Tensor, dst_row0: int, programs: int | None = None) -> None:
+                        copy_src: torch.Tensor, dst_row0: int, config: dict | None = None) -> None:
+    """`config` overrides FETCH_CONFIG's keys (bench/kernel_configs.py sweeps them)."""
     row_bytes = src[0].numel() * src.element_size()
-    cfg = {k: v for k, v in FETCH_CONFIG.items() if k != "programs"}
-    programs = programs or FETCH_CONFIG["programs"]
+    cfg = {**FETCH_CONFIG, **(config or {})}
+    programs = cfg.pop("programs")
     words_src = src.reshape(src.shape[0], -1).view(torch.int32)
     words_dst = dst.reshape(dst.shape[0], -1).view(torch.int32)
     row_words = row_bytes // 4
