@@ -7,7 +7,8 @@
 # at each concurrency, measured expert use and expert fetches per decode step.
 # Usage (repo root, GPU machine): OUT=/some/dir scripts/gpu_flash_e2e.sh [STAGE ...]
 #   STAGE: tests | flash | pro | pro-offload | overlap (default: flash pro pro-offload, ~9 min in all)
-#   overlap: the offload pass schedule with and without the resident pass beside the fetch (2 x ~1.5 min)
+#   overlap: the offload pass schedule: resident pass beside the fetch (default), without it, and with
+#            the layer-ahead prefetch (Flash cut to 8 layers, 3 x ~1 min)
 #   tests: the GPU tests of the offload path (fetch kernel on pinned memory in a graph; offloaded
 #          Flash cut to 4 layers in CUDA graphs = resident tokens; ~2-3 min, run it first)
 # Files under $OUT (at most 8 come back): e2e_<stage>.log, e2e_<stage>.json.
@@ -52,10 +53,10 @@ for stage in "${STAGES[@]}"; do
         | tee -a "$log" | grep -v -E '^\{' | tail -n 30 ;;
     overlap)
       # offload pass schedule side by side: Flash cut to 8 layers, 120 of 256 experts per layer on the host
-      for flag in "" --no-offload-overlap; do
+      for flag in "" --no-offload-overlap --offload-prefetch; do
         timeout ${OVERLAP_LIMIT:-100} $BENCH --model deepseek-v4-flash --hf-overrides '{"num_hidden_layers": 8}' \
           --cpu-offload-gb 12 --concurrency 1 8 --cuda-graph-sizes 1 8 --output-len 64 \
-          --ttft-prompt-lens 2048 $flag 2>&1 | tee -a "$log" | grep -E 'routing|concurrency|^ +[0-9]+ ' | tail -n 8
+          --ttft-prompt-lens 2048 --ttft-repeats 1 $flag 2>&1 | tee -a "$log" | grep -E 'routing|concurrency|^ +[0-9]+ ' | tail -n 8
       done ;;
     *) echo "unknown stage $stage" ;;
   esac

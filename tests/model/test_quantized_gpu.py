@@ -104,8 +104,8 @@ def test_flash_offload_decodes_in_cuda_graphs_with_the_resident_tokens():
     """Offloaded experts planned and fetched on the device (model/quantized_offload.py): decode
     steps captured in CUDA graphs, three sequences at once (graph of 4: 24 picks per layer, two
     chunks of 12 slots), 200 of 256 experts per layer in host memory so the slots churn, Zipf
-    routing with placement by measured use on top; every sequence's tokens those of the
-    all-resident model with the same graphs."""
+    routing with placement by measured use on top, then the layer-ahead prefetch; every sequence's
+    tokens those of the all-resident model with the same graphs."""
     from v4serve.engine.offload import calibrate_placement
     from v4serve.model.router_skew import apply_zipf_routing
 
@@ -137,3 +137,10 @@ def test_flash_offload_decodes_in_cuda_graphs_with_the_resident_tokens():
     print("calibration", summary, "fetches", fetched)
     assert summary["experts_moved"] > 0 and summary["use"]["zipf_exponent_fit"] > 0.5
     assert tokens(offloaded) == expected_zipf
+    del offloaded
+    torch.cuda.empty_cache()
+    # Layer-ahead prefetch (each layer guesses the next one's picks, fetched on its side stream,
+    # captured with the rest): the same tokens.
+    prefetching = LLM("deepseek-v4-flash", cpu_offload_gb=4 * 200 * 12.75 / 1024, offload_prefetch=True, **common)
+    assert prefetching.engine.decode_runner.uses_cuda_graphs
+    assert tokens(prefetching) == expected

@@ -14,6 +14,7 @@ from quantized_writer import make_quantized_oracle
 from v4serve import LLM, SamplingParams
 from v4serve.config import apply_quantization_override
 from v4serve.engine.offload import calibrate_placement
+from v4serve.model.expert_prefetch import link_layer_ahead_prefetch
 from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
 from v4serve.model.loader import offloads_of
 from v4serve.model.quantized import MXFP4Experts
@@ -110,6 +111,15 @@ def test_offload_gives_the_same_tokens_as_no_offload(checkpoint):
     for off in offloads:
         off.overlap = True
     _assert_same(_run(llm, prompts), expected)
+
+    # Layer-ahead prefetch: layers 1..3 get their picks guessed by the layer before; it only fills
+    # slots, so the logits stay those of no offload; the guesses are fetched (not counted as picks).
+    assert link_layer_ahead_prefetch(llm.engine.model) == 3
+    counts, fetches = [int(o.counts.sum()) for o in offloads], [o.fetches for o in offloads]
+    _assert_same(_run(llm, prompts), expected)
+    grown = [int(o.counts.sum()) - c for o, c in zip(offloads, counts)]
+    assert len(set(grown)) == 1  # every layer counted the same real picks, none of the guesses
+    assert all(o.fetches > f for o, f in zip(offloads, fetches))
 
 
 def test_auto_fills_the_gpu_first_and_keeps_the_kv_budget():

@@ -260,6 +260,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-offload-overlap", action="store_true",
                         help="offloaded layers: the resident experts join the first fetched chunk's pass (one MoE "
                              "pass fewer, the fetch not hidden) instead of computing beside the fetch")
+    parser.add_argument("--offload-prefetch", action="store_true",
+                        help="offloaded layers: each MoE layer guesses the next one's picks with the next router and "
+                             "prefetches them (model/expert_prefetch.py)")
     parser.add_argument("--calibration-tokens", type=int, default=4096,
                         help="prompt tokens of the calibration run (8 requests, 32 generated tokens each)")
     parser.add_argument("--speculative-config", type=json.loads, default=None,
@@ -311,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu_offload_gb=parse_cpu_offload_gb(str(args.cpu_offload_gb)),
         cuda_graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
         speculative_config=args.speculative_config, offload_overlap=not args.no_offload_overlap,
+        offload_prefetch=args.offload_prefetch,
     ))
     _sync()
     load_s = time.perf_counter() - t0
@@ -324,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
               "weights_load_s": round(engine.runner.load_seconds, 2),
               "graph_capture_s": round(engine.runner.capture_seconds, 2),
               "memory": memory_summary(engine.model, engine.kv_budget.total_bytes), "banner": banner,
-              "offload_overlap": not args.no_offload_overlap}
+              "offload_overlap": not args.no_offload_overlap, "offload_prefetch": args.offload_prefetch}
     print(f"load {load_s:.1f} s (weights {engine.runner.load_seconds:.1f} s, decode graphs "
           f"{engine.runner.capture_seconds:.1f} s); decode CUDA graphs: {result['cuda_graphs']}, max_num_seqs: {result['max_num_seqs']}, "
           f"KV pages: {result['kv_pages']}", flush=True)

@@ -28,6 +28,7 @@ from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.formats import CacheFormat
 from v4serve.engine.offload import kv_reserve_bytes, memory_map
 from v4serve.layer_plan import ModelPlan, layer_plans, resolve_cache_format
+from v4serve.model.expert_prefetch import link_layer_ahead_prefetch
 from v4serve.model.loader import build_model, offloads_of, resolve_config
 from v4serve.parallel.group import Group
 from v4serve.parallel.launch import Workers
@@ -105,6 +106,8 @@ class ModelRunner:
         self.model.bind_kernels(args.kernels)
         for offload in offloads_of(self.model):  # before the decode graphs capture the pass schedule
             offload.overlap = offload.overlap and args.offload_overlap
+        if args.offload_prefetch:
+            link_layer_ahead_prefetch(self.model)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         self.load_seconds = time.perf_counter() - t0  # weights read or generated, placed, fused

@@ -26,7 +26,9 @@ empty fetches, the MoE kernels over no group): at decode only the first chunk us
 On the CPU nothing runs beside the compute: the resident experts join chunk 0's pass. The plan
 and the fetch run their Triton kernels on CUDA whatever the model's `kernels` (the torch fetch
 reads the copy count on the host, which a graph cannot capture), their torch references on the CPU.
-Prefetch across layers is not done: a layer's routing is known only when it runs.
+Layer-ahead prefetch (model/expert_prefetch.py, off by default): the next layer's router applied
+to this layer's input guesses its picks; `prefetch` plans and fetches those into the next
+layer's slots early, on its side stream.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ from v4serve.model.quantized import EXPERT_TENSORS
 from v4serve.ops.expert_cache_plan import expert_cache_plan
 from v4serve.ops.expert_fetch import expert_fetch
 from v4serve.ops.moe_combine import moe_combine
+
+
+PREFETCH_MAX_PICKS = 512  # layer-ahead prefetch (model/expert_prefetch.py) for steps of up to this many picks
 
 
 class ExpertOffload:
@@ -67,6 +72,8 @@ class ExpertOffload:
         self.clock, self._fetches, self.copy_count = (torch.zeros(1, **long) for _ in range(3))
         self.copy_slot, self.copy_src = torch.empty(max(s, 1), **long), torch.empty(max(s, 1), **long)
         self.counts = torch.zeros(e, **long)
+        self.prefetch_picks = torch.empty(PREFETCH_MAX_PICKS, **long)  # guessed picks, read on the side stream
+        self.prefetch_pending = False  # a prefetch is queued on the side stream: wait before planning
         self._write_tables()
         self.multi_chunk_steps = 0  # eager steps (prefill) whose offloaded experts needed several chunks
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -128,6 +135,9 @@ class ExpertOffload:
         if not self.host_row:
             return module.run(x, self.index[experts], weights, add, self.device_tensors)
         picks = experts.flatten()
+        if self.prefetch_pending:  # its plan changed the cache state this plan reads
+            self._wait()
+            self.prefetch_pending = False
         r, n_rows = len(self.row_of), len(self.row_of) + self.n_slots
         chunks = -(-min(picks.numel(), len(self.host_row)) // self.n_slots)
         self.multi_chunk_steps += chunks > 1
@@ -145,6 +155,27 @@ class ExpertOffload:
             y = self._pass(module, x, mapped.view_as(experts), y, n_rows)
         identity = torch.arange(y.shape[0], device=y.device)
         return moe_combine(y, identity, weights, add, impl=module.impl)
+
+    def prefetch(self, experts: torch.Tensor) -> None:
+        """Plan and fetch, ahead of this layer's own step, the first S offloaded experts that
+        `experts` (guessed picks [T, k]) name; nothing for steps of more than PREFETCH_MAX_PICKS
+        picks. The guess is copied into a persistent buffer on the compute stream, so the side
+        stream reads only memory that outlives it; `run` waits for the side stream first."""
+        n = experts.numel()
+        if not self.host_row or n > PREFETCH_MAX_PICKS:
+            return
+        picks = self.prefetch_picks[:n]
+        picks.copy_(experts.reshape(-1))
+        stream = self.copy_stream
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
+            expert_cache_plan(picks, self.host_row_of, self.index, self.slot_expert, self.slot_stamp, self.clock,
+                              self._fetches, self.counts, self.copy_count, self.copy_slot, self.copy_src, chunk=0,
+                              n_resident=len(self.row_of))
+            for dev, host in zip(self.device_tensors, self.host_tensors):
+                expert_fetch(host, dev, self.copy_count, self.copy_slot, self.copy_src, len(self.row_of))
+        self.prefetch_pending = stream is not None
 
     def _pass(self, module, x, groups: torch.Tensor, y: torch.Tensor | None, n_rows: int) -> torch.Tensor:
         """The expert outputs [T*k, D] in pick order: this pass's for the picks whose group is a row
