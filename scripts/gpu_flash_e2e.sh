@@ -33,7 +33,7 @@ for stage in "${STAGES[@]}"; do
   env_line > "$log"
   case "$stage" in
     tests)
-      timeout ${TESTS_LIMIT:-240} $PY -m pytest -m gpu -q -s -p no:cacheprovider tests/ops/test_expert_cache_ops.py \
+      timeout ${TESTS_LIMIT:-300} $PY -m pytest -m gpu -q -s -p no:cacheprovider tests/ops/test_expert_cache_ops.py \
         "tests/model/test_quantized_gpu.py::test_flash_offload_decodes_in_cuda_graphs_with_the_resident_tokens" \
         "tests/model/test_quantized_gpu.py::test_flash_official_formats_with_offload_match_no_offload" 2>&1 \
         | tee -a "$log" | grep -E 'passed|failed|Error|calibration|build' | tail -n 20 ;;
