@@ -136,11 +136,17 @@ def _build_expert_fetch(kind, model, n, device, seed):
     same rows (cudaMemcpyAsync; their addresses are fixed at capture). Floor: the host link."""
     hosts, devices, count, slots, rows = expert_fetch_case(model, n, device, seed)
     nbytes = sum(h.numel() for h in hosts)
-    if kind == "expert_fetch":
-        fn = lambda: [expert_fetch(h, d, count, slots, rows, 4) for h, d in zip(hosts, devices)][-1]  # noqa: E731
-    else:
-        order = [(int(s), int(r)) for s, r in zip(slots[:n].tolist(), rows[:n].tolist())]
-        fn = lambda: [d[4 + s].copy_(h[r], non_blocking=True) for h, d in zip(hosts, devices) for s, r in order][-1]  # noqa: E731
+    order = [(int(s), int(r)) for s, r in zip(slots[:n].tolist(), rows[:n].tolist())]
+
+    def fn():
+        for host, dev in zip(hosts, devices):
+            if kind == "expert_fetch":
+                expert_fetch(host, dev, count, slots, rows, 4)
+            else:
+                for slot, row in order:
+                    dev[4 + slot].copy_(host[row], non_blocking=True)
+        return devices[0]
+
     return fn, nbytes, 0, nbytes, None
 
 
