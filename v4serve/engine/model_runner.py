@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 import torch
 
@@ -27,6 +28,7 @@ from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.formats import CacheFormat
 from v4serve.engine.offload import kv_reserve_bytes, memory_map
 from v4serve.layer_plan import ModelPlan, layer_plans, resolve_cache_format
+from v4serve.model.expert_prefetch import link_layer_ahead_prefetch
 from v4serve.model.loader import build_model, offloads_of, resolve_config
 from v4serve.parallel.group import Group
 from v4serve.parallel.launch import Workers
@@ -93,6 +95,7 @@ class ModelRunner:
             raise ValueError("speculative_config with tensor_parallel_size > 1 is not supported yet (the other ranks "
                              "do not replay the verification's rollback): future work")
         shard = None if group is None else (lambda net: shard_model(net, group, args.enable_expert_parallel))
+        t0 = time.perf_counter()
         with self._guard("building the model"):
             self.model, config = build_model(args.model, device, dtype, args.hf_overrides,
                                              args.progress and (group is None or group.rank == 0),
@@ -101,6 +104,13 @@ class ModelRunner:
                                              shard=shard)
         self.model.fuse_projections()
         self.model.bind_kernels(args.kernels)
+        for offload in offloads_of(self.model):  # before the decode graphs capture the pass schedule
+            offload.overlap = offload.overlap and args.offload_overlap
+        if args.offload_prefetch:
+            link_layer_ahead_prefetch(self.model)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.load_seconds = time.perf_counter() - t0  # weights read or generated, placed, fused
         self.config = config
         self.max_model_len = args.max_model_len or min(config.max_position_embeddings, 8192)
         if self.max_model_len > config.max_position_embeddings:
@@ -146,15 +156,17 @@ class ModelRunner:
                                                        chunk_grid=max(page, args.max_num_batched_tokens // page * page))
             if refused:  # prefix_caching_off checked the same geometry
                 raise AssertionError(refused)
+        t0 = time.perf_counter()
         self.decode_runner = DecodeRunner(
             self.model, self.cache, args.max_num_seqs,
-            # V4.1's torch selection path (ops/v41_index.py) is not yet checked graph-safe; offloaded
-            # experts are fetched after a host read of the step's routing: no graph capture for either.
-            # Speculative steps run eagerly (engine/speculative.py): no decode graphs to capture.
+            # V4.1's torch selection path (ops/v41_index.py) is not yet checked graph-safe: no graph
+            # capture. Offloaded experts are planned and fetched on the device (model/quantized_offload.py):
+            # captured like the rest. Speculative steps run eagerly (engine/speculative.py).
             use_cuda_graphs=device.type == "cuda" and args.cuda_graphs and config.v41 is None
-            and not offloads_of(self.model) and self.speculative is None,
+            and self.speculative is None,
             graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
         )
+        self.capture_seconds = time.perf_counter() - t0  # decode graphs (and the kernels they compile)
         if self.workers is not None:
             self.workers.record(self.cache)
 
