@@ -60,6 +60,7 @@ def test_gpu_speculative_greedy_equals_plain(kv_cache_dtype, k):
         engine = Engine(EngineArgs(**common, speculative_config={"method": "mtp", "num_speculative_tokens": k}))
         engine.spec.drafter = _Draft(plain, wrong)
         assert _run(engine) == plain
+        assert engine.spec.verify_runner.uses_cuda_graphs and engine.spec.device_steps > 0
         m = engine.spec.metrics
         if wrong:
             assert 0 < m.num_accepted_tokens < m.num_draft_tokens, m

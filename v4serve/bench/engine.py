@@ -57,11 +57,13 @@ def measure_ttft(engine: Engine, prompt_len: int, repeats: int) -> list[float]:
     return times
 
 
-def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: int) -> dict:
+def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: int,
+                 outputs: dict[str, list[int]] | None = None) -> dict:
     """Time per output token while all `concurrency` requests decode: from the step in which the last
     of them got its first token, per request (time of its last token - that time) / (tokens since),
     the median over requests. Nothing synchronises the GPU between steps, so overlapped decode (step
-    N+1 queued before step N's tokens are read) runs as it does in serving."""
+    N+1 queued before step N's tokens are read) runs as it does in serving. The prompts and request
+    ids depend only on the arguments; `outputs` (given) receives each request's output tokens."""
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     gen = torch.Generator().manual_seed(concurrency)
     for i in range(concurrency):
@@ -75,6 +77,8 @@ def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: 
         now = time.perf_counter()
         for out in outs:
             counts[out.request_id] = len(out.outputs[0].token_ids)
+            if outputs is not None:
+                outputs[out.request_id] = list(out.outputs[0].token_ids)
             last[out.request_id] = (now, counts[out.request_id])
         if mark is None and len(counts) == concurrency:
             mark = (now, dict(counts))
@@ -216,9 +220,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speculative-config", type=json.loads, default=None,
                         help='speculative decoding, e.g. \'{"method": "mtp", "num_speculative_tokens": 3}\' '
                              "(random weights accept almost nothing: the numbers are the verify-step cost)")
+    parser.add_argument("--spec-verify", action="store_true",
+                        help="only the speculative-decoding rows (bench/spec_decode.py): verify-step cost for each "
+                             "--spec-k against a plain decode step at each --concurrency, and TPOT at forced "
+                             "acceptance lengths --spec-lengths with k = --spec-e2e-k")
+    parser.add_argument("--spec-k", type=int, nargs="+", default=[1, 2, 3, 4], help="drafts per step timed")
+    parser.add_argument("--spec-lengths", type=float, nargs="+", default=[2.0, 2.8, 3.5],
+                        help="mean acceptance lengths forced end to end")
+    parser.add_argument("--spec-e2e-k", type=int, default=3, help="drafts per step of the end-to-end runs")
     parser.add_argument("--host-profile", action="store_true", help="only profile the host side of decode steps")
     parser.add_argument("--profile-only", action="store_true", help="only the GPU-busy profile of decode steps")
     args = parser.parse_args(argv)
+    if args.spec_verify:  # one engine whose window rings hold the largest k; graphs at the concurrencies only
+        from v4serve.bench.spec_decode import spec_engine_args
+
+        args.speculative_config, args.cuda_graph_sizes = spec_engine_args(args)
     engine = Engine(EngineArgs(
         model=args.model, hf_overrides=args.hf_overrides, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs or max(args.concurrency), max_num_batched_tokens=args.prompt_len,
@@ -234,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
               "cuda_graph_sizes": engine.decode_runner.ladder, "kv_pages": engine.cache.allocator.num_pages,
               "cuda_graphs": engine.decode_runner.uses_cuda_graphs}
     print(f"decode CUDA graphs: {result['cuda_graphs']}, max_num_seqs: {result['max_num_seqs']}, KV pages: {result['kv_pages']}")
+    if args.spec_verify:
+        from v4serve.bench.spec_decode import run_spec_rows
+
+        result["speculative"] = run_spec_rows(engine, args)
+        print(json.dumps(result))
+        return 0
     if args.host_profile:
         for c in args.concurrency:
             host_profile(engine, c)

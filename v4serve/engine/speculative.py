@@ -217,6 +217,20 @@ class SpeculativeStepper:
         self.draft_filter = None
         self.device_steps = 0  # steps taken by the verify runner (the rest ran the eager path)
 
+    def set_num_speculative_tokens(self, k: int) -> None:
+        """Draft k tokens per step from now on (the benchmark compares k on one engine): at most
+        the k the cache's window rings were built for. Drafts already made are cut to k."""
+        room = self.engine.cache.ring_size - self.engine.cache.page_size
+        if not 1 <= k <= room:
+            raise ValueError(f"num_speculative_tokens must be in [1, {room}] on this engine, got {k}")
+        from v4serve.engine.verify_runner import VerifyRunner
+
+        old = self.verify_runner
+        self.k = k
+        self.verify_runner = VerifyRunner(old.model, old.cache, old.draft_cache, k, old.max_batch,
+                                          old.uses_cuda_graphs, tuple(old.ladder))
+        self._drafts = {rid: (d[:k], None if p is None else p[:k]) for rid, (d, p) in self._drafts.items()}
+
     def _is_decode(self, chunk: ScheduledChunk) -> bool:
         r = chunk.request
         return chunk.length == 1 and chunk.end == r.num_tokens and r.num_tokens > len(r.prompt_token_ids)
