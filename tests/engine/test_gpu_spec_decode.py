@@ -66,3 +66,20 @@ def test_gpu_speculative_greedy_equals_plain(kv_cache_dtype, k):
             assert 0 < m.num_accepted_tokens < m.num_draft_tokens, m
         else:
             assert m.num_accepted_tokens == m.num_draft_tokens > 0, m
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("k", [1, 3])
+def test_gpu_verify_graphs_match_their_eager_run(k):
+    """The MTP draft in the captured graphs: the same tokens and the same acceptance per draft
+    position as the same steps run eagerly (cuda_graphs=False), and the plain engine's tokens."""
+    common = dict(model="tiny", device="cuda", dtype="float32", max_num_seqs=4, progress=False)
+    plain = _run(Engine(EngineArgs(**common)))
+    runs = {}
+    for graphs in (True, False):
+        engine = Engine(EngineArgs(**common, cuda_graphs=graphs,
+                                   speculative_config={"method": "mtp", "num_speculative_tokens": k}))
+        assert engine.spec.verify_runner.uses_cuda_graphs == graphs
+        runs[graphs] = (_run(engine), engine.spec.metrics.accepted_per_position, engine.spec.device_steps)
+    assert runs[True][0] == runs[False][0] == plain
+    assert runs[True][1] == runs[False][1] and runs[True][2] == runs[False][2] > 0
