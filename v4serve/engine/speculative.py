@@ -1,7 +1,14 @@
 """Speculative decoding: a draft proposes k tokens per sequence, one target step verifies them.
 
 `SpeculativeConfig` is vLLM's `speculative_config` ({"method": "mtp", "num_speculative_tokens": k}).
-`SpeculativeStepper.step()` replaces the engine's step when it is set:
+`SpeculativeStepper.step()` replaces the engine's step when it is set.
+
+A step in which every scheduled sequence decodes with k drafts (the steady state) runs on the
+device (`engine/verify_runner.py`, two CUDA graphs on CUDA): verify, acceptance (on the device when
+every request is greedy), rollback by restoring saved compressor states
+(`cache/state_checkpoints.py`; window rings of W + k rows need none) and the MTP draft, with one
+read of the results per step. Any other step (prefill chunks, drafts cut short near max_tokens /
+max_model_len, pages short) is the eager step below:
 
 1. Schedule as usual. A decode chunk (one token at position p, the sequence's last) is extended by
    the sequence's drafts d_1..d_k (fewer near max_model_len / max_tokens, none when pages run
@@ -352,8 +359,15 @@ class SpeculativeStepper:
         if not plan:
             return []
         drafted = self._full_drafts(plan)
-        if drafted is not None:
-            return self._graph_step(plan, drafted)
+        outputs = self._graph_step(plan, drafted) if drafted is not None else self._eager_step(plan)
+        for request_id in [rid for rid in self._drafts if rid not in engine._requests]:  # aborted meanwhile
+            del self._drafts[request_id]
+        return outputs
+
+    def _eager_step(self, plan: list[ScheduledChunk]) -> list[RequestOutput]:
+        """A step that also prefills (or whose drafts fall short of k): one prefill-style target
+        forward, then the rejected tokens rolled back by snapshot, restore and replay."""
+        engine = self.engine
         chunks, tokens, logits_rows, wanted, verify = [], [], [], [], []
         for chunk in plan:
             r = chunk.request
@@ -427,8 +441,6 @@ class SpeculativeStepper:
                                        wants_drafts=r.num_computed == r.num_tokens - 1))
             else:
                 self._drafts.pop(r.request_id, None)
-        for request_id in [rid for rid in self._drafts if rid not in engine._requests]:  # aborted meanwhile
-            del self._drafts[request_id]
         if items:
             for item, proposal in zip(items, self.drafter.propose(items, self.k)):
                 if item.wants_drafts:
