@@ -82,7 +82,7 @@ def test_device_steps_roll_back_exactly(plain):
 
 
 def test_without_the_state_commit_the_output_differs(plain, monkeypatch):
-    monkeypatch.setattr(StateCheckpoints, "commit", lambda self, accepted, slots: None)
+    monkeypatch.setattr(StateCheckpoints, "commit", lambda self, accepted: None)
     engine = _scripted(3, plain)
     assert not _same(_run(engine), plain), "a rollback that keeps rejected tokens' states must show"
 
@@ -105,6 +105,32 @@ def test_verify_batch_addresses_each_tokens_window():
             assert int(batch.staging_rows[t]) == s * ring + p % ring
     with pytest.raises(ValueError, match="rings"):
         cache.build_verify_batch(torch.arange(8), starts, slots, 4)
+
+
+def test_checkpoints_restore_each_sequence_to_its_accepted_group():
+    from v4serve.cache.geometry import CompressorShape
+    from v4serve.cache.kv_cache import compressor_state
+
+    states = [compressor_state(CompressorShape(4, 8, overlap), 5, "cpu") for overlap in (True, False)]
+    checkpoints = StateCheckpoints(states, groups=3, max_rows=4)
+    slots = torch.tensor([3, 0, 4])  # three sequences in a 4-row graph
+    gen = torch.Generator().manual_seed(0)
+    after = []  # every state tensor after each group, as the compressors would leave them
+    checkpoints.begin(slots)
+    for g in range(3):
+        for state in states:
+            for t in state.tensors():
+                t.copy_(torch.randn(t.shape, generator=gen))
+            checkpoints.save(state, g)
+        after.append([t.clone() for state in states for t in state.tensors()])
+    accepted = torch.tensor([2, 0, 1])
+    checkpoints.commit(accepted)
+    now = [t for state in states for t in state.tensors()]
+    for i, t in enumerate(now):
+        for b, slot in enumerate(slots.tolist()):
+            assert torch.equal(t[slot], after[int(accepted[b])][i][slot])
+        for other in (1, 2):  # slots outside the step keep their last values
+            assert torch.equal(t[other], after[2][i][other])
 
 
 def test_greedy_acceptance_matches_the_host_rule():

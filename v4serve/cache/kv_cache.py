@@ -73,8 +73,10 @@ class CompressorState:
     complete block (score -inf before the first one)."""
 
     def __init__(self, shape: CompressorShape, max_seqs: int, device: torch.device | str):
-        self.kv = torch.zeros(max_seqs, shape.state_rows, shape.state_width, device=device)
-        self.score = torch.full_like(self.kv, float("-inf"))
+        # One allocation [2, slots, ...] (kv, score): a slot's whole state is one strided row of it.
+        self.stacked = torch.zeros(2, max_seqs, shape.state_rows, shape.state_width, device=device)
+        self.kv, self.score = self.stacked
+        self.score.fill_(float("-inf"))
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.kv, self.score
@@ -91,9 +93,9 @@ class OnlinePoolState:
     For ratio 128 this is 3 vectors per sequence instead of 2 x 128 rows."""
 
     def __init__(self, shape: CompressorShape, max_seqs: int, device: torch.device | str):
-        self.max = torch.full((max_seqs, shape.head_dim), float("-inf"), device=device)
-        self.sum = torch.zeros(max_seqs, shape.head_dim, device=device)
-        self.acc = torch.zeros(max_seqs, shape.head_dim, device=device)
+        self.stacked = torch.zeros(3, max_seqs, shape.head_dim, device=device)  # (max, sum, acc), one allocation
+        self.max, self.sum, self.acc = self.stacked
+        self.max.fill_(float("-inf"))
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.max, self.sum, self.acc

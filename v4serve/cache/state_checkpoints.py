@@ -6,20 +6,23 @@ sequence's token at position start + j; `PagedKVCache.build_verify_batch`), thro
 compressor, which folds them into the sequence's state in order. After group j the compressor
 saves the states of the step's slots:
 
-    saved[state tensor][j, b] = tensor[slot_b]            j = 0..k, b < S (the step's rows)
+    saved[state][j, b] = state[slot_b]                    j = 0..k, b < S (the step's rows)
 
 Once the target has scored the drafts, sequence b keeps tokens 0..a_b (a_b accepted drafts), so its
 state must be the one after group a_b:
 
-    tensor[slot_b] = saved[tensor][a_b, b]
+    state[slot_b] = saved[state][a_b, b]
 
 Everything else a rejected token wrote needs no undo: its window row lies past the last kept
 position in a ring of W + k rows (read by no later token before it is rewritten), and a compressed
 row or index key it completed is visible only to positions >= its own, which a later step computes
 (and so rewrites) first (`cache/rollback.py`).
 
-Memory: (k + 1) x S_max copies of every compressor and indexer state row of a slot
-(`checkpoint_bytes`).
+Layout: a state object's tensors are views of one allocation `stacked` [n, slots, ...] (n = 2:
+kv, score; n = 3: max, sum, acc), read here as rows [n * slots, ...] (row t * slots + slot); the
+saved copies are [groups, max_rows * n, ...], row b * n + t. So a save is one gather per state and
+group, a commit one gather and one scatter per state. Memory: (k + 1) x max_rows copies of a
+slot's compressor and indexer states (`checkpoint_bytes`).
 """
 
 from __future__ import annotations
@@ -33,35 +36,50 @@ def checkpoint_bytes(state_bytes_per_slot: int, groups: int, max_rows: int) -> i
 
 
 class StateCheckpoints:
-    """Saved states for verify steps of up to `max_rows` sequences and `groups` tokens each, for the
-    state tensors of `states` (the cache's CompressorState / OnlinePoolState objects)."""
+    """Saved states for verify steps of up to `max_rows` sequences and `groups` tokens each, for
+    `states` (the cache's CompressorState / OnlinePoolState objects). A step calls `begin(slots)`,
+    then `save(state, j)` after each group j, then `commit(accepted)`."""
 
     def __init__(self, states, groups: int, max_rows: int):
         if groups < 1 or max_rows < 1:
             raise ValueError(f"groups and max_rows must be >= 1, got {groups}, {max_rows}")
         self.groups, self.max_rows = groups, max_rows
+        self._states = list(states)
         self._saved: dict[int, torch.Tensor] = {}
-        for state in states:
-            for t in state.tensors():
-                self._saved[id(t)] = torch.empty(groups, max_rows, *t.shape[1:], dtype=t.dtype, device=t.device)
-        self._tensors = [t for state in states for t in state.tensors()]
-        self._row_index = torch.arange(max_rows, device=self._tensors[0].device if self._tensors else "cpu")
+        widths = set()
+        for state in self._states:
+            n, _, *row = state.stacked.shape
+            widths.add(n)
+            self._saved[id(state)] = torch.empty(groups, max_rows * n, *row, dtype=state.stacked.dtype,
+                                                 device=state.stacked.device)
+        device = self._states[0].stacked.device if self._states else torch.device("cpu")
+        self._parts = {n: torch.arange(n, device=device) for n in widths}  # tensor index t within a state
+        self._row_index = torch.arange(max_rows, device=device)
+        self._rows: dict[int, torch.Tensor] = {}  # the step's state rows per width n, [S * n] (b-major)
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._saved.values())
 
-    def save(self, state, group: int, slots: torch.Tensor) -> None:
-        """After group `group` of a step: keep the state rows of `slots` [S] (one per sequence)."""
-        n = slots.shape[0]
-        for t in state.tensors():
-            torch.index_select(t, 0, slots, out=self._saved[id(t)][group, :n])
+    def begin(self, slots: torch.Tensor) -> None:
+        """Start a step over the sequences in cache slots `slots` [S] (device tensor)."""
+        for n, parts in self._parts.items():
+            total = self._states[0].stacked.shape[1]  # slots of the cache (every state has them all)
+            self._rows[n] = (slots[:, None] + parts[None, :] * total).reshape(-1)
 
-    def commit(self, accepted: torch.Tensor, slots: torch.Tensor) -> None:
-        """Give each sequence b (slot slots[b]) its state after group accepted[b] (int64 [S] on the
-        device: the drafts it accepted, 0..groups - 1)."""
-        n = slots.shape[0]
-        flat = accepted.clamp(0, self.groups - 1) * self.max_rows + self._row_index[:n]
-        for t in self._tensors:
-            saved = self._saved[id(t)].flatten(0, 1)
-            t.index_copy_(0, slots, saved.index_select(0, flat))
+    def save(self, state, group: int) -> None:
+        """After group `group`: keep the step's sequences' rows of `state`."""
+        n = state.stacked.shape[0]
+        rows = self._rows[n]
+        torch.index_select(state.stacked.flatten(0, 1), 0, rows, out=self._saved[id(state)][group, :rows.shape[0]])
+
+    def commit(self, accepted: torch.Tensor) -> None:
+        """Give each sequence b its states after group accepted[b] (int64 [S] on the device: the
+        drafts it accepted, 0..groups - 1)."""
+        kept = accepted.clamp(0, self.groups - 1)
+        b = self._row_index[:kept.shape[0]]
+        for state in self._states:
+            n = state.stacked.shape[0]
+            saved = self._saved[id(state)]
+            source = ((kept * (self.max_rows * n) + b * n)[:, None] + self._parts[n][None, :]).reshape(-1)
+            state.stacked.flatten(0, 1).index_copy_(0, self._rows[n], saved.flatten(0, 1).index_select(0, source))

@@ -96,6 +96,7 @@ class VerifyRunner:
     def _verify(self, size: int) -> VerifyOutputs:
         g = self.groups
         tokens = self._tokens[:size]
+        self.checkpoints.begin(self._slots[:size])
         batch = self.cache.build_verify_batch(
             tokens.t().reshape(-1), self._starts[:size], self._slots[:size], g,
             route_rows=self._route_rows[:size * g] if size * g > 1 else None, checkpoints=self.checkpoints)
@@ -107,8 +108,8 @@ class VerifyRunner:
         return VerifyOutputs(per_row(logits), best, per_row(best_logprob), greedy_acceptance(tokens, best), streams)
 
     def _commit_and_draft(self, size: int, outputs: VerifyOutputs) -> torch.Tensor | None:
-        accepted, slots = self._accepted[:size], self._slots[:size]
-        self.checkpoints.commit(accepted, slots)
+        accepted = self._accepted[:size]
+        self.checkpoints.commit(accepted)
         if self.draft_cache is None:
             return None
         g, model, cache = self.groups, self.model, self.draft_cache

@@ -105,7 +105,7 @@ class Compressor(UsesKernels, nn.Module):
             if not fused:
                 pool.store(target, hadamard(rows) if rotate else rows, self.impl)
             if batch.checkpoints is not None:
-                batch.checkpoints.save(state, g, slots)
+                batch.checkpoints.save(state, g)
 
     def normalize_and_rotate(self, rows: torch.Tensor, starts: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
         """kv_norm, then RoPE at each row's block start position."""
