@@ -11,7 +11,7 @@ concurrencies only.
 * **Step costs.** For each concurrency c: c requests of 128-token prompts are prefilled; at their
   next positions the plain decode graph of size c (a `DecodeRunner` on the same model and cache)
   and, for each k, the verify graph and the commit + draft graph (`engine/verify_runner.py`) are
-  replayed, alone and back to back, timed with CUDA events (median of 5 repeats of 20 replays).
+  replayed, alone and back to back, timed with CUDA events (median of 5 repeats of 10 replays).
   The replays rewrite the same rows again and again; the requests are aborted afterwards. Every
   graph is timed in the same process (over four captured graphs: each replays ~0.3 us per kernel
   slower, docs/performance.md "four-graph effect", plain and speculative alike).
@@ -26,6 +26,7 @@ concurrencies only.
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
@@ -44,20 +45,32 @@ def spec_engine_args(args) -> tuple[dict, list[int]]:
     return {"method": "mtp", "num_speculative_tokens": k}, sorted(set(args.concurrency))
 
 
-def replay_ms(replay, repeats: int = 5, iterations: int = 20) -> float:
-    """Median over `repeats` of the mean time of `iterations` back-to-back calls (CUDA events)."""
+def replay_ms(replay, repeats: int = 5, iterations: int = 10) -> float:
+    """Median over `repeats` of the mean time of `iterations` back-to-back calls (CUDA events on
+    CUDA; on the CPU, where nothing is captured, wall time: a smoke run of the code path)."""
     for _ in range(3):
         replay()
     times = []
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iterations):
-            replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iterations)
+        if torch.cuda.is_available():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iterations):
+                replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / iterations)
+        else:
+            begin = time.perf_counter()
+            for _ in range(iterations):
+                replay()
+            times.append(1e3 * (time.perf_counter() - begin) / iterations)
     return statistics.median(times)
+
+
+def _graph_or_eager(graphs: dict, size: int, index: int, eager):
+    """The replay of graph `graphs[size][index]`, or `eager` where nothing was captured."""
+    return graphs[size][index].replay if size in graphs else eager
 
 
 def _decoding_requests(engine: Engine, c: int) -> list:
@@ -76,26 +89,29 @@ def step_costs(engine: Engine, concurrencies: list[int], ks: list[int]) -> list[
     """Per concurrency c: the plain decode graph's time and, per k, the two speculative graphs' (the
     first c of max(concurrencies) decoding requests, at their next positions)."""
     spec = engine.spec
+    on_gpu = engine.cache.device.type == "cuda"
     requests = _decoding_requests(engine, max(concurrencies))
     starts = [r.num_tokens - 1 for r in requests]  # the position each sequence computes next
     slots = [r.slot for r in requests]
     last = [r.all_token_ids[-1] for r in requests]
     rows = []
     for c in concurrencies:
-        plain = DecodeRunner(engine.model, engine.cache, c, use_cuda_graphs=True, graph_sizes=(c,))
+        plain = DecodeRunner(engine.model, engine.cache, c, use_cuda_graphs=on_gpu, graph_sizes=(c,))
         plain.run(last[:c], starts[:c], slots[:c])
-        rows.append({"concurrency": c, "plain_ms": replay_ms(plain._graphs[c][0].replay), "k": []})
+        rows.append({"concurrency": c, "k": [],
+                     "plain_ms": replay_ms(_graph_or_eager(plain._graphs, c, 0, lambda: plain._forward(c)))})
         del plain
     for k in ks:
         spec.set_num_speculative_tokens(k)
         runner = spec.verify_runner
         for row in rows:
             c = row["concurrency"]
-            runner.verify([[t] * (k + 1) for t in last[:c]], starts[:c], slots[:c])
+            outputs = runner.verify([[t] * (k + 1) for t in last[:c]], starts[:c], slots[:c])  # c: a graph size
             runner.commit_and_draft([0] * c)
-            verify, _, after, _ = runner._graphs[c]
-            verify_ms, after_ms = replay_ms(verify.replay), replay_ms(after.replay)
-            both_ms = replay_ms(lambda: (verify.replay(), after.replay()))
+            verify = _graph_or_eager(runner._graphs, c, 0, lambda: runner._verify(c))
+            after = _graph_or_eager(runner._graphs, c, 2, lambda: runner._commit_and_draft(c, outputs))
+            verify_ms, after_ms = replay_ms(verify), replay_ms(after)
+            both_ms = replay_ms(lambda: (verify(), after()))
             row["k"].append({"k": k, "verify_ms": verify_ms, "commit_draft_ms": after_ms, "step_ms": both_ms,
                              "step_over_plain": both_ms / row["plain_ms"]})
     for r in requests:
@@ -130,8 +146,8 @@ def _counters(m: SpecDecodeMetrics) -> dict:
 
 
 def run_spec_rows(engine: Engine, args) -> dict:
-    if engine.cache.device.type != "cuda" or not engine.spec.verify_runner.uses_cuda_graphs:
-        raise SystemExit("the speculative rows time CUDA graphs: they need a CUDA device")
+    if not engine.spec.verify_runner.uses_cuda_graphs:
+        print("no CUDA graphs captured: the times below are eager steps (a smoke run, not a measurement)")
     costs = step_costs(engine, sorted(set(args.concurrency)), args.spec_k)
     for row in costs:
         print(f"c={row['concurrency']}: plain decode step {row['plain_ms']:.3f} ms", flush=True)
