@@ -55,7 +55,10 @@ class StateCheckpoints:
         device = self._states[0].stacked.device if self._states else torch.device("cpu")
         self._parts = {n: torch.arange(n, device=device) for n in widths}  # tensor index t within a state
         self._row_index = torch.arange(max_rows, device=device)
-        self._rows: dict[int, torch.Tensor] = {}  # the step's state rows per width n, [S * n] (b-major)
+        # The state rows of a step's S sequences per width n, [S * n] (b-major), kept per S: a CUDA
+        # graph of S rows computes them in its verify half and reads them in its commit half.
+        self._rows: dict[tuple[int, int], torch.Tensor] = {}
+        self._size = 0
 
     @property
     def nbytes(self) -> int:
@@ -63,23 +66,27 @@ class StateCheckpoints:
 
     def begin(self, slots: torch.Tensor) -> None:
         """Start a step over the sequences in cache slots `slots` [S] (device tensor)."""
+        self._size = size = slots.shape[0]
         for n, parts in self._parts.items():
             total = self._states[0].stacked.shape[1]  # slots of the cache (every state has them all)
-            self._rows[n] = (slots[:, None] + parts[None, :] * total).reshape(-1)
+            self._rows[n, size] = (slots[:, None] + parts[None, :] * total).reshape(-1)
 
     def save(self, state, group: int) -> None:
         """After group `group`: keep the step's sequences' rows of `state`."""
         n = state.stacked.shape[0]
-        rows = self._rows[n]
+        rows = self._rows[n, self._size]
         torch.index_select(state.stacked.flatten(0, 1), 0, rows, out=self._saved[id(state)][group, :rows.shape[0]])
 
     def commit(self, accepted: torch.Tensor) -> None:
         """Give each sequence b its states after group accepted[b] (int64 [S] on the device: the
         drafts it accepted, 0..groups - 1)."""
+        if accepted.shape[0] != self._size:
+            raise ValueError(f"commit of {accepted.shape[0]} sequences after a step of {self._size}")
         kept = accepted.clamp(0, self.groups - 1)
         b = self._row_index[:kept.shape[0]]
         for state in self._states:
             n = state.stacked.shape[0]
             saved = self._saved[id(state)]
             source = ((kept * (self.max_rows * n) + b * n)[:, None] + self._parts[n][None, :]).reshape(-1)
-            state.stacked.flatten(0, 1).index_copy_(0, self._rows[n], saved.flatten(0, 1).index_select(0, source))
+            state.stacked.flatten(0, 1).index_copy_(0, self._rows[n, self._size],
+                                                    saved.flatten(0, 1).index_select(0, source))
