@@ -77,6 +77,14 @@ class VerifyRunner:
         self._accepted = torch.zeros(max_batch, dtype=torch.int64, device=device)
         self._draft_slots = None if draft_cache is None else torch.full(
             (max_batch,), draft_cache.padding_slot, dtype=torch.int64, device=device)
+        # Host staging of a step's rows [tokens (k + 1) | start | slot | draft slot | route rows
+        # (k + 1)], pinned so the copy is asynchronous, doubled: a step is written while the
+        # previous one may still be copying.
+        pinned = device.type == "cuda"
+        self._staging = [torch.zeros(max_batch, 2 * self.groups + 3, dtype=torch.int64, pin_memory=pinned)
+                         for _ in range(2)]
+        self._accepted_staging = [torch.zeros(max_batch, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        self._step = 0
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, VerifyOutputs, torch.cuda.CUDAGraph, torch.Tensor | None]] = {}
         self._size = 0  # rows of the step in flight (the graph size it uses)
         self._outputs: VerifyOutputs | None = None
@@ -159,23 +167,22 @@ class VerifyRunner:
         if n > self.max_batch or any(len(t) != self.groups for t in tokens):
             raise ValueError(f"a verify step takes <= {self.max_batch} sequences of {self.groups} tokens each")
         size = next((s for s in self.ladder if s >= n and s in self._graphs), n)
-        pad = size - n
-        device = self._tokens.device
-        host = torch.tensor([[*t, s, slot, d] for t, s, slot, d in zip(
-            tokens, starts, slots, draft_slots or slots)] + [[0] * self.groups + [0, self.cache.padding_slot,
-                                                              self._padding_draft_slot]] * pad, dtype=torch.int64)
-        if device.type == "cuda":
-            host = host.pin_memory()
-        staged = host.to(device, non_blocking=True)
-        self._tokens[:size].copy_(staged[:, :self.groups])
-        self._starts[:size].copy_(staged[:, self.groups])
-        self._slots[:size].copy_(staged[:, self.groups + 1])
+        pad, g = size - n, self.groups
+        draft_pad = self.draft_cache.padding_slot if self.draft_cache is not None else 0
+        rows = [[*t, s, slot, d] for t, s, slot, d in zip(tokens, starts, slots, draft_slots or slots)]
+        rows += [[0] * g + [0, self.cache.padding_slot, draft_pad]] * pad
+        staging = self._staging[self._step % 2]
+        self._step += 1
+        staging[:size, :g + 3] = torch.tensor(rows, dtype=torch.int64)
+        # the MoE routing row of each group-major token, laid out [b, group] here
+        staging[:size, g + 3:] = torch.tensor(verify_route_rows(n, size, g), dtype=torch.int64).view(g, size).t()
+        staged = staging[:size].to(self._tokens.device, non_blocking=True)
+        self._tokens[:size].copy_(staged[:, :g])
+        self._starts[:size].copy_(staged[:, g])
+        self._slots[:size].copy_(staged[:, g + 1])
         if self._draft_slots is not None:
-            self._draft_slots[:size].copy_(staged[:, self.groups + 2])
-        if size * self.groups > 1:
-            rows = torch.tensor(verify_route_rows(n, size, self.groups), dtype=torch.int64)
-            self._route_rows[:size * self.groups].copy_(rows.pin_memory() if device.type == "cuda" else rows,
-                                                        non_blocking=True)
+            self._draft_slots[:size].copy_(staged[:, g + 2])
+        self._route_rows[:size * g].view(g, size).copy_(staged[:, g + 3:].t())
         self._size = size
         if size in self._graphs:
             graph, outputs, _, _ = self._graphs[size]
@@ -185,10 +192,6 @@ class VerifyRunner:
         self._outputs = outputs
         return VerifyOutputs(outputs.logits[:n], outputs.best[:n], outputs.best_logprob[:n], outputs.accepted[:n],
                              outputs.streams)
-
-    @property
-    def _padding_draft_slot(self) -> int:
-        return self.draft_cache.padding_slot if self.draft_cache is not None else 0
 
     @torch.inference_mode()
     def commit_and_draft(self, accepted: list[int] | None = None) -> torch.Tensor | None:
@@ -203,7 +206,9 @@ class VerifyRunner:
             n = len(accepted)
             if any(not 0 <= a <= self.k for a in accepted):
                 raise ValueError(f"accepted counts must be in [0, {self.k}], got {accepted}")
-            self._accepted[:size].copy_(torch.tensor(accepted + [0] * (size - n), dtype=torch.int64), non_blocking=True)
+            staging = self._accepted_staging[self._step % 2]
+            staging[:size] = torch.tensor(accepted + [0] * (size - n), dtype=torch.int64)
+            self._accepted[:size].copy_(staging[:size], non_blocking=True)
         self._outputs = None
         if size in self._graphs:
             _, _, graph, drafts = self._graphs[size]
