@@ -19,10 +19,12 @@ codes decoded to bf16 (exact) and a bf16 dot (sm_80). Products are exact, sums f
 the reference differ in the order of the fp32 sums (and, on FP8 tensor cores, in the precision of
 the sum inside one BLOCK_K step).
 
-Decode (M <= DECODE_MAX_M) is bandwidth-bound: BLOCK_M = 16 covers every row, so each weight byte
-crosses HBM once; the K range is split over SPLIT_K programs per N tile when N / BLOCK_N alone would
-not fill the GPU, each writing an fp32 partial [SPLIT_K, M, N] that a second kernel sums in split
-order (deterministic) and rounds. Prefill uses large tiles and writes y directly.
+Decode (M <= DECODE_MAX_M = 64) is bandwidth-bound: BLOCK_M (16, 32 or 64) covers every row, so each
+weight byte crosses HBM once; in act mode each program quantizes the activation tiles it reads
+itself (QUANT_A: no act_quant launch, the same codes and scales); the K range is split over SPLIT_K
+programs per N tile when N / BLOCK_N alone would not fill the GPU, each writing an fp32 partial
+[SPLIT_K, M, N]; the last program of an N tile to arrive (an atomic counter per tile) sums them in
+split order (deterministic) and rounds: one launch in all. Prefill uses large tiles and writes y directly.
 
 Activation quantization (one program per row and BLOCK_G channels, groups of `block` channels):
 s = 2^ceil(log2(max(amax, 1e-4) * fp32(1/448))) from the fp32 bits, t = clamp(x * (1/s), +-448)
@@ -41,7 +43,9 @@ from triton.language.extra.cuda import gdc_wait
 from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
 from v4serve.ops.quant_decode_triton import e4m3_bits_to_f32
 
-DECODE_MAX_M = 16
+# Decode tiles up to DECODE_MAX_M rows: BLOCK_M is the smallest of 16 / 32 / 64 that holds every row
+# (one pass over the weights), the K range split to fill the GPU. Above it, the prefill tiles.
+DECODE_MAX_M = 64
 FP8_DECODE_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
 FP8_PREFILL_CONFIG = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
 # Weight-only, or no fp8 on the GPU (sm_80): the tiles are decoded in registers, so a shorter K step.
@@ -51,7 +55,6 @@ FP8_PREFILL_SM80_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4,
 ACT_QUANT_CONFIG = dict(BLOCK_G=1024, num_warps=4)
 # Split-K until the decode grid has at least this many programs per SM.
 DECODE_PROGRAMS_PER_SM = 2
-SPLIT_K_SUM_BLOCK = 1024
 
 
 @triton.jit
@@ -64,13 +67,9 @@ def _e4m3_byte(mag, negative):
 
 
 @triton.jit
-def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
-                      GROUP: tl.constexpr, BLOCK_G: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
-    mask = offs < K
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    xg = tl.reshape(x, (BLOCK_G // GROUP, GROUP))
+def _act_quant_groups(xg):
+    """The official activation quantization of xg [R, GROUP] (fp32, one group per row):
+    (|q| on the e4m3 grid as fp32, its sign, the group scales s [R]); the value is q * s."""
     amax = tl.maximum(tl.max(tl.abs(xg), 1), 1e-4)
     ratio = (amax * (1.0 / 448.0)).to(tl.int32, bitcast=True)
     exp = ((ratio >> 23) & 0xFF) - 127 + ((ratio & 0x7FFFFF) != 0).to(tl.int32)  # ceil(log2(ratio))
@@ -82,7 +81,18 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
     up = ((130 - e) << 23).to(tl.float32, bitcast=True)  # 2^(3-e): one quantum becomes 1
     down = ((124 + e) << 23).to(tl.float32, bitcast=True)
     r = ((a * up + 12582912.0) - 12582912.0) * down  # round half to even at the quantum
-    byte = _e4m3_byte(r, t.to(tl.int32, bitcast=True) < 0)  # the sign bit of t: -0 -> 0x80, as torch's cast
+    return r, t.to(tl.int32, bitcast=True) < 0, s  # the sign bit of t: -0 -> 0x80, as torch's cast
+
+
+@triton.jit
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
+                      GROUP: tl.constexpr, BLOCK_G: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
+    mask = offs < K
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    r, negative, s = _act_quant_groups(tl.reshape(x, (BLOCK_G // GROUP, GROUP)))
+    byte = _e4m3_byte(r, negative)
     tl.store(q_ptr + row * stride_q + offs, tl.reshape(byte, (BLOCK_G,)), mask=mask)
     groups = tl.program_id(1) * (BLOCK_G // GROUP) + tl.arange(0, BLOCK_G // GROUP)
     tl.store(s_ptr + row * stride_s + groups, s, mask=groups * GROUP < K)
@@ -92,9 +102,11 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
 def _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, k_begin, k_end, offs_m, offs_n,
               stride_x, stride_xs, stride_w, stride_ws,
               BN: tl.constexpr, BK: tl.constexpr, AB: tl.constexpr, ACT_FP8: tl.constexpr, FP8_DOT: tl.constexpr,
-              NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr,
+              NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr, QUANT_A: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """fp32 [BLOCK_M, BLOCK_N]: sum over k in [k_begin, k_end) of A[m, k] * W[n, k]."""
+    """fp32 [BLOCK_M, BLOCK_N]: sum over k in [k_begin, k_end) of A[m, k] * W[n, k]. QUANT_A (act
+    mode, BLOCK_K == AB): x holds the unquantized activations and each K step quantizes its
+    [BLOCK_M, AB] tile itself (the same codes and scales as `_act_quant_kernel`)."""
     mask_m = offs_m < M
     mask_n = offs_n < N
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_x
@@ -103,7 +115,11 @@ def _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, k_begin, k_end, offs_m, off
     for k0 in range(k_begin, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
-        if NATIVE_FP8 or not ACT_FP8:
+        if QUANT_A:
+            xa = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            r, negative, s_a = _act_quant_groups(xa.to(tl.float32))
+            a = tl.where(negative, -r, r)  # exact e4m3 values (fp32)
+        elif NATIVE_FP8 or not ACT_FP8:
             a = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         else:
             a = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0)
@@ -112,7 +128,11 @@ def _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, k_begin, k_end, offs_m, off
         else:
             w = tl.load(w_cols + offs_k[:, None], mask=mask_n[None, :] & mask_k[:, None], other=0)
         if ACT_FP8:
-            if not FP8_DOT:
+            if QUANT_A:
+                a = a.to(tl.float8e4nv) if FP8_DOT else a.to(tl.bfloat16)  # exact either way
+                if not FP8_DOT:
+                    w = w.to(tl.bfloat16) if NATIVE_FP8 else e4m3_bits_to_f32(w.to(tl.int32)).to(tl.bfloat16)
+            elif not FP8_DOT:
                 if NATIVE_FP8:
                     a = a.to(tl.bfloat16)
                     w = w.to(tl.bfloat16)
@@ -120,7 +140,8 @@ def _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, k_begin, k_end, offs_m, off
                     a = e4m3_bits_to_f32(a.to(tl.int32)).to(tl.bfloat16)
                     w = e4m3_bits_to_f32(w.to(tl.int32)).to(tl.bfloat16)
             part = tl.dot(a, w)
-            s_a = tl.load(xs_ptr + offs_m.to(tl.int64) * stride_xs + k0 // AB, mask=mask_m, other=0.0)
+            if not QUANT_A:
+                s_a = tl.load(xs_ptr + offs_m.to(tl.int64) * stride_xs + k0 // AB, mask=mask_m, other=0.0)
             s_w = tl.load(ws_ptr + (offs_n // BN) * stride_ws + k0 // BK, mask=mask_n, other=0.0)
             acc += part * s_a[:, None] * s_w[None, :]
         else:
@@ -150,7 +171,7 @@ def _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, k_begin, k_end, offs_m, off
 def _fp8_linear_prefill_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, stride_x, stride_xs, stride_w, stride_ws, stride_y,
     BN: tl.constexpr, BK: tl.constexpr, AB: tl.constexpr, ACT_FP8: tl.constexpr, FP8_DOT: tl.constexpr,
-    NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr,
+    NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr, QUANT_A: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
     if PDL:
@@ -158,46 +179,51 @@ def _fp8_linear_prefill_kernel(
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, 0, K, offs_m, offs_n, stride_x, stride_xs, stride_w,
-                    stride_ws, BN, BK, AB, ACT_FP8, FP8_DOT, NATIVE_FP8, POST_SCALE, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+                    stride_ws, BN, BK, AB, ACT_FP8, FP8_DOT, NATIVE_FP8, POST_SCALE, IEEE, QUANT_A, BLOCK_M, BLOCK_N, BLOCK_K)
     tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 @triton.jit
 def _fp8_linear_decode_kernel(
-    x_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, M, N, K, k_per_split, stride_x, stride_xs, stride_w, stride_ws,
-    stride_os, stride_om,
+    x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, arrivals_ptr, M, N, K, k_per_split,
+    stride_x, stride_xs, stride_w, stride_ws, stride_ps, stride_y,
     BN: tl.constexpr, BK: tl.constexpr, AB: tl.constexpr, ACT_FP8: tl.constexpr, FP8_DOT: tl.constexpr,
-    NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr,
+    NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr, QUANT_A: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """Program (n, split): every row of x against BLOCK_N weight rows over one K range; writes
-    y (one split) or its fp32 partial out[split] (k_per_split is a multiple of BLOCK_K)."""
+    """Program (n, split): every row of x against BLOCK_N weight rows over one K range
+    (k_per_split, a multiple of BLOCK_K). One split: it writes y. Several: it writes its fp32
+    partial part[split] and counts itself in arrivals[n]; the program that arrives last sums the
+    partials in split order (deterministic), rounds once, writes y and resets arrivals[n] to 0
+    (so the counters are zero again for the next launch, also in a replayed CUDA graph)."""
     if PDL:
         gdc_wait()
+    pid_n = tl.program_id(0)
     split = tl.program_id(1)
+    n_splits = tl.num_programs(1)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     k_begin = split * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
     acc = _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, k_begin, k_end, offs_m, offs_n, stride_x, stride_xs,
                     stride_w, stride_ws, BN, BK, AB, ACT_FP8, FP8_DOT, NATIVE_FP8, POST_SCALE, IEEE,
-                    BLOCK_M, BLOCK_N, BLOCK_K)
-    tl.store(out_ptr + split.to(tl.int64) * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
-@triton.jit
-def _split_k_sum_kernel(part_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """y[i] = sum over s in order of part[s, i] (fp32), rounded once."""
-    if PDL:
-        gdc_wait()
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
-    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+                    QUANT_A, BLOCK_M, BLOCK_N, BLOCK_K)
+    y_tile = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
+    if n_splits == 1:
+        tl.store(y_tile, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        part_tile = part_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
+        tl.store(part_tile + split.to(tl.int64) * stride_ps, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is stored before the (release) arrival
+        arrived = tl.atomic_add(arrivals_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == n_splits - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(0, n_splits):  # .cg: the other programs' partials, from L2
+                total += tl.load(part_tile + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(y_tile, total.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.store(arrivals_ptr + pid_n, 0)
 
 
 @functools.lru_cache
@@ -240,9 +266,13 @@ def _split_k(n_tiles: int, k_steps: int, device: torch.device) -> int:
 
 def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
                       act_block: int | None, config: dict | None = None, split_k: int | None = None,
-                      fp8_hw: bool | None = None) -> torch.Tensor:
+                      fp8_hw: bool | None = None, fuse_act_quant: bool = True,
+                      arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, N] for x [M, K]. `config` / `split_k` override the tiles and the decode K split (tests,
-    benchmarks); `fp8_hw=False` forces the path of GPUs without fp8 (sm_80: codes decoded from bytes)."""
+    benchmarks); `fp8_hw=False` forces the path of GPUs without fp8 (sm_80: codes decoded from bytes);
+    `fuse_act_quant=False` quantizes the activations in their own launch at decode sizes too.
+    `arrivals`: the split-K decode's per-N-tile counters, int32 zeros that every launch leaves at zero
+    (a caller that keeps them, as `FP8Linear` does, saves the memset of fresh ones per call)."""
     m, k = x.shape
     n = weight.shape[0]
     bn, bk = block
@@ -255,6 +285,9 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     else:
         prefill_cfg = FP8_PREFILL_CONFIG if fp8_hw else FP8_PREFILL_SM80_CONFIG
     cfg = dict(config or (FP8_DECODE_CONFIG if decode else prefill_cfg))
+    if decode and config is None:
+        cfg["BLOCK_M"] = max(cfg["BLOCK_M"], triton.next_power_of_2(m))
+    quant_a = False
     if act_block is None:
         post = bk % cfg["BLOCK_K"] == 0
         a, a_scale, ab = x, scale, 1  # (a_scale is not read in weight-only mode)
@@ -264,16 +297,23 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
                              f"act_block={act_block}, block={list(block)}")
         cfg["BLOCK_K"] = min(cfg["BLOCK_K"], act_block, bk)
         post = True
-        a, a_scale = act_quant_triton(x, act_block)
         ab = act_block
-        if not fp8_hw:
-            a = a.view(torch.uint8)
+        # Decode quantizes its activation tiles in the kernel (one launch less): every program
+        # quantizes the [M, K range] it reads, a few KB, beside the weight bytes it streams.
+        quant_a = fuse_act_quant and decode and cfg["BLOCK_K"] == act_block
+        if quant_a:
+            a, a_scale = x, x  # (a_scale is not read)
+        else:
+            a, a_scale = act_quant_triton(x, act_block)
+            if not fp8_hw:
+                a = a.view(torch.uint8)
     w = weight if fp8_hw else weight.view(torch.uint8)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
     flags = dict(BN=bn, BK=bk, AB=ab, ACT_FP8=act_block is not None, FP8_DOT=fp8_hw and act_block is not None,
                  NATIVE_FP8=fp8_hw, POST_SCALE=post, IEEE=x.dtype == torch.float32 and act_block is None,
+                 QUANT_A=quant_a,
                  BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     pdl = pdl_launch(x)
@@ -287,11 +327,14 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     splits = split_k or _split_k(n_tiles, k_steps, x.device)
     k_per_split = triton.cdiv(k_steps, splits) * cfg["BLOCK_K"]
     splits = triton.cdiv(k, k_per_split)
-    out = y if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
+    if splits > 1 and arrivals is None:
+        arrivals = torch.zeros(n_tiles, dtype=torch.int32, device=x.device)
+    elif splits > 1 and (arrivals.dtype != torch.int32 or arrivals.numel() < n_tiles or not arrivals.is_contiguous()):
+        raise ValueError(f"arrivals must be a contiguous int32 tensor of >= {n_tiles} zeros, "
+                         f"got {arrivals.dtype} [{arrivals.numel()}]")
     _fp8_linear_decode_kernel[(n_tiles, splits)](
-        a, a_scale, w, scale, out, m, n, k, k_per_split, a.stride(0), a_scale.stride(0), w.stride(0),
-        scale.stride(0), out.stride(0) if splits > 1 else 0, out.stride(-2), **flags, **pdl)
-    if splits > 1:
-        _split_k_sum_kernel[(triton.cdiv(m * n, SPLIT_K_SUM_BLOCK),)](
-            out, y, m * n, SPLIT_K=splits, BLOCK=SPLIT_K_SUM_BLOCK, **pdl)
+        a, a_scale, w, scale, part, y, arrivals if splits > 1 else y, m, n, k, k_per_split, a.stride(0),
+        a_scale.stride(0), w.stride(0), scale.stride(0), part.stride(0) if splits > 1 else 0, y.stride(0),
+        **flags, **pdl)
     return y
