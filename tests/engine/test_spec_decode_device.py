@@ -166,3 +166,27 @@ def test_captured_halves_are_capture_safe(plain):
     engine.spec.drafter = engine.spec.mtp  # the MTP draft runs inside the second half
     _run(engine)
     assert {"_verify", "_commit_and_draft"} <= set(checked)
+
+
+def _drafts_per_step(engine: Engine) -> list[dict]:
+    """Run the workload; the drafts held for the next step after every step."""
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
+    seen = []
+    while engine.has_unfinished():
+        engine.step()
+        seen.append({rid: list(d) for rid, (d, _) in engine.spec._drafts.items()})
+    return seen
+
+
+def test_device_mtp_drafts_equal_the_eager_drafters(monkeypatch):
+    """The MTP draft inside the second half (first pass over the k + 1 positions, the kept row picked
+    on the device, k - 1 decode steps) proposes what session 8's eager MTPDrafter proposes from the
+    committed positions alone."""
+    k = 3
+    device = _spec_engine(k)
+    device_drafts = _drafts_per_step(device)
+    assert device.spec.device_steps >= 3
+    monkeypatch.setattr(type(device.spec), "_full_drafts", lambda self, plan: None)  # every step eager
+    eager = _spec_engine(k)
+    assert _drafts_per_step(eager) == device_drafts and eager.spec.device_steps == 0
