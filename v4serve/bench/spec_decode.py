@@ -1,7 +1,7 @@
 """Speculative decoding on the GPU: what a verify step costs beside a plain decode step, and the
 TPOT it gives at forced acceptance lengths (issue #21).
 
-    python -m v4serve.bench.engine --spec-verify --concurrency 1 8 32 \\
+    python -m v4serve.bench.engine --spec-verify --concurrency 1 8 32 --output-len 128 \\
         [--spec-k 1 2 3 4] [--spec-lengths 2.0 2.8 3.5] [--spec-e2e-k 3]
 
 One engine (`deepseek-v4-flash` cut to 8 layers by default, random weights), built with

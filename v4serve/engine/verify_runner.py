@@ -17,7 +17,7 @@ A step of S sequences, each with its last token t and k drafts d_1..d_k, is two 
 
 Between the two, `accepted` is either the device's greedy count (no host value needed: both
 graphs are queued back to back and the step reads its results once) or the host's answer after
-rejection sampling (`set_accepted`). Rows written past the kept prefix need no undo (rings of
+rejection sampling (`commit_and_draft(accepted)`). Rows written past the kept prefix need no undo (rings of
 W + k rows; see state_checkpoints.py). A step of n < S sequences replays the smallest graph with
 room, its extra rows on the cache's padding slot and routed in the MoE as live rows.
 """
@@ -88,7 +88,6 @@ class VerifyRunner:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, VerifyOutputs, torch.cuda.CUDAGraph, torch.Tensor | None]] = {}
         self._size = 0  # rows of the step in flight (the graph size it uses)
         self._outputs: VerifyOutputs | None = None
-        self._drafts: torch.Tensor | None = None
         if use_cuda_graphs:
             try:
                 self._capture()
