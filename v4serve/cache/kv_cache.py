@@ -436,7 +436,8 @@ class PagedKVCache:
     ) -> ForwardBatch:
         """One token per sequence, addressed on the device from device tensors (no host work, no
         host sync: the CUDA-graph runner captures this). The token's KV row goes straight to its
-        ring slot (position % W): for a single token that slot holds a row already out of its window.
+        ring slot (position % ring_size): for a single token that slot holds a row already out of
+        its window.
         `route_rows`: see ForwardBatch."""
         window = positions[:, None] + self._window_offsets  # [B, W] positions p-W+1 .. p
         ring = slots[:, None] * self.ring_size + window % self.ring_size
@@ -459,7 +460,6 @@ class PagedKVCache:
             is_decode=True,
             route_rows=route_rows,
         )
-
 
     def build_verify_batch(
         self, token_ids: torch.Tensor, starts: torch.Tensor, slots: torch.Tensor, groups: int,

@@ -119,7 +119,7 @@ class ModelRunner:
             (logger.warning if args.enable_prefix_caching else logger.info)(self.prefix_caching_note)
         snapshots = None if self.prefix_caching_note else snapshot_sizing(args)
         self.kv_budget = kv_budget(args, geometry, dtype, device, pages_per_seq, self.max_step_tokens(args), snapshots,
-                                   reserved=self.checkpoint_bytes(args, geometry))
+                                   reserved=self.speculative_bytes(args, geometry, dtype))
         if self.workers is not None:
             self.workers.connect()
         if group is not None:  # every rank holds the same pages: as many as the smallest rank's memory allows
@@ -177,12 +177,15 @@ class ModelRunner:
         return [f"KV cache dtype: {self.cache_format.name}{note}", *b.describe(self.max_model_len), prefix,
                 *memory_map(self.model, b.total_bytes)]
 
-    def checkpoint_bytes(self, args: EngineArgs, geometry: CacheGeometry) -> int:
-        """Bytes the verify steps' saved compressor states take (cache/state_checkpoints.py)."""
+    def speculative_bytes(self, args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype) -> int:
+        """Bytes speculative decoding adds beside the KV budget: the verify steps' saved compressor
+        states (cache/state_checkpoints.py) and k more rows in every slot's window rings."""
         if self.speculative is None:
             return 0
+        k = self.speculative.num_speculative_tokens
         per_slot = sum(c.state_bytes for g in geometry.layers for c in (g.compressor, g.indexer) if c is not None)
-        return checkpoint_bytes(per_slot, self.speculative.num_speculative_tokens + 1, args.max_num_seqs)
+        window_row = sum(rows["window"] for rows in geometry.row_bytes(torch.empty((), dtype=dtype).element_size()))
+        return checkpoint_bytes(per_slot, k + 1, args.max_num_seqs) + k * (args.max_num_seqs + 1) * window_row
 
     def max_step_tokens(self, args: EngineArgs) -> int:
         """Tokens one step may hold: the batch budget, plus k drafts per sequence when speculating."""
