@@ -12,8 +12,9 @@ A step of S sequences, each with its last token t and k drafts d_1..d_k, is two 
 2. **commit + draft**: each sequence's compressor states set to those after its accepted prefix;
    then the MTP layer (when it drafts) over the same k + 1 positions, fed the target's final
    streams and the tokens that follow them (`best`: the accepted drafts, then the target's own
-   token at the first rejection), and its row at the last kept position drafts the next token;
-   k - 1 decode steps of the MTP layer on its own output streams draft the rest (`drafts` [S, k]).
+   token at the first rejection): every row writes its KV, and the row at the last kept position
+   alone goes on through the MoE and the head to draft the next token; k - 1 decode steps of the
+   MTP layer on its own output streams draft the rest (`drafts` [S, k]).
 
 Between the two, `accepted` is either the device's greedy count (no host value needed: both
 graphs are queued back to back and the step reads its results once) or the host's answer after
@@ -125,14 +126,15 @@ class VerifyRunner:
         # it: best[:, j] (an accepted draft, or the target's own token at the first rejection).
         batch = cache.build_verify_batch(outputs.best.t().reshape(-1), starts, draft_slots, g,
                                          route_rows=self._route_rows[:size * g] if size * g > 1 else None)
-        logits, streams = model.forward_mtp(outputs.streams, batch, cache)
-        kept = accepted * size + torch.arange(size, device=accepted.device)  # row of the last kept position
-        draft = logits.index_select(0, kept).argmax(dim=-1)
-        streams = streams.index_select(0, kept)
+        # Only the row at each sequence's last kept position drafts: the other rows write their KV
+        # rows (attention) and skip the MoE and the head.
+        kept = accepted * size + torch.arange(size, device=accepted.device)
+        route = self._route_rows[:size] if size > 1 else None  # group 0's rows: b, or a live row for padding
+        logits, streams = model.forward_mtp(outputs.streams, batch, cache, keep=(kept, route))
+        draft = logits.argmax(dim=-1)
         drafts = [draft]
         for i in range(1, self.k):
-            step = cache.build_decode_batch(draft, starts + accepted + i, draft_slots,
-                                            route_rows=self._route_rows[:size] if size > 1 else None)
+            step = cache.build_decode_batch(draft, starts + accepted + i, draft_slots, route_rows=route)
             logits, streams = model.forward_mtp(streams, step, cache)
             draft = logits.argmax(dim=-1)
             drafts.append(draft)
