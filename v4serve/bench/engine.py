@@ -104,12 +104,15 @@ def measure_prefix_ttft(engine: Engine, prefix_len: int, prompt_len: int, repeat
             "cold_over_warm": statistics.median(cold) / statistics.median(warm)}
 
 
-def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: int, seed: int = 0) -> dict:
+def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: int, seed: int = 0,
+                 outputs: dict[str, list[int]] | None = None) -> dict:
     """Time per output token while all `concurrency` requests decode: from the step in which the last
     of them got its first token, per request (time of its last token - that time) / (tokens since),
     the median over requests. Nothing synchronises the GPU between steps, so overlapped decode (step
-    N+1 queued before step N's tokens are read) runs as it does in serving. With offloaded experts,
-    also the experts fetched per decode step over the same span (device counters, read at the end)."""
+    N+1 queued before step N's tokens are read) runs as it does in serving. The prompts and request
+    ids depend only on the arguments; `outputs` (given) receives each request's output tokens. With
+    offloaded experts, also the experts fetched per decode step over the same span (device counters,
+    read at the end)."""
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     gen = torch.Generator().manual_seed(concurrency + 1000 * seed)
     fetched = _fetch_counter(engine)
@@ -126,6 +129,8 @@ def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: 
         now = time.perf_counter()
         for out in outs:
             counts[out.request_id] = len(out.outputs[0].token_ids)
+            if outputs is not None:
+                outputs[out.request_id] = list(out.outputs[0].token_ids)
             last[out.request_id] = (now, counts[out.request_id])
         if mark is None and len(counts) == concurrency:
             mark = (now, dict(counts))
@@ -311,6 +316,14 @@ def _parser() -> argparse.ArgumentParser:
                              "(random weights accept almost nothing: the numbers are the verify-step cost)")
     parser.add_argument("--no-profile", action="store_true", help="skip the GPU-busy profile after the TPOT runs")
     parser.add_argument("--json-out", default=None, help="also write the result JSON to this file")
+    parser.add_argument("--spec-verify", action="store_true",
+                        help="only the speculative-decoding rows (bench/spec_decode.py): verify-step cost for each "
+                             "--spec-k against a plain decode step at each --concurrency, and TPOT at forced "
+                             "acceptance lengths --spec-lengths with k = --spec-e2e-k")
+    parser.add_argument("--spec-k", type=int, nargs="+", default=[1, 2, 3, 4], help="drafts per step timed")
+    parser.add_argument("--spec-lengths", type=float, nargs="+", default=[2.0, 2.8, 3.5],
+                        help="mean acceptance lengths forced end to end")
+    parser.add_argument("--spec-e2e-k", type=int, default=3, help="drafts per step of the end-to-end runs")
     parser.add_argument("--host-profile", action="store_true", help="only profile the host side of decode steps")
     parser.add_argument("--profile-only", action="store_true", help="only the GPU-busy profile of decode steps")
     return parser
@@ -353,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
                      f"--max-model-len ({args.max_model_len}): the turn generates a token")
     lens = args.ttft_prompt_lens or [args.prompt_len]
     t0 = time.perf_counter()
+    if args.spec_verify:  # one engine whose window rings hold the largest k; graphs at the concurrencies only
+        from v4serve.bench.spec_decode import spec_engine_args
+
+        args.speculative_config, args.cuda_graph_sizes = spec_engine_args(args)
     engine = Engine(EngineArgs(
         model=args.model, hf_overrides=args.hf_overrides, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs or max(args.concurrency),
@@ -380,6 +397,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load {load_s:.1f} s (weights {engine.runner.load_seconds:.1f} s, decode graphs "
           f"{engine.runner.capture_seconds:.1f} s); decode CUDA graphs: {result['cuda_graphs']}, max_num_seqs: {result['max_num_seqs']}, "
           f"KV pages: {result['kv_pages']}", flush=True)
+    if args.spec_verify:
+        from v4serve.bench.spec_decode import run_spec_rows
+
+        result["speculative"] = run_spec_rows(engine, args)
+        print(json.dumps(result))
+        return 0
     if args.host_profile:
         for c in args.concurrency:
             host_profile(engine, c)
