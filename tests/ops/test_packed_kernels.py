@@ -272,3 +272,16 @@ def test_prefill_over_packed_rows_with_the_tight_bound_is_the_bf16_launch():
     ref = sparse_attn_paged_triton(q, uw, uc, idx, 40, sink, 0.1, counts)
     assert used < pw.shape[0] + pc.shape[0]
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16)) and ref.abs().amax() > 0
+
+
+def test_compaction_kernels_have_no_capture_breaking_op():
+    """No host sync, no data-dependent size: the Triton compaction runs under the guard the decode
+    runner's capture check uses; the torch reference (nonzero) does not."""
+    from capture_guard import CaptureViolation, NoCaptureBreakingOps
+    from v4serve.ops.kv_compact import unpack_referenced_rows
+
+    win, cmp, cols, n_window, fmt, D, counts = _compaction_case(seed=6)
+    with NoCaptureBreakingOps():
+        unpack_referenced_rows(win, cmp, cols, n_window, fmt, D, counts=counts, max_rows=50, impl="triton")
+    with pytest.raises(CaptureViolation), NoCaptureBreakingOps():
+        unpack_referenced_rows(win, cmp, cols, n_window, fmt, D, counts=counts, max_rows=50, impl="torch")
