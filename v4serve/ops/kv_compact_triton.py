@@ -15,10 +15,12 @@ Launches (all sizes from shapes known on the host: CUDA-graph capturable):
 3. `torch.cumsum(used, dtype=int32)`: ends [N_w + N_c]; a used row's slot is ends[g] - 1 (the only
                                       global dependency)
 4. `_unpack_and_renumber_kernel`:     one launch, two kinds of program. The first
-                                      cdiv(N_w + N_c, BLOCK_R) programs each look at BLOCK_R rows and
-                                      unpack the used ones (slot < R) into rows[slot] (16-byte loads of
-                                      codes, scale bytes read as int32 words: kv_pack_triton.load_packed);
-                                      the rest rewrite BLOCK_E columns each: slot or -1.
+                                      cdiv(N_w + N_c, BLOCK_R) programs each look at BLOCK_R rows (row g
+                                      is used where ends[g] != ends[g - 1]: int32 loads only, no byte
+                                      reads of the flags) and unpack the used ones (slot < R) into
+                                      rows[slot] (16-byte loads of codes, scale bytes read as int32
+                                      words: kv_pack_triton.load_packed); the rest rewrite BLOCK_E
+                                      columns each: slot or -1.
 Columns are read as int32 words over the flattened [T, C] table (t = e // C), once in 2 and once in
 4; the flag and slot tables are small and stay in L2.
 """
@@ -35,11 +37,11 @@ BLOCK_R = 16  # pool rows per unpack program (as kv_pack_triton's unpack kernel)
 
 @triton.jit
 def _column_rows(cols_ptr, counts_ptr, e, T, C, n_window, n_win_rows, stride_ct, HAS_COUNTS: tl.constexpr):
-    """Flat columns e of the [T, C] table -> (row number g across both pools (int64), live)."""
+    """Flat columns e (int32) of the [T, C] table -> (row number g across both pools (int64), live)."""
     t = e // C
     c = e - t * C
     inside = t < T
-    col = tl.load(cols_ptr + t * stride_ct + c, mask=inside, other=-1)
+    col = tl.load(cols_ptr + t.to(tl.int64) * stride_ct + c, mask=inside, other=-1)
     live = inside & (col >= 0)
     if HAS_COUNTS:
         live &= c < n_window + tl.maximum(tl.load(counts_ptr + t, mask=inside, other=0), 0)
@@ -50,14 +52,44 @@ def _column_rows(cols_ptr, counts_ptr, e, T, C, n_window, n_win_rows, stride_ct,
 @triton.jit
 def _flag_used_rows_kernel(cols_ptr, counts_ptr, used_ptr, T, C, n_window, n_win_rows, stride_ct,
                            HAS_COUNTS: tl.constexpr, BLOCK_E: tl.constexpr):
-    e = tl.program_id(0).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     g, live = _column_rows(cols_ptr, counts_ptr, e, T, C, n_window, n_win_rows, stride_ct, HAS_COUNTS)
     tl.store(used_ptr + g, tl.full([BLOCK_E], 1, tl.uint8), mask=live)
 
 
 @triton.jit
+def _unpack_used_rows(block, win_ptr, cmp_ptr, ends_ptr, rows_ptr, n_win_rows, n_pool_rows, max_rows, D,
+                      stride_win, stride_cmp, stride_rows, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                      PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
+                      PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr):
+    """Pool rows [block * BLOCK_R, +BLOCK_R): each used one (slot < max_rows) unpacked into rows[slot]."""
+    g = block.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    inside = g < n_pool_rows
+    end = tl.load(ends_ptr + g, mask=inside, other=0)
+    used = end != tl.load(ends_ptr + g - 1, mask=inside & (g > 0), other=0)  # used[g] = ends[g] - ends[g - 1]
+    slot = end.to(tl.int64) - 1
+    take = inside & used & (slot < max_rows)
+    if tl.max(take.to(tl.int32), 0) > 0:
+        src = tl.where(g < n_win_rows, win_ptr + g * stride_win, cmp_ptr + (g - n_win_rows) * stride_cmp)
+        v = load_packed(src, take, 0, D, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL,
+                        rows_ptr.dtype.element_ty)
+        ch = tl.arange(0, BLOCK_D)
+        tl.store(rows_ptr + slot[:, None] * stride_rows + ch[None, :], v, mask=take[:, None] & (ch < D)[None, :])
+
+
+@triton.jit
+def _renumber_columns(block, cols_ptr, counts_ptr, ends_ptr, out_cols_ptr, T, C, n_window, n_win_rows, max_rows,
+                      stride_ct, HAS_COUNTS: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Flat columns [block * BLOCK_E, +BLOCK_E) of the [T, C] output: the row's slot, or -1."""
+    e = block * BLOCK_E + tl.arange(0, BLOCK_E)
+    g, live = _column_rows(cols_ptr, counts_ptr, e, T, C, n_window, n_win_rows, stride_ct, HAS_COUNTS)
+    slot = tl.load(ends_ptr + g, mask=live, other=0) - 1
+    tl.store(out_cols_ptr + e, tl.where(live & (slot < max_rows), slot, -1), mask=e < T * C)
+
+
+@triton.jit
 def _unpack_and_renumber_kernel(
-    win_ptr, cmp_ptr, used_ptr, ends_ptr, rows_ptr, cols_ptr, counts_ptr, out_cols_ptr,
+    win_ptr, cmp_ptr, ends_ptr, rows_ptr, cols_ptr, counts_ptr, out_cols_ptr,
     n_win_rows, n_pool_rows, max_rows, T, C, n_window, D, stride_win, stride_cmp, stride_rows, stride_ct,
     unpack_programs,
     HAS_COUNTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
@@ -66,22 +98,12 @@ def _unpack_and_renumber_kernel(
 ):
     pid = tl.program_id(0)
     if pid < unpack_programs:
-        g = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-        inside = g < n_pool_rows
-        slot = tl.load(ends_ptr + g, mask=inside, other=0).to(tl.int64) - 1
-        take = inside & (tl.load(used_ptr + g, mask=inside, other=0) != 0) & (slot < max_rows)
-        if tl.max(take.to(tl.int32), 0) > 0:
-            in_window = g < n_win_rows
-            src = tl.where(in_window, win_ptr + g * stride_win, cmp_ptr + (g - n_win_rows) * stride_cmp)
-            v = load_packed(src, take, 0, D, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL,
-                            rows_ptr.dtype.element_ty)
-            ch = tl.arange(0, BLOCK_D)
-            tl.store(rows_ptr + slot[:, None] * stride_rows + ch[None, :], v, mask=take[:, None] & (ch < D)[None, :])
+        _unpack_used_rows(pid, win_ptr, cmp_ptr, ends_ptr, rows_ptr, n_win_rows, n_pool_rows, max_rows, D,
+                          stride_win, stride_cmp, stride_rows, BLOCK_R, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF,
+                          PK_SCALE_OFF, PK_HAS_TAIL)
     else:
-        e = (pid - unpack_programs).to(tl.int64) * BLOCK_E + tl.arange(0, BLOCK_E)
-        g, live = _column_rows(cols_ptr, counts_ptr, e, T, C, n_window, n_win_rows, stride_ct, HAS_COUNTS)
-        slot = tl.load(ends_ptr + g, mask=live, other=0) - 1
-        tl.store(out_cols_ptr + e, tl.where(live & (slot < max_rows), slot, -1), mask=e < T * C)
+        _renumber_columns(pid - unpack_programs, cols_ptr, counts_ptr, ends_ptr, out_cols_ptr, T, C, n_window,
+                          n_win_rows, max_rows, stride_ct, HAS_COUNTS, BLOCK_E)
 
 
 def unpack_referenced_rows_triton(win_pool, cmp_pool, cols, n_window, fmt, dim, dtype, counts, max_rows):
@@ -90,6 +112,9 @@ def unpack_referenced_rows_triton(win_pool, cmp_pool, cols, n_window, fmt, dim, 
         raise ValueError(f"the compaction kernels unpack fp8 rows, not {fmt.name}")
     T, C = cols.shape
     n_w, n_c = win_pool.shape[0], cmp_pool.shape[0]
+    if T * C >= 2**31 - BLOCK_E or n_w + n_c >= 2**31:
+        raise ValueError(f"the compaction kernels number columns and rows in int32: [{T}, {C}] columns, "
+                         f"{n_w + n_c} rows")
     device = cols.device
     if cols.stride(1) != 1:
         cols = cols.contiguous()
@@ -110,7 +135,7 @@ def unpack_referenced_rows_triton(win_pool, cmp_pool, cols, n_window, fmt, dim, 
     pk.pop("PK_FP4"), pk.pop("PK_PAYLOAD"), pk.pop("PK_ROW_BYTES")
     unpack_programs = triton.cdiv(n_w + n_c, BLOCK_R)
     _unpack_and_renumber_kernel[(unpack_programs + col_programs,)](
-        win, cmp, used, ends, rows, cols, ct, renumbered,
+        win, cmp, ends, rows, cols, ct, renumbered,
         n_w, n_w + n_c, max_rows, T, C, n_window, dim, win.stride(0), cmp.stride(0), rows.stride(0), cols.stride(0),
         unpack_programs,
         HAS_COUNTS=has_counts, BLOCK_R=BLOCK_R, BLOCK_D=max(triton.next_power_of_2(dim), fmt.block), BLOCK_E=BLOCK_E,
