@@ -4,8 +4,7 @@ trivial; registry.py appends KV_COMPACT_KERNELS to KERNELS.
 
 Shapes: DeepSeek-V4 rows fp8_e8m0_b64_rope64 at D 512 (592-byte rows) unpacked to bf16. The column
 table is read as int32 words over a flattened [T, C] table (C is any width, so its row stride is
-not marked 16-divisible); the flag kernel stores bytes and loads nothing narrower than 4 bytes;
-the unpack keeps `load_packed`'s 16-byte code and tail gathers. No spills. Register bounds not
+not marked 16-divisible); flags and slots are int32 tables; the unpack keeps `load_packed`'s 16-byte code and tail gathers. No spills. Register bounds not
 set yet (no measurement): 255.
 """
 from v4serve.formats import row_format
@@ -23,7 +22,7 @@ _COLUMN_TYPES = dict(cols_ptr="*i32", counts_ptr="*i32", T="i32", C="i32", n_win
 KV_COMPACT_KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec(
         "kv_compact.flag", f"{_OPS}:_flag_used_rows_kernel",
-        types=dict(_COLUMN_TYPES, used_ptr="*u8"),
+        types=dict(_COLUMN_TYPES, used_ptr="*i32"),
         aligned=("cols_ptr", "counts_ptr", "used_ptr"),
         constexprs=dict(HAS_COUNTS=True, BLOCK_E=BLOCK_E), num_warps=4, num_stages=1,
         expect=Expect(kv_load_bytes=4),
@@ -31,10 +30,10 @@ KV_COMPACT_KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec(
         "kv_compact.unpack_renumber_fp8", f"{_OPS}:_unpack_and_renumber_kernel",
         types=dict(_COLUMN_TYPES, win_ptr="*u8", cmp_ptr="*u8", ends_ptr="*i32", rows_ptr="*bf16",
-                   out_cols_ptr="*i32", n_pool_rows="i32", max_rows="i32", D="i32", stride_win="i32",
-                   stride_cmp="i32", stride_rows="i32", unpack_programs="i32"),
+                   out_cols_ptr="*i32", n_pool_rows="i32", max_rows="i32", D="i32", stride_pool="i32",
+                   stride_rows="i32", unpack_programs="i32"),
         aligned=("win_ptr", "cmp_ptr", "ends_ptr", "rows_ptr", "cols_ptr", "counts_ptr", "out_cols_ptr", "D",
-                 "stride_win", "stride_cmp", "stride_rows"),
+                 "stride_pool", "stride_rows"),
         constexprs=dict(HAS_COUNTS=True, BLOCK_R=BLOCK_R, BLOCK_D=512, BLOCK_E=BLOCK_E, **_LOAD_PK),
         num_warps=4, num_stages=1,
         expect=Expect(kv_load_bytes=16, kv_lines=r"codes = tl\.load|tail = tl\.load"),

@@ -1,7 +1,7 @@
 """Triton kernels of the row compaction (math: kv_compact.py), with no host sync.
 
 Layouts. win_pool / cmp_pool uint8 [N_w | N_c, >= row_bytes] packed fp8 rows (ue8m0 formats,
-byte layout in kv_pack_triton.py), 16-byte aligned rows; cols int32 [T, C] (unit stride along C;
+byte layout in kv_pack_triton.py), 16-byte aligned rows sharing one row stride; cols int32 [T, C] (unit stride along C;
 the first n_window columns name win_pool rows, the rest cmp_pool rows; -1 = hole); counts [T]
 int32 (optional: columns >= n_window + counts[t] are dead). Rows are numbered across both pools,
 g = col (window column) or N_w + col (compressed column), so the tables below have N_w + N_c
@@ -9,15 +9,15 @@ entries. Outputs: rows [R, D] bf16 (R = the caller's bound on the used rows; row
 count are not written) and renumbered int32 [T, C].
 
 Launches (all sizes from shapes known on the host: CUDA-graph capturable):
-1. `torch.zeros`:                     used uint8 [N_w + N_c]
-2. `_flag_used_rows_kernel`:          used[g(t, c)] = 1 for every live column (plain byte stores: every
-                                      writer stores the same 1), grid (cdiv(T * C, BLOCK_E),)
+1. `torch.zeros`:                     used int32 [N_w + N_c]
+2. `_flag_used_rows_kernel`:          used[g(t, c)] = 1 for every live column (plain stores, every
+                                      writer stores the same 1, skipped where the flag already reads
+                                      1), grid (cdiv(T * C, BLOCK_E),)
 3. `torch.cumsum(used, dtype=int32)`: ends [N_w + N_c]; a used row's slot is ends[g] - 1 (the only
                                       global dependency)
 4. `_unpack_and_renumber_kernel`:     one launch, two kinds of program. The first
                                       cdiv(N_w + N_c, BLOCK_R) programs each look at BLOCK_R rows (row g
-                                      is used where ends[g] != ends[g - 1]: int32 loads only, no byte
-                                      reads of the flags) and unpack the used ones (slot < R) into
+                                      is used where ends[g] != ends[g - 1]) and unpack the used ones (slot < R) into
                                       rows[slot] (16-byte loads of codes, scale bytes read as int32
                                       words: kv_pack_triton.load_packed); the rest rewrite BLOCK_E
                                       columns each: slot or -1.
@@ -54,12 +54,15 @@ def _flag_used_rows_kernel(cols_ptr, counts_ptr, used_ptr, T, C, n_window, n_win
                            HAS_COUNTS: tl.constexpr, BLOCK_E: tl.constexpr):
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     g, live = _column_rows(cols_ptr, counts_ptr, e, T, C, n_window, n_win_rows, stride_ct, HAS_COUNTS)
-    tl.store(used_ptr + g, tl.full([BLOCK_E], 1, tl.uint8), mask=live)
+    # Store only flags this SM has not seen set: every column of a row would otherwise store to the
+    # same few L2 lines (a row of the r4 S8192 case is named ~1,800 times); the check mostly hits L1.
+    seen = tl.load(used_ptr + g, mask=live, other=1)
+    tl.store(used_ptr + g, tl.full([BLOCK_E], 1, tl.int32), mask=live & (seen == 0))
 
 
 @triton.jit
 def _unpack_used_rows(block, win_ptr, cmp_ptr, ends_ptr, rows_ptr, n_win_rows, n_pool_rows, max_rows, D,
-                      stride_win, stride_cmp, stride_rows, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                      stride_pool, stride_rows, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                       PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
                       PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr):
     """Pool rows [block * BLOCK_R, +BLOCK_R): each used one (slot < max_rows) unpacked into rows[slot]."""
@@ -70,7 +73,10 @@ def _unpack_used_rows(block, win_ptr, cmp_ptr, ends_ptr, rows_ptr, n_win_rows, n
     slot = end.to(tl.int64) - 1
     take = inside & used & (slot < max_rows)
     if tl.max(take.to(tl.int32), 0) > 0:
-        src = tl.where(g < n_win_rows, win_ptr + g * stride_win, cmp_ptr + (g - n_win_rows) * stride_cmp)
+        # NOTE: the hint keeps the gather at 16-byte loads (Triton >= 3.8 loses the alignment of a select).
+        in_window = g < n_win_rows
+        base = tl.multiple_of(tl.where(in_window, win_ptr, cmp_ptr), 16)
+        src = base + tl.where(in_window, g, g - n_win_rows) * stride_pool
         v = load_packed(src, take, 0, D, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL,
                         rows_ptr.dtype.element_ty)
         ch = tl.arange(0, BLOCK_D)
@@ -90,7 +96,7 @@ def _renumber_columns(block, cols_ptr, counts_ptr, ends_ptr, out_cols_ptr, T, C,
 @triton.jit
 def _unpack_and_renumber_kernel(
     win_ptr, cmp_ptr, ends_ptr, rows_ptr, cols_ptr, counts_ptr, out_cols_ptr,
-    n_win_rows, n_pool_rows, max_rows, T, C, n_window, D, stride_win, stride_cmp, stride_rows, stride_ct,
+    n_win_rows, n_pool_rows, max_rows, T, C, n_window, D, stride_pool, stride_rows, stride_ct,
     unpack_programs,
     HAS_COUNTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
     PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr,
@@ -99,7 +105,7 @@ def _unpack_and_renumber_kernel(
     pid = tl.program_id(0)
     if pid < unpack_programs:
         _unpack_used_rows(pid, win_ptr, cmp_ptr, ends_ptr, rows_ptr, n_win_rows, n_pool_rows, max_rows, D,
-                          stride_win, stride_cmp, stride_rows, BLOCK_R, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF,
+                          stride_pool, stride_rows, BLOCK_R, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF,
                           PK_SCALE_OFF, PK_HAS_TAIL)
     else:
         _renumber_columns(pid - unpack_programs, cols_ptr, counts_ptr, ends_ptr, out_cols_ptr, T, C, n_window,
@@ -120,7 +126,9 @@ def unpack_referenced_rows_triton(win_pool, cmp_pool, cols, n_window, fmt, dim, 
         cols = cols.contiguous()
     win = win_pool if n_w else cmp_pool  # an empty pool still needs a valid pointer (never read)
     cmp = cmp_pool if n_c else win
-    used = torch.zeros(n_w + n_c, dtype=torch.uint8, device=device)
+    if win.stride(0) != cmp.stride(0):
+        raise ValueError(f"win_pool and cmp_pool must share a row stride, got {win.stride(0)} and {cmp.stride(0)}")
+    used = torch.zeros(n_w + n_c, dtype=torch.int32, device=device)
     rows = torch.empty(max_rows, dim, dtype=dtype, device=device)
     renumbered = torch.empty(T, C, dtype=torch.int32, device=device)
     if T * C == 0 or n_w + n_c == 0:
@@ -136,7 +144,7 @@ def unpack_referenced_rows_triton(win_pool, cmp_pool, cols, n_window, fmt, dim, 
     unpack_programs = triton.cdiv(n_w + n_c, BLOCK_R)
     _unpack_and_renumber_kernel[(unpack_programs + col_programs,)](
         win, cmp, ends, rows, cols, ct, renumbered,
-        n_w, n_w + n_c, max_rows, T, C, n_window, dim, win.stride(0), cmp.stride(0), rows.stride(0), cols.stride(0),
+        n_w, n_w + n_c, max_rows, T, C, n_window, dim, win.stride(0), rows.stride(0), cols.stride(0),
         unpack_programs,
         HAS_COUNTS=has_counts, BLOCK_R=BLOCK_R, BLOCK_D=max(triton.next_power_of_2(dim), fmt.block), BLOCK_E=BLOCK_E,
         num_warps=4, **pk,
