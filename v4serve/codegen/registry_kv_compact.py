@@ -8,7 +8,7 @@ not marked 16-divisible); flags and slots are int32 tables; the unpack keeps `lo
 set yet (no measurement): 255.
 """
 from v4serve.formats import row_format
-from v4serve.ops.kv_compact_triton import BLOCK_E, BLOCK_R
+from v4serve.ops.kv_compact_triton import BLOCK_E, BLOCK_R, COMPACT_CONFIG
 from v4serve.ops.kv_pack_triton import packed_constexprs
 
 from .spec import Expect, KernelSpec
@@ -24,7 +24,7 @@ KV_COMPACT_KERNELS: tuple[KernelSpec, ...] = (
         "kv_compact.flag", f"{_OPS}:_flag_used_rows_kernel",
         types=dict(_COLUMN_TYPES, used_ptr="*i32"),
         aligned=("cols_ptr", "counts_ptr", "used_ptr"),
-        constexprs=dict(HAS_COUNTS=True, BLOCK_E=BLOCK_E), num_warps=4, num_stages=1,
+        constexprs=dict(HAS_COUNTS=True, BLOCK_E=BLOCK_E, SKIP_SEEN=COMPACT_CONFIG["SKIP_SEEN"]), num_warps=4, num_stages=1,
         expect=Expect(kv_load_bytes=4),
     ),
     KernelSpec(

@@ -31,8 +31,12 @@ import triton.language as tl
 
 from v4serve.ops.kv_pack_triton import load_packed, packed_constexprs
 
-BLOCK_E = 2048  # columns per program (flag and renumber): 16 int32 per thread at 4 warps
 BLOCK_R = 16  # pool rows per unpack program (as kv_pack_triton's unpack kernel)
+# Production launch (not timed yet; bench/kernel_configs.py 'kv compact' sweeps the alternatives):
+# BLOCK_E columns per program of the flag and renumber passes (16 int32 per thread at 4 warps);
+# SKIP_SEEN: the flag pass loads a flag before storing it and skips the store when it reads 1.
+COMPACT_CONFIG = dict(BLOCK_E=2048, SKIP_SEEN=True)
+BLOCK_E = COMPACT_CONFIG["BLOCK_E"]
 
 
 @triton.jit
@@ -51,13 +55,14 @@ def _column_rows(cols_ptr, counts_ptr, e, T, C, n_window, n_win_rows, stride_ct,
 
 @triton.jit
 def _flag_used_rows_kernel(cols_ptr, counts_ptr, used_ptr, T, C, n_window, n_win_rows, stride_ct,
-                           HAS_COUNTS: tl.constexpr, BLOCK_E: tl.constexpr):
+                           HAS_COUNTS: tl.constexpr, BLOCK_E: tl.constexpr, SKIP_SEEN: tl.constexpr):
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     g, live = _column_rows(cols_ptr, counts_ptr, e, T, C, n_window, n_win_rows, stride_ct, HAS_COUNTS)
     # Store only flags this SM has not seen set: every column of a row would otherwise store to the
     # same few L2 lines (a row of the r4 S8192 case is named ~1,800 times); the check mostly hits L1.
-    seen = tl.load(used_ptr + g, mask=live, other=1)
-    tl.store(used_ptr + g, tl.full([BLOCK_E], 1, tl.int32), mask=live & (seen == 0))
+    if SKIP_SEEN:
+        live &= tl.load(used_ptr + g, mask=live, other=1) == 0
+    tl.store(used_ptr + g, tl.full([BLOCK_E], 1, tl.int32), mask=live)
 
 
 @triton.jit
@@ -112,13 +117,17 @@ def _unpack_and_renumber_kernel(
                           n_win_rows, max_rows, stride_ct, HAS_COUNTS, BLOCK_E)
 
 
-def unpack_referenced_rows_triton(win_pool, cmp_pool, cols, n_window, fmt, dim, dtype, counts, max_rows):
-    """Launch the compaction (see the module docstring); max_rows >= 1."""
+def unpack_referenced_rows_triton(win_pool, cmp_pool, cols, n_window, fmt, dim, dtype, counts, max_rows,
+                                  launch=None):
+    """Launch the compaction (see the module docstring); max_rows >= 1; launch: entries replacing
+    COMPACT_CONFIG's (a sweep's candidates)."""
+    cfg = dict(COMPACT_CONFIG, **(launch or {}))
+    block_e = cfg["BLOCK_E"]
     if fmt.value_bits != 8:
         raise ValueError(f"the compaction kernels unpack fp8 rows, not {fmt.name}")
     T, C = cols.shape
     n_w, n_c = win_pool.shape[0], cmp_pool.shape[0]
-    if T * C >= 2**31 - BLOCK_E or n_w + n_c >= 2**31:
+    if T * C >= 2**31 - block_e or n_w + n_c >= 2**31:
         raise ValueError(f"the compaction kernels number columns and rows in int32: [{T}, {C}] columns, "
                          f"{n_w + n_c} rows")
     device = cols.device
@@ -135,9 +144,10 @@ def unpack_referenced_rows_triton(win_pool, cmp_pool, cols, n_window, fmt, dim, 
         return rows, renumbered.fill_(-1)
     ct = cols if counts is None else counts.reshape(T)
     has_counts = counts is not None
-    col_programs = triton.cdiv(T * C, BLOCK_E)
+    col_programs = triton.cdiv(T * C, block_e)
     _flag_used_rows_kernel[(col_programs,)](
-        cols, ct, used, T, C, n_window, n_w, cols.stride(0), HAS_COUNTS=has_counts, BLOCK_E=BLOCK_E, num_warps=4)
+        cols, ct, used, T, C, n_window, n_w, cols.stride(0), HAS_COUNTS=has_counts, BLOCK_E=block_e,
+        SKIP_SEEN=cfg["SKIP_SEEN"], num_warps=4)
     ends = torch.cumsum(used, 0, dtype=torch.int32)
     pk = packed_constexprs(fmt, dim)
     pk.pop("PK_FP4"), pk.pop("PK_PAYLOAD"), pk.pop("PK_ROW_BYTES")
@@ -146,7 +156,7 @@ def unpack_referenced_rows_triton(win_pool, cmp_pool, cols, n_window, fmt, dim, 
         win, cmp, ends, rows, cols, ct, renumbered,
         n_w, n_w + n_c, max_rows, T, C, n_window, dim, win.stride(0), rows.stride(0), cols.stride(0),
         unpack_programs,
-        HAS_COUNTS=has_counts, BLOCK_R=BLOCK_R, BLOCK_D=max(triton.next_power_of_2(dim), fmt.block), BLOCK_E=BLOCK_E,
+        HAS_COUNTS=has_counts, BLOCK_R=BLOCK_R, BLOCK_D=max(triton.next_power_of_2(dim), fmt.block), BLOCK_E=block_e,
         num_warps=4, **pk,
     )
     return rows, renumbered
