@@ -1,9 +1,9 @@
 """Triton kernels of the row compaction (math: kv_compact.py), with no host sync.
 
 Layouts. win_pool / cmp_pool uint8 [N_w | N_c, >= row_bytes] packed fp8 rows (ue8m0 formats,
-byte layout in kv_pack_triton.py), 16-byte aligned rows sharing one row stride; cols int32 [T, C] (unit stride along C;
-the first n_window columns name win_pool rows, the rest cmp_pool rows; -1 = hole); counts [T]
-int32 (optional: columns >= n_window + counts[t] are dead). Rows are numbered across both pools,
+byte layout in kv_pack_triton.py), 16-byte aligned rows sharing one row stride; cols int32 [T, C]
+(unit stride along C; the first n_window columns name win_pool rows, the rest cmp_pool rows;
+-1 = hole); counts [T] int32 (optional: columns >= n_window + counts[t] are dead). Rows are numbered across both pools,
 g = col (window column) or N_w + col (compressed column), so the tables below have N_w + N_c
 entries. Outputs: rows [R, D] bf16 (R = the caller's bound on the used rows; rows past the used
 count are not written) and renumbered int32 [T, C].
@@ -16,11 +16,11 @@ Launches (all sizes from shapes known on the host: CUDA-graph capturable):
 3. `torch.cumsum(used, dtype=int32)`: ends [N_w + N_c]; a used row's slot is ends[g] - 1 (the only
                                       global dependency)
 4. `_unpack_and_renumber_kernel`:     one launch, two kinds of program. The first
-                                      cdiv(N_w + N_c, BLOCK_R) programs each look at BLOCK_R rows (row g
-                                      is used where ends[g] != ends[g - 1]) and unpack the used ones (slot < R) into
-                                      rows[slot] (16-byte loads of codes, scale bytes read as int32
-                                      words: kv_pack_triton.load_packed); the rest rewrite BLOCK_E
-                                      columns each: slot or -1.
+                                      cdiv(N_w + N_c, BLOCK_R) programs each look at BLOCK_R rows
+                                      (row g is used where ends[g] != ends[g - 1]) and unpack the
+                                      used ones (slot < R) into rows[slot] (16-byte loads of codes,
+                                      scale bytes read as int32 words: kv_pack_triton.load_packed);
+                                      the rest rewrite BLOCK_E columns each: slot or -1.
 Columns are read as int32 words over the flattened [T, C] table (t = e // C), once in 2 and once in
 4; the flag and slot tables are small and stay in L2.
 """

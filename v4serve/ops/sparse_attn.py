@@ -6,9 +6,10 @@ sparse_attn_triton.py. bf16 inputs on CUDA run the kernels; anything else runs
 the reference.
 
 Packed pools: with `row_format` (a packed RowFormat of v4serve/formats.py, e.g.
-"fp8_e8m0_b64_rope64"), win_pool and cmp_pool are uint8 [N, >= row_bytes(D)] and the kernels
-gather the packed rows and dequantize them in registers (the reference unpacks, then runs the
-bf16 math): the result equals attention over unpack_rows(pool) in bf16.
+"fp8_e8m0_b64_rope64"), win_pool and cmp_pool are uint8 [N, >= row_bytes(D)] and the decode
+kernels gather the packed rows and dequantize them in registers; prefill unpacks each row it
+references once, on the device (kv_compact.py), then runs the bf16 kernels (the reference
+unpacks, then runs the bf16 math): the result equals attention over unpack_rows(pool) in bf16.
 """
 
 import torch
