@@ -157,24 +157,6 @@ def test_triton_decode_split_k_sums_in_order(act_block):
         torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6 * want.float().abs().max().item())
 
 
-@pytest.mark.parametrize("fp8_hw", [True, False], ids=["fp8", "bytes"])
-@pytest.mark.parametrize("m, block, act_block", [(1, (128, 128), 128), (40, (128, 128), 128), (5, (32, 32), 32)])
-def test_triton_decode_quantizes_activations_in_the_kernel_as_act_quant_does(m, block, act_block, fp8_hw):
-    """The decode kernel's own activation quantization (QUANT_A) against the act_quant launch
-    followed by the same tiles: the same codes, scales and sums, so the same bits."""
-    from v4serve.ops.fp8_linear_triton import fp8_linear_triton
-
-    weight, scale = _weights(90, 2 * block[1] + 40, block, seed=m)
-    x = torch.randn(m, weight.shape[1], generator=torch.Generator().manual_seed(3)).bfloat16() * 3
-    x[0, :7] = 0  # a partly zero group and a whole-zero tail group below
-    x[-1, -40:] = 0
-    fused = fp8_linear_triton(x, weight, scale, block, act_block, split_k=2, fp8_hw=fp8_hw)
-    separate = fp8_linear_triton(x, weight, scale, block, act_block, split_k=2, fp8_hw=fp8_hw, fuse_act_quant=False)
-    assert torch.equal(fused, separate)
-    want = fp8_linear(x, weight, scale, block, act_block=act_block, impl="torch")
-    torch.testing.assert_close(fused.float(), want.float(), rtol=2**-7, atol=1e-6 * want.float().abs().max().item())
-
-
 def test_triton_dispatch_keeps_leading_dims():
     weight, scale = _weights(20, 36, (8, 16))
     x = torch.randn(2, 3, 36)

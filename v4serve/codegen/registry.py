@@ -120,7 +120,7 @@ _COMPRESS_DECODE_ALIGNED = ("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_
 _QUANT_MAX_REGS = {
     "decode_w8a16": {90: 96, 100: 96, 120: 96}, "decode_w8a16_sm80": {80: 100},
     "decode_w8a8": {90: 96, 100: 96, 120: 72}, "decode_w8a8_sm80": {80: 96},
-    "decode_m64_w8a16": {90: 128, 100: 128, 120: 128}, "decode_m64_w8a8": {90: 160, 100: 160, 120: 160},
+    "decode_m64_w8a16": {90: 144, 100: 168, 120: 192}, "decode_m64_w8a8": {90: 144, 100: 168, 120: 192},
     "prefill_w8a16": {90: 240, 100: 255, 120: 246}, "prefill_w8a16_sm80": {80: 255},
     "prefill_w8a8": {90: 251, 100: 255, 120: 255}, "prefill_w8a8_sm80": {80: 255},
     "mxfp4_decode": {80: 141, 90: 118, 100: 115, 120: 122},
@@ -447,8 +447,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             f"fp8_linear.{phase}{'_m64' if m64 else ''}_{mode}{'_sm80' if sm80 else ''}",
             f"{_OPS}.fp8_linear_triton:_fp8_linear_{phase}_kernel",
             types=dict(
-                # decode in act mode quantizes its bf16 activation tiles itself (QUANT_A)
-                x_ptr=("*u8" if sm80 else "*fp8e4nv") if mode == "w8a8" and phase == "prefill" else "*bf16",
+                x_ptr=("*u8" if sm80 else "*fp8e4nv") if mode == "w8a8" else "*bf16",
                 xs_ptr="*fp32", w_ptr="*u8" if sm80 else "*fp8e4nv", ws_ptr="*fp32",
                 **(dict(part_ptr="*fp32") if phase == "decode" else {}), y_ptr="*bf16",
                 **(dict(arrivals_ptr="*i32") if phase == "decode" else {}),
@@ -459,7 +458,6 @@ KERNELS: tuple[KernelSpec, ...] = (
                      *(("part_ptr", "arrivals_ptr", "k_per_split", "stride_ps") if phase == "decode" else ())),
             constexprs=dict(PDL=False, BN=128, BK=128, AB=128 if mode == "w8a8" else 1, ACT_FP8=mode == "w8a8",
                             FP8_DOT=mode == "w8a8" and not sm80, NATIVE_FP8=not sm80, POST_SCALE=True, IEEE=False,
-                            QUANT_A=mode == "w8a8" and phase == "decode",
                             **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             archs=(80,) if sm80 else (90, 100, 120),
@@ -487,6 +485,28 @@ KERNELS: tuple[KernelSpec, ...] = (
                           max_regs=_QUANT_MAX_REGS[f"mxfp4_{phase}"]),
         )
         for phase, cfg in (("decode", _MXFP4_DECODE), ("prefill", _MXFP4_PREFILL))
+    ),
+    # ---- offloaded experts (ops/expert_cache_plan_triton.py, ops/expert_fetch_triton.py): V4-Flash,
+    # 256 experts, 12 slots; the fetch copies rows of int32 words (an expert's gate_up: 2,097,152) ----
+    KernelSpec(  # PLAN_CONFIG
+        "offload.expert_cache_plan", f"{_OPS}.expert_cache_plan_triton:_expert_cache_plan_kernel",
+        types=dict(picks_ptr="*i64", host_row_ptr="*i64", index_ptr="*i64", slot_expert_ptr="*i64",
+                   slot_stamp_ptr="*i64", clock_ptr="*i64", fetches_ptr="*i64", counts_ptr="*i64", scratch_ptr="*i32",
+                   copy_count_ptr="*i64", copy_slot_ptr="*i64", copy_src_ptr="*i64", mapped_ptr="*i64", N="i32",
+                   E="i32", S="i32", chunk="i32", n_resident="i32"),
+        aligned=("picks_ptr", "host_row_ptr", "index_ptr", "slot_expert_ptr", "slot_stamp_ptr", "clock_ptr",
+                 "fetches_ptr", "counts_ptr", "scratch_ptr", "copy_count_ptr", "copy_slot_ptr", "copy_src_ptr",
+                 "mapped_ptr", "E"),
+        constexprs=dict(COUNT=True, WITH_RESIDENT=False, BLOCK_E=256, BLOCK_S=16, BLOCK_N=1024), num_warps=4,
+        num_stages=3, expect=Expect(max_regs=128),
+    ),
+    KernelSpec(  # FETCH_CONFIG
+        "offload.expert_fetch", f"{_OPS}.expert_fetch_triton:_expert_fetch_kernel",
+        types=dict(src_ptr="*i32", dst_ptr="*i32", copy_count_ptr="*i64", copy_slot_ptr="*i64", copy_src_ptr="*i64",
+                   row_words="i32", dst_row0="i32", n_chunks="i32"),
+        aligned=("src_ptr", "dst_ptr", "copy_count_ptr", "copy_slot_ptr", "copy_src_ptr", "row_words"),
+        constexprs=dict(BLOCK=2048), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"values = tl\.load", max_regs=64),
     ),
     # ---- packed KV rows (issue 17): v4serve/codegen/registry_packed_kv.py ----
     *PACKED_KV_KERNELS,

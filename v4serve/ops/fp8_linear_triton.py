@@ -19,12 +19,12 @@ codes decoded to bf16 (exact) and a bf16 dot (sm_80). Products are exact, sums f
 the reference differ in the order of the fp32 sums (and, on FP8 tensor cores, in the precision of
 the sum inside one BLOCK_K step).
 
-Decode (M <= DECODE_MAX_M = 64) is bandwidth-bound: BLOCK_M (16, 32 or 64) covers every row, so each
-weight byte crosses HBM once; in act mode each program quantizes the activation tiles it reads
-itself (QUANT_A: no act_quant launch, the same codes and scales); the K range is split over SPLIT_K
-programs per N tile when N / BLOCK_N alone would not fill the GPU, each writing an fp32 partial
-[SPLIT_K, M, N]; the last program of an N tile to arrive (an atomic counter per tile) sums them in
-split order (deterministic) and rounds: one launch in all. Prefill uses large tiles and writes y directly.
+Decode (M <= 16, or M <= DECODE_MAX_M = 64 where the prefill tiles would not fill the GPU) is
+bandwidth-bound: BLOCK_M (16, 32 or 64) covers every row, so each weight byte crosses HBM once;
+the K range is split over SPLIT_K programs per N tile when N / BLOCK_N alone would not fill the
+GPU, each writing an fp32 partial [SPLIT_K, M, N]; the last program of an N tile to arrive (an
+atomic counter per tile) sums them in split order (deterministic) and rounds: one launch in all.
+Prefill uses large tiles and writes y directly.
 
 Activation quantization (one program per row and BLOCK_G channels, groups of `block` channels):
 s = 2^ceil(log2(max(amax, 1e-4) * fp32(1/448))) from the fp32 bits, t = clamp(x * (1/s), +-448)
@@ -43,8 +43,10 @@ from triton.language.extra.cuda import gdc_wait
 from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
 from v4serve.ops.quant_decode_triton import e4m3_bits_to_f32
 
-# Decode tiles up to DECODE_MAX_M rows: BLOCK_M is the smallest of 16 / 32 / 64 that holds every row
-# (one pass over the weights), the K range split to fill the GPU. Above it, the prefill tiles.
+# Decode tiles: BLOCK_M the smallest of 16 / 32 / 64 that holds every row (one pass over the
+# weights), the K range split to fill the GPU. Up to 16 rows always; up to DECODE_MAX_M where the
+# prefill tiles would leave SMs idle (H200, M64: wq_a ran 27 µs on 8 prefill programs).
+DECODE_ALWAYS_M = 16
 DECODE_MAX_M = 64
 FP8_DECODE_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
 FP8_PREFILL_CONFIG = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
@@ -102,11 +104,9 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
 def _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, k_begin, k_end, offs_m, offs_n,
               stride_x, stride_xs, stride_w, stride_ws,
               BN: tl.constexpr, BK: tl.constexpr, AB: tl.constexpr, ACT_FP8: tl.constexpr, FP8_DOT: tl.constexpr,
-              NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr, QUANT_A: tl.constexpr,
+              NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """fp32 [BLOCK_M, BLOCK_N]: sum over k in [k_begin, k_end) of A[m, k] * W[n, k]. QUANT_A (act
-    mode, BLOCK_K == AB): x holds the unquantized activations and each K step quantizes its
-    [BLOCK_M, AB] tile itself (the same codes and scales as `_act_quant_kernel`)."""
+    """fp32 [BLOCK_M, BLOCK_N]: sum over k in [k_begin, k_end) of A[m, k] * W[n, k]."""
     mask_m = offs_m < M
     mask_n = offs_n < N
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_x
@@ -115,11 +115,7 @@ def _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, k_begin, k_end, offs_m, off
     for k0 in range(k_begin, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
-        if QUANT_A:
-            xa = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-            r, negative, s_a = _act_quant_groups(xa.to(tl.float32))
-            a = tl.where(negative, -r, r)  # exact e4m3 values (fp32)
-        elif NATIVE_FP8 or not ACT_FP8:
+        if NATIVE_FP8 or not ACT_FP8:
             a = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         else:
             a = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0)
@@ -128,11 +124,7 @@ def _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, k_begin, k_end, offs_m, off
         else:
             w = tl.load(w_cols + offs_k[:, None], mask=mask_n[None, :] & mask_k[:, None], other=0)
         if ACT_FP8:
-            if QUANT_A:
-                a = a.to(tl.float8e4nv) if FP8_DOT else a.to(tl.bfloat16)  # exact either way
-                if not FP8_DOT:
-                    w = w.to(tl.bfloat16) if NATIVE_FP8 else e4m3_bits_to_f32(w.to(tl.int32)).to(tl.bfloat16)
-            elif not FP8_DOT:
+            if not FP8_DOT:
                 if NATIVE_FP8:
                     a = a.to(tl.bfloat16)
                     w = w.to(tl.bfloat16)
@@ -140,8 +132,7 @@ def _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, k_begin, k_end, offs_m, off
                     a = e4m3_bits_to_f32(a.to(tl.int32)).to(tl.bfloat16)
                     w = e4m3_bits_to_f32(w.to(tl.int32)).to(tl.bfloat16)
             part = tl.dot(a, w)
-            if not QUANT_A:
-                s_a = tl.load(xs_ptr + offs_m.to(tl.int64) * stride_xs + k0 // AB, mask=mask_m, other=0.0)
+            s_a = tl.load(xs_ptr + offs_m.to(tl.int64) * stride_xs + k0 // AB, mask=mask_m, other=0.0)
             s_w = tl.load(ws_ptr + (offs_n // BN) * stride_ws + k0 // BK, mask=mask_n, other=0.0)
             acc += part * s_a[:, None] * s_w[None, :]
         else:
@@ -171,7 +162,7 @@ def _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, k_begin, k_end, offs_m, off
 def _fp8_linear_prefill_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, stride_x, stride_xs, stride_w, stride_ws, stride_y,
     BN: tl.constexpr, BK: tl.constexpr, AB: tl.constexpr, ACT_FP8: tl.constexpr, FP8_DOT: tl.constexpr,
-    NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr, QUANT_A: tl.constexpr,
+    NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
     if PDL:
@@ -179,7 +170,7 @@ def _fp8_linear_prefill_kernel(
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, 0, K, offs_m, offs_n, stride_x, stride_xs, stride_w,
-                    stride_ws, BN, BK, AB, ACT_FP8, FP8_DOT, NATIVE_FP8, POST_SCALE, IEEE, QUANT_A, BLOCK_M, BLOCK_N, BLOCK_K)
+                    stride_ws, BN, BK, AB, ACT_FP8, FP8_DOT, NATIVE_FP8, POST_SCALE, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
     tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
@@ -189,7 +180,7 @@ def _fp8_linear_decode_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, arrivals_ptr, M, N, K, k_per_split,
     stride_x, stride_xs, stride_w, stride_ws, stride_ps, stride_y,
     BN: tl.constexpr, BK: tl.constexpr, AB: tl.constexpr, ACT_FP8: tl.constexpr, FP8_DOT: tl.constexpr,
-    NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr, QUANT_A: tl.constexpr,
+    NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (n, split): every row of x against BLOCK_N weight rows over one K range
@@ -209,7 +200,7 @@ def _fp8_linear_decode_kernel(
     k_end = tl.minimum(k_begin + k_per_split, K)
     acc = _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, k_begin, k_end, offs_m, offs_n, stride_x, stride_xs,
                     stride_w, stride_ws, BN, BK, AB, ACT_FP8, FP8_DOT, NATIVE_FP8, POST_SCALE, IEEE,
-                    QUANT_A, BLOCK_M, BLOCK_N, BLOCK_K)
+                    BLOCK_M, BLOCK_N, BLOCK_K)
     y_tile = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
     if n_splits == 1:
         tl.store(y_tile, acc.to(y_ptr.dtype.element_ty), mask=mask)
@@ -257,6 +248,15 @@ def act_quant_triton(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.T
     return codes, scales
 
 
+def _use_decode_tiles(m: int, n: int, device: torch.device) -> bool:
+    if m <= DECODE_ALWAYS_M or m > DECODE_MAX_M:
+        return m <= DECODE_ALWAYS_M
+    if not compiled_on_cuda(device):
+        return True  # the interpreter: the tiles of the GPUs that take this path
+    prefill_programs = triton.cdiv(m, FP8_PREFILL_CONFIG["BLOCK_M"]) * triton.cdiv(n, FP8_PREFILL_CONFIG["BLOCK_N"])
+    return prefill_programs < _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _split_k(n_tiles: int, k_steps: int, device: torch.device) -> int:
     if not compiled_on_cuda(device):
         return 1
@@ -266,17 +266,15 @@ def _split_k(n_tiles: int, k_steps: int, device: torch.device) -> int:
 
 def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
                       act_block: int | None, config: dict | None = None, split_k: int | None = None,
-                      fp8_hw: bool | None = None, fuse_act_quant: bool = True,
-                      arrivals: torch.Tensor | None = None) -> torch.Tensor:
+                      fp8_hw: bool | None = None, arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, N] for x [M, K]. `config` / `split_k` override the tiles and the decode K split (tests,
     benchmarks); `fp8_hw=False` forces the path of GPUs without fp8 (sm_80: codes decoded from bytes);
-    `fuse_act_quant=False` quantizes the activations in their own launch at decode sizes too.
     `arrivals`: the split-K decode's per-N-tile counters, int32 zeros that every launch leaves at zero
     (a caller that keeps them, as `FP8Linear` does, saves the memset of fresh ones per call)."""
     m, k = x.shape
     n = weight.shape[0]
     bn, bk = block
-    decode = m <= DECODE_MAX_M
+    decode = _use_decode_tiles(m, n, x.device)
     if x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError("x and weight must have a unit stride along K")
     fp8_hw = native_fp8(x.device) if fp8_hw is None else fp8_hw
@@ -287,7 +285,6 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     cfg = dict(config or (FP8_DECODE_CONFIG if decode else prefill_cfg))
     if decode and config is None:
         cfg["BLOCK_M"] = max(cfg["BLOCK_M"], triton.next_power_of_2(m))
-    quant_a = False
     if act_block is None:
         post = bk % cfg["BLOCK_K"] == 0
         a, a_scale, ab = x, scale, 1  # (a_scale is not read in weight-only mode)
@@ -298,22 +295,18 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         cfg["BLOCK_K"] = min(cfg["BLOCK_K"], act_block, bk)
         post = True
         ab = act_block
-        # Decode quantizes its activation tiles in the kernel (one launch less): every program
-        # quantizes the [M, K range] it reads, a few KB, beside the weight bytes it streams.
-        quant_a = fuse_act_quant and decode and cfg["BLOCK_K"] == act_block
-        if quant_a:
-            a, a_scale = x, x  # (a_scale is not read)
-        else:
-            a, a_scale = act_quant_triton(x, act_block)
-            if not fp8_hw:
-                a = a.view(torch.uint8)
+        # (Quantizing the activation tiles inside the decode kernel saved this launch but put a
+        # cross-warp amax reduction on every K step's critical path: +7 µs at Flash wq_b M1 on the
+        # H200, docs/performance.md "Session 10".)
+        a, a_scale = act_quant_triton(x, act_block)
+        if not fp8_hw:
+            a = a.view(torch.uint8)
     w = weight if fp8_hw else weight.view(torch.uint8)
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
     flags = dict(BN=bn, BK=bk, AB=ab, ACT_FP8=act_block is not None, FP8_DOT=fp8_hw and act_block is not None,
                  NATIVE_FP8=fp8_hw, POST_SCALE=post, IEEE=x.dtype == torch.float32 and act_block is None,
-                 QUANT_A=quant_a,
                  BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     pdl = pdl_launch(x)
