@@ -249,7 +249,8 @@ def test_production_prefill_over_packed_rows_is_the_bf16_launch_over_unpacked_ro
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16)) and ref.abs().amax() > 0
 
 
-def test_unpack_referenced_rows_keeps_the_values_each_column_names():
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_unpack_referenced_rows_keeps_the_values_each_column_names(impl):
     from v4serve.formats import row_format
     from v4serve.ops.kv_compact import unpack_referenced_rows
 
@@ -257,10 +258,92 @@ def test_unpack_referenced_rows_keeps_the_values_each_column_names():
     win, cmp = pack_rows(_rows(10, D, seed=2), fmt), pack_rows(_rows(50, D, seed=3), fmt)
     # two window columns, then compressed ones; row 7 of each pool named (different rows)
     cols = torch.tensor([[7, -1, 7, 49], [0, 3, -1, -1], [-1, -1, -1, -1], [7, 9, 0, 7]], dtype=torch.int32)
-    rows, renumbered = unpack_referenced_rows(win, cmp, cols, 2, fmt, D)
-    assert rows.shape == (7, D)  # window rows 0, 3, 7, 9; compressed rows 0, 7, 49: each unpacked once
-    full = torch.cat([unpack_rows(win, fmt, D, impl="torch"), unpack_rows(cmp, fmt, D, impl="torch")])
+    rows, renumbered = unpack_referenced_rows(win, cmp, cols, 2, fmt, D, impl=impl)
+    # window rows 0, 3, 7, 9; compressed rows 0, 7, 49: each unpacked once, in pool order
     live = cols >= 0
-    g = torch.where(torch.arange(4) < 2, cols, cols + 10)
     assert torch.equal(renumbered < 0, ~live) and renumbered.dtype == torch.int32
+    assert sorted(set(renumbered[live].tolist())) == list(range(7)) and rows.shape[0] >= 7
+    full = torch.cat([unpack_rows(win, fmt, D, impl="torch"), unpack_rows(cmp, fmt, D, impl="torch")])
+    g = torch.where(torch.arange(4) < 2, cols, cols + 10)
     assert torch.equal(rows[renumbered[live].long()].view(torch.int16), full[g[live].long()].view(torch.int16))
+    assert torch.equal(renumbered[0], torch.tensor([2, -1, 5, 6], dtype=torch.int32))  # pool order: slots by g
+
+
+def _compaction_case(seed):
+    """Packed pools as views at a row offset into one buffer, a strided column table with holes,
+    repeats and dead columns past counts (naming rows no live column names, below the live ones,
+    so flagging one would move every live slot)."""
+    from v4serve.formats import row_format
+
+    fmt, D = row_format("fp8_e8m0_b64_rope64"), 128
+    g = torch.Generator().manual_seed(seed)
+    n_w, n_c, T, n_window, K = 37, 90, 9, 5, 11
+    rb = -(-fmt.row_bytes(D) // 16) * 16
+    buf = torch.zeros(1 + n_w + n_c, rb, dtype=torch.uint8)
+    win, cmp = buf[1 : 1 + n_w], buf[1 + n_w :]
+    win.copy_(pack_rows(_rows(n_w, D, seed=seed), fmt))
+    cmp.copy_(pack_rows(_rows(n_c, D, seed=seed + 1), fmt))
+    table = torch.cat([torch.randint(-1, n_w, (T, n_window), generator=g),
+                       torch.randint(n_c // 2 - 1, n_c, (T, K), generator=g)], 1).to(torch.int32)
+    counts = torch.randint(0, K + 1, (T,), generator=g).to(torch.int32)
+    counts[0] = -3  # a negative count is none
+    dead = torch.arange(K)[None, :] >= counts.clamp(min=0)[:, None]
+    table[:, n_window:][dead] = torch.randint(0, n_c // 2 - 1, (int(dead.sum()),), generator=g).to(torch.int32)
+    wide = torch.full((T, 2 * (n_window + K)), 77, dtype=torch.int32)
+    wide[:, ::2] = table
+    return win, cmp, wide[:, ::2], n_window, fmt, D, counts
+
+
+@pytest.mark.parametrize("max_rows", [None, 0, 13])
+def test_compaction_kernels_match_the_reference(max_rows):
+    """Triton (interpreter) against the torch reference: every used row's bits, every column; a
+    bound under the used count (13) drops the rows past it on both sides."""
+    from v4serve.ops.kv_compact import unpack_referenced_rows
+    from v4serve.ops.kv_compact_reference import live_column_mask
+
+    win, cmp, cols, n_window, fmt, D, counts = _compaction_case(seed=5)
+    live = live_column_mask(cols, n_window, counts)
+    g = torch.where(torch.arange(cols.shape[1]) < n_window, cols, cols + win.shape[0])
+    used = int(torch.unique(g[live]).numel())
+    bound = used if max_rows == 0 else max_rows  # 0: the tight bound
+    ref_rows, ref_cols = unpack_referenced_rows(win, cmp, cols, n_window, fmt, D, counts=counts, max_rows=bound,
+                                                impl="torch")
+    rows, out_cols = unpack_referenced_rows(win, cmp, cols, n_window, fmt, D, counts=counts, max_rows=bound,
+                                            impl="triton")
+    kept = min(used, rows.shape[0])
+    assert used > 13 and (max_rows is not None or rows.shape[0] >= used)
+    assert torch.equal(out_cols, ref_cols) and int((out_cols >= 0).sum()) <= int(live.sum())
+    assert torch.equal(rows[:kept].view(torch.int16), ref_rows[:kept].view(torch.int16))
+    assert torch.equal(out_cols >= 0, live) == (kept == used)
+
+
+def test_prefill_over_packed_rows_with_the_tight_bound_is_the_bf16_launch():
+    """unpack_bound = the exact number of used rows (the smallest correct bound) gives the bits of
+    the bf16 kernel over every row unpacked."""
+    from v4serve.formats import row_format
+    from v4serve.ops.kv_compact_reference import live_column_mask
+    from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
+
+    fmt, D = "fp8_e8m0_b64_rope64", 128
+    q, pw, pc, idx, sink, counts = _packed_inputs(1, 5, 16, D, 40, 70, fmt, seed=3)
+    cols, live = idx.reshape(5, -1), live_column_mask(idx.reshape(5, -1), 40, counts)
+    used = int(torch.unique(torch.where(torch.arange(cols.shape[1]) < 40, cols, cols + pw.shape[0])[live]).numel())
+    uw, uc = unpack_rows(pw, fmt, D, impl="torch"), unpack_rows(pc, fmt, D, impl="torch")
+    out = sparse_attn_paged_triton(q, pw, pc, idx, 40, sink, 0.1, counts, row_format=row_format(fmt),
+                                   unpack_bound=used)
+    ref = sparse_attn_paged_triton(q, uw, uc, idx, 40, sink, 0.1, counts)
+    assert used < pw.shape[0] + pc.shape[0]
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16)) and ref.abs().amax() > 0
+
+
+def test_compaction_kernels_have_no_capture_breaking_op():
+    """No host sync, no data-dependent size: the Triton compaction runs under the guard the decode
+    runner's capture check uses; the torch reference (nonzero) does not."""
+    from capture_guard import CaptureViolation, NoCaptureBreakingOps
+    from v4serve.ops.kv_compact import unpack_referenced_rows
+
+    win, cmp, cols, n_window, fmt, D, counts = _compaction_case(seed=6)
+    with NoCaptureBreakingOps():
+        unpack_referenced_rows(win, cmp, cols, n_window, fmt, D, counts=counts, max_rows=50, impl="triton")
+    with pytest.raises(CaptureViolation), NoCaptureBreakingOps():
+        unpack_referenced_rows(win, cmp, cols, n_window, fmt, D, counts=counts, max_rows=50, impl="torch")

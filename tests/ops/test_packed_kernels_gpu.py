@@ -5,7 +5,8 @@ Attention pools are fp8_e8m0_b64_rope64 rows of the bench cases (v4serve/bench/s
 FreeToken PR shapes by name), index keys fp4_e8m0_b32. Per attention shape:
 - prefill: the production launch over packed rows (each referenced row unpacked once,
   ops/kv_compact.py, then the bf16 prefill kernels) has the bits of the production bf16 launch over
-  every row unpacked;
+  every row unpacked; the compaction kernels match their torch reference; the launch records into
+  a CUDA graph (no host sync) whose replays equal eager calls;
 - decode: the production launch over packed rows (dequantized in the kernel) against the same
   tiles over the unpacked bf16 rows, within fp32 accumulation-order rounding (H200, session 9's
   kernels: relative 2.6e-7 to 5.5e-5 over the six decode shapes, a few outputs one bf16 ulp apart;
@@ -128,6 +129,54 @@ def test_sliced_scores_have_the_bits_of_the_whole_tile_dot(name):
     ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts, tile_config=whole)
     assert ref.abs().amax() > 0
     assert _same_bits(out, ref), f"{name}: sliced vs whole-tile S at {whole}: rel err {rel_err(out, ref):.3g}"
+
+
+PREFILL_SHAPES = [n for n in ATTN_SHAPES if SHAPES[n][0] == "prefill"]
+
+
+@pytest.mark.parametrize("name", PREFILL_SHAPES)
+def test_compaction_kernels_match_the_reference_at_the_pr_shapes(name):
+    """The sync-free compaction (ops/kv_compact.py) against its torch reference: the renumbered
+    columns and every used row's bits, at the tight bound (the used count) and the shapes' one."""
+    from v4serve.formats import row_format
+    from v4serve.ops.kv_compact import unpack_referenced_rows
+
+    _, (q, idx, n_window, sink, scale, counts), (pw, pc), _ = _packed_case(name)
+    fmt, D = row_format(KV_FORMAT), q.shape[-1]
+    cols, ct = idx.reshape(-1, idx.shape[-1]), counts.reshape(-1)
+    ref_rows, ref_cols = unpack_referenced_rows(pw, pc, cols, n_window, fmt, D, counts=ct, impl="torch")
+    used = int(ref_cols.max()) + 1
+    assert used > 1000
+    for bound in (None, used):
+        rows, out_cols = unpack_referenced_rows(pw, pc, cols, n_window, fmt, D, counts=ct, max_rows=bound,
+                                                impl="triton")
+        assert torch.equal(out_cols, ref_cols), f"{name}: renumbered columns differ (bound {bound})"
+        assert _same_bits(rows[:used], ref_rows[:used]), f"{name}: unpacked rows differ (bound {bound})"
+
+
+@pytest.mark.parametrize("name", PREFILL_SHAPES)
+def test_prefill_over_packed_rows_captures_in_a_cuda_graph(name):
+    """No host sync: the production prefill over packed rows records into a CUDA graph; replays give
+    the eager call's bits, and read the pools' bytes at replay time (new rows, new output)."""
+    _, (q, idx, n_window, sink, scale, counts), (pw, pc), _ = _packed_case(name)
+    run = lambda: sparse_attn_paged(q, pw, pc, idx, n_window, sink, scale, counts,  # noqa: E731
+                                    row_format=KV_FORMAT, impl="triton")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm up outside the capture
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    for step in range(2):
+        if step:
+            pw.copy_(pw.roll(1, 0))
+            pc.copy_(pc.roll(1, 0))
+        graph.replay()
+        eager = run()
+        torch.cuda.synchronize()
+        assert _same_bits(captured, eager) and eager.abs().amax() > 0, f"{name}: replay {step} differs from eager"
 
 
 @pytest.mark.parametrize("name", INDEXER_SHAPES)

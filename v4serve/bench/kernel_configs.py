@@ -139,6 +139,10 @@ PREFILL_SHAPES = {"prefill r4 S8192": (4, 8192, 0), "prefill r128 S8192": (128, 
 DECODE_SHAPES = {f"decode r{r} B{B}": (r, B, 32767) for B in (1, 2, 4, 8) for r in (4, 128, 0)}
 PACKED_DECODE_SHAPES = {f"decode fp8kv r{r} B{B}": (r, B, 32767) for B in (1, 8) for r in (4, 128, 0)}
 PACKED_FORMAT = "fp8_e8m0_b64_rope64"
+# The compaction before prefill over packed rows (ops/kv_compact_triton.py): its launch entries.
+KV_COMPACT_SHAPES = {"kv compact r4 S2048": (4, 2048, 0), "kv compact r4 S8192": (4, 8192, 0),
+                     "kv compact r128 S8192": (128, 8192, 0)}
+KV_COMPACT_CANDIDATES = [None, dict(SKIP_SEEN=False), dict(BLOCK_E=1024), dict(BLOCK_E=4096), None]
 
 
 def _packed_run(case):
@@ -157,6 +161,18 @@ def _packed_run(case):
     return run
 
 
+def _compact_run(case):
+    """The renumbered columns (what every launch config must reproduce) of the case's compaction."""
+    from v4serve.ops.kv_compact_triton import unpack_referenced_rows_triton
+
+    q, win, cmp, idx, n_window, sink, scale, counts = case.args()
+    pw, pc, fmt = pack_rows(win, PACKED_FORMAT), pack_rows(cmp, PACKED_FORMAT), row_format(PACKED_FORMAT)
+    cols, ct = idx.reshape(-1, idx.shape[-1]), counts.reshape(-1)
+    n_rows = pw.shape[0] + pc.shape[0]
+    return lambda cfg: unpack_referenced_rows_triton(pw, pc, cols, n_window, fmt, q.shape[-1], q.dtype, ct, n_rows,
+                                                     launch=cfg)[1]
+
+
 def main() -> int:
     only = sys.argv[1] if len(sys.argv) > 1 else ""
     for name, args in PREFILL_SHAPES.items():
@@ -171,6 +187,9 @@ def main() -> int:
         if only in name:
             candidates = PACKED_DECODE_B1_CANDIDATES if args[1] == 1 else PACKED_DECODE_B8_CANDIDATES
             _sweep(name, _packed_run(sparse_decode_case(*args, "cuda")), candidates)
+    for name, args in KV_COMPACT_SHAPES.items():
+        if only in name:
+            _sweep(name, _compact_run(sparse_prefill_case(*args, "cuda")), KV_COMPACT_CANDIDATES)
     for name, n in FETCH_SHAPES.items():
         if only in name:
             _sweep(name, _fetch_run(n), FETCH_CANDIDATES)

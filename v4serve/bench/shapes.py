@@ -269,5 +269,9 @@ def all_shapes():
     for name, (kind, args) in list(shapes.items()):
         if kind in ("prefill", "decode", "indexer"):
             shapes[f"{name} fp8kv"] = (f"{kind}_fp8kv", args)
+    # the compaction alone that prefill over packed rows runs first (ops/kv_compact.py)
+    for name, (kind, args) in list(shapes.items()):
+        if kind == "prefill":
+            shapes[name.replace("sparse prefill", "kv compact")] = ("kv_compact", args)
     shapes.update(quant_weight_shapes())
     return shapes

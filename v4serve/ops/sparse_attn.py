@@ -6,9 +6,10 @@ sparse_attn_triton.py. bf16 inputs on CUDA run the kernels; anything else runs
 the reference.
 
 Packed pools: with `row_format` (a packed RowFormat of v4serve/formats.py, e.g.
-"fp8_e8m0_b64_rope64"), win_pool and cmp_pool are uint8 [N, >= row_bytes(D)] and the kernels
-gather the packed rows and dequantize them in registers (the reference unpacks, then runs the
-bf16 math): the result equals attention over unpack_rows(pool) in bf16.
+"fp8_e8m0_b64_rope64"), win_pool and cmp_pool are uint8 [N, >= row_bytes(D)] and the decode
+kernels gather the packed rows and dequantize them in registers; prefill unpacks each row it
+references once, on the device (kv_compact.py), then runs the bf16 kernels (the reference
+unpacks, then runs the bf16 math): the result equals attention over unpack_rows(pool) in bf16.
 """
 
 import torch
@@ -45,7 +46,7 @@ def _check_args(q, win_pool, cmp_pool, idx, n_window, sink, counts, fmt=None):
 
 
 def sparse_attn_paged(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, row_format=None, impl="auto",
-                      cmp_row_format="same"):
+                      cmp_row_format="same", unpack_bound=None):
     """Attention of q [B, M, H, D] over the rows idx [B, M, n_window + K] names (-1 = hole).
 
     Columns < n_window index win_pool [N_w, D], the rest cmp_pool [N_c, D] (same dtype and row
@@ -53,6 +54,8 @@ def sparse_attn_paged(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=
     denominator; counts [B, M] int32, when given, is the number of live compressed columns.
     Returns [B, M, H, D] in q.dtype; a query with no live column gets 0. row_format (None or
     "bf16": pools hold values; a packed format: uint8 pools of that format's rows, see above).
+    unpack_bound (packed rows, M > 1): at least the number of distinct rows idx names, known on the
+    host (the step plan's); it sizes the pool the kernels unpack them into (ops/kv_compact.py).
     """
     fmt = None if row_format is None else _row_format(row_format)
     if fmt is not None and not fmt.packed:
@@ -68,7 +71,7 @@ def sparse_attn_paged(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=
             if q.dtype != torch.bfloat16:
                 raise ValueError(f"the Triton kernels take bf16 q, got {q.dtype}")
             return sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts,
-                                            row_format=fmt)
+                                            row_format=fmt, unpack_bound=unpack_bound)
         return sparse_attn_paged_reference(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, fmt)
     bf16 = q.dtype == win_pool.dtype == torch.bfloat16
     if use_triton(impl, q, win_pool, cmp_pool, idx) and (bf16 or impl == "triton"):

@@ -38,9 +38,9 @@ order on the tensor cores: on the H200 its output differs from the unsliced kern
 7e-5 (prefill tiles) and 3e-7 (split-K decode), rounding only. Production *prefill* over packed
 rows does not dequantize per (query, row) pair (each row is read by many queries: 8x the bf16
 kernel's time on the H200): it unpacks every referenced row once into a small bf16 pool
-(kv_compact.py) and runs the bf16 prefill kernels, with the bits of the bf16 kernel over every row
-unpacked. The sliced kernel still serves prefill tiles given explicitly and steps captured in a
-CUDA graph.
+(kv_compact.py: no host sync, so eager and captured steps alike) and runs the bf16 prefill kernels,
+with the bits of the bf16 kernel over every row unpacked. The sliced kernel still serves prefill
+tiles given explicitly.
 
 The production prefill on sm_90 (Triton 3.6, D = 512) is instead the warp-specialised Gluon
 kernel of sparse_attn_gluon.py (1.2-1.6x faster at the PR shapes, same output bits), and decode
@@ -373,10 +373,11 @@ def _sparse_attn_merge_kernel(
 
 
 def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, tile_config=None,
-                             row_format=None):
+                             row_format=None, unpack_bound=None):
     """Launch the kernels; q [B, M, H, D] and both pools bf16 (or uint8 rows of the packed
     `row_format`). tile_config defaults to the production one (prefill_config(device) when M > 1,
-    decode_config(B, C) when M == 1)."""
+    decode_config(B, C) when M == 1). unpack_bound: the most distinct rows idx names (prefill
+    over packed rows: the size of the unpacked pool, kv_compact.py; None: from the shapes)."""
     B, M, H, D = q.shape
     if row_format is not None and (row_format.value_bits != 8 or row_format.scale_kind != "ue8m0"):
         raise ValueError(f"the attention kernels read fp8 rows with ue8m0 scales, not {row_format.name}")
@@ -402,8 +403,9 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     if T == 0:
         return out.reshape(B, M, H, D)
     qk_scale_log2 = float(scale) * LOG2E
-    if M > 1 and pk and tile_config is None and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return _prefill_over_unpacked_rows(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, row_format)
+    if M > 1 and pk and tile_config is None:
+        return _prefill_over_unpacked_rows(q, win_pool, cmp_pool, it, n_window, sink, scale, counts, row_format,
+                                           unpack_bound)
     if M > 1:
         cfg = dict(prefill_config(q.device, D, bool(pk)) if tile_config is None else tile_config)
     else:
@@ -472,11 +474,14 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     return out.reshape(B, M, H, D)
 
 
-def _prefill_over_unpacked_rows(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, row_format):
+def _prefill_over_unpacked_rows(q, win_pool, cmp_pool, cols, n_window, sink, scale, counts, row_format, bound):
     """Production prefill over packed rows: every row the step references unpacked once
-    (kv_compact.py), then the bf16 prefill kernels (Gluon on sm_90) over them."""
-    rows, cols = unpack_referenced_rows(win_pool, cmp_pool, idx, n_window, row_format, q.shape[-1])
-    return sparse_attn_paged_triton(q, rows, rows, cols, n_window, sink, scale, counts)  # one pool for both
+    (kv_compact.py, no host sync), then the bf16 prefill kernels (Gluon on sm_90) over them."""
+    rows, renumbered = unpack_referenced_rows(win_pool, cmp_pool, cols, n_window, row_format, q.shape[-1],
+                                              counts=None if counts is None else counts.reshape(-1), max_rows=bound,
+                                              impl="triton")
+    return sparse_attn_paged_triton(q, rows, rows, renumbered.reshape(*q.shape[:2], -1),
+                                    n_window, sink, scale, counts)  # one pool for both
 
 
 def _partials(T, n_splits, H, D, device):
