@@ -3,22 +3,30 @@
     score[b, s, t] = sum_h w[b, s, h] * relu(q[b, s, h] . k_pool[key_rows[b, t]])   (fp32)
     -inf where t >= n_visible[b, s] or key_rows[b, t] == -1
 
-Layouts: q [B, S, H, Dk] bf16 (last dim contiguous), w [B, S, H] fp32, k_pool [N, Dk] bf16
-(16-byte aligned rows), key_rows [B, T] int32, n_visible [B, S] int32, out [B, S, T] fp32.
-Grid (cdiv(T, BLOCK_T), S, B): a program gathers BLOCK_T keys once, then for each block of
-BLOCK_H heads runs one bf16 tl.dot [BLOCK_H, Dk] x [Dk, BLOCK_T] with fp32 accumulation and
-reduces relu * w over the heads in registers. Tiles wholly past n_visible (the causal half of a
-prefill) skip the gather and the dot and only write -inf.
+Layouts: q [B, S, H, Dk] bf16 (last dim contiguous), w [B, S, H] fp32, key_rows [B, T] int32,
+n_visible [B, S] int32, out [B, S, T] fp32. Keys: bf16 k_pool [N, Dk] (16-byte aligned rows,
+gathered with 16-byte loads), or packed fp4_e8m0_b32 rows (Dk a power of two >= 32) read as int32
+words, row stride `stride_k` words (17 for Dk = 128), decoded exactly to bf16 in registers
+(fp4_words_triton.py).
 
-Packed keys (PACKED, row format fp4_e8m0_b32, Dk a power of two >= 32): k_pool is read as int32
-words, row stride `stride_k` words (17 for Dk = 128: 16 words of e2m1 pairs, then 1 word of 4
-ue8m0 bytes). Word w of a row holds elements 8w .. 8w + 7, element 8w + j in bits [4j, 4j + 4)
-(the low nibble of byte i is element 2i, little-endian words). A nibble n decodes with integer
-operations: magnitude m = n & 7 (the index of 0, .5, 1, 1.5, 2, 3, 4, 6) has the fp32 bits
-(m << 22) + (126 << 23) for m >= 2, 126 << 23 (0.5) for m = 1 and 0 for m = 0, bit 3 is the
-sign; the value is multiplied by 2^(b - 127) for the scale byte b of its 32-element group (byte
-(w / 4) mod 4 of scale word NW + w / 16, NW = Dk / 8): exact (a non-ftz multiply; 0.5 * 2^-126
-is an fp32 subnormal), and exact in bf16, so the dot sees the unpacked keys' bits.
+Grid (cdiv(S, BLOCK_Q), splits, B). A program owns BLOCK_Q queries of one sequence and the key
+blocks of one split (decode: many splits of a few blocks; prefill: one split). Its queries' Q is
+loaded once as the resident operand Q^T [Dk, BLOCK_Q * BLOCK_H] (column = (query, head)); then for
+each block of BLOCK_T keys it gathers (and for packed rows decodes) the keys ONCE as a bf16 tile
+[BLOCK_T, Dk] and computes
+
+    logits = K @ Q^T                 [BLOCK_T, BLOCK_Q * BLOCK_H]   one bf16 tl.dot, fp32 accumulation
+    score  = sum over each query's BLOCK_H columns of relu(logits) * w     [BLOCK_T, BLOCK_Q]
+
+Keys are the dot's M dimension, so the head sum runs along the accumulator's columns, which a
+thread holds in registers (wgmma / mma: 2 shuffles per row for the 4 lanes of a quad), not across
+warps. A program walks only key blocks below its queries' largest visible count (the causal half of
+a prefill costs nothing but its -inf stores) and writes -inf for the rest of its split.
+
+Numerics: the dot sees exactly the reference's bf16 keys (packed rows decode exactly) and q; the
+logits are fp32 sums of exact bf16 products, in the tensor core's order, and the head sum is an
+fp32 sum in a different order than torch's einsum: equal to the reference within fp32 summation
+order (integer-valued inputs give identical bits).
 """
 
 import torch
@@ -27,66 +35,83 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import pdl_launch
-from v4serve.ops.kv_quant_triton import _pow2
+from v4serve.ops.fp4_words_triton import decode_fp4_words, to_pair_order
 
-INDEX_CONFIG = dict(BLOCK_H=64, BLOCK_T=64, num_warps=4, num_stages=2)
+# Prefill (S > 1): 4 queries x 64 heads per program, 64 keys per block (wgmma m64n256k16).
+PREFILL_CONFIG = dict(BLOCK_Q=4, BLOCK_T=64, num_warps=4, num_stages=2)
+# Decode (S == 1): one query, 64 keys per program (one block per split): 128 programs at 8192 keys.
+DECODE_CONFIG = dict(BLOCK_Q=1, BLOCK_T=64, BLOCKS_PER_SPLIT=1, num_warps=4, num_stages=2)
 
 
 @triton.jit
 def load_fp4_words_keys(kw_ptr, rows, live, stride_k, BLOCK_D: tl.constexpr):
-    """Packed fp4_e8m0_b32 key rows `rows` (int32 words, row stride stride_k words) as bf16 [len(rows), BLOCK_D]."""
+    """Packed fp4_e8m0_b32 key rows `rows` (int32 words, row stride stride_k words; rows * stride_k
+    fits in int32) as bf16 [len(rows), BLOCK_D]; rows where `live` is false read as zeros."""
     NW: tl.constexpr = BLOCK_D // 8
     wc = tl.arange(0, NW)
-    row_words = kw_ptr + rows.to(tl.int64) * stride_k
-    words = tl.load(row_words[:, None] + wc[None, :], mask=live[:, None], other=0)
-    if NW <= 16:
-        scale_word = tl.load(row_words + NW, mask=live, other=0x7F7F7F7F)[:, None]
+    row_words = kw_ptr + (rows * stride_k)[:, None]
+    words = tl.load(row_words + wc[None, :], mask=live[:, None], other=0)
+    if NW <= 16:  # one scale word per row
+        scale_words = tl.broadcast_to(tl.load(kw_ptr + rows * stride_k + NW, mask=live, other=0)[:, None], words.shape)
     else:
-        scale_word = tl.load(row_words[:, None] + (NW + wc // 16)[None, :], mask=live[:, None], other=0x7F7F7F7F)
-    sb = (scale_word >> (8 * ((wc // 4) % 4))[None, :]) & 0xFF  # [R, NW]
-    nib = (words[:, :, None] >> (4 * tl.arange(0, 8))[None, None, :]) & 0xF  # [R, NW, 8]
-    mag = nib & 7
-    bits = tl.where(mag >= 2, (mag << 22) + (126 << 23), tl.where(mag == 1, 126 << 23, 0)) | ((nib & 8) << 28)
-    v = bits.to(tl.float32, bitcast=True) * _pow2(sb - 127)[:, :, None]
-    return tl.reshape(v, (rows.shape[0], BLOCK_D)).to(tl.bfloat16)
+        scale_words = tl.load(row_words + (NW + wc // 16)[None, :], mask=live[:, None], other=0)
+    return decode_fp4_words(words, scale_words, BLOCK_D)
 
 
 @triton.jit
 def _index_scores_kernel(
     q_ptr, w_ptr, k_ptr, rows_ptr, n_visible_ptr, out_ptr,
-    H, Dk, T,
+    S, H, Dk, T, blocks_per_split,
     stride_qb, stride_qs, stride_qh, stride_wb, stride_ws, stride_k, stride_rb, stride_nb,
     stride_ob, stride_os,
-    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
-    PACKED: tl.constexpr = False,
+    BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    PACKED: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     if PDL:
         gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
-    keys = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    s = tl.program_id(1).to(tl.int64)
+    q0 = tl.program_id(0) * BLOCK_Q
     b = tl.program_id(2).to(tl.int64)
-    dims = tl.arange(0, BLOCK_D)
-    n_visible = tl.load(n_visible_ptr + b * stride_nb + s)
-    out_ptrs = out_ptr + b * stride_ob + s * stride_os + keys
-    if tl.program_id(0) * BLOCK_T < n_visible:
-        rows = tl.load(rows_ptr + b * stride_rb + keys, mask=keys < T, other=-1)
-        live = (rows >= 0) & (keys < n_visible)
+    queries = q0 + tl.arange(0, BLOCK_Q)
+    n_visible = tl.load(n_visible_ptr + b * stride_nb + queries, mask=queries < S, other=0)
+    t_begin = tl.program_id(1) * blocks_per_split * BLOCK_T
+    t_end = tl.minimum(t_begin + blocks_per_split * BLOCK_T, T)
+    t_live = tl.minimum(tl.max(n_visible, 0), t_end)  # keys from here on are masked for every query
+    out_rows = out_ptr + b * stride_ob + queries[None, :].to(tl.int64) * stride_os
+    out_ok = (queries < S)[None, :]
+    if t_begin < t_live:
+        cols = tl.arange(0, BLOCK_Q * BLOCK_H)  # (query, head) of Q^T's columns
+        col_s, col_h = q0 + cols // BLOCK_H, cols % BLOCK_H
+        col_ok = (col_s < S) & (col_h < H)
+        dims = tl.arange(0, BLOCK_D)
+        q_t = tl.load(q_ptr + b * stride_qb + col_s[None, :] * stride_qs + col_h[None, :] * stride_qh + dims[:, None],
+                      mask=col_ok[None, :] & (dims < Dk)[:, None], other=0.0)
         if PACKED:
-            k = load_fp4_words_keys(k_ptr, rows, live, stride_k, BLOCK_D)
-        else:
-            k = tl.load(k_ptr + rows.to(tl.int64)[:, None] * stride_k + dims[None, :],
-                        mask=live[:, None] & (dims < Dk)[None, :], other=0.0)
-        score = tl.zeros([BLOCK_T], dtype=tl.float32)
-        for h0 in range(0, H, BLOCK_H):
-            heads = h0 + tl.arange(0, BLOCK_H)
-            q = tl.load(q_ptr + b * stride_qb + s * stride_qs + heads[:, None] * stride_qh + dims[None, :],
-                        mask=(heads < H)[:, None] & (dims < Dk)[None, :], other=0.0)
-            w = tl.load(w_ptr + b * stride_wb + s * stride_ws + heads, mask=heads < H, other=0.0)
-            logits = tl.maximum(tl.dot(q, tl.trans(k)), 0.0)
-            score += tl.sum(logits * w[:, None], 0)
-        tl.store(out_ptrs, tl.where(live, score, float("-inf")), mask=keys < T)
-    else:
-        tl.store(out_ptrs, tl.full([BLOCK_T], float("-inf"), tl.float32), mask=keys < T)
+            q_t = to_pair_order(q_t, BLOCK_D)  # the decoded keys' column order
+        w = tl.load(w_ptr + b * stride_wb + col_s * stride_ws + col_h, mask=col_ok, other=0.0)
+        for t0 in range(t_begin, t_live, BLOCK_T):
+            keys = t0 + tl.arange(0, BLOCK_T)
+            rows = tl.load(rows_ptr + b * stride_rb + keys, mask=keys < t_live, other=-1)
+            live = rows >= 0
+            if PACKED:
+                k = load_fp4_words_keys(k_ptr, rows, live, stride_k, BLOCK_D)
+            else:
+                k = tl.load(k_ptr + (rows * stride_k)[:, None] + dims[None, :],
+                            mask=live[:, None] & (dims < Dk)[None, :], other=0.0)
+            logits = tl.maximum(tl.dot(k, q_t), 0.0) * w[None, :]  # [BLOCK_T, BLOCK_Q * BLOCK_H]
+            score = tl.sum(tl.reshape(logits, (BLOCK_T, BLOCK_Q, BLOCK_H)), 2)
+            visible = live[:, None] & (keys[:, None] < n_visible[None, :])
+            tl.store(out_rows + keys[:, None], tl.where(visible, score, float("-inf")),
+                     mask=out_ok & (keys < T)[:, None])
+    t_dead = t_begin + tl.cdiv(tl.maximum(t_live - t_begin, 0), BLOCK_T) * BLOCK_T
+    for t0 in range(t_dead, t_end, BLOCK_T):
+        keys = t0 + tl.arange(0, BLOCK_T)
+        tl.store(out_rows + keys[:, None], tl.full([BLOCK_T, BLOCK_Q], float("-inf"), tl.float32),
+                 mask=out_ok & (keys < t_end)[:, None])
+
+
+def index_scores_config(S: int) -> dict:
+    """The production tiles: decode (one query per sequence) or prefill."""
+    return DECODE_CONFIG if S == 1 else PREFILL_CONFIG
 
 
 def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None, row_format=None) -> torch.Tensor:
@@ -112,16 +137,22 @@ def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None, ro
         raise ValueError(f"k_pool rows must be contiguous, got channel stride {k_pool.stride(1)}")
     if k_pool.shape[0] == 0 and not packed:
         k_pool = torch.zeros(1, Dk, dtype=k_pool.dtype, device=k_pool.device)  # every key is a hole
+    if k_pool.shape[0] * k_pool.stride(0) >= 2**31:
+        raise ValueError(f"k_pool has {k_pool.shape[0]} rows of stride {k_pool.stride(0)}: the kernel's int32 row "
+                         f"offsets reach at most 2^31 elements")
     key_rows, n_visible = key_rows.contiguous(), n_visible.contiguous()
     weights = weights.float()
-    cfg = dict(INDEX_CONFIG if config is None else config)
-    cfg["BLOCK_H"] = min(cfg["BLOCK_H"], max(16, triton.next_power_of_2(H)))
-    grid = (triton.cdiv(T, cfg["BLOCK_T"]), S, B)
+    cfg = dict(index_scores_config(S) if config is None else config)
+    block_q, block_t = cfg.pop("BLOCK_Q"), cfg["BLOCK_T"]
+    key_blocks = triton.cdiv(T, block_t)
+    blocks_per_split = min(cfg.pop("BLOCKS_PER_SPLIT", key_blocks), key_blocks)
+    grid = (triton.cdiv(S, block_q), triton.cdiv(key_blocks, blocks_per_split), B)
     _index_scores_kernel[grid](
         q, weights, k_pool, key_rows, n_visible, out,
-        H, Dk, T,
+        S, H, Dk, T, blocks_per_split,
         q.stride(0), q.stride(1), q.stride(2), weights.stride(0), weights.stride(1), k_pool.stride(0),
         key_rows.stride(0), n_visible.stride(0), out.stride(0), out.stride(1),
-        BLOCK_D=max(16, triton.next_power_of_2(Dk)), PACKED=packed, **cfg, **pdl_launch(q),
+        BLOCK_Q=block_q, BLOCK_H=max(16, triton.next_power_of_2(H)), BLOCK_D=max(16, triton.next_power_of_2(Dk)),
+        PACKED=packed, **cfg, **pdl_launch(q),
     )
     return out
