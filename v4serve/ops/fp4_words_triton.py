@@ -9,7 +9,7 @@ Dk / 128 scale words (one for Dk = 128: 17 words = 68 bytes per row):
     word NW + g/4   byte g % 4 = the ue8m0 scale b of channels [32g, 32g + 32): 2^(b - 127)
 
 Decoding, exactly (every value is an e2m1 value times a power of two, so every step below is an
-exact bf16 / fp32 operation; no rounding anywhere):
+exact bf16 operation; no rounding anywhere):
 
 1. Channels j and j + 4 of a word sit 16 bits apart, so one shift and one mask per nibble pair
    place both magnitudes at bits [6, 9) and both signs at bit 15 of the two 16-bit halves
@@ -17,10 +17,11 @@ exact bf16 / fp32 operation; no rounding anywhere):
    exponent bits 8-7 and top mantissa bit 6 are the three magnitude bits: for m >= 2 the bf16 value
    is e2m1(m) * 2^-126 (a normal number), for m = 1 the bf16 subnormal 2^-127 = 0.5 * 2^-126,
    for m = 0 zero. Sign included: the half is e2m1(nibble) * 2^-126, for every nibble.
-2. A half moved to the top of an int32 (a shift or a mask) is the same value as fp32.
-3. Times 2^126 (exact: the result is normal, fp32 multiplies are not flushed to zero on NVIDIA)
-   and times 2^(b - 127) (exact; 2^-127 for b = 0 is an fp32 subnormal): the channel's value,
-   then rounded to bf16, which it already is (a 1-bit-mantissa value times a power of two >= 2^-128).
+2. Each 16-bit half is read as a bf16 (the pair word is a bf16x2 register as built).
+3. Times 2^126 (exact: the result is normal; bf16 multiplies keep subnormal inputs) and times
+   2^(b - 127) (exact: a 2-bit-significand value times a power of two, down to 0.5 * 2^-126, a
+   bf16 subnormal), in packed bf16x2 multiplies, two channels per instruction. Scale byte 0 reads as
+   0, as in the torch reference (kv_pack_reference.py).
 
 Column order: the decoded tile holds channel 8i + j + 4 half in column 8i + 2j + half (i the word,
 j < 4, half = which 16-bit half of the pair word), so that every bf16x2 register of the tile is one
@@ -39,8 +40,10 @@ _TWO_POW_126_BITS = tl.constexpr(253 << 7)  # bf16 2^126 (biased exponent 253)
 
 @triton.jit
 def _scale_pow2(b):
-    """bf16 2^(b - 127) of ue8m0 bytes b (int32 0..255): the exponent field, or 2^-127 (a subnormal) for b = 0."""
-    return tl.where(b == 0, 0x40, b << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    """bf16 2^(b - 127) of ue8m0 bytes b (int32 0..255): b is the biased exponent field. As in the
+    torch reference, byte 0 reads as zero (the packer never writes it: its floor is 2^-126) and 255
+    as infinity."""
+    return (b << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit

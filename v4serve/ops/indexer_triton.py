@@ -65,7 +65,7 @@ def _index_scores_kernel(
     stride_qb, stride_qs, stride_qh, stride_wb, stride_ws, stride_k, stride_rb, stride_nb,
     stride_ob, stride_os,
     BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-    PACKED: tl.constexpr = False, PDL: tl.constexpr = False,
+    PACKED: tl.constexpr = False, PAIR_ORDER: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     if PDL:
         gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
@@ -85,7 +85,7 @@ def _index_scores_kernel(
         dims = tl.arange(0, BLOCK_D)
         q_t = tl.load(q_ptr + b * stride_qb + col_s[None, :] * stride_qs + col_h[None, :] * stride_qh + dims[:, None],
                       mask=col_ok[None, :] & (dims < Dk)[:, None], other=0.0)
-        if PACKED:
+        if PACKED or PAIR_ORDER:
             q_t = to_pair_order(q_t, BLOCK_D)  # the decoded keys' column order
         w = tl.load(w_ptr + b * stride_wb + col_s * stride_ws + col_h, mask=col_ok, other=0.0)
         for t0 in range(t_begin, t_live, BLOCK_T):
@@ -107,6 +107,29 @@ def _index_scores_kernel(
         keys = t0 + tl.arange(0, BLOCK_T)
         tl.store(out_rows + keys[:, None], tl.full([BLOCK_T, BLOCK_Q], float("-inf"), tl.float32),
                  mask=out_ok & (keys < t_end)[:, None])
+
+
+@triton.jit
+def _decode_keys_kernel(k_ptr, rows_ptr, out_ptr, T, stride_k, stride_rb, stride_ot,
+                        BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out[b * T + t] = the decoded key of key_rows[b, t] (pair column order; zeros for a hole)."""
+    keys = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    b = tl.program_id(1)
+    rows = tl.load(rows_ptr + b * stride_rb + keys, mask=keys < T, other=-1)
+    k = load_fp4_words_keys(k_ptr, rows, rows >= 0, stride_k, BLOCK_D)
+    slab_rows = (b * T + keys).to(tl.int64)
+    tl.store(out_ptr + slab_rows[:, None] * stride_ot + tl.arange(0, BLOCK_D)[None, :], k, mask=(keys < T)[:, None])
+
+
+def _decoded_keys(k_words, key_rows, Dk):
+    """Every referenced packed key decoded once: (bf16 [B * T, Dk] in pair column order, int32 [B, T]
+    rows of it, -1 where key_rows has a hole)."""
+    B, T = key_rows.shape
+    slab = torch.empty(B * T, Dk, dtype=torch.bfloat16, device=key_rows.device)
+    _decode_keys_kernel[(triton.cdiv(T, 64), B)](k_words, key_rows, slab, T, k_words.stride(0), key_rows.stride(0),
+                                                  slab.stride(0), BLOCK_T=64, BLOCK_D=Dk, num_warps=4)
+    positions = torch.arange(B * T, dtype=torch.int32, device=key_rows.device).view(B, T)
+    return slab, torch.where(key_rows >= 0, positions, -1)
 
 
 def index_scores_config(S: int) -> dict:
@@ -143,6 +166,9 @@ def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None, ro
     key_rows, n_visible = key_rows.contiguous(), n_visible.contiguous()
     weights = weights.float()
     cfg = dict(index_scores_config(S) if config is None else config)
+    if packed and cfg.pop("DECODE_FIRST", False):  # variant: decode every key once, then the bf16 kernel
+        k_pool, key_rows = _decoded_keys(k_pool, key_rows, Dk)
+        packed, cfg["PAIR_ORDER"] = False, True
     block_q, block_t = cfg.pop("BLOCK_Q"), cfg["BLOCK_T"]
     key_blocks = triton.cdiv(T, block_t)
     blocks_per_split = min(cfg.pop("BLOCKS_PER_SPLIT", key_blocks), key_blocks)
