@@ -40,7 +40,7 @@ from v4serve.ops.fp4_words_triton import decode_fp4_words, to_pair_order
 # Prefill (S > 1): 4 queries x 64 heads per program, 64 keys per block (wgmma m64n256k16).
 PREFILL_CONFIG = dict(BLOCK_Q=4, BLOCK_T=64, num_warps=4, num_stages=2)
 # Decode (S == 1): one query, 64 keys per program (one block per split): 128 programs at 8192 keys.
-DECODE_CONFIG = dict(BLOCK_Q=1, BLOCK_T=64, BLOCKS_PER_SPLIT=1, num_warps=4, num_stages=2)
+DECODE_CONFIG = dict(BLOCK_Q=1, BLOCK_T=64, BLOCKS_PER_SPLIT=1, num_warps=4, num_stages=1)
 
 
 @triton.jit
@@ -166,7 +166,7 @@ def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None, ro
     key_rows, n_visible = key_rows.contiguous(), n_visible.contiguous()
     weights = weights.float()
     cfg = dict(index_scores_config(S) if config is None else config)
-    if packed and cfg.pop("DECODE_FIRST", False):  # variant: decode every key once, then the bf16 kernel
+    if cfg.pop("DECODE_FIRST", False) and packed:  # variant: decode every key once, then the bf16 kernel
         k_pool, key_rows = _decoded_keys(k_pool, key_rows, Dk)
         packed, cfg["PAIR_ORDER"] = False, True
     block_q, block_t = cfg.pop("BLOCK_Q"), cfg["BLOCK_T"]
