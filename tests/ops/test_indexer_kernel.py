@@ -10,13 +10,14 @@ from cases import rel_err
 
 from v4serve.formats import row_format
 from v4serve.ops.indexer import index_scores
-from v4serve.ops.indexer_triton import DECODE_CONFIG, PREFILL_CONFIG, _decoded_keys, index_scores_triton
+from v4serve.ops.indexer_triton import DECODE_CONFIG, PREFILL_CONFIG, PREFILL_CONFIG_Q2, _decoded_keys, index_scores_triton
 from v4serve.ops.kv_pack import pack_rows
 from v4serve.ops.kv_pack_reference import unpack_rows_reference
 
 FP4 = row_format("fp4_e8m0_b32")
 CONFIGS = {
     "prefill": PREFILL_CONFIG,
+    "prefill, 2 queries": PREFILL_CONFIG_Q2,
     "decode": DECODE_CONFIG,
     "two blocks per split": dict(BLOCK_Q=2, BLOCK_T=16, BLOCKS_PER_SPLIT=2, num_warps=4, num_stages=1),
 }

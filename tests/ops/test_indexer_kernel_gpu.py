@@ -43,7 +43,7 @@ def test_scores_match_the_reference(name, keys):
     fmt = None if keys == "bf16" else FP4
     pool = k_pool if fmt is None else pack_rows(k_pool, FP4)
     values = k_pool if fmt is None else unpack_rows(pool, FP4, k_pool.shape[1], impl="torch")
-    cfg = dict(index_scores_config(q.shape[1]), DECODE_FIRST=keys == "fp4 decode first")
+    cfg = dict(index_scores_config(q.shape[1], q.device), DECODE_FIRST=keys == "fp4 decode first")
     out = index_scores_triton(q, w, pool, key_rows, n_visible, config=cfg, row_format=fmt)
     ref = index_scores(q, w, values, key_rows, n_visible, impl="torch")
     finite = torch.isfinite(ref)
@@ -55,7 +55,7 @@ def test_scores_match_the_reference(name, keys):
 def test_fused_decode_has_the_bits_of_decode_first(name):
     q, w, k_pool, key_rows, n_visible = _case(name)
     packed = pack_rows(k_pool, FP4)
-    cfg = index_scores_config(q.shape[1])
+    cfg = index_scores_config(q.shape[1], q.device)
     fused = index_scores_triton(q, w, packed, key_rows, n_visible, config=cfg, row_format=FP4)
     first = index_scores_triton(q, w, packed, key_rows, n_visible, config=dict(cfg, DECODE_FIRST=True), row_format=FP4)
     assert torch.isfinite(fused).any() and torch.equal(fused, first)

@@ -34,11 +34,14 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from v4serve.ops._dispatch import pdl_launch
+from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
 from v4serve.ops.fp4_words_triton import decode_fp4_words, to_pair_order
 
-# Prefill (S > 1): 4 queries x 64 heads per program, 64 keys per block (wgmma m64n256k16).
+# Prefill (S > 1) on sm_90: 4 queries x 64 heads per program, 64 keys per block (wgmma m64n256k16:
+# the [64, 256] fp32 accumulator is half the register file of a 4-warp program; two programs per SM).
 PREFILL_CONFIG = dict(BLOCK_Q=4, BLOCK_T=64, num_warps=4, num_stages=2)
+# Elsewhere (mma.sync / tcgen05 accumulators spill at 4 queries): 2 queries per program.
+PREFILL_CONFIG_Q2 = dict(BLOCK_Q=2, BLOCK_T=64, num_warps=4, num_stages=2)
 # Decode (S == 1): one query, 64 keys per program (one block per split): 128 programs at 8192 keys.
 DECODE_CONFIG = dict(BLOCK_Q=1, BLOCK_T=64, BLOCKS_PER_SPLIT=1, num_warps=4, num_stages=1)
 
@@ -132,9 +135,12 @@ def _decoded_keys(k_words, key_rows, Dk):
     return slab, torch.where(key_rows >= 0, positions, -1)
 
 
-def index_scores_config(S: int) -> dict:
-    """The production tiles: decode (one query per sequence) or prefill."""
-    return DECODE_CONFIG if S == 1 else PREFILL_CONFIG
+def index_scores_config(S: int, device: torch.device) -> dict:
+    """The production tiles: decode (one query per sequence) or prefill (4 queries a program on sm_90)."""
+    if S == 1:
+        return DECODE_CONFIG
+    hopper = compiled_on_cuda(device) and torch.cuda.get_device_capability(device)[0] == 9
+    return PREFILL_CONFIG if hopper else PREFILL_CONFIG_Q2
 
 
 def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None, row_format=None) -> torch.Tensor:
@@ -165,7 +171,7 @@ def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None, ro
                          f"offsets reach at most 2^31 elements")
     key_rows, n_visible = key_rows.contiguous(), n_visible.contiguous()
     weights = weights.float()
-    cfg = dict(index_scores_config(S) if config is None else config)
+    cfg = dict(index_scores_config(S, q.device) if config is None else config)
     if cfg.pop("DECODE_FIRST", False) and packed:  # variant: decode every key once, then the bf16 kernel
         k_pool, key_rows = _decoded_keys(k_pool, key_rows, Dk)
         packed, cfg["PAIR_ORDER"] = False, True
