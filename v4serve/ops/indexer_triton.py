@@ -23,6 +23,12 @@ thread holds in registers (wgmma / mma: 2 shuffles per row for the 4 lanes of a 
 warps. A program walks only key blocks below its queries' largest visible count (the causal half of
 a prefill costs nothing but its -inf stores) and writes -inf for the rest of its split.
 
+Tiles (index_scores_config): prefill 4 queries per program on sm_90 (wgmma m64n256k16, two
+programs per SM so one decodes while the other's dot runs), 2 elsewhere; decode one query, one
+block of 64 keys per program (8192 keys: 128 programs). Variant (config DECODE_FIRST, for a
+side-by-side timing): packed keys decoded once into a bf16 slab by _decode_keys_kernel, then this
+kernel over bf16 keys with Q in the slab's column order (PAIR_ORDER).
+
 Numerics: the dot sees exactly the reference's bf16 keys (packed rows decode exactly) and q; the
 logits are fp32 sums of exact bf16 products, in the tensor core's order, and the head sum is an
 fp32 sum in a different order than torch's einsum: equal to the reference within fp32 summation
