@@ -10,7 +10,8 @@ words, row stride `stride_k` words (17 for Dk = 128), decoded exactly to bf16 in
 (fp4_words_triton.py).
 
 Grid (cdiv(S, BLOCK_Q), splits, B). A program owns BLOCK_Q queries of one sequence and the key
-blocks of one split (decode: many splits of a few blocks; prefill: one split). Its queries' Q is
+blocks of one split (decode: many splits of a few blocks; prefill: one split, or a few when the
+query blocks alone leave SMs idle); the last query blocks (most keys in a causal prefill) start first. Its queries' Q is
 loaded once as the resident operand Q^T [Dk, BLOCK_Q * BLOCK_H] (column = (query, head)); then for
 each block of BLOCK_T keys it gathers (and for packed rows decodes) the keys ONCE as a bf16 tile
 [BLOCK_T, Dk] and computes
@@ -34,6 +35,8 @@ logits are fp32 sums of exact bf16 products, in the tensor core's order, and the
 fp32 sum in a different order than torch's einsum: equal to the reference within fp32 summation
 order (integer-valued inputs give identical bits).
 """
+
+import functools
 
 import torch
 import triton
@@ -78,7 +81,8 @@ def _index_scores_kernel(
 ):
     if PDL:
         gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
-    q0 = tl.program_id(0) * BLOCK_Q
+    # the last query blocks first: in a causal prefill they see the most keys (longest first)
+    q0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_Q
     b = tl.program_id(2).to(tl.int64)
     queries = q0 + tl.arange(0, BLOCK_Q)
     n_visible = tl.load(n_visible_ptr + b * stride_nb + queries, mask=queries < S, other=0)
@@ -141,6 +145,20 @@ def _decoded_keys(k_words, key_rows, Dk):
     return slab, torch.where(key_rows >= 0, positions, -1)
 
 
+@functools.lru_cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _prefill_split(query_programs: int, key_blocks: int, device: torch.device) -> int:
+    """Key blocks per program: all of them, unless the query blocks alone leave SMs idle (a short
+    chunk over a long context): then the keys are split so that about two programs run per SM."""
+    if not compiled_on_cuda(device):
+        return key_blocks
+    splits = min(key_blocks, triton.cdiv(2 * _sm_count(device), query_programs))
+    return triton.cdiv(key_blocks, max(1, splits))
+
+
 def index_scores_config(S: int, device: torch.device) -> dict:
     """The production tiles: decode (one query per sequence) or prefill (4 queries a program on sm_90)."""
     if S == 1:
@@ -183,7 +201,9 @@ def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None, ro
         packed, cfg["PAIR_ORDER"] = False, True
     block_q, block_t = cfg.pop("BLOCK_Q"), cfg["BLOCK_T"]
     key_blocks = triton.cdiv(T, block_t)
-    blocks_per_split = min(cfg.pop("BLOCKS_PER_SPLIT", key_blocks), key_blocks)
+    query_programs = triton.cdiv(S, block_q) * B
+    blocks_per_split = min(cfg.pop("BLOCKS_PER_SPLIT", None) or _prefill_split(query_programs, key_blocks, q.device),
+                           key_blocks)
     grid = (triton.cdiv(S, block_q), triton.cdiv(key_blocks, blocks_per_split), B)
     _index_scores_kernel[grid](
         q, weights, k_pool, key_rows, n_visible, out,
