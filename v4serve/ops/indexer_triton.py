@@ -101,9 +101,11 @@ def _index_scores_kernel(
         if PACKED or PAIR_ORDER:
             q_t = to_pair_order(q_t, BLOCK_D)  # the decoded keys' column order
         w = tl.load(w_ptr + b * stride_wb + col_s * stride_ws + col_h, mask=col_ok, other=0.0)
+        offs = tl.arange(0, BLOCK_T)
         for t0 in range(t_begin, t_live, BLOCK_T):
-            keys = t0 + tl.arange(0, BLOCK_T)
-            rows = tl.load(rows_ptr + b * stride_rb + keys, mask=keys < t_live, other=-1)
+            # masks compare the block's offsets with counts relative to t0: 32-bit compares (the
+            # compiler widens the key index itself to 64 bits for the addresses)
+            rows = tl.load(rows_ptr + b * stride_rb + t0 + offs, mask=offs < t_live - t0, other=-1)
             live = rows >= 0
             if PACKED:
                 k = load_fp4_words_keys(k_ptr, rows, live, stride_k, BLOCK_D)
@@ -112,9 +114,9 @@ def _index_scores_kernel(
                             mask=live[:, None] & (dims < Dk)[None, :], other=0.0)
             logits = tl.maximum(tl.dot(k, q_t), 0.0) * w[None, :]  # [BLOCK_T, BLOCK_Q * BLOCK_H]
             score = tl.sum(tl.reshape(logits, (BLOCK_T, BLOCK_Q, BLOCK_H)), 2)
-            visible = live[:, None] & (keys[:, None] < n_visible[None, :])
-            tl.store(out_rows + keys[:, None], tl.where(visible, score, float("-inf")),
-                     mask=out_ok & (keys < T)[:, None])
+            visible = live[:, None] & (offs[:, None] < (n_visible - t0)[None, :])
+            tl.store(out_rows + t0 + offs[:, None], tl.where(visible, score, float("-inf")),
+                     mask=out_ok & (offs < T - t0)[:, None])
     t_dead = t_begin + tl.cdiv(tl.maximum(t_live - t_begin, 0), BLOCK_T) * BLOCK_T
     for t0 in range(t_dead, t_end, BLOCK_T):
         keys = t0 + tl.arange(0, BLOCK_T)
@@ -163,8 +165,12 @@ def index_scores_config(S: int, device: torch.device) -> dict:
     """The production tiles: decode (one query per sequence) or prefill (4 queries a program on sm_90)."""
     if S == 1:
         return DECODE_CONFIG
-    hopper = compiled_on_cuda(device) and torch.cuda.get_device_capability(device)[0] == 9
-    return PREFILL_CONFIG if hopper else PREFILL_CONFIG_Q2
+    return PREFILL_CONFIG if compiled_on_cuda(device) and _arch_major(device) == 9 else PREFILL_CONFIG_Q2
+
+
+@functools.lru_cache
+def _arch_major(device: torch.device) -> int:
+    return torch.cuda.get_device_capability(device)[0]
 
 
 def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None, row_format=None) -> torch.Tensor:
