@@ -11,9 +11,9 @@ words, row stride `stride_k` words (17 for Dk = 128), decoded exactly to bf16 in
 
 Grid (cdiv(S, BLOCK_Q), splits, B). A program owns BLOCK_Q queries of one sequence and the key
 blocks of one split (decode: many splits of a few blocks; prefill: one split, or a few when the
-query blocks alone leave SMs idle); the last query blocks (most keys in a causal prefill) start first. Its queries' Q is
-loaded once as the resident operand Q^T [Dk, BLOCK_Q * BLOCK_H] (column = (query, head)); then for
-each block of BLOCK_T keys it gathers (and for packed rows decodes) the keys ONCE as a bf16 tile
+query blocks alone leave SMs idle); the last query blocks (most keys in a causal prefill) start
+first. Its queries' Q is loaded once as the resident operand Q^T [Dk, BLOCK_Q * BLOCK_H] (column
+= (query, head)); then for each block of BLOCK_T keys it gathers (and for packed rows decodes) the keys ONCE as a bf16 tile
 [BLOCK_T, Dk] and computes
 
     logits = K @ Q^T                 [BLOCK_T, BLOCK_Q * BLOCK_H]   one bf16 tl.dot, fp32 accumulation
