@@ -201,6 +201,8 @@ def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None, ro
                          f"offsets reach at most 2^31 elements")
     key_rows, n_visible = key_rows.contiguous(), n_visible.contiguous()
     weights = weights.float()
+    if weights.stride(2) != 1:
+        weights = weights.contiguous()
     cfg = dict(index_scores_config(S, q.device) if config is None else config)
     if cfg.pop("DECODE_FIRST", False) and packed:  # variant: decode every key once, then the bf16 kernel
         k_pool, key_rows = _decoded_keys(k_pool, key_rows, Dk)
