@@ -283,7 +283,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             f"indexer.scores{suffix}", f"{_OPS}.indexer_triton:_index_scores_kernel",
             types=INDEX_TYPES, aligned=INDEX_ALIGNED + ("stride_k",),
             constexprs=dict(PDL=False, BLOCK_Q=cfg["BLOCK_Q"], BLOCK_H=64, BLOCK_T=cfg["BLOCK_T"], BLOCK_D=128,
-                            PACKED=False, PAIR_ORDER=False),
+                            PACKED=False, PAIR_ORDER=False, ONE_BLOCK=cfg.get("BLOCKS_PER_SPLIT") == 1),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=archs,
             expect=Expect(kv_load_bytes=16, kv_lines=r"k = tl\.load", tensor_cores=True, max_regs=regs),
         )

@@ -104,7 +104,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
             f"indexer.scores{suffix}_fp8kv", f"{_OPS}.indexer_triton:_index_scores_kernel",
             types=dict(INDEX_TYPES, k_ptr="*i32"), aligned=INDEX_ALIGNED,
             constexprs=dict(PDL=False, BLOCK_Q=cfg["BLOCK_Q"], BLOCK_H=64, BLOCK_T=cfg["BLOCK_T"], BLOCK_D=128,
-                            PACKED=True, PAIR_ORDER=False),
+                            PACKED=True, PAIR_ORDER=False, ONE_BLOCK=cfg.get("BLOCKS_PER_SPLIT") == 1),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=archs,
             # sm_90's 4-query tile holds a [64, 256] fp32 accumulator and its 256 head weights in
             # 255 registers: under Triton 3.6 ptxas keeps 2 values in local memory (one STL, one LDL

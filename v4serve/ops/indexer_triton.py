@@ -26,7 +26,8 @@ a prefill costs nothing but its -inf stores) and writes -inf for the rest of its
 
 Tiles (index_scores_config): prefill 4 queries per program on sm_90 (wgmma m64n256k16, two
 programs per SM so one decodes while the other's dot runs), 2 elsewhere; decode one query, one
-block of 64 keys per program (8192 keys: 128 programs). Variant (config DECODE_FIRST, for a
+block of 64 keys per program (8192 keys: 128 programs; ONE_BLOCK: the key rows, the keys behind
+them, Q and the counts are all requested up front, two memory latencies in a row, not four). Variant (config DECODE_FIRST, for a
 side-by-side timing): packed keys decoded once into a bf16 slab by _decode_keys_kernel, then this
 kernel over bf16 keys with Q in the slab's column order (PAIR_ORDER).
 
@@ -71,13 +72,56 @@ def load_fp4_words_keys(kw_ptr, rows, live, stride_k, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def _load_keys(k_ptr, rows, live, stride_k, Dk, BLOCK_D: tl.constexpr, PACKED: tl.constexpr):
+    """bf16 [len(rows), BLOCK_D]: key rows gathered (16-byte loads) or packed rows decoded; zeros where not live."""
+    if PACKED:
+        k = load_fp4_words_keys(k_ptr, rows, live, stride_k, BLOCK_D)
+    else:
+        dims = tl.arange(0, BLOCK_D)
+        k = tl.load(k_ptr + (rows * stride_k)[:, None] + dims[None, :], mask=live[:, None] & (dims < Dk)[None, :],
+                    other=0.0)
+    return k
+
+
+@triton.jit
+def _load_queries(q_ptr, w_ptr, b, q0, S, H, Dk, stride_qb, stride_qs, stride_qh, stride_wb, stride_ws,
+                  BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PAIR_ORDER: tl.constexpr):
+    """(Q^T bf16 [BLOCK_D, BLOCK_Q * BLOCK_H], w fp32 [BLOCK_Q * BLOCK_H]) of queries q0.. : column =
+    (query, head), zeros past S / H / Dk; Q^T's rows in the decoded keys' column order when PAIR_ORDER."""
+    cols = tl.arange(0, BLOCK_Q * BLOCK_H)
+    col_s, col_h = q0 + cols // BLOCK_H, cols % BLOCK_H
+    col_ok = (col_s < S) & (col_h < H)
+    dims = tl.arange(0, BLOCK_D)
+    q_t = tl.load(q_ptr + b * stride_qb + col_s[None, :] * stride_qs + col_h[None, :] * stride_qh + dims[:, None],
+                  mask=col_ok[None, :] & (dims < Dk)[:, None], other=0.0)
+    if PAIR_ORDER:
+        q_t = to_pair_order(q_t, BLOCK_D)
+    w = tl.load(w_ptr + b * stride_wb + col_s * stride_ws + col_h, mask=col_ok, other=0.0)
+    return q_t, w
+
+
+@triton.jit
+def _score_block(k, live, q_t, w, t0, n_visible, out_rows, out_ok, T,
+                 BLOCK_T: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Scores of one block of keys k (from key t0) for the program's queries, stored (-inf where masked).
+    Masks compare the block's offsets with counts relative to t0: 32-bit compares (the compiler
+    widens a loop's key index to 64 bits for the addresses)."""
+    offs = tl.arange(0, BLOCK_T)
+    logits = tl.maximum(tl.dot(k, q_t), 0.0) * w[None, :]  # [BLOCK_T, BLOCK_Q * BLOCK_H]
+    score = tl.sum(tl.reshape(logits, (BLOCK_T, BLOCK_Q, BLOCK_H)), 2)
+    visible = live[:, None] & (offs[:, None] < (n_visible - t0)[None, :])
+    tl.store(out_rows + t0 + offs[:, None], tl.where(visible, score, float("-inf")), mask=out_ok & (offs < T - t0)[:, None])
+
+
+@triton.jit
 def _index_scores_kernel(
     q_ptr, w_ptr, k_ptr, rows_ptr, n_visible_ptr, out_ptr,
     S, H, Dk, T, blocks_per_split,
     stride_qb, stride_qs, stride_qh, stride_wb, stride_ws, stride_k, stride_rb, stride_nb,
     stride_ob, stride_os,
     BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-    PACKED: tl.constexpr = False, PAIR_ORDER: tl.constexpr = False, PDL: tl.constexpr = False,
+    PACKED: tl.constexpr = False, PAIR_ORDER: tl.constexpr = False, ONE_BLOCK: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     if PDL:
         gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
@@ -91,37 +135,26 @@ def _index_scores_kernel(
     t_live = tl.minimum(tl.max(n_visible, 0), t_end)  # keys from here on are masked for every query
     out_rows = out_ptr + b * stride_ob + queries[None, :].to(tl.int64) * stride_os
     out_ok = (queries < S)[None, :]
-    if t_begin < t_live:
-        cols = tl.arange(0, BLOCK_Q * BLOCK_H)  # (query, head) of Q^T's columns
-        col_s, col_h = q0 + cols // BLOCK_H, cols % BLOCK_H
-        col_ok = (col_s < S) & (col_h < H)
-        dims = tl.arange(0, BLOCK_D)
-        q_t = tl.load(q_ptr + b * stride_qb + col_s[None, :] * stride_qs + col_h[None, :] * stride_qh + dims[:, None],
-                      mask=col_ok[None, :] & (dims < Dk)[:, None], other=0.0)
-        if PACKED or PAIR_ORDER:
-            q_t = to_pair_order(q_t, BLOCK_D)  # the decoded keys' column order
-        w = tl.load(w_ptr + b * stride_wb + col_s * stride_ws + col_h, mask=col_ok, other=0.0)
-        offs = tl.arange(0, BLOCK_T)
+    offs = tl.arange(0, BLOCK_T)
+    rows_at = rows_ptr + b * stride_rb
+    if ONE_BLOCK:  # (decode) everything requested at once: key rows, then keys, beside Q and the counts
+        rows = tl.load(rows_at + t_begin + offs, mask=offs < t_end - t_begin, other=-1)
+        q_t, w = _load_queries(q_ptr, w_ptr, b, q0, S, H, Dk, stride_qb, stride_qs, stride_qh, stride_wb, stride_ws,
+                               BLOCK_Q, BLOCK_H, BLOCK_D, PACKED or PAIR_ORDER)
+        k = _load_keys(k_ptr, rows, rows >= 0, stride_k, Dk, BLOCK_D, PACKED)
+        if t_begin < t_live:
+            _score_block(k, rows >= 0, q_t, w, t_begin, n_visible, out_rows, out_ok, T, BLOCK_T, BLOCK_Q, BLOCK_H)
+    elif t_begin < t_live:
+        q_t, w = _load_queries(q_ptr, w_ptr, b, q0, S, H, Dk, stride_qb, stride_qs, stride_qh, stride_wb, stride_ws,
+                               BLOCK_Q, BLOCK_H, BLOCK_D, PACKED or PAIR_ORDER)
         for t0 in range(t_begin, t_live, BLOCK_T):
-            # masks compare the block's offsets with counts relative to t0: 32-bit compares (the
-            # compiler widens the key index itself to 64 bits for the addresses)
-            rows = tl.load(rows_ptr + b * stride_rb + t0 + offs, mask=offs < t_live - t0, other=-1)
-            live = rows >= 0
-            if PACKED:
-                k = load_fp4_words_keys(k_ptr, rows, live, stride_k, BLOCK_D)
-            else:
-                k = tl.load(k_ptr + (rows * stride_k)[:, None] + dims[None, :],
-                            mask=live[:, None] & (dims < Dk)[None, :], other=0.0)
-            logits = tl.maximum(tl.dot(k, q_t), 0.0) * w[None, :]  # [BLOCK_T, BLOCK_Q * BLOCK_H]
-            score = tl.sum(tl.reshape(logits, (BLOCK_T, BLOCK_Q, BLOCK_H)), 2)
-            visible = live[:, None] & (offs[:, None] < (n_visible - t0)[None, :])
-            tl.store(out_rows + t0 + offs[:, None], tl.where(visible, score, float("-inf")),
-                     mask=out_ok & (offs < T - t0)[:, None])
+            rows = tl.load(rows_at + t0 + offs, mask=offs < t_live - t0, other=-1)
+            k = _load_keys(k_ptr, rows, rows >= 0, stride_k, Dk, BLOCK_D, PACKED)
+            _score_block(k, rows >= 0, q_t, w, t0, n_visible, out_rows, out_ok, T, BLOCK_T, BLOCK_Q, BLOCK_H)
     t_dead = t_begin + tl.cdiv(tl.maximum(t_live - t_begin, 0), BLOCK_T) * BLOCK_T
     for t0 in range(t_dead, t_end, BLOCK_T):
-        keys = t0 + tl.arange(0, BLOCK_T)
-        tl.store(out_rows + keys[:, None], tl.full([BLOCK_T, BLOCK_Q], float("-inf"), tl.float32),
-                 mask=out_ok & (keys < t_end)[:, None])
+        tl.store(out_rows + t0 + offs[:, None], tl.full([BLOCK_T, BLOCK_Q], float("-inf"), tl.float32),
+                 mask=out_ok & (offs < t_end - t0)[:, None])
 
 
 @triton.jit
@@ -213,6 +246,7 @@ def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None, ro
     blocks_per_split = min(cfg.pop("BLOCKS_PER_SPLIT", None) or _prefill_split(query_programs, key_blocks, q.device),
                            key_blocks)
     grid = (triton.cdiv(S, block_q), triton.cdiv(key_blocks, blocks_per_split), B)
+    cfg["ONE_BLOCK"] = blocks_per_split == 1
     _index_scores_kernel[grid](
         q, weights, k_pool, key_rows, n_visible, out,
         S, H, Dk, T, blocks_per_split,
