@@ -87,6 +87,68 @@ def test_attention_over_packed_rows_equals_the_bf16_kernel_over_unpacked(kind, f
     assert err < 1.5e-2
 
 
+def test_hardware_e4m3_conversion_gives_the_unpacked_rows_bits():
+    """FP8_CVT (load_packed through the hardware e4m3 conversion on sm_89+; numpy's float8 in the
+    interpreter) against the bf16 kernels over the rows unpacked by the torch reference, bit for bit,
+    at the split-K and two-pass decode tiles, over rows holding zero, negative-zero and subnormal
+    codes (a wrong decode of any of them changes the output)."""
+    from v4serve.formats import row_format
+    from v4serve.ops.sparse_attn_triton import DECODE_CONFIG_SMALL_PACKED, sparse_attn_paged_triton
+
+    fmt, D, n_window = "fp8_e8m0_b64_rope64", 128, 8
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(2, 1, 16, D, n_window, 24, seed=11)
+    pools = []
+    for rows in (win, cmp):
+        rows = rows.clone()
+        rows[:, 1::5] *= 2.0**-10  # far below the block's largest value: subnormal codes
+        rows[:, 2::7] = 0.0
+        rows[1::2, 3::7] = -0.0
+        pools.append(pack_rows(rows, fmt))
+    pw, pc = pools
+    codes = pw[:, :64]
+    assert (((codes & 0x78) == 0) & ((codes & 7) != 0)).any() and (codes == 0x80).any()
+    uw, uc = unpack_rows(pw, fmt, D, impl="torch"), unpack_rows(pc, fmt, D, impl="torch")
+    for tiles in (DECODE_CONFIG_SMALL_PACKED, DECODE_CONFIG_TWO_PASS):
+        out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.1, counts,
+                                       tile_config=dict(tiles, FP8_CVT=True), row_format=row_format(fmt))
+        ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 0.1, counts, tile_config=dict(tiles))
+        assert torch.equal(out.view(torch.int16), ref.view(torch.int16)) and ref.abs().amax() > 0
+
+
+def test_unpack_route_has_the_bits_of_the_bf16_launch_over_unpacked_pools():
+    """KERNEL "unpack" (sparse_attn_unpacked_decode.py: each token's columns unpacked into a scratch
+    pool, then the bf16 launch) against the bf16 launch over the pools unpacked by the torch
+    reference: the same values in the same column order, so the same bits."""
+    from v4serve.formats import row_format
+    from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
+
+    fmt, D, n_window = "fp8_e8m0_b64_rope64", 128, 8
+    q, pw, pc, idx, sink, counts = _packed_inputs(2, 1, 16, D, n_window, 24, fmt, seed=7)
+    uw, uc = unpack_rows(pw, fmt, D, impl="torch"), unpack_rows(pc, fmt, D, impl="torch")
+    assert (idx < 0).any() and (counts < 24).any()  # holes and columns past the live count
+    for inner in (DECODE_CONFIG_SMALL, DECODE_CONFIG_TWO_PASS):
+        out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.1, counts, row_format=row_format(fmt),
+                                       tile_config=dict(KERNEL="unpack", INNER=inner))
+        ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 0.1, counts, tile_config=dict(inner))
+        assert torch.equal(out.view(torch.int16), ref.view(torch.int16)) and ref.abs().amax() > 0
+
+
+def test_whole_tile_scores_pass_over_packed_rows_equals_it_over_unpacked_rows():
+    """The two-pass scores pass with WHOLE_TILE (one round of loads, S as one dot) over packed rows
+    against the same launch over the rows unpacked by the torch reference, bit for bit."""
+    from v4serve.formats import row_format
+    from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
+
+    fmt, D, n_window = "fp8_e8m0_b64_rope64", 128, 8
+    q, pw, pc, idx, sink, counts = _packed_inputs(2, 1, 64, D, n_window, 24, fmt, seed=9)
+    uw, uc = unpack_rows(pw, fmt, D, impl="torch"), unpack_rows(pc, fmt, D, impl="torch")
+    tiles = dict(DECODE_CONFIG_TWO_PASS, WHOLE_TILE=True)
+    out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.1, counts, tile_config=dict(tiles),
+                                   row_format=row_format(fmt))
+    ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 0.1, counts, tile_config=dict(tiles))
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16)) and ref.abs().amax() > 0
+
+
 @pytest.mark.parametrize("kind", ["prefill", "split-k decode"])
 def test_sliced_scores_equal_the_whole_tile_dot_when_sums_are_exact(kind):
     """The sliced kernel (S as a chain of dots over head-dim slices) against the whole-tile kernel.

@@ -7,10 +7,14 @@ FreeToken PR shapes by name), index keys fp4_e8m0_b32. Per attention shape:
   ops/kv_compact.py, then the bf16 prefill kernels) has the bits of the production bf16 launch over
   every row unpacked;
 - decode: the production launch over packed rows (dequantized in the kernel) against the same
-  tiles over the unpacked bf16 rows, within fp32 accumulation-order rounding (H200: relative
-  2.6e-7 to 5.5e-5 over the six decode shapes, a few outputs one bf16 ulp apart: the in-kernel
-  dequantization feeds the dots in another order; a wrong scale or channel gives ~1), and the torch
-  reference over the unpacked rows within bf16 rounding;
+  tiles over the unpacked bf16 rows, within fp32 accumulation-order rounding (H200, session 9's
+  kernels: relative 2.6e-7 to 5.5e-5 over the six decode shapes, a few outputs one bf16 ulp apart;
+  a wrong scale or channel gives ~1), and the torch reference over the unpacked rows within bf16
+  rounding; on integer-valued q and rows (S exact in any order) every output within one bf16 ulp
+  and nearly all bit for bit (the dequantized mma operands have kWidth 4, the bf16 ones 2: the k
+  order inside each mma.sync of P V differs, and P V's sums are not exact);
+- the hardware e4m3 conversion (FP8_CVT, production on sm_89+) against the integer one, bit for
+  bit (the same values reach the same dots);
 - the sliced kernel (S as a chain of dots over head-dim slices) against the whole-tile kernel at
   the same tiles, bit for bit, on integer-valued q and rows, where every partial sum of S is exact
   in fp32 (on real values the chain rounds differently from one dot: 7e-5 at the prefill tiles on
@@ -24,8 +28,10 @@ from cases import rel_err
 from v4serve.bench.shapes import all_shapes, indexer_case, sparse_decode_case, sparse_prefill_case
 from v4serve.ops.indexer import index_scores
 from v4serve.ops.kv_pack import pack_rows, unpack_rows
+from v4serve.formats import row_format
 from v4serve.ops.sparse_attn import sparse_attn_paged
-from v4serve.ops.sparse_attn_triton import decode_config, prefill_config, sparse_attn_paged_triton
+from v4serve.ops.sparse_attn_triton import (
+    DECODE_CONFIG_SMALL_PACKED_SLICED, decode_config, prefill_config, sparse_attn_paged_triton)
 
 pytestmark = pytest.mark.gpu
 
@@ -67,14 +73,56 @@ def test_attention_over_packed_rows_is_the_bf16_kernel_over_unpacked_rows(name):
     assert rel_err(out, torch_ref) < 1e-2
 
 
+def _integer_valued(*tensors):
+    """Small integers (-4..4) in bf16: every partial sum of q . k is exact in fp32, whatever its order."""
+    return tuple((t.float() * 2).round().clamp(-4, 4).bfloat16() for t in tensors)
+
+
+DECODE_SHAPES = [n for n in ATTN_SHAPES if SHAPES[n][0] == "decode"]
+
+
+@pytest.mark.parametrize("name", DECODE_SHAPES)
+def test_packed_decode_is_the_bf16_kernel_when_scores_are_exact(name):
+    """Production decode over packed rows against the bf16 kernels at the same tiles over the same
+    values (rows of small integers pack exactly, and S is exact in any order): every output within
+    one bf16 ulp, at most 0.1% of them not bit-equal (P V's summation order inside the mma); a
+    wrong scale, channel or row moves most outputs by far more."""
+    _, (q, idx, n_window, sink, scale, counts), _, (uw, uc) = _packed_case(name)
+    q, uw, uc = _integer_valued(q, uw, uc)
+    pw, pc = pack_rows(uw, KV_FORMAT), pack_rows(uc, KV_FORMAT)
+    assert torch.equal(unpack_rows(pw, KV_FORMAT, q.shape[-1], impl="torch"), uw)
+    scale = 1 / 64  # a power of two: the scaled scores stay exact
+    out = sparse_attn_paged(q, pw, pc, idx, n_window, sink, scale, counts, row_format=KV_FORMAT, impl="triton")
+    tiles = decode_config(q.shape[0], idx.shape[-1], packed=True)
+    ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts, tile_config=dict(tiles))
+    assert ref.abs().amax() > 0
+    diff, mag = (out.float() - ref.float()).abs(), ref.float().abs()
+    one_ulp = torch.maximum(mag * 2.0**-7, mag.amax() * 1e-6)
+    differing = float((diff > 0).float().mean())
+    assert (diff <= one_ulp).all() and differing < 1e-3, (
+        f"{name}: packed vs bf16 rows at {tiles}: rel err {rel_err(out, ref):.3g}, {differing:.2%} of outputs differ")
+
+
+@pytest.mark.parametrize("name", DECODE_SHAPES)
+def test_hardware_e4m3_conversion_has_the_bits_of_the_integer_one(name):
+    _, (q, idx, n_window, sink, scale, counts), (pw, pc), _ = _packed_case(name)
+    tiles = decode_config(q.shape[0], idx.shape[-1], packed=True)
+    fmt = row_format(KV_FORMAT)
+    out = {cvt: sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, scale, counts, row_format=fmt,
+                                         tile_config=dict(tiles, FP8_CVT=cvt)) for cvt in (True, False)}
+    assert out[False].abs().amax() > 0
+    assert _same_bits(out[True], out[False]), f"{name}: rel err {rel_err(out[True], out[False]):.3g}"
+
+
 @pytest.mark.parametrize("name", [n for n in ATTN_SHAPES if "B8" not in n])  # B8: the two-pass kernels
 def test_sliced_scores_have_the_bits_of_the_whole_tile_dot(name):
     _, (q, idx, n_window, sink, scale, counts), _, (uw, uc) = _packed_case(name)
     B, M = q.shape[:2]
-    sliced = prefill_config(q.device, q.shape[-1], packed=True) if M > 1 else decode_config(B, idx.shape[-1], packed=True)
+    # prefill: the packed prefill tiles; decode: session 9's sliced split-K tiles
+    sliced = prefill_config(q.device, q.shape[-1], packed=True) if M > 1 else DECODE_CONFIG_SMALL_PACKED_SLICED
     assert sliced.get("QK_SLICE")
     whole = {k: v for k, v in sliced.items() if k != "QK_SLICE"}
-    q, uw, uc = ((t.float() * 2).round().clamp(-4, 4).bfloat16() for t in (q, uw, uc))
+    q, uw, uc = _integer_valued(q, uw, uc)
     scale = 1 / 64  # a power of two: the scaled scores stay exact
     out = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts, tile_config=dict(sliced))
     ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts, tile_config=whole)

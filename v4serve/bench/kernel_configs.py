@@ -8,13 +8,16 @@ import sys
 
 from triton.testing import do_bench_cudagraph
 
-from v4serve.bench.shapes import indexer_case, sparse_decode_case, sparse_prefill_case
+from v4serve.bench.shapes import expert_fetch_case, indexer_case, sparse_decode_case, sparse_prefill_case
 from v4serve.formats import row_format
+from v4serve.ops.expert_fetch_triton import expert_fetch_triton
 from v4serve.ops.indexer_triton import index_scores_triton
-from v4serve.ops.kv_pack import pack_rows
+from v4serve.ops.kv_pack import pack_rows, unpack_rows
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_LARGE,
     DECODE_CONFIG_SMALL,
+    DECODE_CONFIG_SMALL_PACKED,
+    DECODE_CONFIG_SMALL_PACKED_SLICED,
     DECODE_CONFIG_TWO_PASS,
     PREFILL_CONFIG,
     sparse_attn_paged_triton,
@@ -35,10 +38,11 @@ def _decode(h, cols, block_t, warps, stages):
                 MERGE="kernel", PDL=True)
 
 
-def _two_pass(block_t=64, block_k=128, block_dv=32, score_warps=4, score_stages=3, value_stages=3, **more):
+def _two_pass(block_t=64, block_k=128, block_dv=32, score_warps=4, score_stages=3, value_stages=3, value_warps=4,
+              **more):
     return dict(DECODE_CONFIG_TWO_PASS, BLOCK_T=block_t, BLOCK_K=block_k, BLOCK_DV=block_dv,
                 SCORES=dict(num_warps=score_warps, num_stages=score_stages),
-                VALUES=dict(num_warps=4, num_stages=value_stages), **more)
+                VALUES=dict(num_warps=value_warps, num_stages=value_stages), **more)
 
 
 DECODE_CANDIDATES = [
@@ -53,17 +57,52 @@ DECODE_CANDIDATES = [
 ]
 
 
-# Over packed fp8 rows (issue 17): split-K at B1 with more heads per program (each program
-# dequantizes its rows once for its heads: 64 heads = once per row), QK_SLICE 64 / 128; two-pass
-# at B8 with shallower pipelines (the packed gather is 16-byte loads of codes, then scales).
-PACKED_DECODE_CANDIDATES = [
-    None,
-    *(dict(_decode(h, cols, 32, warps, 2), QK_SLICE=sl)
-      for h, cols, warps, sl in ((16, 32, 4, 128), (32, 32, 8, 128), (64, 32, 8, 128), (64, 64, 8, 128),
-                                 (32, 64, 8, 64), (64, 32, 8, 64))),
-    _two_pass(block_k=64, score_stages=2, value_stages=2),
+# Over packed fp8 rows (issue 17), B1 (split-K) and B8 (two-pass) apart. "bf16 rows" times the
+# production bf16 launch over the same values unpacked (the bar the packed rows must meet);
+# FP8_CVT False is the integer e4m3 decode of session 9, True the hardware conversion (sm_89+).
+PACKED_DECODE_B1_CANDIDATES = [
+    None,  # whole tile, 8 warps, 1 stage, FP8_CVT where supported
+    "bf16 rows",
+    dict(DECODE_CONFIG_SMALL_PACKED_SLICED, FP8_CVT=False),  # session 9's production
+    dict(DECODE_CONFIG_SMALL_PACKED_SLICED, FP8_CVT=True),  # its slices, hardware decode
+    dict(DECODE_CONFIG_SMALL_PACKED, FP8_CVT=False),  # the whole tile, integer decode
+    dict(DECODE_CONFIG_SMALL_PACKED, num_warps=4),  # the bf16 production tiles
+    dict(DECODE_CONFIG_SMALL_PACKED, num_stages=2),  # codes through a cp.async stage
+    dict(KERNEL="unpack"),  # each column unpacked into a scratch pool, then the bf16 launch
+    "bf16 rows",
     None,
 ]
+PACKED_DECODE_B8_CANDIDATES = [
+    None,  # two-pass, rope tail slice apart, FP8_CVT where supported
+    "bf16 rows",
+    dict(DECODE_CONFIG_TWO_PASS, FP8_CVT=False, TAIL_APART=False),  # session 9's production
+    dict(DECODE_CONFIG_TWO_PASS, FP8_CVT=False),  # tail apart only
+    dict(DECODE_CONFIG_TWO_PASS, TAIL_APART=False),  # hardware decode only
+    _two_pass(block_k=64, score_warps=8, score_stages=4, value_stages=3),  # scores over 8 warps
+    _two_pass(block_k=64, score_warps=8, score_stages=1, value_stages=3, WHOLE_TILE=True),  # scores: one dot
+    _two_pass(block_k=64, score_stages=4, value_stages=3, value_warps=8),  # values over 8 warps
+    _two_pass(block_k=64, score_stages=4, value_stages=3, block_dv=64),  # values: one scale block a program
+    dict(KERNEL="unpack"),  # each column unpacked into a scratch pool, then the bf16 launch
+    "bf16 rows",
+    None,
+]
+
+
+# Offloaded-expert fetch (ops/expert_fetch_triton.py): how many programs read the host link, and
+# their chunk. Fewer programs leave more SMs to the resident experts computing beside the fetch.
+FETCH_CANDIDATES = [
+    None,
+    *(dict(programs=p) for p in (8, 16, 32, 128, 264)),
+    dict(programs=64, BLOCK=4096, num_warps=8),
+    dict(programs=32, BLOCK=4096, num_warps=8),
+    None,
+]
+FETCH_SHAPES = {f"fetch flash E{n}": n for n in (1, 6)}
+
+
+def _fetch_run(n):
+    hosts, devices, count, slots, rows = expert_fetch_case("flash", n, "cuda")
+    return lambda cfg: [expert_fetch_triton(h, d, count, slots, rows, 4, cfg) for h, d in zip(hosts, devices)] and devices[0]
 
 
 # Indexer scores (issue 17, ops/indexer_triton.py): prefill query blocks of 4 or 2 queries (N = 256 or
@@ -102,9 +141,13 @@ def _indexer_run(args, keys):
 def _label(cfg) -> str:
     if cfg is None:
         return "production"
+    if isinstance(cfg, str):
+        return cfg
     short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
-                 BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh", BLOCK_Q="q", BLOCKS_PER_SPLIT="split",
-                 DECODE_FIRST="decode_first")
+                 BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh", FP8_CVT="cvt", TAIL_APART="tail_apart",
+                 WHOLE_TILE="whole_tile", BLOCK_Q="q", BLOCKS_PER_SPLIT="split", DECODE_FIRST="decode_first")
+    if cfg.get("KERNEL") == "unpack":
+        return "unpack columns, then the production bf16 launch (unpack)"
     launch = lambda v: f"{v['num_warps']}w{v['num_stages']}s" if isinstance(v, dict) else v  # noqa: E731
     return " ".join(f"{short.get(k, k)}={launch(v)}" for k, v in cfg.items() if k not in ("MERGE", "PDL", "KERNEL")) + (
         f" ({cfg['KERNEL']})" if "KERNEL" in cfg else "")
@@ -133,10 +176,19 @@ PACKED_FORMAT = "fp8_e8m0_b64_rope64"
 
 
 def _packed_run(case):
+    """run(cfg) over the case's pools packed; cfg "bf16 rows": the production bf16 launch over the
+    packed rows unpacked (the same values)."""
     q, win, cmp, idx, n_window, sink, scale, counts = case.args()
     pw, pc, fmt = pack_rows(win, PACKED_FORMAT), pack_rows(cmp, PACKED_FORMAT), row_format(PACKED_FORMAT)
-    return lambda cfg: sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, scale, counts, tile_config=cfg,
-                                                row_format=fmt)
+    uw, uc = unpack_rows(pw, fmt, q.shape[-1]), unpack_rows(pc, fmt, q.shape[-1])
+
+    def run(cfg):
+        if cfg == "bf16 rows":
+            return sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts)
+        return sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, scale, counts, tile_config=cfg,
+                                        row_format=fmt)
+
+    return run
 
 
 def main() -> int:
@@ -151,7 +203,11 @@ def main() -> int:
             _sweep(name, lambda cfg, c=case: sparse_attn_paged_triton(*c.args(), tile_config=cfg), DECODE_CANDIDATES)
     for name, args in PACKED_DECODE_SHAPES.items():
         if only in name:
-            _sweep(name, _packed_run(sparse_decode_case(*args, "cuda")), PACKED_DECODE_CANDIDATES)
+            candidates = PACKED_DECODE_B1_CANDIDATES if args[1] == 1 else PACKED_DECODE_B8_CANDIDATES
+            _sweep(name, _packed_run(sparse_decode_case(*args, "cuda")), candidates)
+    for name, n in FETCH_SHAPES.items():
+        if only in name:
+            _sweep(name, _fetch_run(n), FETCH_CANDIDATES)
     for name, (args, keys) in INDEXER_SHAPES.items():
         if only in name:
             _sweep(name, _indexer_run(args, keys), INDEXER_DECODE_CANDIDATES if args[1] == 1 else INDEXER_PREFILL_CANDIDATES)

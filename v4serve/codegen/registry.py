@@ -33,7 +33,8 @@ _CANARY = "v4serve.codegen.samples"
 # write packed rows takes them; the packed entries live in registry_packed_kv.py.
 _NO_PK = dict(PACKED=False, PK_FP4=False, PK_NQ=0, PK_BLOCK=1, PK_TAIL_OFF=0, PK_SCALE_OFF=0, PK_HAS_TAIL=False,
               PK_PAYLOAD=0, PK_ROW_BYTES=0)
-_NO_PK_LOAD = dict(PACKED=False, PK_NQ=0, PK_BLOCK=1, PK_TAIL_OFF=0, PK_SCALE_OFF=0, PK_HAS_TAIL=False)
+_NO_PK_LOAD = dict(PACKED=False, PK_NQ=0, PK_BLOCK=1, PK_TAIL_OFF=0, PK_SCALE_OFF=0, PK_HAS_TAIL=False,
+                   PK_FP8_CVT=False)
 _TWO_PASS = DECODE_CONFIG_TWO_PASS
 _DECODE = DECODE_CONFIG_SMALL
 _MIX = HC_MIX_CONFIGS
@@ -122,6 +123,7 @@ _COMPRESS_DECODE_ALIGNED = ("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_
 _QUANT_MAX_REGS = {
     "decode_w8a16": {90: 96, 100: 96, 120: 96}, "decode_w8a16_sm80": {80: 100},
     "decode_w8a8": {90: 96, 100: 96, 120: 72}, "decode_w8a8_sm80": {80: 96},
+    "decode_m64_w8a16": {90: 144, 100: 168, 120: 192}, "decode_m64_w8a8": {90: 144, 100: 168, 120: 192},
     "prefill_w8a16": {90: 240, 100: 255, 120: 246}, "prefill_w8a16_sm80": {80: 255},
     "prefill_w8a8": {90: 251, 100: 255, 120: 255}, "prefill_w8a8_sm80": {80: 255},
     "mxfp4_decode": {80: 141, 90: 118, 100: 115, 120: 122},
@@ -171,7 +173,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=dict(_SPARSE_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16", ticket_ptr="*bf16"),
             aligned=_SPARSE_ATTN_ALIGNED,
             constexprs=dict(n_splits=1, HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=cfg["BLOCK_H"],
-                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True, **_NO_PK),
+                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True, PK_FP8_CVT=False, **_NO_PK),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=(arch,),
             # The 64-head tile (sm_90 before Triton 3.9) is meant to fill the register file: its
             # [64, 512] fp32 accumulator over 256 threads compiles to 255 registers, the hardware's
@@ -203,7 +205,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=dict(_SPARSE_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
             aligned=_SPARSE_ATTN_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=_DECODE["BLOCK_H"],
-                            BLOCK_T=_DECODE["BLOCK_T"], BLOCK_D=512, PDL=pdl, EVEN_D=True, **_NO_PK),
+                            BLOCK_T=_DECODE["BLOCK_T"], BLOCK_D=512, PDL=pdl, EVEN_D=True, PK_FP8_CVT=False, **_NO_PK),
             num_warps=_DECODE["num_warps"], num_stages=_DECODE["num_stages"], archs=archs,
             expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=_DECODE_MAX_REGS, tensor_cores=True),
         )
@@ -234,7 +236,8 @@ KERNELS: tuple[KernelSpec, ...] = (
             f"sparse_attn.two_pass_scores{suffix}", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",
             types=_SCORES_TYPES, aligned=_SCORES_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
-                            BLOCK_K=_TWO_PASS["BLOCK_K"], PDL=pdl, **_NO_PK_LOAD),
+                            BLOCK_K=_TWO_PASS["BLOCK_K"], PDL=pdl, TAIL_APART=True, WHOLE_TILE=False,
+                            BLOCK_D=512, **_NO_PK_LOAD),
             archs=archs, **_TWO_PASS["SCORES"],
             expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=192, tensor_cores=True),
         )
@@ -435,7 +438,7 @@ KERNELS: tuple[KernelSpec, ...] = (
     # bf16 activations. FP8 operands need sm_89+: sm_80 gets the same kernels with NATIVE_FP8=False and
     # FP8_DOT=False, which read the e4m3 bytes as uint8, decode them with integer ops and run bf16 dots
     # (exact: e4m3 values are exact in bf16). Decode: M = 8 rows, wq_a [1024, 4096], split-K over the
-    # 16 N tiles (out = the fp32 partials); prefill: 128x128 tiles, y in bf16 (FP8_PREFILL_CONFIG for
+    # 16 N tiles (fp32 partials, the last program of a tile sums them); prefill: 128x128 tiles, y in bf16 (FP8_PREFILL_CONFIG for
     # w8a8 with fp8 dots, FP8_PREFILL_DEQUANT_CONFIG for weight-only and for sm_80). ----
     *(
         KernelSpec(  # ACT_QUANT_CONFIG: V4 (per 128 channels) and V4.1 (per 32)
@@ -449,36 +452,31 @@ KERNELS: tuple[KernelSpec, ...] = (
         for group in (128, 32)
     ),
     *(
-        KernelSpec(  # FP8_DECODE_CONFIG / FP8_PREFILL_CONFIG, V4 128x128 blocks (POST_SCALE)
-            f"fp8_linear.{phase}_{mode}{'_sm80' if sm80 else ''}",
+        KernelSpec(  # FP8_DECODE_CONFIG (16 rows; 64 rows: BLOCK_M 64) / FP8_PREFILL_CONFIG, V4 128x128 blocks
+            f"fp8_linear.{phase}{'_m64' if m64 else ''}_{mode}{'_sm80' if sm80 else ''}",
             f"{_OPS}.fp8_linear_triton:_fp8_linear_{phase}_kernel",
             types=dict(
-                x_ptr=("*u8" if sm80 else "*fp8e4nv") if mode == "w8a8" else "*bf16", xs_ptr="*fp32",
-                w_ptr="*u8" if sm80 else "*fp8e4nv", ws_ptr="*fp32",
-                **(dict(out_ptr="*fp32") if phase == "decode" else dict(y_ptr="*bf16")),
+                x_ptr=("*u8" if sm80 else "*fp8e4nv") if mode == "w8a8" else "*bf16",
+                xs_ptr="*fp32", w_ptr="*u8" if sm80 else "*fp8e4nv", ws_ptr="*fp32",
+                **(dict(part_ptr="*fp32") if phase == "decode" else {}), y_ptr="*bf16",
+                **(dict(arrivals_ptr="*i32") if phase == "decode" else {}),
                 M="i32", N="i32", K="i32", **(dict(k_per_split="i32") if phase == "decode" else {}),
                 stride_x="i32", stride_xs="i32", stride_w="i32", stride_ws="i32",
-                **(dict(stride_os="i32", stride_om="i32") if phase == "decode" else dict(stride_y="i32"))),
-            aligned=("x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "out_ptr" if phase == "decode" else "y_ptr", "N", "K",
-                     "stride_x", "stride_w",
-                     *(("k_per_split", "stride_os", "stride_om") if phase == "decode" else ("stride_y",))),
+                **(dict(stride_ps="i32") if phase == "decode" else {}), stride_y="i32"),
+            aligned=("x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "y_ptr", "N", "K", "stride_x", "stride_w", "stride_y",
+                     *(("part_ptr", "arrivals_ptr", "k_per_split", "stride_ps") if phase == "decode" else ())),
             constexprs=dict(PDL=False, BN=128, BK=128, AB=128 if mode == "w8a8" else 1, ACT_FP8=mode == "w8a8",
                             FP8_DOT=mode == "w8a8" and not sm80, NATIVE_FP8=not sm80, POST_SCALE=True, IEEE=False,
                             **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             archs=(80,) if sm80 else (90, 100, 120),
             expect=Expect(kv_load_bytes=16, kv_lines=r"(?<!_)w = tl\.load", tensor_cores=True,
-                          max_regs=_QUANT_MAX_REGS[f"{phase}_{mode}{'_sm80' if sm80 else ''}"]),
+                          max_regs=_QUANT_MAX_REGS[f"{phase}{'_m64' if m64 else ''}_{mode}{'_sm80' if sm80 else ''}"]),
         )
-        for phase in ("decode", "prefill") for mode in ("w8a16", "w8a8") for sm80 in (False, True)
-        for cfg in [_FP8_DECODE if phase == "decode" else _FP8_PREFILL_DEQUANT if mode == "w8a16"
-                    else _FP8_PREFILL_SM80 if sm80 else _FP8_PREFILL]
-    ),
-    KernelSpec(  # SPLIT_K_SUM_BLOCK; wq_a decode at 17 splits
-        "fp8_linear.split_k_sum", f"{_OPS}.fp8_linear_triton:_split_k_sum_kernel",
-        types=dict(part_ptr="*fp32", y_ptr="*bf16", MN="i32"), aligned=("part_ptr", "y_ptr", "MN"),
-        constexprs=dict(PDL=False, SPLIT_K=17, BLOCK=1024), num_warps=4, num_stages=3,
-        expect=Expect(kv_load_bytes=16, max_regs=64),
+        for phase in ("decode", "prefill") for m64 in ((False, True) if phase == "decode" else (False,))
+        for mode in ("w8a16", "w8a8") for sm80 in ((False,) if m64 else (False, True))
+        for cfg in [dict(_FP8_DECODE, BLOCK_M=64 if m64 else _FP8_DECODE["BLOCK_M"]) if phase == "decode"
+                    else _FP8_PREFILL_DEQUANT if mode == "w8a16" else _FP8_PREFILL_SM80 if sm80 else _FP8_PREFILL]
     ),
     *(
         KernelSpec(  # MXFP4_DECODE_CONFIG / MXFP4_PREFILL_CONFIG: fused gate_up [256, 4096, 4096 / 2],
@@ -496,6 +494,28 @@ KERNELS: tuple[KernelSpec, ...] = (
                           max_regs=_QUANT_MAX_REGS[f"mxfp4_{phase}"]),
         )
         for phase, cfg in (("decode", _MXFP4_DECODE), ("prefill", _MXFP4_PREFILL))
+    ),
+    # ---- offloaded experts (ops/expert_cache_plan_triton.py, ops/expert_fetch_triton.py): V4-Flash,
+    # 256 experts, 12 slots; the fetch copies rows of int32 words (an expert's gate_up: 2,097,152) ----
+    KernelSpec(  # PLAN_CONFIG
+        "offload.expert_cache_plan", f"{_OPS}.expert_cache_plan_triton:_expert_cache_plan_kernel",
+        types=dict(picks_ptr="*i64", host_row_ptr="*i64", index_ptr="*i64", slot_expert_ptr="*i64",
+                   slot_stamp_ptr="*i64", clock_ptr="*i64", fetches_ptr="*i64", counts_ptr="*i64", scratch_ptr="*i32",
+                   copy_count_ptr="*i64", copy_slot_ptr="*i64", copy_src_ptr="*i64", mapped_ptr="*i64", N="i32",
+                   E="i32", S="i32", chunk="i32", n_resident="i32"),
+        aligned=("picks_ptr", "host_row_ptr", "index_ptr", "slot_expert_ptr", "slot_stamp_ptr", "clock_ptr",
+                 "fetches_ptr", "counts_ptr", "scratch_ptr", "copy_count_ptr", "copy_slot_ptr", "copy_src_ptr",
+                 "mapped_ptr", "E"),
+        constexprs=dict(COUNT=True, WITH_RESIDENT=False, BLOCK_E=256, BLOCK_S=16, BLOCK_N=1024), num_warps=4,
+        num_stages=3, expect=Expect(max_regs=128),
+    ),
+    KernelSpec(  # FETCH_CONFIG
+        "offload.expert_fetch", f"{_OPS}.expert_fetch_triton:_expert_fetch_kernel",
+        types=dict(src_ptr="*i32", dst_ptr="*i32", copy_count_ptr="*i64", copy_slot_ptr="*i64", copy_src_ptr="*i64",
+                   row_words="i32", dst_row0="i32", n_chunks="i32"),
+        aligned=("src_ptr", "dst_ptr", "copy_count_ptr", "copy_slot_ptr", "copy_src_ptr", "row_words"),
+        constexprs=dict(BLOCK=2048), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"values = tl\.load", max_regs=64),
     ),
     # ---- packed KV rows (issue 17): v4serve/codegen/registry_packed_kv.py ----
     *PACKED_KV_KERNELS,

@@ -45,6 +45,8 @@ _ATTN_ALIGNED = ("q_ptr", "win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "sink_p
                  "l_ptr", "ticket_ptr", "H", "D", "C", "n_window", "cols_per_split", *_STRIDES)
 _TP = DECODE_CONFIG_TWO_PASS
 _DEC = DECODE_CONFIG_SMALL_PACKED
+# The hardware e4m3 conversion (load_packed's FP8_CVT) where production uses it: sm_89 and newer.
+_CVT = {arch: arch >= 89 for arch in (80, 90, 100, 120)}
 _TP_STRIDES = ("stride_pool", "stride_it", "stride_pt", "stride_ph", "stride_mt", "stride_mj")
 _SCORES_TYPES = dict(
     q_ptr="*bf16", win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
@@ -65,37 +67,53 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
             aligned=_ATTN_ALIGNED,
             constexprs=dict(n_splits=1, HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=cfg["BLOCK_H"],
                             BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True, PACKED=True,
-                            QK_SLICE=cfg["QK_SLICE"], **_FP8),
+                            QK_SLICE=cfg["QK_SLICE"], PK_FP8_CVT=_CVT[arch], **_FP8),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=(arch,),
             expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
         )
         for arch, cfg in PREFILL_CONFIGS_PACKED.items()
     ),
-    KernelSpec(  # DECODE_CONFIG_SMALL_PACKED (LARGE differs only in COLS_PER_SPLIT, a runtime argument)
-        "sparse_attn.decode_fp8kv_pdl", f"{_OPS}.sparse_attn_triton:_sparse_attn_sliced_kernel",
+    KernelSpec(  # DECODE_CONFIG_SMALL_PACKED, the whole tile dequantized once (LARGE differs only in
+        # COLS_PER_SPLIT, a runtime argument)
+        "sparse_attn.decode_fp8kv_pdl", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
         types=dict(_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"), aligned=_ATTN_ALIGNED,
         constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=_DEC["BLOCK_H"],
-                        BLOCK_T=_DEC["BLOCK_T"], BLOCK_D=512, PDL=True, EVEN_D=True, PACKED=True,
-                        QK_SLICE=_DEC["QK_SLICE"], **_FP8),
+                        BLOCK_T=_DEC["BLOCK_T"], BLOCK_D=512, PDL=True, EVEN_D=True, PACKED=True, PK_FP8_CVT=True,
+                        **_FP8),
         num_warps=_DEC["num_warps"], num_stages=_DEC["num_stages"],
         archs=(90, 100, 120),
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),
-    KernelSpec(
-        "sparse_attn.two_pass_scores_fp8kv_pdl", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",
-        types=_SCORES_TYPES, aligned=tuple(k for k in _SCORES_TYPES if k != "qk_scale_log2"),
-        constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_K=_TP["BLOCK_K"],
-                        PDL=True, PACKED=True, **_LOAD_PK),
-        archs=(90, 100, 120), **_TP["SCORES"],
-        expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
+    *(
+        KernelSpec(  # TAIL_APART where the launcher sets it (two_pass_tail_apart: sm_90 / sm_100)
+            f"sparse_attn.two_pass_scores_fp8kv_pdl{suffix}", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",
+            types=_SCORES_TYPES, aligned=tuple(k for k in _SCORES_TYPES if k != "qk_scale_log2"),
+            constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_K=_TP["BLOCK_K"],
+                            PDL=True, PACKED=True, PK_FP8_CVT=True, TAIL_APART=tail_apart, WHOLE_TILE=False,
+                            BLOCK_D=512, **_LOAD_PK),
+            archs=archs, **_TP["SCORES"],
+            expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
+        )
+        for suffix, archs, tail_apart in (("", (90, 100), True), ("_sm120", (120,), False))
     ),
     KernelSpec(
         "sparse_attn.two_pass_values_fp8kv_pdl", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
         types=_VALUES_TYPES, aligned=tuple(_VALUES_TYPES),
         constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
-                        BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, **_LOAD_PK),
+                        BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, **_LOAD_PK),
         archs=(90, 100, 120), **_TP["VALUES"],
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
+    ),
+    KernelSpec(  # the comparison route KERNEL="unpack": each token's columns unpacked, then the bf16 launch
+        "sparse_attn.unpack_columns_fp8kv", f"{_OPS}.sparse_attn_unpacked_decode:_unpack_columns_kernel",
+        types=dict(win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", rows_ptr="*bf16",
+                   cols_ptr="*i32", C="i32", D="i32", n_window="i32", stride_pool="i32", stride_it="i32",
+                   stride_rows="i32", stride_ct="i32"),
+        aligned=("win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "rows_ptr", "cols_ptr", "C", "D", "n_window",
+                 "stride_pool", "stride_it", "stride_rows", "stride_ct"),
+        constexprs=dict(HAS_COUNTS=True, BLOCK_C=16, BLOCK_D=512, PK_FP8_CVT=True, **_LOAD_PK), num_warps=4,
+        archs=(90, 100, 120),
+        expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES),
     ),
     # ---- indexer scores over packed fp4 keys: 17-word rows, 4-byte aligned only (stride_k 17 words);
     # prefill and decode tiles, and the decode-first variant's key decoder ----

@@ -36,12 +36,20 @@ class DecoderLayer(nn.Module):
         self.attn_hc = HyperConnection(config)
         self.ffn_hc = HyperConnection(config)
 
-    def forward(self, streams: torch.Tensor, batch: ForwardBatch, cache: LayerCache, step: StepPlan) -> torch.Tensor:
+    def forward(self, streams: torch.Tensor, batch: ForwardBatch, cache: LayerCache, step: StepPlan,
+                keep: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
+        """Output streams [T, hc, D]; with `keep` = (rows [R], their MoE routing rows or None), only
+        those rows' [R, hc, D] (the attention still writes every token's KV rows: a draft pass that
+        needs the cache of all its tokens and the output of a few)."""
         y, post, comb = self.attn_hc(streams, batch.tickets)
         out = self.self_attn(self.input_layernorm(y), batch, cache, step)
         streams = self.attn_hc.expand(out, streams, post, comb)
+        token_ids, route_rows = batch.token_ids, batch.route_rows
+        if keep is not None:
+            rows, route_rows = keep
+            streams, token_ids = streams.index_select(0, rows), token_ids.index_select(0, rows)
         y, post, comb = self.ffn_hc(streams, batch.tickets)
-        out = self.mlp(self.post_attention_layernorm(y), batch.token_ids, batch.route_rows)
+        out = self.mlp(self.post_attention_layernorm(y), token_ids, route_rows)
         return self.ffn_hc.expand(out, streams, post, comb)
 
     def forward_lagged(
@@ -126,13 +134,15 @@ class DeepseekV4ForCausalLM(nn.Module):
         return self.lm_head(h).float(), streams
 
     @torch.inference_mode()
-    def forward_mtp(self, main_streams: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, index: int = 0
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_mtp(self, main_streams: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, index: int = 0,
+                    keep: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """MTP layer `index` over `batch` (addressed in the MTP layer's own one-layer cache `cache`):
         `batch.token_ids` [T] are the tokens that follow the positions of `main_streams` [T, hc, D].
-        Returns fp32 logits at `batch.logits_indices` and the layer's output streams [T, hc, D]."""
+        Returns fp32 logits at `batch.logits_indices` and the layer's output streams [T, hc, D];
+        with `keep` (a decode-style batch; see DecoderLayer.forward), logits and streams of those
+        rows only, every row's KV written."""
         layer = self.mtp[index]
         step = plan_step(batch, self.rope())
-        streams = layer(self.model.embed_tokens(batch.token_ids), main_streams, batch, cache.view(0), step)
+        streams = layer(self.model.embed_tokens(batch.token_ids), main_streams, batch, cache.view(0), step, keep)
         picked = streams if batch.is_decode else streams[batch.logits_indices]
         return self.lm_head(layer.head_input(picked, batch)).float(), streams

@@ -45,6 +45,12 @@ def pdl_supported(device: torch.device) -> bool:
     return compiled_on_cuda(device) and torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def fp8_conversion_supported(device: torch.device) -> bool:
+    """Hardware e4m3 conversions (cvt.*.e4m3x2, Triton's float8e4nv): CUDA (not the interpreter) on
+    sm_89 or newer."""
+    return compiled_on_cuda(device) and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def pdl_launch(t: torch.Tensor) -> dict:
     """Launch options for programmatic dependent launch on sm_90+ CUDA (not the interpreter): the
     kernel is launched while its predecessor finishes and waits for it in its first statement

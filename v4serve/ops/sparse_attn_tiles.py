@@ -49,14 +49,14 @@ def gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_win
 @triton.jit
 def gather_packed_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window, cols, hi, d0, D,
                           K: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
-                          PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr):
+                          PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr = False):
     """gather_kv_tile over packed rows: channels [d0, d0 + K) of token `tok`'s columns `cols` as
     bf16 [len(cols), K] (exactly the unpacked values; zero for holes and columns >= hi), and which
     columns are live."""
     rows = load_rows(idx_ptr, tok, stride_it, cols, hi)
     live = rows >= 0
     kv = load_packed(row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool), live, d0, D, K,
-                     PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, tl.bfloat16)
+                     PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, tl.bfloat16, PK_FP8_CVT)
     return kv, live
 
 
@@ -64,7 +64,7 @@ def gather_packed_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool
 def sliced_scores(q_rows, head_ok, win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window, cols, hi, D,
                   BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, QK_SLICE: tl.constexpr, PACKED: tl.constexpr,
                   PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr,
-                  PK_HAS_TAIL: tl.constexpr):
+                  PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr = False):
     """Q K^T of token `tok`'s columns `cols` (fp32 [BLOCK_H, len(cols)], unscaled) as a chain of
     dots over QK_SLICE-wide slices of the head dim, each K slice gathered (and, PACKED, dequantized)
     on its own and the Q slice re-read from q_rows (the heads' row pointers; L1 hits); then the
@@ -82,14 +82,14 @@ def sliced_scores(q_rows, head_ok, win_ptr, cmp_ptr, idx_ptr, tok, stride_it, st
         q = tl.load(q_rows[:, None] + kd[None, :], mask=head_ok[:, None] & (kd < D)[None, :], other=0.0)
         if PACKED:
             kk = load_packed(row_ptrs, live, k, D, QK_SLICE, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL,
-                             tl.bfloat16)
+                             tl.bfloat16, PK_FP8_CVT)
         else:
             kk = tl.load(row_ptrs[:, None] + kd[None, :], mask=live[:, None] & (kd < D)[None, :], other=0.0)
         s = tl.dot(q, tl.trans(kk), s)
     dims = tl.arange(0, BLOCK_D)
     if PACKED:
         kv = load_packed(row_ptrs, live, 0, D, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL,
-                         tl.bfloat16)
+                         tl.bfloat16, PK_FP8_CVT)
     else:
         kv = tl.load(row_ptrs[:, None] + dims[None, :], mask=live[:, None] & (dims < D)[None, :], other=0.0)
     return s, kv, live

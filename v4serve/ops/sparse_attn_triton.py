@@ -19,24 +19,35 @@ tl.where(is_window, win_ptr, cmp_ptr) under tl.multiple_of(.., 16), so the gathe
 loads), runs S = Q K^T and acc += P V as bf16 tl.dot with fp32 accumulation, and keeps the online
 softmax state (m [BLOCK_H], l [BLOCK_H], acc [BLOCK_H, D]) in registers.
 
-Over packed fp8 rows (PACKED, issue 17) the production tiles set QK_SLICE and launch
-`_sparse_attn_sliced_kernel`, the same program with S = Q K^T computed as a chain of dots over
-QK_SLICE-wide slices of the head dim (sparse_attn_tiles.sliced_scores: each K slice gathered and
-dequantized on its own, the Q slice re-read from L1; P V still takes the whole dequantized tile).
-Dequantizing the whole [BLOCK_T, 512] tile for S spills 400-470 B under Triton 3.6. The chain is
-not one dot's accumulation order on the tensor cores: on the H200 its output differs from the
-unsliced kernel's by a relative 7e-5 (prefill tiles) and 3e-7 (split-K decode), rounding only.
-Decode reads packed rows through it; production *prefill* over packed rows does not (each row is
-read by many queries, so dequantizing per (query, row) pair cost 8x the bf16 kernel's time on the
-H200): it unpacks every referenced row once into a small bf16 pool (kv_compact.py) and runs the
-bf16 prefill kernels, with the bits of the bf16 kernel over every row unpacked. The sliced
-kernel still serves prefill tiles given explicitly and steps captured in a CUDA graph.
+Over packed fp8 rows (PACKED, issue 17) the program gathers the packed bytes of its tile (e4m3
+codes and the bf16 rope tail as 16-byte loads, the ue8m0 scales as the int32 words holding them)
+and dequantizes them in registers (kv_pack_triton.load_packed; exact, so the tile holds the
+unpacked rows' values). Split-K decode does it once per [BLOCK_T, D] tile and runs both dots on
+it, like the bf16 kernel: the same values into the same dots as the bf16 kernel at the same tiles
+over the unpacked rows. The bits can still differ by fp32 summation order: Triton lays the
+dequantized operands out with kWidth 4 (the bf16 kernel's: 2), which permutes the k order inside
+each mma.sync (equal bits where every sum is exact; otherwise a few outputs one bf16 ulp apart,
+session 9's H200 test: relative 3e-7 to 5.5e-5). Tiles that set QK_SLICE launch `_sparse_attn_sliced_kernel` instead, the same
+program with S = Q K^T computed as a chain of dots over QK_SLICE-wide slices of the head dim
+(sparse_attn_tiles.sliced_scores: each K slice gathered and dequantized on its own, the Q slice
+re-read from L1; P V still takes the whole dequantized tile): the packed prefill tiles, and
+session 9's decode tiles (1.5x the bf16 kernel's time at B1 on the H200; in their TTGIR each
+tile is four slice steps that each wait for their gather before dequantizing, then the whole tile
+gathered and dequantized again). The chain is not one dot's accumulation
+order on the tensor cores: on the H200 its output differs from the unsliced kernel's by a relative
+7e-5 (prefill tiles) and 3e-7 (split-K decode), rounding only. Production *prefill* over packed
+rows does not dequantize per (query, row) pair (each row is read by many queries: 8x the bf16
+kernel's time on the H200): it unpacks every referenced row once into a small bf16 pool
+(kv_compact.py) and runs the bf16 prefill kernels, with the bits of the bf16 kernel over every row
+unpacked. The sliced kernel still serves prefill tiles given explicitly and steps captured in a
+CUDA graph.
 
 The production prefill on sm_90 (Triton 3.6, D = 512) is instead the warp-specialised Gluon
 kernel of sparse_attn_gluon.py (1.2-1.6x faster at the PR shapes, same output bits), and decode
 steps of 2 or more tokens run the two-pass kernels of sparse_attn_two_pass.py (bf16 P between a
 scores and a values launch instead of fp32 split partials); the wrapper below dispatches on the
-tile config's KERNEL ("tl", "ws" or "two_pass").
+tile config's KERNEL ("tl", "ws", "two_pass", or "unpack": packed rows unpacked per column first,
+sparse_attn_unpacked_decode.py).
 
 - prefill (M > 1): grid (T, cdiv(H, BLOCK_H), 1); the program covers every column and writes
   acc / (l + 2^(sink2 - m)) in bf16. sm_90: BLOCK_H 64, so one [64, 512] fp32 accumulator per
@@ -72,12 +83,14 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from v4serve.ops._dispatch import check_16_byte_aligned, compiled_on_cuda, pdl_supported, triton_at_least
+from v4serve.ops._dispatch import (
+    check_16_byte_aligned, compiled_on_cuda, fp8_conversion_supported, pdl_supported, triton_at_least)
 from v4serve.ops.sparse_attn_gluon import WS_HEAD_DIM, sparse_attn_ws
 from v4serve.ops.kv_compact import unpack_referenced_rows
 from v4serve.ops.kv_pack_triton import packed_constexprs
 from v4serve.ops.sparse_attn_tiles import column_bound, gather_kv_tile, gather_packed_kv_tile, sliced_scores
 from v4serve.ops.sparse_attn_two_pass import sparse_attn_two_pass
+from v4serve.ops.sparse_attn_unpacked_decode import unpack_columns
 
 # Production tiles (H200 sweeps, docs/performance.md). Prefill: all 64 heads of a token share each
 # gathered [64, 512] KV tile. Single-token decode (steps of more tokens take the two-pass kernels
@@ -104,18 +117,13 @@ PREFILL_CONFIGS = {
 DECODE_CONFIG_SMALL = dict(BLOCK_H=16, BLOCK_T=32, COLS_PER_SPLIT=32, MERGE="kernel", PDL=True, num_warps=4,
                            num_stages=2)
 DECODE_CONFIG_LARGE = dict(DECODE_CONFIG_SMALL, COLS_PER_SPLIT=64)
-# Over packed rows (issue 17) the Gluon kernel is not used (it reads bf16 rows only) and the tl
-# tiles compute S = Q K^T as a chain of dots over 64-channel slices (QK_SLICE: the sliced kernel,
-# each K slice gathered and dequantized on its own; only P V takes the whole dequantized tile), at
-# the tiles below. The whole-tile dequantization of the unsliced
-# kernel spills 400-470 B per thread at every arch under Triton 3.6 and needs 132 KB of shared
-# memory for the split-K decode tile (sm_120 has 99 KB); sliced, none spill (codegen check,
-# registry_packed_kv.py). The slice is one scale block (64 channels), or wider where a slice of
-# 64 would give each thread fewer than 16 code bytes to load (32-column tiles with 8 warps: 128).
-# P V's whole dequantized tile still sets the register peak: at 64 columns x 32 heads (prefill)
-# and at 4 warps (decode) the sliced kernel sits at 255 registers under 3.6 and spills 16-80 B
-# under Triton 3.8 / 3.9, so packed prefill takes 32 x 32 tiles on every arch (230-240 registers)
-# and packed split-K decode 8 warps (181). Not timed on a GPU yet.
+# Over packed rows (issue 17) the Gluon kernel is not used (it reads bf16 rows only). Prefill tiles
+# compute S = Q K^T as a chain of dots over head-dim slices (QK_SLICE: the sliced kernel, each K
+# slice gathered and dequantized on its own; only P V takes the whole dequantized tile); the slice
+# is one scale block (64 channels), or wider where a slice of 64 would give each thread fewer than
+# 16 code bytes to load. At 64 columns x 32 heads the sliced kernel sits at 255 registers under
+# 3.6 and spills 16-80 B under Triton 3.8 / 3.9, so packed prefill takes 32 x 32 tiles on every
+# arch (230-240 registers); production prefill over packed rows unpacks the rows first anyway.
 def _sliced(cfg: dict) -> dict:
     return dict(cfg, QK_SLICE=max(64, 16 * 32 * cfg["num_warps"] // cfg["BLOCK_T"]))
 
@@ -123,8 +131,21 @@ def _sliced(cfg: dict) -> dict:
 PREFILL_CONFIG_PACKED = _sliced(PREFILL_CONFIG_SMALL_SMEM)
 PREFILL_CONFIGS_PACKED = {arch: _sliced(dict(PREFILL_CONFIG_SMALL_SMEM, num_stages=cfg["num_stages"]))
                           for arch, cfg in PREFILL_CONFIGS.items()}
-DECODE_CONFIG_SMALL_PACKED = _sliced(dict(DECODE_CONFIG_SMALL, num_warps=8))
-DECODE_CONFIG_LARGE_PACKED = _sliced(dict(DECODE_CONFIG_LARGE, num_warps=8))
+# Split-K decode over packed rows (session 10): the bf16 tiles (16 heads x 32-column splits), each
+# [32, 512] tile gathered once (codes, rope tail and scale words: one round of 16- and 4-byte
+# loads), dequantized once in registers (the hardware e4m3 conversion on sm_89+, load_packed's
+# FP8_CVT) and used by both dots, as the bf16 kernel uses its gathered tile (S is one dot; the
+# same values as the bf16 kernel's at these tiles, up to the k order inside the mma). 8 warps (216
+# registers, 80 KB of shared memory, no spills under 3.6 on sm_90 / 100 / 120; at 4 warps 252).
+# One stage (at 32 columns per split a program has one tile: a cp.async stage would only add a
+# shared-memory round trip before the dequantization; at 64, two stages would prefetch the second
+# tile but need 101 KB of shared memory, past sm_120's 99 KB).
+# Session 9's sliced tiles (S as a chain of 128-wide slices, each gathered and dequantized on its
+# own, then the whole tile again for P V; 10.19 / 9.59 / 9.39 µs at r4 / r128 / r0 B1 on the H200
+# against the bf16 rows' 6.81 / 6.12 / 5.72): DECODE_CONFIG_SMALL_PACKED_SLICED.
+DECODE_CONFIG_SMALL_PACKED = dict(DECODE_CONFIG_SMALL, num_warps=8, num_stages=1)
+DECODE_CONFIG_LARGE_PACKED = dict(DECODE_CONFIG_LARGE, num_warps=8, num_stages=1)
+DECODE_CONFIG_SMALL_PACKED_SLICED = _sliced(dict(DECODE_CONFIG_SMALL, num_warps=8))
 SMALL_DECODE_PAIRS = 1024
 # Decode steps of TWO_PASS_MIN_TOKENS or more tokens take the two-pass kernels
 # (sparse_attn_two_pass.py): bf16 P between a scores and a values launch instead of fp32 split
@@ -190,6 +211,7 @@ def _sparse_attn_kernel(
     PDL: tl.constexpr = False, PACKED: tl.constexpr = False, PK_FP4: tl.constexpr = False, PK_NQ: tl.constexpr = 0,
     PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
     PK_HAS_TAIL: tl.constexpr = False, PK_PAYLOAD: tl.constexpr = 0, PK_ROW_BYTES: tl.constexpr = 0,
+    PK_FP8_CVT: tl.constexpr = False,
 ):
     """S = Q K^T as one dot over the whole [BLOCK_T, BLOCK_D] tile (the bf16 production kernel)."""
     _sparse_attn_program(
@@ -198,7 +220,7 @@ def _sparse_attn_kernel(
         stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
         stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
         HAS_COUNTS, SPLIT, FUSED_MERGE, BLOCK_H, BLOCK_T, BLOCK_D, EVEN_D, PDL, PACKED, PK_NQ, PK_BLOCK,
-        PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, 0)
+        PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, 0)
 
 
 @triton.jit
@@ -212,7 +234,7 @@ def _sparse_attn_sliced_kernel(
     PDL: tl.constexpr = False, PACKED: tl.constexpr = False, PK_FP4: tl.constexpr = False, PK_NQ: tl.constexpr = 0,
     PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
     PK_HAS_TAIL: tl.constexpr = False, PK_PAYLOAD: tl.constexpr = 0, PK_ROW_BYTES: tl.constexpr = 0,
-    QK_SLICE: tl.constexpr = 64,
+    PK_FP8_CVT: tl.constexpr = False, QK_SLICE: tl.constexpr = 64,
 ):
     """S = Q K^T as a chain of dots over QK_SLICE-wide slices of the head dim (the tiles over packed
     rows): each K slice is gathered and dequantized on its own, only P V takes the whole tile."""
@@ -222,7 +244,7 @@ def _sparse_attn_sliced_kernel(
         stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
         stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
         HAS_COUNTS, SPLIT, FUSED_MERGE, BLOCK_H, BLOCK_T, BLOCK_D, EVEN_D, PDL, PACKED, PK_NQ, PK_BLOCK,
-        PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, QK_SLICE)
+        PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, QK_SLICE)
 
 
 @triton.jit
@@ -234,7 +256,8 @@ def _sparse_attn_program(
     HAS_COUNTS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     PDL: tl.constexpr, PACKED: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr,
-    PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr, QK_SLICE: tl.constexpr,
+    PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr,
+    QK_SLICE: tl.constexpr,
 ):
     if PDL:
         # Let the merge kernel (launched with programmatic dependent launch) start its prologue now;
@@ -267,13 +290,13 @@ def _sparse_attn_program(
             s, kv, live = sliced_scores(q_ptr + tok * stride_qt + heads * stride_qh, head_ok, win_ptr, cmp_ptr,
                                         idx_ptr, tok, stride_it, stride_pool, n_window, start + tl.arange(0, BLOCK_T),
                                         hi, D, BLOCK_H, BLOCK_D, QK_SLICE, PACKED, PK_NQ, PK_BLOCK, PK_TAIL_OFF,
-                                        PK_SCALE_OFF, PK_HAS_TAIL)
+                                        PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
             s = s * qk_scale_log2
         else:
             if PACKED:
                 kv, live = gather_packed_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
                                                  start + tl.arange(0, BLOCK_T), hi, 0, D, BLOCK_D, PK_NQ, PK_BLOCK,
-                                                 PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL)
+                                                 PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
             else:
                 kv, live = gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
                                           start + tl.arange(0, BLOCK_T), hi, dims, dim_ok)
@@ -387,6 +410,15 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
         cfg = dict(decode_config(T, C, bool(pk)) if tile_config is None else tile_config)
     kernel = cfg.pop("KERNEL", "tl")
     pdl = cfg.pop("PDL", False) and pdl_supported(q.device)
+    fp8_cvt = cfg.pop("FP8_CVT", None)  # packed rows: None = the hardware e4m3 conversion where there is one
+    if pk:
+        pk["PK_FP8_CVT"] = fp8_conversion_supported(q.device) if fp8_cvt is None else bool(fp8_cvt)
+    if kernel == "unpack":  # packed rows: each token's columns unpacked, then the bf16 launch (a comparison)
+        if not pk:
+            raise ValueError("tile config KERNEL 'unpack' reads packed rows (row_format)")
+        rows, cols = unpack_columns(win, cmp, it, ct, n_window, D, pk, counts is not None)
+        return sparse_attn_paged_triton(q, rows, rows, cols.reshape(B, M, C), n_window, sink, scale, counts,
+                                        tile_config=cfg.get("INNER"))
     if kernel == "two_pass":
         return sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, counts is not None,
                                     pdl, cfg, pk).reshape(B, M, H, D)

@@ -45,10 +45,49 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from v4serve.ops._dispatch import compiled_on_cuda
 from v4serve.ops.kv_pack_triton import load_packed
 from v4serve.ops.sparse_attn_tiles import column_bound, load_rows, row_pointers
 
-_PK_PARAMS = ("PK_NQ", "PK_BLOCK", "PK_TAIL_OFF", "PK_SCALE_OFF", "PK_HAS_TAIL")
+_PK_PARAMS = ("PK_NQ", "PK_BLOCK", "PK_TAIL_OFF", "PK_SCALE_OFF", "PK_HAS_TAIL", "PK_FP8_CVT")
+
+
+@triton.jit
+def _sliced_scores(q_rows, head_ok, row_ptrs, live, D, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
+                   BLOCK_K: tl.constexpr, PACKED: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr,
+                   PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr,
+                   PK_FP8_CVT: tl.constexpr, TAIL_APART: tl.constexpr):
+    """S = Q K^T (fp32 [BLOCK_H, BLOCK_T], unscaled) as a K loop over BLOCK_K-wide slices of the
+    head dim: the pipeliner streams both operands into shared memory with cp.async, several slices
+    ahead. Over packed rows whose bf16 tail is one whole slice (V4: 448 codes + 64 rope channels at
+    BLOCK_K 64) and TAIL_APART, the loop covers the codes only and the tail slice is gathered before
+    it (its loads fly during the loop) and dotted after it: the same slices in the same order,
+    without a masked tail load and a select in every code slice."""
+    TAIL: tl.constexpr = (PK_SCALE_OFF - PK_TAIL_OFF) // 2
+    SPLIT_TAIL: tl.constexpr = TAIL_APART and PACKED and PK_HAS_TAIL and PK_NQ % BLOCK_K == 0 and TAIL == BLOCK_K
+    s = tl.zeros([BLOCK_H, BLOCK_T], dtype=tl.float32)
+    if SPLIT_TAIL:
+        tail_dims = PK_NQ + tl.arange(0, BLOCK_K)
+        tail_ok = tail_dims < D
+        q_tail = tl.load(q_rows[:, None] + tail_dims[None, :], mask=head_ok[:, None] & tail_ok[None, :], other=0.0)
+        tail_rows = (tl.multiple_of(row_ptrs, 16) + PK_TAIL_OFF).to(tl.pointer_type(tl.bfloat16))
+        kv_tail = tl.load(tail_rows[:, None] + tl.arange(0, BLOCK_K)[None, :], mask=live[:, None] & tail_ok[None, :],
+                          other=0.0)
+        k_end = PK_NQ
+    else:
+        k_end = D
+    for k in range(0, k_end, BLOCK_K):
+        dims = k + tl.arange(0, BLOCK_K)
+        q = tl.load(q_rows[:, None] + dims[None, :], mask=head_ok[:, None] & (dims < D)[None, :], other=0.0)
+        if PACKED:
+            kv = load_packed(row_ptrs, live, k, D, BLOCK_K, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
+                             PK_HAS_TAIL and not SPLIT_TAIL, tl.bfloat16, PK_FP8_CVT)
+        else:
+            kv = tl.load(row_ptrs[:, None] + dims[None, :], mask=live[:, None] & (dims < D)[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(kv), s)
+    if SPLIT_TAIL:
+        s = tl.dot(q_tail, tl.trans(kv_tail), s)
+    return s
 
 
 @triton.jit
@@ -59,6 +98,8 @@ def _scores_kernel(
     HAS_COUNTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False, PACKED: tl.constexpr = False, PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1,
     PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0, PK_HAS_TAIL: tl.constexpr = False,
+    PK_FP8_CVT: tl.constexpr = False, TAIL_APART: tl.constexpr = True, WHOLE_TILE: tl.constexpr = False,
+    BLOCK_D: tl.constexpr = 0,
 ):
     tok = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
@@ -73,18 +114,19 @@ def _scores_kernel(
         live = rows >= 0
         row_ptrs = row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)
         q_rows = q_ptr + tok * stride_qt + heads * stride_qh
-        # S = Q K^T as a K loop over BLOCK_K-wide slices of the head dim: the pipeliner streams
-        # both operands into shared memory with cp.async, several slices ahead.
-        s = tl.zeros([BLOCK_H, BLOCK_T], dtype=tl.float32)
-        for k in range(0, D, BLOCK_K):
-            dims = k + tl.arange(0, BLOCK_K)
+        if WHOLE_TILE:
+            # The whole [BLOCK_T, BLOCK_D] tile gathered in one round of loads, S as one dot.
+            dims = tl.arange(0, BLOCK_D)
             q = tl.load(q_rows[:, None] + dims[None, :], mask=head_ok[:, None] & (dims < D)[None, :], other=0.0)
             if PACKED:
-                kv = load_packed(row_ptrs, live, k, D, BLOCK_K, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
-                                 PK_HAS_TAIL, tl.bfloat16)
+                kv = load_packed(row_ptrs, live, 0, D, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
+                                 PK_HAS_TAIL, tl.bfloat16, PK_FP8_CVT)
             else:
                 kv = tl.load(row_ptrs[:, None] + dims[None, :], mask=live[:, None] & (dims < D)[None, :], other=0.0)
-            s = tl.dot(q, tl.trans(kv), s)
+            s = tl.dot(q, tl.trans(kv))
+        else:
+            s = _sliced_scores(q_rows, head_ok, row_ptrs, live, D, BLOCK_H, BLOCK_T, BLOCK_K, PACKED, PK_NQ, PK_BLOCK,
+                               PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, TAIL_APART)
         sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
         s = tl.where(live[None, :], s * qk_scale_log2, float("-inf"))
         m_j = tl.maximum(sink2, tl.max(s, 1))
@@ -100,14 +142,14 @@ def _scores_kernel(
 def _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows, m_j, m, n_live, n_window, stride_pool, stride_pt, stride_ph,
                  heads, head_ok, dims, dim_ok, BLOCK_T: tl.constexpr, d0, D, BLOCK_DV: tl.constexpr,
                  PACKED: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
-                 PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr):
+                 PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr):
     """f_j (p_j @ kv_j[:, dims]) of tile j, whose pool rows and max are `rows` and `m_j`; 0 when
     j >= n_live (p masked: the scores pass did not write that tile)."""
     cols = j * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ptrs = row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)
     if PACKED:
         kv = load_packed(row_ptrs, rows >= 0, d0, D, BLOCK_DV, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
-                         PK_HAS_TAIL, tl.bfloat16)
+                         PK_HAS_TAIL, tl.bfloat16, PK_FP8_CVT)
     else:
         kv = tl.load(row_ptrs[:, None] + dims[None, :], mask=(rows >= 0)[:, None] & dim_ok[None, :], other=0.0)
     p = tl.load(p_ptr + tok * stride_pt + heads[:, None] * stride_ph + cols[None, :],
@@ -124,7 +166,7 @@ def _values_kernel(
     HAS_COUNTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_J: tl.constexpr, EVEN_D: tl.constexpr, PDL: tl.constexpr = False, PACKED: tl.constexpr = False,
     PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
-    PK_HAS_TAIL: tl.constexpr = False,
+    PK_HAS_TAIL: tl.constexpr = False, PK_FP8_CVT: tl.constexpr = False,
 ):
     tok = tl.program_id(0).to(tl.int64)
     d0 = tl.program_id(1) * BLOCK_DV
@@ -170,20 +212,30 @@ def _values_kernel(
         next_m_b = tl.load(m_row + (j + 3) * stride_mj, mask=head_ok & (j + 3 < n_live), other=0.0)
         acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows_a, m_a, m, n_live, n_window, stride_pool,
                             stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T, d0, D, BLOCK_DV,
-                            PACKED, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL)
+                            PACKED, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
         acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j + 1, rows_b, m_b, m, n_live, n_window, stride_pool,
                             stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T, d0, D, BLOCK_DV,
-                            PACKED, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL)
+                            PACKED, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
     out = acc / denom[:, None]
     tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
+
+
+def two_pass_tail_apart(device: torch.device) -> bool:
+    """The default of TAIL_APART: on with wgmma (sm_90 / sm_100) and in the interpreter; off where the
+    scores pass runs mma.sync (sm_80 / sm_89 / sm_120), whose registers the tail slice held across the
+    loop overflows (8 bytes of stack on sm_120 under Triton 3.6, codegen check)."""
+    return not compiled_on_cuda(device) or torch.cuda.get_device_capability(device)[0] in (9, 10)
 
 
 def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, has_counts, pdl, cfg, pk=None):
     """Launch both passes on [T, H, D] views as sparse_attn_triton.py prepares them.
 
     cfg: BLOCK_H, BLOCK_T, BLOCK_K (the scores pass's head-dim slice), BLOCK_DV, VALUE_BLOCK_H (the
-    values pass's heads per program; default BLOCK_H), and the launch options of each pass as
+    values pass's heads per program; default BLOCK_H), TAIL_APART (packed rows: the rope tail slice
+    gathered before the code slices; default two_pass_tail_apart(device)), WHOLE_TILE (the scores
+    pass gathers its whole tile at once and computes S as one dot instead of the K loop; default
+    False), and the launch options of each pass as
     SCORES / VALUES = dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
     (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
     pk = {k: v for k, v in (pk or {}).items() if k == "PACKED" or k in _PK_PARAMS}
@@ -202,6 +254,8 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
         H, D, C, n_window, qk_scale_log2,
         qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1),
         HAS_COUNTS=has_counts, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=min(cfg["BLOCK_K"], block_d), PDL=pdl,
+        TAIL_APART=cfg.get("TAIL_APART", two_pass_tail_apart(qt.device)), WHOLE_TILE=cfg.get("WHOLE_TILE", False),
+        BLOCK_D=block_d,
         **cfg["SCORES"], **pk,
     )
     _values_kernel[(T, triton.cdiv(D, block_dv), triton.cdiv(H, block_hv))](
