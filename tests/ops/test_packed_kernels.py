@@ -1,10 +1,11 @@
 """Triton kernels over packed KV rows (CPU: TRITON_INTERPRET=1) against the same kernels over the
-unpacked bf16 rows (bit-identical: dequantization is exact and the math after it is the same), and
-the packing kernels against the torch reference bytes."""
+unpacked bf16 rows (bit-identical: dequantization is exact and the math after it is the same; the
+indexer within fp32 summation order: it sums channels in another order), and the packing kernels
+against the torch reference bytes."""
 
 import pytest
 import torch
-from cases import sparse_attn_inputs
+from cases import rel_err, sparse_attn_inputs
 
 from v4serve.ops.compress_decode import compress_decode
 from v4serve.ops.kv_pack import pack_rows, store_rows, unpack_rows
@@ -181,7 +182,7 @@ def test_norm_rope_packed_store_kernel():
 
 
 @pytest.mark.parametrize("Dk", [128, 64])
-def test_index_scores_over_packed_keys_equals_the_bf16_kernel_over_unpacked(Dk):
+def test_index_scores_over_packed_keys_match_the_bf16_kernel_over_unpacked(Dk):
     from v4serve.ops.indexer import index_scores
     from v4serve.ops.kv_quant import hadamard
 
@@ -203,8 +204,11 @@ def test_index_scores_over_packed_keys_equals_the_bf16_kernel_over_unpacked(Dk):
     out = index_scores(q, w, pool, rows, vis, row_format="fp4_e8m0_b32", impl="triton")
     unpacked = unpack_rows(pool, "fp4_e8m0_b32", Dk, impl="torch")
     ref = index_scores(q, w, unpacked, rows, vis, impl="triton")
-    assert torch.equal(out, ref)
-    assert torch.isfinite(out).any()
+    # within fp32 summation order: the packed kernel sums channels in pair order (fp4_words_triton.py);
+    # bit for bit on exact inputs: tests/ops/test_indexer_kernel.py
+    finite = torch.isfinite(ref)
+    assert finite.any() and torch.equal(torch.isfinite(out), finite)
+    assert rel_err(out[finite], ref[finite]) < 1e-5
 
 
 @pytest.mark.parametrize("overlap", [True, False])

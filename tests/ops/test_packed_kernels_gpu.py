@@ -180,7 +180,7 @@ def test_prefill_over_packed_rows_captures_in_a_cuda_graph(name):
 
 
 @pytest.mark.parametrize("name", INDEXER_SHAPES)
-def test_index_scores_over_packed_keys_are_the_bf16_kernel_over_unpacked_keys(name):
+def test_index_scores_over_packed_keys_match_the_bf16_kernel_over_unpacked_keys(name):
     _, args = SHAPES[name]
     q, w, k_pool, key_rows, n_visible = indexer_case(*args, device="cuda", seed=len(name))
     packed = pack_rows(k_pool, INDEX_FORMAT)
@@ -189,4 +189,6 @@ def test_index_scores_over_packed_keys_are_the_bf16_kernel_over_unpacked_keys(na
     ref = index_scores(q, w, unpacked, key_rows, n_visible, impl="triton")
     finite = torch.isfinite(ref)
     assert finite.any() and torch.equal(torch.isfinite(out), finite)
-    assert torch.equal(out, ref), f"{name}: max |diff| {(out - ref)[finite].abs().max():.3g}"
+    # the packed kernel sums the channels in another order (fp4_words_triton.py: pair order), so
+    # within fp32 summation order; bit identity on exact inputs: tests/ops/test_indexer_kernel_gpu.py
+    assert rel_err(out[finite], ref[finite]) < 1e-5, f"{name}: max |diff| {(out - ref)[finite].abs().max():.3g}"

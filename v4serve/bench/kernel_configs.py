@@ -8,9 +8,10 @@ import sys
 
 from triton.testing import do_bench_cudagraph
 
-from v4serve.bench.shapes import expert_fetch_case, sparse_decode_case, sparse_prefill_case
+from v4serve.bench.shapes import expert_fetch_case, indexer_case, sparse_decode_case, sparse_prefill_case
 from v4serve.formats import row_format
 from v4serve.ops.expert_fetch_triton import expert_fetch_triton
+from v4serve.ops.indexer_triton import index_scores_triton
 from v4serve.ops.kv_pack import pack_rows, unpack_rows
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_LARGE,
@@ -104,6 +105,39 @@ def _fetch_run(n):
     return lambda cfg: [expert_fetch_triton(h, d, count, slots, rows, 4, cfg) for h, d in zip(hosts, devices)] and devices[0]
 
 
+# Indexer scores (issue 17, ops/indexer_triton.py): prefill query blocks of 4 or 2 queries (N = 256 or
+# 128 columns of (query, head)), 64 or 128 keys per block, a deeper key pipeline, 8 warps splitting
+# N, and over packed keys the decode-first variant (every key decoded once into a bf16 slab, then
+# the bf16 kernel); decode: keys per program and blocks per split.
+INDEXER_PREFILL_CANDIDATES = [
+    None,
+    dict(BLOCK_Q=4, BLOCK_T=64, num_warps=4, num_stages=3),
+    dict(BLOCK_Q=2, BLOCK_T=64, num_warps=4, num_stages=2),
+    dict(BLOCK_Q=4, BLOCK_T=64, num_warps=8, num_stages=2),
+    dict(BLOCK_Q=4, BLOCK_T=128, num_warps=8, num_stages=2),
+    dict(BLOCK_Q=4, BLOCK_T=64, num_warps=4, num_stages=2, DECODE_FIRST=True),
+    None,
+]
+INDEXER_DECODE_CANDIDATES = [
+    None,
+    dict(BLOCK_Q=1, BLOCK_T=64, BLOCKS_PER_SPLIT=1, num_warps=4, num_stages=2),
+    dict(BLOCK_Q=1, BLOCK_T=32, BLOCKS_PER_SPLIT=1, num_warps=4, num_stages=1),
+    dict(BLOCK_Q=1, BLOCK_T=128, BLOCKS_PER_SPLIT=1, num_warps=8, num_stages=1),
+    dict(BLOCK_Q=1, BLOCK_T=64, BLOCKS_PER_SPLIT=2, num_warps=4, num_stages=2),
+    None,
+]
+INDEXER_SHAPES = {f"indexer {name} {keys}": (args, keys) for name, args in (
+    ("prefill S2048@28672", (1, 2048, 28672)), ("decode B1", (1, 1, 32767)), ("decode B8", (8, 1, 32767)))
+    for keys in ("bf16", "fp4")}
+
+
+def _indexer_run(args, keys):
+    q, w, k_pool, key_rows, n_visible = indexer_case(*args, "cuda")
+    fmt = row_format("fp4_e8m0_b32") if keys == "fp4" else None
+    pool = k_pool if fmt is None else pack_rows(k_pool, fmt)
+    return lambda cfg: index_scores_triton(q, w, pool, key_rows, n_visible, config=cfg, row_format=fmt)
+
+
 def _label(cfg) -> str:
     if cfg is None:
         return "production"
@@ -111,7 +145,7 @@ def _label(cfg) -> str:
         return cfg
     short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
                  BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh", FP8_CVT="cvt", TAIL_APART="tail_apart",
-                 WHOLE_TILE="whole_tile")
+                 WHOLE_TILE="whole_tile", BLOCK_Q="q", BLOCKS_PER_SPLIT="split", DECODE_FIRST="decode_first")
     if cfg.get("KERNEL") == "unpack":
         return "unpack columns, then the production bf16 launch (unpack)"
     launch = lambda v: f"{v['num_warps']}w{v['num_stages']}s" if isinstance(v, dict) else v  # noqa: E731
@@ -193,6 +227,9 @@ def main() -> int:
     for name, n in FETCH_SHAPES.items():
         if only in name:
             _sweep(name, _fetch_run(n), FETCH_CANDIDATES)
+    for name, (args, keys) in INDEXER_SHAPES.items():
+        if only in name:
+            _sweep(name, _indexer_run(args, keys), INDEXER_DECODE_CANDIDATES if args[1] == 1 else INDEXER_PREFILL_CANDIDATES)
     return 0
 
 

@@ -16,6 +16,9 @@ from v4serve.ops.fp8_linear_triton import FP8_PREFILL_DEQUANT_CONFIG as _FP8_PRE
 from v4serve.ops.fp8_linear_triton import FP8_PREFILL_SM80_CONFIG as _FP8_PREFILL_SM80
 from v4serve.ops.hc_coefficients_triton import HC_CONFIG
 from v4serve.ops.hc_mix_triton import HC_MIX_CONFIGS
+from v4serve.ops.indexer_triton import DECODE_CONFIG as INDEX_DECODE_CONFIG
+from v4serve.ops.indexer_triton import PREFILL_CONFIG as INDEX_PREFILL_CONFIG
+from v4serve.ops.indexer_triton import PREFILL_CONFIG_Q2 as INDEX_PREFILL_CONFIG_Q2
 from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_DECODE_CONFIG as _MXFP4_DECODE
 from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_PREFILL_CONFIG as _MXFP4_PREFILL
 from v4serve.ops.sparse_attn_gluon import MAX_REGS as WS_MAX_REGS
@@ -23,8 +26,8 @@ from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_SMALL, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG_WS, PREFILL_CONFIGS)
 
 from .spec import Expect, KernelSpec
-from .registry_packed_kv import PACKED_KV_KERNELS
 from .registry_kv_compact import KV_COMPACT_KERNELS
+from .registry_packed_kv import INDEX_ALIGNED, INDEX_TYPES, PACKED_KV_KERNELS
 
 _CANARY = "v4serve.codegen.samples"
 # The packed-row constexprs (issue 17) at their bf16-pool defaults: every kernel that can read or
@@ -277,19 +280,24 @@ KERNELS: tuple[KernelSpec, ...] = (
         expect=Expect(kv_load_bytes=16, max_regs=128),
     ),
     # ---- indexer scores (ops/indexer_triton.py), DeepSeek-V4: 64 index heads, head_dim 128,
-    # bf16 key pool; INDEX_CONFIG of that file. T and the strides over T are not multiples of 16 ----
-    KernelSpec(
-        "indexer.scores", f"{_OPS}.indexer_triton:_index_scores_kernel",
-        types=dict(q_ptr="*bf16", w_ptr="*fp32", k_ptr="*bf16", rows_ptr="*i32", n_visible_ptr="*i32",
-                   out_ptr="*fp32", H="i32", Dk="i32", T="i32", **dict.fromkeys(
-                       ("stride_qb", "stride_qs", "stride_qh", "stride_wb", "stride_ws", "stride_k",
-                        "stride_rb", "stride_nb", "stride_ob", "stride_os"), "i32")),
-        aligned=("q_ptr", "w_ptr", "k_ptr", "rows_ptr", "n_visible_ptr", "out_ptr", "H", "Dk",
-                 "stride_qb", "stride_qs", "stride_qh", "stride_wb", "stride_ws", "stride_k"),
-        constexprs=dict(PDL=False, BLOCK_H=64, BLOCK_T=64, BLOCK_D=128, PACKED=False), num_warps=4, num_stages=2,
-        # Registers: about 10% above the most measured under 3.6 / 3.8 / 3.9, 104 / 127 / 162 / 103.
-        expect=Expect(kv_load_bytes=16, kv_lines=r"k = tl\.load", tensor_cores=True,
-                      max_regs={80: 115, 90: 140, 100: 179, 120: 114}),
+    # bf16 key pool; PREFILL_CONFIG (4 queries x 64 heads per program) and DECODE_CONFIG of that
+    # file. T and the strides over T are not multiples of 16 ----
+    *(
+        KernelSpec(
+            f"indexer.scores{suffix}", f"{_OPS}.indexer_triton:_index_scores_kernel",
+            types=INDEX_TYPES, aligned=INDEX_ALIGNED + ("stride_k",),
+            constexprs=dict(PDL=False, BLOCK_Q=cfg["BLOCK_Q"], BLOCK_H=64, BLOCK_T=cfg["BLOCK_T"], BLOCK_D=128,
+                            PACKED=False, PAIR_ORDER=False, ONE_BLOCK=cfg.get("BLOCKS_PER_SPLIT") == 1),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=archs,
+            expect=Expect(kv_load_bytes=16, kv_lines=r"k = tl\.load", tensor_cores=True, max_regs=regs),
+        )
+        # Registers: about 10% above the most measured under 3.6 / 3.8 / 3.9 (sm_90's 4-query tile:
+        # 245 / 249 / 232, the hardware maximum is its bound with the no-spill check)
+        for suffix, cfg, archs, regs in (
+            ("", INDEX_PREFILL_CONFIG, (90,), 255),
+            ("_q2", INDEX_PREFILL_CONFIG_Q2, (80, 100, 120), {80: 229, 100: 213, 120: 189}),
+            ("_decode", INDEX_DECODE_CONFIG, None, {80: 140, 90: 69, 100: 79, 120: 143}),
+        )
     ),
     # ---- ue8m0 round trips (ops/kv_quant_triton.py): bf16 rows, BLOCK_ROWS 16, 4 warps ----
     KernelSpec(  # V4 reference KV: fp8 e4m3, scale per 64 on the 448 non-rope channels of 512

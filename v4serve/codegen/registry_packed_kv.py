@@ -10,6 +10,9 @@ indexer's key words 4-byte loads; no spills. Register bounds are not set yet (no
 255, the hardware's maximum.
 """
 from v4serve.formats import row_format
+from v4serve.ops.indexer_triton import DECODE_CONFIG as INDEX_DECODE_CONFIG
+from v4serve.ops.indexer_triton import PREFILL_CONFIG as INDEX_PREFILL_CONFIG
+from v4serve.ops.indexer_triton import PREFILL_CONFIG_Q2 as INDEX_PREFILL_CONFIG_Q2
 from v4serve.ops.kv_pack_triton import packed_constexprs, store_warps
 from v4serve.ops.sparse_attn_triton import DECODE_CONFIG_SMALL_PACKED, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIGS_PACKED
 
@@ -22,6 +25,17 @@ _LOAD_PK = {k: _FP8[k] for k in ("PK_NQ", "PK_BLOCK", "PK_TAIL_OFF", "PK_SCALE_O
 _GATHER_LINES = r"codes = tl\.load|tail = tl\.load"
 _STRIDES = ("stride_qt", "stride_qh", "stride_pool", "stride_it", "stride_ot", "stride_oh", "stride_pt", "stride_ps",
             "stride_ph", "stride_mt", "stride_ms")
+# The indexer-scores kernel's arguments (ops/indexer_triton.py; the bf16-key entries are
+# in registry.py): what the JIT marks 16-divisible at the production launch.
+INDEX_TYPES = dict(
+    q_ptr="*bf16", w_ptr="*fp32", k_ptr="*bf16", rows_ptr="*i32", n_visible_ptr="*i32", out_ptr="*fp32", S="i32",
+    H="i32", Dk="i32", T="i32", blocks_per_split="i32", **dict.fromkeys(
+        ("stride_qb", "stride_qs", "stride_qh", "stride_wb", "stride_ws", "stride_k", "stride_rb", "stride_nb",
+         "stride_ob", "stride_os"), "i32"))
+INDEX_ALIGNED = ("q_ptr", "w_ptr", "k_ptr", "rows_ptr", "n_visible_ptr", "out_ptr", "H", "Dk", "stride_qb",
+                  "stride_qs", "stride_qh", "stride_wb", "stride_ws")
+
+
 _ATTN_TYPES = dict(
     q_ptr="*bf16", win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
     out_ptr="*bf16", ticket_ptr="*i32", H="i32", D="i32", C="i32", n_window="i32", cols_per_split="i32",
@@ -101,17 +115,35 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         archs=(90, 100, 120),
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES),
     ),
-    # ---- indexer scores over packed fp4 keys: 17-word rows, 4-byte aligned only ----
+    # ---- indexer scores over packed fp4 keys: 17-word rows, 4-byte aligned only (stride_k 17 words);
+    # prefill and decode tiles, and the decode-first variant's key decoder ----
+    *(
+        KernelSpec(
+            f"indexer.scores{suffix}_fp8kv", f"{_OPS}.indexer_triton:_index_scores_kernel",
+            types=dict(INDEX_TYPES, k_ptr="*i32"), aligned=INDEX_ALIGNED,
+            constexprs=dict(PDL=False, BLOCK_Q=cfg["BLOCK_Q"], BLOCK_H=64, BLOCK_T=cfg["BLOCK_T"], BLOCK_D=128,
+                            PACKED=True, PAIR_ORDER=False, ONE_BLOCK=cfg.get("BLOCKS_PER_SPLIT") == 1),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=archs,
+            expect=Expect(kv_load_bytes=4, kv_lines=r"words = tl\.load|scale_words = ", tensor_cores=True,
+                          max_regs=regs, max_spill_ops=spills),
+        )
+        # Registers: about 10% above the most measured under 3.6 / 3.8 / 3.9. Spills (STL + LDL):
+        # sm_90's 4-query tile holds a [64, 256] fp32 accumulator, its 256 head weights and the key
+        # decode in 255 registers: 3 / 33 / 8 spill instructions under 3.6 / 3.8 / 3.9 (8-64 B per
+        # thread, L1-resident, the H200 runs 3.6); the 2-query tile on sm_120 under 3.8: 2
+        for suffix, cfg, archs, regs, spills in (
+            ("", INDEX_PREFILL_CONFIG, (90,), 255, 40),
+            ("_q2", INDEX_PREFILL_CONFIG_Q2, (80, 100, 120), {80: 206, 100: 191, 120: 198}, 4),
+            ("_decode", INDEX_DECODE_CONFIG, None, {80: 141, 90: 101, 100: 91, 120: 141}, 0),
+        )
+    ),
     KernelSpec(
-        "indexer.scores_fp8kv", f"{_OPS}.indexer_triton:_index_scores_kernel",
-        types=dict(q_ptr="*bf16", w_ptr="*fp32", k_ptr="*i32", rows_ptr="*i32", n_visible_ptr="*i32",
-                   out_ptr="*fp32", H="i32", Dk="i32", T="i32", **dict.fromkeys(
-                       ("stride_qb", "stride_qs", "stride_qh", "stride_wb", "stride_ws", "stride_k",
-                        "stride_rb", "stride_nb", "stride_ob", "stride_os"), "i32")),
-        aligned=("q_ptr", "w_ptr", "k_ptr", "rows_ptr", "n_visible_ptr", "out_ptr", "H", "Dk",
-                 "stride_qb", "stride_qs", "stride_qh", "stride_wb", "stride_ws"),
-        constexprs=dict(PDL=False, BLOCK_H=64, BLOCK_T=64, BLOCK_D=128, PACKED=True), num_warps=4, num_stages=2,
-        expect=Expect(kv_load_bytes=4, kv_lines=r"words = tl\.load|scale_word = tl\.load", tensor_cores=True),
+        "indexer.decode_keys_fp8kv", f"{_OPS}.indexer_triton:_decode_keys_kernel",
+        types=dict(k_ptr="*i32", rows_ptr="*i32", out_ptr="*bf16", T="i32", stride_k="i32", stride_rb="i32",
+                   stride_ot="i32"),
+        aligned=("k_ptr", "rows_ptr", "out_ptr", "stride_ot"), constexprs=dict(BLOCK_T=64, BLOCK_D=128),
+        num_warps=4, num_stages=1,
+        expect=Expect(kv_load_bytes=4, kv_lines=r"words = tl\.load|scale_words = ", max_regs=44),  # 40 measured
     ),
     # ---- writes: pack kernels, and the fused packed outputs of the window append and the compressor ----
     *(
