@@ -17,7 +17,9 @@ from v4serve.ops.fp8_linear_triton import FP8_PREFILL_SM80_CONFIG as _FP8_PREFIL
 from v4serve.ops.hc_coefficients_triton import HC_CONFIG
 from v4serve.ops.hc_mix_triton import HC_MIX_CONFIGS
 from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_DECODE_CONFIG as _MXFP4_DECODE
+from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_DECODE_SWIGLU_CONFIG as _MXFP4_DECODE_SWIGLU
 from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_PREFILL_CONFIG as _MXFP4_PREFILL
+from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_PREFILL_SWIGLU_CONFIG as _MXFP4_PREFILL_SWIGLU
 from v4serve.ops.sparse_attn_gluon import MAX_REGS as WS_MAX_REGS
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_SMALL, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG_WS, PREFILL_CONFIGS)
@@ -121,8 +123,8 @@ _QUANT_MAX_REGS = {
     "decode_w8a8": {90: 96, 100: 96, 120: 72}, "decode_w8a8_sm80": {80: 96},
     "prefill_w8a16": {90: 240, 100: 255, 120: 246}, "prefill_w8a16_sm80": {80: 255},
     "prefill_w8a8": {90: 251, 100: 255, 120: 255}, "prefill_w8a8_sm80": {80: 255},
-    "mxfp4_decode": {80: 141, 90: 118, 100: 115, 120: 122},
-    "mxfp4_prefill": {80: 255, 90: 165, 100: 120, 120: 251},
+    "mxfp4_decode": {80: 141, 90: 141, 100: 139, 120: 141},
+    "mxfp4_prefill": {80: 255, 90: 181, 100: 141, 120: 251},
 }
 _PREFILL_MAX_REGS = {80: 202, 90: 215, 100: 203, 120: 186}
 _DECODE_MAX_REGS = {80: 167, 90: 165, 100: 152, 120: 162}
@@ -473,21 +475,27 @@ KERNELS: tuple[KernelSpec, ...] = (
         expect=Expect(kv_load_bytes=16, max_regs=64),
     ),
     *(
-        KernelSpec(  # MXFP4_DECODE_CONFIG / MXFP4_PREFILL_CONFIG: fused gate_up [256, 4096, 4096 / 2],
-            # the scales read as int32 words (SCALE_WORDS: K % 128 == 0, as in every checkpoint)
-            f"moe.mxfp4_grouped_matmul_{phase}", f"{_OPS}.mxfp4_grouped_matmul_triton:_mxfp4_grouped_matmul_kernel",
+        KernelSpec(  # MXFP4_*_CONFIG: fused gate_up [256, 4096, 4096 / 2] with the SwiGLU epilogue, down
+            # [256, 4096, 2048 / 2]; scales read as int32 words (SCALE_WORDS: K % 128 == 0, as in every
+            # checkpoint); weights decoded by the PTX block (production on CUDA) or by integer ops (bits)
+            f"moe.mxfp4_grouped_matmul_{phase}_{proj}_{decode}",
+            f"{_OPS}.mxfp4_grouped_matmul_triton:_mxfp4_grouped_matmul_kernel",
             types=dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", rows_ptr="*i64", ends_ptr="*i32", y_ptr="*bf16",
-                       N="i32", K="i32", K_BYTES="i32", K_SCALES="i32", stride_x="i32", stride_we="i32", stride_wn="i32", stride_se="i32",
-                       stride_sn="i32", stride_y="i32"),
+                       N="i32", K="i32", K_BYTES="i32", K_SCALES="i32", stride_x="i32", stride_we="i32",
+                       stride_wn="i32", stride_se="i32", stride_sn="i32", stride_y="i32", limit="fp32"),
             aligned=("x_ptr", "w_ptr", "s_ptr", "rows_ptr", "ends_ptr", "y_ptr", "N", "K", "K_BYTES", "K_SCALES",
                      "stride_x", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_y"),
-            constexprs=dict(PDL=False, N_GROUPS=256, HAS_ROWS=True, IEEE=False, SCALE_WORDS=True, BLOCK_E=256,
+            constexprs=dict(PDL=False, N_GROUPS=256, HAS_ROWS=proj == "gate_up", IEEE=False, SCALE_WORDS=True,
+                            DECODE_ASM=decode == "asm", SWIGLU=proj == "gate_up", BLOCK_E=256,
                             **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             expect=Expect(kv_load_bytes=16, kv_lines=r"packed = tl\.load", tensor_cores=True,
                           max_regs=_QUANT_MAX_REGS[f"mxfp4_{phase}"]),
         )
-        for phase, cfg in (("decode", _MXFP4_DECODE), ("prefill", _MXFP4_PREFILL))
+        for phase, proj, decode, cfg in (
+            ("decode", "gate_up", "asm", _MXFP4_DECODE_SWIGLU), ("decode", "down", "asm", _MXFP4_DECODE),
+            ("decode", "gate_up", "bits", _MXFP4_DECODE_SWIGLU), ("decode", "down", "bits", _MXFP4_DECODE),
+            ("prefill", "gate_up", "asm", _MXFP4_PREFILL_SWIGLU), ("prefill", "down", "asm", _MXFP4_PREFILL))
     ),
     # ---- packed KV rows (issue 17): v4serve/codegen/registry_packed_kv.py ----
     *PACKED_KV_KERNELS,
