@@ -8,6 +8,7 @@ import sys
 
 from triton.testing import do_bench_cudagraph
 
+from v4serve.bench import moe_configs
 from v4serve.bench.shapes import sparse_decode_case, sparse_prefill_case
 from v4serve.formats import row_format
 from v4serve.ops.kv_pack import pack_rows
@@ -117,6 +118,7 @@ def main() -> int:
     for name, args in PACKED_DECODE_SHAPES.items():
         if only in name:
             _sweep(name, _packed_run(sparse_decode_case(*args, "cuda")), PACKED_DECODE_CANDIDATES)
+    moe_configs.sweep(only)  # the MXFP4 MoE layer ("moe flash c1", ...)
     return 0
 
 
