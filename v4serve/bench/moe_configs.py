@@ -32,11 +32,9 @@ DECODE_VARIANTS = [
     ("decode bits", dict(DECODE_SWIGLU, DECODE="bits"), dict(DECODE, DECODE="bits"), True),
     ("unfused swiglu", DECODE, DECODE, False),
     ("stages 3", dict(DECODE_SWIGLU, num_stages=3), dict(DECODE, num_stages=3), True),
-    ("stages 6", dict(DECODE_SWIGLU, num_stages=6), dict(DECODE, num_stages=6), True),
     ("k256 stages 3", dict(DECODE_SWIGLU, BLOCK_K=256, num_stages=3), dict(DECODE, BLOCK_K=256, num_stages=3), True),
     ("n x2, 8 warps", dict(DECODE_SWIGLU, BLOCK_N=64, num_warps=8), dict(DECODE, BLOCK_N=128, num_warps=8), True),
     ("n / 2", dict(DECODE_SWIGLU, BLOCK_N=16), dict(DECODE, BLOCK_N=32), True),
-    ("n / 2, 2 warps", dict(DECODE_SWIGLU, BLOCK_N=16, num_warps=2), dict(DECODE, BLOCK_N=32, num_warps=2), True),
     ("production", None, None, True),
 ]
 PREFILL_VARIANTS = [
@@ -46,7 +44,6 @@ PREFILL_VARIANTS = [
     ("m128 8 warps", dict(PREFILL_SWIGLU, BLOCK_M=128), dict(PREFILL, BLOCK_M=128, num_warps=8), True),
     ("n128 8 warps", dict(PREFILL_SWIGLU, BLOCK_N=128), dict(PREFILL, BLOCK_N=128, num_warps=8), True),
     ("stages 4", dict(PREFILL_SWIGLU, num_stages=4), dict(PREFILL, num_stages=4), True),
-    ("up 4 warps", dict(PREFILL_SWIGLU, num_warps=4), PREFILL, True),
     ("production", None, None, True),
 ]
 SHAPES = {"moe flash c1": ("flash", 1), "moe flash c8": ("flash", 8), "moe flash c64": ("flash", 64),

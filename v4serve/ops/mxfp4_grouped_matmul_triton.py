@@ -51,6 +51,8 @@ MXFP4_PREFILL_SWIGLU_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warp
 # Average picks per expert from which the prefill tiles pay off.
 PREFILL_PICKS_PER_EXPERT = 32
 DECODES = ("asm", "bits")
+# The weight decoder for bf16 activations on compiled CUDA ("bits": the integer one, as elsewhere).
+CUDA_BF16_DECODE = "asm"
 
 
 @triton.jit
@@ -145,9 +147,9 @@ def mxfp4_config(n_picks: int, n_experts: int, swiglu: bool = False) -> dict:
 
 
 def default_decode(x: torch.Tensor) -> str:
-    """"asm" (bf16x2 PTX) for bf16 activations on compiled CUDA; "bits" otherwise (the interpreter
-    has no PTX; fp16 / fp32 activations take fp32 weights)."""
-    return "asm" if x.dtype == torch.bfloat16 and compiled_on_cuda(x.device) else "bits"
+    """CUDA_BF16_DECODE (the bf16x2 PTX block) for bf16 activations on compiled CUDA; "bits"
+    otherwise (the interpreter has no PTX; fp16 / fp32 activations take fp32 weights)."""
+    return CUDA_BF16_DECODE if x.dtype == torch.bfloat16 and compiled_on_cuda(x.device) else "bits"
 
 
 def mxfp4_grouped_matmul_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor | None,
