@@ -135,15 +135,20 @@ def test_few_picks_over_many_experts(sizes):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
-def test_wide_k_steps_with_a_partial_last_word():
-    # BLOCK_K 256 over K = 384: the second step's second scale word lies past K and is masked.
+@pytest.mark.parametrize("w_as_a", [False, True])
+@pytest.mark.parametrize("swiglu", [None, 0.75])
+def test_wide_k_steps_with_a_partial_last_word(w_as_a, swiglu):
+    # BLOCK_K 256 over K = 384: the second step's second scale word lies past K and is masked;
+    # with W_AS_A the weights are the dot's first operand (the accumulator transposed).
     from v4serve.ops.mxfp4_grouped_matmul_triton import mxfp4_grouped_matmul_triton
 
     sizes = [2, 3]
-    x, weight, scale, rows, ends = _case(sizes, 16, 384)
-    cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=2)
-    got = mxfp4_grouped_matmul_triton(x, weight, scale, rows, ends, sum(sizes), cfg)
+    x, weight, scale, rows, ends = _case(sizes, 32, 384)
+    cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=2, W_AS_A=w_as_a)
+    got = mxfp4_grouped_matmul_triton(x, weight, scale, rows, ends, sum(sizes), cfg, swiglu)
     want = _naive(x, weight, scale, rows, ends)
+    if swiglu is not None:
+        want = _swiglu(want[:, :16], want[:, 16:], swiglu)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 

@@ -35,6 +35,9 @@ DECODE_VARIANTS = [
     ("k256 stages 3", dict(DECODE_SWIGLU, BLOCK_K=256, num_stages=3), dict(DECODE, BLOCK_K=256, num_stages=3), True),
     ("n x2, 8 warps", dict(DECODE_SWIGLU, BLOCK_N=64, num_warps=8), dict(DECODE, BLOCK_N=128, num_warps=8), True),
     ("n / 2", dict(DECODE_SWIGLU, BLOCK_N=16), dict(DECODE, BLOCK_N=32), True),
+    ("weights as A", dict(DECODE_SWIGLU, W_AS_A=True), dict(DECODE, W_AS_A=True), True),
+    ("weights as A, n x2, 8 warps", dict(DECODE_SWIGLU, BLOCK_N=64, num_warps=8, W_AS_A=True),
+     dict(DECODE, BLOCK_N=128, num_warps=8, W_AS_A=True), True),
     ("production", None, None, True),
 ]
 PREFILL_VARIANTS = [
@@ -44,6 +47,7 @@ PREFILL_VARIANTS = [
     ("m128 8 warps", dict(PREFILL_SWIGLU, BLOCK_M=128), dict(PREFILL, BLOCK_M=128, num_warps=8), True),
     ("n128 8 warps", dict(PREFILL_SWIGLU, BLOCK_N=128), dict(PREFILL, BLOCK_N=128, num_warps=8), True),
     ("stages 4", dict(PREFILL_SWIGLU, num_stages=4), dict(PREFILL, num_stages=4), True),
+    ("weights as A", dict(PREFILL_SWIGLU, W_AS_A=True), dict(PREFILL, W_AS_A=True), True),
     ("production", None, None, True),
 ]
 SHAPES = {"moe flash c1": ("flash", 1), "moe flash c8": ("flash", 8), "moe flash c64": ("flash", 64),

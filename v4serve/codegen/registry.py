@@ -487,7 +487,7 @@ KERNELS: tuple[KernelSpec, ...] = (
                      "stride_x", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_y"),
             constexprs=dict(PDL=False, N_GROUPS=256, HAS_ROWS=proj == "gate_up", IEEE=False, SCALE_WORDS=True,
                             DECODE_ASM=decode == "asm", SWIGLU=proj == "gate_up", BLOCK_E=256,
-                            **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
+                            W_AS_A=cfg.get("W_AS_A", False), **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             expect=Expect(kv_load_bytes=16, kv_lines=r"packed = tl\.load", tensor_cores=True,
                           max_regs=_QUANT_MAX_REGS[f"mxfp4_{phase}"]),

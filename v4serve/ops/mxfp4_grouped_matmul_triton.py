@@ -56,11 +56,18 @@ CUDA_BF16_DECODE = "asm"
 
 
 @triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _weight_tile_dot(acc, a_even, a_odd, w_rows, s_rows, k0, mask_n, K_BYTES, K_SCALES,
                      IEEE: tl.constexpr, SCALE_WORDS: tl.constexpr, DECODE_ASM: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc + a_even @ W_even^T + a_odd @ W_odd^T for one K step of the weight rows at `w_rows`
-    ([BLOCK_N, 1] pointers to the rows' packed bytes; `s_rows` to their scales)."""
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_AS_A: tl.constexpr):
+    """acc + a_even @ W_even^T + a_odd @ W_odd^T (transposed with W_AS_A) for one K step of the
+    weight rows at `w_rows` ([BLOCK_N, 1] pointers to the rows' packed bytes; `s_rows` to their scales)."""
     offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     packed = tl.load(w_rows + offs_b[None, :], mask=mask_n[:, None] & (offs_b[None, :] < K_BYTES), other=0)
     if SCALE_WORDS:  # the scales of 128 elements are one aligned int32 word
@@ -80,14 +87,14 @@ def _weight_tile_dot(acc, a_even, a_odd, w_rows, s_rows, k0, mask_n, K_BYTES, K_
     else:
         scale = tl.broadcast_to(ue8m0_to_f32(sb)[:, :, None], (BLOCK_N, BLOCK_K // 32, 16))
         even, odd = decode_bits(packed.to(tl.int32), scale)
-    even = tl.trans(tl.reshape(even, (BLOCK_N, BLOCK_K // 2)).to(a_even.dtype))
-    odd = tl.trans(tl.reshape(odd, (BLOCK_N, BLOCK_K // 2)).to(a_odd.dtype))
-    if IEEE:
-        acc = tl.dot(a_even, even, acc, input_precision="ieee")
-        acc = tl.dot(a_odd, odd, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a_even, even, acc)
-        acc = tl.dot(a_odd, odd, acc)
+    even = tl.reshape(even, (BLOCK_N, BLOCK_K // 2)).to(a_even.dtype)
+    odd = tl.reshape(odd, (BLOCK_N, BLOCK_K // 2)).to(a_odd.dtype)
+    if W_AS_A:  # acc^T [BLOCK_N, BLOCK_M] += W x^T: the weight rows fill the MMA's M (wgmma: 64 rows)
+        acc = _dot(even, tl.trans(a_even), acc, IEEE)
+        acc = _dot(odd, tl.trans(a_odd), acc, IEEE)
+    else:  # acc [BLOCK_M, BLOCK_N] += x W^T
+        acc = _dot(a_even, tl.trans(even), acc, IEEE)
+        acc = _dot(a_odd, tl.trans(odd), acc, IEEE)
     return acc
 
 
@@ -97,7 +104,7 @@ def _mxfp4_grouped_matmul_kernel(
     N, K, K_BYTES, K_SCALES, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, limit,
     N_GROUPS: tl.constexpr, HAS_ROWS: tl.constexpr, IEEE: tl.constexpr, SCALE_WORDS: tl.constexpr,
     DECODE_ASM: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, W_AS_A: tl.constexpr, PDL: tl.constexpr = False,
 ):
     if PDL:
         gdc_wait()
@@ -112,18 +119,25 @@ def _mxfp4_grouped_matmul_kernel(
         rows = offs_m.to(tl.int64)
     w_rows = w_ptr + e.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn
     s_rows = s_ptr + e.to(tl.int64) * stride_se + offs_n.to(tl.int64)[:, None] * stride_sn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)  # SWIGLU: the up rows N..2N-1
+    if W_AS_A:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros_like(acc)  # SWIGLU: the up rows N..2N-1
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(x_ptr + rows[:, None] * stride_x + offs_k[None, :],
                     mask=mask_m[:, None] & (offs_k[None, :] < K), other=0.0)
         a_even, a_odd = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
         acc = _weight_tile_dot(acc, a_even, a_odd, w_rows, s_rows, k0, mask_n, K_BYTES, K_SCALES,
-                               IEEE, SCALE_WORDS, DECODE_ASM, BLOCK_N, BLOCK_K)
+                               IEEE, SCALE_WORDS, DECODE_ASM, BLOCK_N, BLOCK_K, W_AS_A)
         if SWIGLU:
             acc_up = _weight_tile_dot(acc_up, a_even, a_odd, w_rows + N * stride_wn, s_rows + N * stride_sn, k0,
-                                      mask_n, K_BYTES, K_SCALES, IEEE, SCALE_WORDS, DECODE_ASM, BLOCK_N, BLOCK_K)
+                                      mask_n, K_BYTES, K_SCALES, IEEE, SCALE_WORDS, DECODE_ASM, BLOCK_N, BLOCK_K,
+                                      W_AS_A)
+    if W_AS_A:
+        acc = tl.trans(acc)
+        acc_up = tl.trans(acc_up)
     dtype = y_ptr.dtype.element_ty
     if SWIGLU:  # gate and up rounded to y's dtype first, as the unfused matmul stores them
         out = clamped_swiglu_f32(acc.to(dtype).to(tl.float32), acc_up.to(dtype).to(tl.float32), limit, dtype)
@@ -177,6 +191,6 @@ def mxfp4_grouped_matmul_triton(x: torch.Tensor, weight: torch.Tensor, scale: to
         N_GROUPS=e, HAS_ROWS=rows is not None, IEEE=x.dtype == torch.float32,
         SCALE_WORDS=_scale_words(scale, k, cfg["BLOCK_K"]), DECODE_ASM=decode == "asm", SWIGLU=swiglu,
         BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_E=triton.next_power_of_2(e),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x),
+        W_AS_A=cfg.get("W_AS_A", False), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x),
     )
     return y
