@@ -38,16 +38,17 @@ from v4serve.ops.mxfp4_decode_triton import decode_asm, decode_bits, ue8m0_to_bf
 from v4serve.ops.quant_decode_triton import ue8m0_to_f32
 from v4serve.ops.swiglu_triton import clamped_swiglu_f32
 
-# Decode: a handful of picks per expert, so the weight bytes bind: 16-row pick blocks (the least a
-# tensor-core dot takes), 128-byte row segments per step. With SWIGLU, BLOCK_N counts output
-# columns: a program reads 2 x BLOCK_N weight rows (gate and up), so the N tiles are halved to keep
-# as many programs (6 experts x 64 programs at one token, 2.9 per SM of an H200).
+# Decode: a handful of picks per expert, so the weight bytes and their decode bind: 16-pick blocks
+# (the least a tensor-core dot takes), 64-byte row segments a step in a 4-deep cp.async ring, ~100-128
+# registers (4 CTAs an SM fit). With SWIGLU, BLOCK_N counts output columns: a program reads 2 x
+# BLOCK_N weight rows (gate and up), so the N tiles are halved to keep as many programs (6 experts x
+# 64 at one token, 2.9 per SM of an H200). W_AS_A (weights as the dot's first operand) is an option.
 MXFP4_DECODE_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
 MXFP4_DECODE_SWIGLU_CONFIG = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4)
-# Prefill: tens of picks per expert (2048 tokens x 6 / 256); each weight tile is decoded once per
-# block of BLOCK_M picks.
+# Prefill: tens of picks per expert (2048 tokens x 6 / 256): each weight tile is decoded once per
+# block of 64 picks (about once per expert); 4 warps, 3 CTAs an SM.
 MXFP4_PREFILL_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
-MXFP4_PREFILL_SWIGLU_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=8, num_stages=3)
+MXFP4_PREFILL_SWIGLU_CONFIG = dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3)
 # Average picks per expert from which the prefill tiles pay off.
 PREFILL_PICKS_PER_EXPERT = 32
 DECODES = ("asm", "bits")
