@@ -18,7 +18,7 @@ so one multiply by 2^(bias - 1) and one by the block scale 2^(b - 127) give the 
 products exact (at most two significant bits; b = 0 gives a subnormal scale, which both paths
 keep: no flush to zero). Two multiplies and not one: 2^(b - 1 + bias - 127) leaves the float
 range for b > 128 while every intermediate here stays exact for every b (a weight overflows to
-inf only where 6 * 2^(b-127) does, b >= 254, as in the torch reference).
+inf only where 6 * 2^(b-127) does, b >= 253, as in the torch reference).
 
 - `decode_bits` (any backend, the CPU interpreter too): fp32 (bias 127) built with integer ops per
   element, two fp32 multiplies, then the dot's dtype: about 6 operations per weight.
