@@ -24,7 +24,8 @@ and the step is two tensor-core dots, fp32 accumulation: the sum over K is taken
 than the reference's, and every product is exact (bf16 x, weights exact in bf16), so y differs
 from the reference (fp32 products of the exactly decoded weights, fp32 sums) only in the order of
 the fp32 sums. The weights cross HBM once per (block of picks, expert): in decode, where an expert
-has a few picks, that is the packed bytes of the experts touched.
+has a few picks, that is the packed bytes of the experts touched. W_AS_A computes the transposed
+product (acc^T = W x^T: the weight rows are the MMA's M dimension) and transposes it at the end.
 """
 
 import torch
@@ -171,7 +172,7 @@ def mxfp4_grouped_matmul_triton(x: torch.Tensor, weight: torch.Tensor, scale: to
                                 ends: torch.Tensor, n_picks: int, config: dict | None = None,
                                 swiglu_limit: float | None = None) -> torch.Tensor:
     """`config`: the tiles (BLOCK_M / N / K, num_warps, num_stages) and optionally DECODE ("asm",
-    "bits"; default `default_decode`); None: `mxfp4_config`."""
+    "bits"; default `default_decode`) and W_AS_A (default False); None: `mxfp4_config`."""
     e, n_w, half_k = weight.shape
     k = 2 * half_k
     swiglu = swiglu_limit is not None
