@@ -163,7 +163,7 @@ def test_the_ptx_decoder_is_refused_for_other_dtypes():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("decode", ["asm", "bits"])
-@pytest.mark.parametrize("cfg", ["decode", "prefill"])
+@pytest.mark.parametrize("cfg", ["decode", "decode weights as A", "prefill"])
 def test_kernel_decodes_every_code_on_gpu_bit_for_bit(decode, cfg):
     from v4serve.ops.mxfp4_grouped_matmul_triton import (MXFP4_DECODE_CONFIG, MXFP4_PREFILL_CONFIG,
                                                          mxfp4_grouped_matmul_triton)
@@ -175,7 +175,8 @@ def test_kernel_decodes_every_code_on_gpu_bit_for_bit(decode, cfg):
     scale = torch.arange(n_scales, dtype=torch.int32).to(torch.uint8)[:, None].expand(n_scales, 16).contiguous()[None].cuda()
     ends = torch.tensor([512], dtype=torch.int32, device="cuda")
     want = _naive_weight(weight[0].cpu(), scale[0].cpu()).T
-    tiles = dict(MXFP4_DECODE_CONFIG if cfg == "decode" else MXFP4_PREFILL_CONFIG, DECODE=decode)
+    tiles = dict(MXFP4_PREFILL_CONFIG if cfg == "prefill" else MXFP4_DECODE_CONFIG, DECODE=decode,
+                 W_AS_A=cfg.endswith("as A"))
     eye = torch.eye(512, device="cuda").bfloat16()
     got = mxfp4_grouped_matmul_triton(eye, weight, scale, None, ends, 512, tiles)
     assert torch.equal(got.cpu().view(torch.int16), want.bfloat16().view(torch.int16))  # signed zeros too
@@ -191,8 +192,8 @@ _MOE_GPU = [("flash gate_up", 256, 4096, 4096), ("flash down", 256, 4096, 2048),
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("decode", ["asm", "bits"])
-@pytest.mark.parametrize("tokens", [1, 8, 64, 2048])
+@pytest.mark.parametrize("tokens, decode", [(1, "asm"), (8, "asm"), (64, "asm"), (2048, "asm"), (1, "bits"),
+                                            (2048, "bits")])
 @pytest.mark.parametrize("name, e, n, k", _MOE_GPU, ids=[c[0] for c in _MOE_GPU])
 def test_triton_on_gpu_at_model_shapes(name, e, n, k, tokens, decode):
     from v4serve.ops.mxfp4_grouped_matmul_triton import mxfp4_config, mxfp4_grouped_matmul_triton

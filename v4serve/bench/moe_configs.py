@@ -69,7 +69,8 @@ def layer(case, up_cfg, down_cfg, fused):
         else:
             gate, up = mxfp4_grouped_matmul_triton(x, w13, s13, rows, ends, picks, up_cfg).chunk(2, dim=-1)
             hidden = clamped_swiglu(gate, up, SWIGLU_LIMIT)
-        return moe_combine(mxfp4_grouped_matmul_triton(hidden, w2, s2, None, ends, picks, down_cfg), pos, weights)
+        y = mxfp4_grouped_matmul_triton(hidden, w2, s2, None, ends, picks, down_cfg)
+        return moe_combine(y, pos, weights)
 
     return run
 
