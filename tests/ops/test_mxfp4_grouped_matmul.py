@@ -119,6 +119,18 @@ def test_fused_swiglu_matches_the_formula(impl):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
+def test_fused_swiglu_with_the_prefill_tiles():
+    from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_PREFILL_SWIGLU_CONFIG, mxfp4_grouped_matmul_triton
+
+    sizes = [70, 0, 5]
+    x, weight, scale, rows, ends = _case(sizes, 80, 128, t=30, dtype=torch.bfloat16)
+    got = mxfp4_grouped_matmul_triton(x, weight, scale, rows, ends, sum(sizes), MXFP4_PREFILL_SWIGLU_CONFIG, 0.75)
+    proj = _naive(x, weight, scale, rows, ends)
+    want = _swiglu(proj[:, :40], proj[:, 40:], 0.75)
+    # gate and up rounded to bf16 before the SwiGLU, whose steps round to bf16 too
+    torch.testing.assert_close(got.double(), want, rtol=2**-6, atol=1e-2 * want.abs().max().item())
+
+
 def test_fused_swiglu_needs_gate_and_up_halves():
     x, weight, scale, rows, ends = _case([2, 2], 15, 64)
     with pytest.raises(ValueError, match="even N"):
