@@ -49,6 +49,7 @@ PREFILL_VARIANTS = [
     ("stages 4", dict(PREFILL_SWIGLU, num_stages=4), dict(PREFILL, num_stages=4), True),
     ("weights as A", dict(PREFILL_SWIGLU, W_AS_A=True), dict(PREFILL, W_AS_A=True), True),
     ("up n64 8 warps", dict(PREFILL_SWIGLU, BLOCK_N=64, num_warps=8), PREFILL, True),
+    ("up stages 3", dict(PREFILL_SWIGLU, num_stages=3), PREFILL, True),
     ("production", None, None, True),
 ]
 SHAPES = {"moe flash c1": ("flash", 1), "moe flash c8": ("flash", 8), "moe flash c64": ("flash", 64),

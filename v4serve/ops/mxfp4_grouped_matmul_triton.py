@@ -47,9 +47,10 @@ from v4serve.ops.swiglu_triton import clamped_swiglu_f32
 MXFP4_DECODE_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
 MXFP4_DECODE_SWIGLU_CONFIG = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4)
 # Prefill: tens of picks per expert (2048 tokens x 6 / 256): each weight tile is decoded once per
-# block of 64 picks (about once per expert); 4 warps, 3 CTAs an SM.
+# block of 64 picks (about once per expert); 4 warps, 2-3 CTAs an SM (gate_up: a 2-deep ring, as 3
+# spills on sm_80 under Triton 3.9).
 MXFP4_PREFILL_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
-MXFP4_PREFILL_SWIGLU_CONFIG = dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3)
+MXFP4_PREFILL_SWIGLU_CONFIG = dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=2)
 # Average picks per expert from which the prefill tiles pay off.
 PREFILL_PICKS_PER_EXPERT = 32
 DECODES = ("asm", "bits")
