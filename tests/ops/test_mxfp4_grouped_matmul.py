@@ -1,6 +1,8 @@
 """MXFP4 grouped matmul: the torch reference and the Triton kernel (interpreted on the CPU)
 against a per-pick loop over weights decoded nibble by nibble, with empty groups, uneven group
-sizes and K, N not multiples of the tiles."""
+sizes and K, N not multiples of the tiles; the fused SwiGLU epilogue against the SwiGLU formula
+applied to that loop's output. On the GPU, both weight decoders (the PTX block and the integer
+one) bit for bit on every code and scale, and the model shapes."""
 
 import math
 
@@ -98,18 +100,101 @@ def test_prefill_tiles_match_the_reference(k):
     torch.testing.assert_close(got.double(), want, rtol=2**-8, atol=1e-6 * want.abs().max().item())
 
 
+def _swiglu(gate, up, limit):
+    """The experts' clamped SwiGLU, from its formula (not the op under test), in float64."""
+    g = gate.clamp(max=limit)
+    return g / (1 + torch.exp(-g)) * up.clamp(-limit, limit)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_fused_swiglu_matches_the_formula(impl):
+    # N = 2 x 40 rows: gate rows 0..39, up rows 40..79 (40 is not a multiple of the tiles)
+    sizes = [3, 0, 5, 1]
+    x, weight, scale, rows, ends = _case(sizes, 80, 96)
+    got = mxfp4_grouped_matmul(x, weight, scale, rows, ends, impl=impl, swiglu_limit=0.75)
+    proj = _naive(x, weight, scale, rows, ends)
+    want = _swiglu(proj[:, :40], proj[:, 40:], 0.75)
+    assert got.shape == (sum(sizes), 40)
+    assert (proj.abs() > 0.75).any()  # the clamps are exercised
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def test_fused_swiglu_with_the_prefill_tiles():
+    from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_PREFILL_SWIGLU_CONFIG, mxfp4_grouped_matmul_triton
+
+    sizes = [70, 0, 5]
+    x, weight, scale, rows, ends = _case(sizes, 80, 128, t=30, dtype=torch.bfloat16)
+    got = mxfp4_grouped_matmul_triton(x, weight, scale, rows, ends, sum(sizes), MXFP4_PREFILL_SWIGLU_CONFIG, 0.75)
+    proj = _naive(x, weight, scale, rows, ends)
+    want = _swiglu(proj[:, :40], proj[:, 40:], 0.75)
+    # gate and up rounded to bf16 before the SwiGLU, whose steps round to bf16 too
+    torch.testing.assert_close(got.double(), want, rtol=2**-6, atol=1e-2 * want.abs().max().item())
+
+
+def test_fused_swiglu_needs_gate_and_up_halves():
+    x, weight, scale, rows, ends = _case([2, 2], 15, 64)
+    with pytest.raises(ValueError, match="even N"):
+        mxfp4_grouped_matmul(x, weight, scale, rows, ends, swiglu_limit=1.0)
+
+
+@pytest.mark.parametrize("sizes", [[0] * 30 + [4] + [0] * 9, [1, 0, 1, 0, 1] + [0] * 35, [0] * 39 + [20]])
+def test_few_picks_over_many_experts(sizes):
+    # The grid has cdiv(M, BLOCK_M) + min(E, M) blocks of picks, far fewer than E: every pick must
+    # still be computed (one expert with every pick, picks on the last expert, scattered ones).
+    x, weight, scale, rows, ends = _case(sizes, 24, 64)
+    got = mxfp4_grouped_matmul(x, weight, scale, rows, ends, impl="triton")
+    want = _naive(x, weight, scale, rows, ends)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("w_as_a", [False, True])
+@pytest.mark.parametrize("swiglu", [None, 0.75])
+def test_wide_k_steps_with_a_partial_last_word(w_as_a, swiglu):
+    # BLOCK_K 256 over K = 384: the second step's second scale word lies past K and is masked;
+    # with W_AS_A the weights are the dot's first operand (the accumulator transposed).
+    from v4serve.ops.mxfp4_grouped_matmul_triton import mxfp4_grouped_matmul_triton
+
+    sizes = [2, 3]
+    x, weight, scale, rows, ends = _case(sizes, 32, 384)
+    cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=2, W_AS_A=w_as_a)
+    got = mxfp4_grouped_matmul_triton(x, weight, scale, rows, ends, sum(sizes), cfg, swiglu)
+    want = _naive(x, weight, scale, rows, ends)
+    if swiglu is not None:
+        want = _swiglu(want[:, :16], want[:, 16:], swiglu)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def test_the_ptx_decoder_is_refused_for_other_dtypes():
+    from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_DECODE_CONFIG, mxfp4_grouped_matmul_triton
+
+    x, weight, scale, rows, ends = _case([2], 16, 64)
+    with pytest.raises(ValueError, match="DECODE"):
+        mxfp4_grouped_matmul_triton(x, weight, scale, rows, ends, 2, dict(MXFP4_DECODE_CONFIG, DECODE="asm"))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_kernel_decodes_every_code_on_gpu_bit_for_bit():
+@pytest.mark.parametrize("decode", ["asm", "bits"])
+@pytest.mark.parametrize("cfg", ["decode", "decode weights as A", "prefill"])
+def test_kernel_decodes_every_code_on_gpu_bit_for_bit(decode, cfg):
+    from v4serve.ops.mxfp4_grouped_matmul_triton import (MXFP4_DECODE_CONFIG, MXFP4_PREFILL_CONFIG,
+                                                         mxfp4_grouped_matmul_triton)
+
+    # Row b holds all 256 bytes (every code pair, every sign) with scale byte b (b = 0: subnormal
+    # scale; b <= 252 keeps 6 * 2^(b-127) finite); x = identity, so y = W^T element for element.
     n_scales = 253
     weight = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(n_scales, 1)[None].cuda()
     scale = torch.arange(n_scales, dtype=torch.int32).to(torch.uint8)[:, None].expand(n_scales, 16).contiguous()[None].cuda()
     ends = torch.tensor([512], dtype=torch.int32, device="cuda")
     want = _naive_weight(weight[0].cpu(), scale[0].cpu()).T
-    got = mxfp4_grouped_matmul(torch.eye(512, device="cuda"), weight, scale, None, ends, impl="triton")
-    assert torch.equal(got.cpu(), want.float())
-    got = mxfp4_grouped_matmul(torch.eye(512, device="cuda").bfloat16(), weight, scale, None, ends, impl="triton")
-    assert torch.equal(got.cpu(), want.bfloat16())
+    tiles = dict(MXFP4_PREFILL_CONFIG if cfg == "prefill" else MXFP4_DECODE_CONFIG, DECODE=decode,
+                 W_AS_A=cfg.endswith("as A"))
+    eye = torch.eye(512, device="cuda").bfloat16()
+    got = mxfp4_grouped_matmul_triton(eye, weight, scale, None, ends, 512, tiles)
+    assert torch.equal(got.cpu().view(torch.int16), want.bfloat16().view(torch.int16))  # signed zeros too
+    if decode == "bits":  # fp32 activations: fp32 weights, IEEE dot
+        got = mxfp4_grouped_matmul_triton(eye.float(), weight, scale, None, ends, 512, tiles)
+        assert torch.equal(got.cpu().view(torch.int32), want.float().view(torch.int32))
 
 
 # (experts, N, K) of the fused gate_up ([E, 2I, D]) and down ([E, D, I]) projections
@@ -119,9 +204,12 @@ _MOE_GPU = [("flash gate_up", 256, 4096, 4096), ("flash down", 256, 4096, 2048),
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("tokens", [1, 8, 64, 2048])
+@pytest.mark.parametrize("tokens, decode", [(1, "asm"), (8, "asm"), (64, "asm"), (2048, "asm"), (1, "bits"),
+                                            (2048, "bits")])
 @pytest.mark.parametrize("name, e, n, k", _MOE_GPU, ids=[c[0] for c in _MOE_GPU])
-def test_triton_on_gpu_at_model_shapes(name, e, n, k, tokens):
+def test_triton_on_gpu_at_model_shapes(name, e, n, k, tokens, decode):
+    from v4serve.ops.mxfp4_grouped_matmul_triton import mxfp4_config, mxfp4_grouped_matmul_triton
+
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     weight = torch.randint(0, 256, (e, n, k // 2), generator=gen, device="cuda", dtype=torch.int32).to(torch.uint8)
     scale = torch.randint(118, 124, (e, n, k // 32), generator=gen, device="cuda", dtype=torch.int32).to(torch.uint8)
@@ -131,7 +219,15 @@ def test_triton_on_gpu_at_model_shapes(name, e, n, k, tokens):
     rows = order // 6
     ends = torch.bincount(experts.flatten(), minlength=e).cumsum(0).to(torch.int32)
     want = mxfp4_grouped_matmul(x, weight, scale, rows, ends, impl="torch").float()
-    got = mxfp4_grouped_matmul(x, weight, scale, rows, ends, impl="triton").float()
+    tiles = dict(mxfp4_config(rows.shape[0], e), DECODE=decode)
+    got = mxfp4_grouped_matmul_triton(x, weight, scale, rows, ends, rows.shape[0], tiles).float()
     # exact products (bf16 x, e2m1 * 2^k exact in bf16), fp32 sums in another order: one bf16 ulp
     # plus the fp32 rounding of the sums where they cancel.
     torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-4 * want.abs().max().item())
+    if "gate_up" in name:  # the SwiGLU epilogue: the formula on the reference projection
+        limit = 0.5 * want.abs().max().item()  # clamps some
+        fused = mxfp4_grouped_matmul(x, weight, scale, rows, ends, impl="triton", swiglu_limit=limit).float()
+        half = n // 2
+        ref = _swiglu(want[:, :half].double(), want[:, half:].double(), limit)
+        # gate and up within a bf16 ulp or two of the reference's, then bf16 roundings in the SwiGLU
+        torch.testing.assert_close(fused.double(), ref, rtol=2**-5, atol=1e-3 * ref.abs().max().item())

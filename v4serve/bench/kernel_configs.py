@@ -8,6 +8,7 @@ import sys
 
 from triton.testing import do_bench_cudagraph
 
+from v4serve.bench import moe_configs
 from v4serve.bench.shapes import expert_fetch_case, indexer_case, sparse_decode_case, sparse_prefill_case
 from v4serve.formats import row_format
 from v4serve.ops.expert_fetch_triton import expert_fetch_triton
@@ -230,6 +231,7 @@ def main() -> int:
     for name, (args, keys) in INDEXER_SHAPES.items():
         if only in name:
             _sweep(name, _indexer_run(args, keys), INDEXER_DECODE_CANDIDATES if args[1] == 1 else INDEXER_PREFILL_CANDIDATES)
+    moe_configs.sweep(only)  # the MXFP4 MoE layer ("moe flash c1", ...)
     return 0
 
 

@@ -50,7 +50,6 @@ from v4serve.ops.moe_sort import moe_sort
 from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
 from v4serve.ops.sparse_attn import sparse_attn_paged
 from v4serve.ops.sparse_attn_reference import live_columns
-from v4serve.ops.swiglu import clamped_swiglu
 
 H200_TBPS, H200_TFLOPS = 4.3, 790.0
 H200_FP8_TFLOPS = 1257.0
@@ -79,18 +78,17 @@ def _build_fp8_linear(n, k, m, act_block, device, seed):
 
 
 def _build_mxfp4_moe(model, tokens, device, seed):
-    """The routed MoE layer: route (sqrtsoftplus top-6), sort, MXFP4 gate_up, clamped SwiGLU, MXFP4
-    down, combine. Floor: the packed bytes and scales of the experts the routing touches (+ x,
-    logits, out), or the bf16 MMA time."""
+    """The routed MoE layer as `MXFP4Experts` runs it: route (sqrtsoftplus top-6), sort, MXFP4 gate_up
+    with the clamped SwiGLU fused, MXFP4 down, combine. Floor: the packed bytes and scales of the
+    experts the routing touches (+ x, logits, out), or the bf16 MMA time."""
     x, logits, w13, s13, w2, s2 = mxfp4_moe_case(model, tokens, device=device, seed=seed)
     bias = torch.zeros(logits.shape[1], device=device)
 
     def layer():
         experts, weights = moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)
         rows, ends, pos = moe_sort(experts, w13.shape[0])
-        gate, up = mxfp4_grouped_matmul(x, w13, s13, rows, ends).chunk(2, dim=-1)
-        y = mxfp4_grouped_matmul(clamped_swiglu(gate, up, 10.0), w2, s2, None, ends)
-        return moe_combine(y, pos, weights)
+        hidden = mxfp4_grouped_matmul(x, w13, s13, rows, ends, swiglu_limit=10.0)
+        return moe_combine(mxfp4_grouped_matmul(hidden, w2, s2, None, ends), pos, weights)
 
     touched = int(torch.unique(moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)[0]).numel())
     per_expert = sum(t[0].numel() for t in (w13, s13, w2, s2))

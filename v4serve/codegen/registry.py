@@ -20,7 +20,9 @@ from v4serve.ops.indexer_triton import DECODE_CONFIG as INDEX_DECODE_CONFIG
 from v4serve.ops.indexer_triton import PREFILL_CONFIG as INDEX_PREFILL_CONFIG
 from v4serve.ops.indexer_triton import PREFILL_CONFIG_Q2 as INDEX_PREFILL_CONFIG_Q2
 from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_DECODE_CONFIG as _MXFP4_DECODE
+from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_DECODE_SWIGLU_CONFIG as _MXFP4_DECODE_SWIGLU
 from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_PREFILL_CONFIG as _MXFP4_PREFILL
+from v4serve.ops.mxfp4_grouped_matmul_triton import MXFP4_PREFILL_SWIGLU_CONFIG as _MXFP4_PREFILL_SWIGLU
 from v4serve.ops.sparse_attn_gluon import MAX_REGS as WS_MAX_REGS
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_SMALL, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG_WS, PREFILL_CONFIGS)
@@ -120,15 +122,16 @@ _COMPRESS_DECODE_ALIGNED = ("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_
 # Register bounds, per arch, about 10% above the most measured under Triton 3.6 / 3.8 / 3.9
 # (docs/codegen.md): prefill 183 / 195 (32 heads; 3.9) / 184 / 169, decode 151 / 150 / 138 / 147.
 # Quantized-weight kernels: ~1.1 x the registers measured under Triton 3.6 (255 = the hardware
-# maximum, where the no-spill check is the bound: the sm_80 prefill decodes both operands from bytes).
+# maximum, where the no-spill check is the bound: the sm_80 prefill decodes both operands from bytes;
+# the MXFP4 prefill on sm_100: 1.1 x Triton 3.8's 162).
 _QUANT_MAX_REGS = {
     "decode_w8a16": {90: 96, 100: 96, 120: 96}, "decode_w8a16_sm80": {80: 100},
     "decode_w8a8": {90: 96, 100: 96, 120: 72}, "decode_w8a8_sm80": {80: 96},
     "decode_m64_w8a16": {90: 144, 100: 168, 120: 192}, "decode_m64_w8a8": {90: 144, 100: 168, 120: 192},
     "prefill_w8a16": {90: 240, 100: 255, 120: 246}, "prefill_w8a16_sm80": {80: 255},
     "prefill_w8a8": {90: 251, 100: 255, 120: 255}, "prefill_w8a8_sm80": {80: 255},
-    "mxfp4_decode": {80: 141, 90: 118, 100: 115, 120: 122},
-    "mxfp4_prefill": {80: 255, 90: 165, 100: 120, 120: 251},
+    "mxfp4_decode": {80: 141, 90: 141, 100: 139, 120: 141},
+    "mxfp4_prefill": {80: 255, 90: 181, 100: 179, 120: 251},
 }
 _PREFILL_MAX_REGS = {80: 202, 90: 215, 100: 203, 120: 186}
 _DECODE_MAX_REGS = {80: 167, 90: 165, 100: 152, 120: 162}
@@ -480,21 +483,27 @@ KERNELS: tuple[KernelSpec, ...] = (
                     else _FP8_PREFILL_DEQUANT if mode == "w8a16" else _FP8_PREFILL_SM80 if sm80 else _FP8_PREFILL]
     ),
     *(
-        KernelSpec(  # MXFP4_DECODE_CONFIG / MXFP4_PREFILL_CONFIG: fused gate_up [256, 4096, 4096 / 2],
-            # the scales read as int32 words (SCALE_WORDS: K % 128 == 0, as in every checkpoint)
-            f"moe.mxfp4_grouped_matmul_{phase}", f"{_OPS}.mxfp4_grouped_matmul_triton:_mxfp4_grouped_matmul_kernel",
+        KernelSpec(  # MXFP4_*_CONFIG: fused gate_up [256, 4096, 4096 / 2] with the SwiGLU epilogue, down
+            # [256, 4096, 2048 / 2]; scales read as int32 words (SCALE_WORDS: K % 128 == 0, as in every
+            # checkpoint); weights decoded by the PTX block (production on CUDA) or by integer ops (bits)
+            f"moe.mxfp4_grouped_matmul_{phase}_{proj}_{decode}",
+            f"{_OPS}.mxfp4_grouped_matmul_triton:_mxfp4_grouped_matmul_kernel",
             types=dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", rows_ptr="*i64", ends_ptr="*i32", y_ptr="*bf16",
-                       N="i32", K="i32", K_BYTES="i32", K_SCALES="i32", stride_x="i32", stride_we="i32", stride_wn="i32", stride_se="i32",
-                       stride_sn="i32", stride_y="i32"),
+                       N="i32", K="i32", K_BYTES="i32", K_SCALES="i32", stride_x="i32", stride_we="i32",
+                       stride_wn="i32", stride_se="i32", stride_sn="i32", stride_y="i32", limit="fp32"),
             aligned=("x_ptr", "w_ptr", "s_ptr", "rows_ptr", "ends_ptr", "y_ptr", "N", "K", "K_BYTES", "K_SCALES",
                      "stride_x", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_y"),
-            constexprs=dict(PDL=False, N_GROUPS=256, HAS_ROWS=True, IEEE=False, SCALE_WORDS=True, BLOCK_E=256,
-                            **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
+            constexprs=dict(PDL=False, N_GROUPS=256, HAS_ROWS=proj == "gate_up", IEEE=False, SCALE_WORDS=True,
+                            DECODE_ASM=decode == "asm", SWIGLU=proj == "gate_up", BLOCK_E=256,
+                            W_AS_A=cfg.get("W_AS_A", False), **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             expect=Expect(kv_load_bytes=16, kv_lines=r"packed = tl\.load", tensor_cores=True,
                           max_regs=_QUANT_MAX_REGS[f"mxfp4_{phase}"]),
         )
-        for phase, cfg in (("decode", _MXFP4_DECODE), ("prefill", _MXFP4_PREFILL))
+        for phase, proj, decode, cfg in (
+            ("decode", "gate_up", "asm", _MXFP4_DECODE_SWIGLU), ("decode", "down", "asm", _MXFP4_DECODE),
+            ("decode", "gate_up", "bits", _MXFP4_DECODE_SWIGLU), ("decode", "down", "bits", _MXFP4_DECODE),
+            ("prefill", "gate_up", "asm", _MXFP4_PREFILL_SWIGLU), ("prefill", "down", "asm", _MXFP4_PREFILL))
     ),
     # ---- offloaded experts (ops/expert_cache_plan_triton.py, ops/expert_fetch_triton.py): V4-Flash,
     # 256 experts, 12 slots; the fetch copies rows of int32 words (an expert's gate_up: 2,097,152) ----

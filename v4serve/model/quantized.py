@@ -22,7 +22,7 @@ MXFP4 routed experts (`MXFP4Experts`), OCP MXFP4 along K:
 
 Rows 0..I-1 of gate_up are W1 (gate), rows I..2I-1 are W3 (up), as the bf16 `RoutedExperts`.
 The forward is `RoutedExperts`' (sort, two grouped matmuls around the clamped SwiGLU, combine)
-with `mxfp4_grouped_matmul` in place of `grouped_matmul`. The expert tensors can be handed in
+with `mxfp4_grouped_matmul` in place of `grouped_matmul`, the SwiGLU fused into the gate_up one. The expert tensors can be handed in
 explicitly (`run(..., tensors=)`, or `pick_outputs` for the expert outputs before the combine),
 which is how `ExpertOffload` runs them from its slots.
 """
@@ -38,7 +38,6 @@ from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.moe_combine import moe_combine
 from v4serve.ops.moe_sort import moe_sort
 from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
-from v4serve.ops.swiglu import clamped_swiglu
 from v4serve.ops.weight_formats import MXFP4_BLOCK, dequantize_fp8_blocks, fp8_scale_shape
 
 MX_BLOCK = MXFP4_BLOCK  # elements along K per MXFP4 scale
@@ -122,8 +121,7 @@ class MXFP4Experts(UsesKernels, nn.Module):
         rows, ends, pos = moe_sort(groups, n_sort or g, impl=self.impl)
         ends = ends[:g]
         tiles = dict(impl=self.impl, tile_experts=self.n_experts)
-        gate, up = mxfp4_grouped_matmul(x, gate_up, gate_up_scale, rows, ends, **tiles).chunk(2, dim=-1)
-        hidden = clamped_swiglu(gate, up, self.limit, impl=self.impl)
+        hidden = mxfp4_grouped_matmul(x, gate_up, gate_up_scale, rows, ends, swiglu_limit=self.limit, **tiles)
         return mxfp4_grouped_matmul(hidden, down, down_scale, None, ends, **tiles), pos
 
     def expert_bytes(self) -> int:

@@ -1,17 +1,20 @@
 """MXFP4 (W4A16) MoE grouped matmul: public entry point (math in mxfp4_grouped_matmul_reference.py,
 kernel in mxfp4_grouped_matmul_triton.py). Same contract as `grouped_matmul` with the expert
-weights kept packed; group sizes never leave the device on the Triton path."""
+weights kept packed, and optionally the experts' clamped SwiGLU applied to the two halves of the
+output (the fused gate_up projection); group sizes never leave the device on the Triton path."""
 
 import torch
 
 from v4serve.ops._dispatch import use_triton
 from v4serve.ops.mxfp4_grouped_matmul_reference import mxfp4_grouped_matmul_reference
 from v4serve.ops.mxfp4_grouped_matmul_triton import mxfp4_config, mxfp4_grouped_matmul_triton
+from v4serve.ops.swiglu_reference import clamped_swiglu_reference
 from v4serve.ops.weight_formats import check_mxfp4_weight
 
 
 def mxfp4_grouped_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor | None,
-                         ends: torch.Tensor, impl: str = "auto", tile_experts: int | None = None) -> torch.Tensor:
+                         ends: torch.Tensor, impl: str = "auto", tile_experts: int | None = None,
+                         swiglu_limit: float | None = None) -> torch.Tensor:
     """y [M, N] with y[m] = x[rows[m]] @ W[g(m)]^T, picks sorted by group g.
 
     x [T, K] (bf16 / fp16 / fp32); weight uint8 [E, N, K/2] packed e2m1; scale uint8 ue8m0
@@ -19,6 +22,10 @@ def mxfp4_grouped_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Ten
     ends of the groups (group e owns picks ends[e-1] .. ends[e] - 1). y in x.dtype. Picks at or
     past ends[E-1] belong to no group: their rows of y are left undefined (uninitialised on the
     Triton path, zero on the torch path).
+
+    `swiglu_limit` L (the experts' gate_up projection, W's rows = [gate; up]): y [M, N/2] =
+    `clamped_swiglu(gate, up, L)` of the two halves of x W^T (each rounded to x.dtype first), in
+    one kernel on the Triton path.
 
     `tile_experts` (default E): the expert count the Triton tile choice is made for
     (`mxfp4_config`). A row of y depends only on its group's picks and on the tiles, so an
@@ -32,8 +39,15 @@ def mxfp4_grouped_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Ten
         raise ValueError(f"ends must be int32 [{weight.shape[0]}], got {ends.dtype} {tuple(ends.shape)}")
     if x.stride(1) != 1 or weight.stride(2) != 1 or scale.stride(2) != 1:
         raise ValueError("x, weight and scale must have a unit stride along K")
+    if swiglu_limit is not None and weight.shape[1] % 2:
+        raise ValueError(f"swiglu_limit needs weight rows [gate; up] (an even N), got N = {weight.shape[1]}")
     n_picks = x.shape[0] if rows is None else rows.shape[0]
     if use_triton(impl, x, weight, scale, ends):
-        config = None if tile_experts is None else mxfp4_config(n_picks, tile_experts)
-        return mxfp4_grouped_matmul_triton(x, weight.view(torch.uint8), scale, rows, ends, n_picks, config)
-    return mxfp4_grouped_matmul_reference(x if rows is None else x[rows], weight.view(torch.uint8), scale, ends)
+        config = None if tile_experts is None else mxfp4_config(n_picks, tile_experts, swiglu_limit is not None)
+        return mxfp4_grouped_matmul_triton(x, weight.view(torch.uint8), scale, rows, ends, n_picks, config,
+                                           swiglu_limit)
+    y = mxfp4_grouped_matmul_reference(x if rows is None else x[rows], weight.view(torch.uint8), scale, ends)
+    if swiglu_limit is None:
+        return y
+    gate, up = y.chunk(2, dim=-1)
+    return clamped_swiglu_reference(gate, up, swiglu_limit)

@@ -21,6 +21,16 @@ SWIGLU_CONFIG = dict(BLOCK_I=1024, num_warps=4)
 
 
 @triton.jit
+def clamped_swiglu_f32(g, u, limit, dtype: tl.constexpr):
+    """The clamped SwiGLU of fp32 gate and up values (already in `dtype`'s grid) -> h in `dtype`,
+    rounded where the torch reference rounds. Shared with the MXFP4 gate_up kernel's epilogue."""
+    g = tl.minimum(g, limit).to(dtype).to(tl.float32)
+    u = tl.minimum(tl.maximum(u, -limit), limit).to(dtype).to(tl.float32)
+    s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    return (s * u).to(dtype)
+
+
+@triton.jit
 def _clamped_swiglu_kernel(
     gate_ptr, up_ptr, h_ptr, I, stride_g, stride_u, limit,
     BLOCK_I: tl.constexpr, PDL: tl.constexpr = False,
@@ -30,13 +40,9 @@ def _clamped_swiglu_kernel(
     m = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     ok = i < I
-    dtype = h_ptr.dtype.element_ty
     g = tl.load(gate_ptr + m * stride_g + i, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(up_ptr + m * stride_u + i, mask=ok, other=0.0).to(tl.float32)
-    g = tl.minimum(g, limit).to(dtype).to(tl.float32)
-    u = tl.minimum(tl.maximum(u, -limit), limit).to(dtype).to(tl.float32)
-    s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-    tl.store(h_ptr + m * I + i, (s * u).to(dtype), mask=ok)
+    tl.store(h_ptr + m * I + i, clamped_swiglu_f32(g, u, limit, h_ptr.dtype.element_ty), mask=ok)
 
 
 def clamped_swiglu_triton(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:

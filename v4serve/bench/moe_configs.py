@@ -1,0 +1,97 @@
+"""MXFP4 MoE layer variants side by side (development tool; `python -m v4serve.bench.kernel_configs moe`).
+
+Times the whole routed layer (route, sort, gate_up with the SwiGLU fused, down, combine: the
+`mxfp4 moe flash ...` bench rows) with other tiles or weight decoders for its two grouped matmuls,
+checks each against the production variant's output (relative error: only the fp32 sum order may
+differ) and prints the fraction of the row's H200 floor it reaches (bytes of the experts touched at
+4.3 TB/s, or the bf16 MMA time).
+"""
+
+import torch
+from triton.testing import do_bench_cudagraph
+
+from v4serve.bench.kernels import H200_TBPS, build
+from v4serve.bench.shapes import MOE_TOP_K, mxfp4_moe_case
+from v4serve.ops.moe_combine import moe_combine
+from v4serve.ops.moe_route import moe_route
+from v4serve.ops.moe_sort import moe_sort
+from v4serve.ops.mxfp4_grouped_matmul_triton import (
+    MXFP4_DECODE_CONFIG as DECODE,
+    MXFP4_DECODE_SWIGLU_CONFIG as DECODE_SWIGLU,
+    MXFP4_PREFILL_CONFIG as PREFILL,
+    MXFP4_PREFILL_SWIGLU_CONFIG as PREFILL_SWIGLU,
+    mxfp4_grouped_matmul_triton,
+)
+from v4serve.ops.swiglu import clamped_swiglu
+
+SWIGLU_LIMIT = 10.0
+# (label, gate_up tiles, down tiles, SwiGLU fused); None = production (`mxfp4_config`). The first
+# entry is the error reference, and it comes again last (the same variant twice shows the noise).
+DECODE_VARIANTS = [
+    ("production", None, None, True),
+    ("decode bits", dict(DECODE_SWIGLU, DECODE="bits"), dict(DECODE, DECODE="bits"), True),
+    ("unfused swiglu", DECODE, DECODE, False),
+    ("stages 3", dict(DECODE_SWIGLU, num_stages=3), dict(DECODE, num_stages=3), True),
+    ("k256 stages 3", dict(DECODE_SWIGLU, BLOCK_K=256, num_stages=3), dict(DECODE, BLOCK_K=256, num_stages=3), True),
+    ("n x2, 8 warps", dict(DECODE_SWIGLU, BLOCK_N=64, num_warps=8), dict(DECODE, BLOCK_N=128, num_warps=8), True),
+    ("n / 2", dict(DECODE_SWIGLU, BLOCK_N=16), dict(DECODE, BLOCK_N=32), True),
+    ("weights as A", dict(DECODE_SWIGLU, W_AS_A=True), dict(DECODE, W_AS_A=True), True),
+    ("weights as A, n x2, 8 warps", dict(DECODE_SWIGLU, BLOCK_N=64, num_warps=8, W_AS_A=True),
+     dict(DECODE, BLOCK_N=128, num_warps=8, W_AS_A=True), True),
+    ("production", None, None, True),
+]
+PREFILL_VARIANTS = [
+    ("production", None, None, True),
+    ("prefill bits", dict(PREFILL_SWIGLU, DECODE="bits"), dict(PREFILL, DECODE="bits"), True),
+    ("unfused swiglu", PREFILL, PREFILL, False),
+    ("m128 8 warps", dict(PREFILL_SWIGLU, BLOCK_M=128), dict(PREFILL, BLOCK_M=128, num_warps=8), True),
+    ("n128 8 warps", dict(PREFILL_SWIGLU, BLOCK_N=128), dict(PREFILL, BLOCK_N=128, num_warps=8), True),
+    ("stages 4", dict(PREFILL_SWIGLU, num_stages=4), dict(PREFILL, num_stages=4), True),
+    ("weights as A", dict(PREFILL_SWIGLU, W_AS_A=True), dict(PREFILL, W_AS_A=True), True),
+    ("up n64 8 warps", dict(PREFILL_SWIGLU, BLOCK_N=64, num_warps=8), PREFILL, True),
+    ("up stages 3", dict(PREFILL_SWIGLU, num_stages=3), PREFILL, True),
+    ("production", None, None, True),
+]
+SHAPES = {"moe flash c1": ("flash", 1), "moe flash c8": ("flash", 8), "moe flash c64": ("flash", 64),
+          "moe flash prefill S2048": ("flash", 2048)}
+
+
+def layer(case, up_cfg, down_cfg, fused):
+    """The routed layer with the given tiles for the gate_up and down matmuls."""
+    x, logits, w13, s13, w2, s2 = case
+    bias = torch.zeros(logits.shape[1], device=x.device)
+
+    def run():
+        experts, weights = moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)
+        rows, ends, pos = moe_sort(experts, w13.shape[0])
+        picks = rows.shape[0]
+        if fused:
+            hidden = mxfp4_grouped_matmul_triton(x, w13, s13, rows, ends, picks, up_cfg, swiglu_limit=SWIGLU_LIMIT)
+        else:
+            gate, up = mxfp4_grouped_matmul_triton(x, w13, s13, rows, ends, picks, up_cfg).chunk(2, dim=-1)
+            hidden = clamped_swiglu(gate, up, SWIGLU_LIMIT)
+        y = mxfp4_grouped_matmul_triton(hidden, w2, s2, None, ends, picks, down_cfg)
+        return moe_combine(y, pos, weights)
+
+    return run
+
+
+def sweep(only: str) -> None:
+    for name, (model, tokens) in SHAPES.items():
+        if only not in name:
+            continue
+        _, nbytes, flops, _, peak = build("mxfp4_moe", (model, tokens), "cuda")
+        floor_us = max(nbytes / (H200_TBPS * 1e6), flops / (peak * 1e6))
+        case = mxfp4_moe_case(model, tokens, "cuda")
+        variants = PREFILL_VARIANTS if tokens >= 2048 else DECODE_VARIANTS
+        ref = layer(case, *variants[0][1:])().float()
+        for i, (label, up_cfg, down_cfg, fused) in enumerate(variants):
+            try:
+                fn = layer(case, up_cfg, down_cfg, fused)
+                err = float((fn().float() - ref).norm() / ref.norm())
+                us = do_bench_cudagraph(fn, rep=30, return_mode="median") * 1e3
+                print(f"{name:24s} #{i:<2d} {us:9.2f} µs  floor {floor_us / us:5.3f}  err {err:.1e}  {label}", flush=True)
+            except Exception as e:  # a variant that does not compile is reported, not fatal
+                print(f"{name:24s} #{i:<2d}    failed  {type(e).__name__}: {str(e)[:80]}  {label}", flush=True)
+        del case
+        torch.cuda.empty_cache()

@@ -1,0 +1,100 @@
+"""Triton device functions that decode a tile of packed MXFP4 bytes into scaled weights, two ways.
+
+Input: `packed`, the bytes of a tile of weight rows (element 2j in the low nibble of byte j, 2j+1
+in the high nibble), and per byte the ue8m0 scale byte b of its 32-element block. Output: two
+tiles of the same shape, the scaled values of the low nibbles (the even elements) and of the high
+nibbles (the odd elements). Kept apart, they feed two dots against the even and the odd columns
+of the activations: no interleaving of the nibbles in registers.
+
+The bit trick both variants use: a nibble c = s e1 e0 m placed with its sign at a float's sign bit
+and its three magnitude bits at the two lowest exponent bits and the top mantissa bit is the float
+e2m1(c) * 2^(1 - bias) exactly, the codes with e = 0 (0 and 0.5) landing on zero and on the
+smallest subnormal power of two as they should:
+
+    e > 0:  2^(e - bias) (1 + m/2)   = e2m1(c) * 2^(1 - bias)
+    e = 0:  m/2 * 2^(1 - bias)        = e2m1(c) * 2^(1 - bias)
+
+so one multiply by 2^(bias - 1) and one by the block scale 2^(b - 127) give the weight, both
+products exact (at most two significant bits; b = 0 gives a subnormal scale, which both paths
+keep: no flush to zero). Two multiplies and not one: 2^(b - 1 + bias - 127) leaves the float
+range for b > 128 while every intermediate here stays exact for every b (a weight overflows to
+inf only where 6 * 2^(b-127) does, b >= 253, as in the torch reference).
+
+- `decode_bits` (any backend, the CPU interpreter too): fp32 (bias 127) built with integer ops per
+  element, two fp32 multiplies, then the dot's dtype: about 6 operations per weight.
+- `decode_asm` (compiled CUDA, sm_80+): inline PTX on 4 bytes at a time: `prmt` spreads two bytes
+  into the halves of a 32-bit word, a mask, a multiply and a mask place one nibble of both bytes
+  as a bf16 pair (bias 127: value * 2^-126), two `fma.rn.bf16x2` (with -0 addend, so signed zeros
+  survive) apply 2^126 and the scale: about 2.75 operations per weight (a nibble pair is masked,
+  multiplied by two powers of two at once, masked again, then scaled twice). bf16 arithmetic keeps
+  subnormals (PTX has no .ftz for bf16).
+"""
+
+import triton
+import triton.language as tl
+
+# bf16 2^126 as a pair (exponent field 253), and -0.0 as a pair (the fma addend that leaves a*b).
+_BF16X2_TWO_POW_126 = 0x7E807E80
+_BF16X2_NEG_ZERO = 0x80008000
+_TWO_POW_126 = tl.constexpr(2.0**126)
+
+
+def _nibble_pair(dst: str, src: str, nibble_mask: int, spread: int, scale: str) -> str:
+    """PTX: the bf16 pair of one nibble of each 16-bit half of `src`, times 2^126 and the scale pair.
+    The nibble (mask) times `spread` = (1 << sign_shift) + (1 << magnitude_shift) puts a copy of it
+    where its sign bit lands on bit 15 / 31 and one where its magnitude bits land on 8..6 / 24..22
+    (the two copies do not overlap, so the product has no carries); the second mask keeps those."""
+    return (f"and.b32 a, {src}, {nibble_mask:#x};\n"
+            f"mul.lo.u32 a, a, {spread:#x};\n"
+            "and.b32 a, a, 0x81C081C0;\n"
+            "fma.rn.bf16x2 a, a, k126, nz;\n"
+            f"fma.rn.bf16x2 {dst}, a, {scale}, nz;\n")
+
+
+# $0..$3: outputs; $4: 4 packed bytes; $5, $6: their scales as two bf16 pairs. t01 / t23 hold bytes
+# 0, 1 / 2, 3 in the low byte of each 16-bit half (prmt selector 4 = a zero byte of `zero`). Low
+# nibble (bits 3..0): shifts 12 (sign) and 6 (magnitude); high nibble (bits 7..4): shifts 8 and 2.
+_LOW, _HIGH = (0x000F000F, (1 << 12) + (1 << 6)), (0x00F000F0, (1 << 8) + (1 << 2))
+_DECODE_ASM = tl.constexpr(
+    "{\n.reg .b32 t01, t23, a, k126, nz, zero;\n"
+    f"mov.b32 k126, {_BF16X2_TWO_POW_126:#x};\n"
+    f"mov.b32 nz, {_BF16X2_NEG_ZERO:#x};\n"
+    "mov.b32 zero, 0;\n"
+    "prmt.b32 t01, $4, zero, 0x4140;\n"
+    "prmt.b32 t23, $4, zero, 0x4342;\n"
+    + _nibble_pair("$0", "t01", *_LOW, "$5") + _nibble_pair("$1", "t23", *_LOW, "$6")
+    + _nibble_pair("$2", "t01", *_HIGH, "$5") + _nibble_pair("$3", "t23", *_HIGH, "$6")
+    + "}"
+)
+
+
+@triton.jit
+def ue8m0_to_bf16(b):
+    """int32 lanes holding ue8m0 bytes -> bf16 2^(b - 127) (b = 0: the subnormal 2^-127)."""
+    return tl.where(b == 0, 0x40, b << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def decode_bits(packed, scale):
+    """packed int32 lanes (a byte each), scale fp32 2^(b-127) of the same shape -> (even, odd) fp32."""
+    lo = (((packed & 0x8) << 28) | ((packed & 0x7) << 22)).to(tl.float32, bitcast=True)
+    hi = (((packed & 0x80) << 24) | ((packed & 0x70) << 18)).to(tl.float32, bitcast=True)
+    return lo * _TWO_POW_126 * scale, hi * _TWO_POW_126 * scale
+
+
+@triton.jit
+def decode_asm(packed, scale):
+    """packed uint8 bytes, scale bf16 2^(b-127) of the same shape -> (even, odd) bf16.
+
+    Per 4 bytes (one 32-bit register, byte i = element i of this call) and their 4 scales (two
+    bf16x2 registers): t01 = {0, byte1, 0, byte0}, t23 = {0, byte3, 0, byte2} (prmt); the low
+    nibble of each half: sign bit 3 -> 15 (shift 12), magnitude bits 2..0 -> 8..6 (shift 6); the
+    high nibble: bit 7 -> 15 (shift 8), bits 6..4 -> 8..6 (shift 2); then * 2^126 * scale."""
+    return tl.inline_asm_elementwise(
+        asm=_DECODE_ASM,
+        constraints="=r,=r,=r,=r,r,r,r",  # even {0,1}, {2,3}; odd {0,1}, {2,3}; 4 bytes; scales {0,1}, {2,3}
+        args=[packed, scale],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
