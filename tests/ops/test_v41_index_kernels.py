@@ -10,7 +10,14 @@ from v4serve.ops.v41_index_reference import candidate_mask, index_scores_v41, se
 
 from v41_index_cases import head_sum_bound, index_inputs
 
-TILES_TEST = dict(BLOCK_S=16, BLOCK_T=16, num_warps=4, num_stages=1, BF16_MATH=True)
+TILES_TEST = dict(BLOCK_S=16, BLOCK_T=16, num_warps=4, num_stages=1, BF16_MATH=True, KEYS_AS_A=True)
+ROWS_TEST = dict(BLOCK_T=32, num_warps=4, num_stages=1, BF16_MATH=True)
+VARIANTS = {  # kernel, config: every tile variant the benchmarks can select
+    "tiles": ("tiles", TILES_TEST),
+    "tiles q-as-A fp32-math": ("tiles", dict(TILES_TEST, KEYS_AS_A=False, BF16_MATH=False)),
+    "rows": ("rows", ROWS_TEST),
+    "rows fp32-math": ("rows", dict(ROWS_TEST, BF16_MATH=False)),
+}
 
 
 def _reference(q, w, keys, rows, n_visible, allowed=None):
@@ -29,13 +36,14 @@ def _triton(*args, kernel, config=None, **kw):
     return v41_index_scores_triton(*args, kernel=kernel, config=config, **kw)
 
 
-@pytest.mark.parametrize("kernel,packed", [("tiles", True), ("rows", True), ("tiles", False), ("rows", False)])
-def test_full_mode_gives_the_reference_bits_when_every_sum_is_exact(kernel, packed):
-    B, S, H, D, R = 2, 19, 3, 64, 37
+@pytest.mark.parametrize("variant,packed", [("tiles", True), ("tiles q-as-A fp32-math", True), ("rows", True),
+                                            ("rows fp32-math", True), ("tiles", False), ("rows", False)])
+def test_full_mode_gives_the_reference_bits_when_every_sum_is_exact(variant, packed):
+    B, S, H, D, R = 2, 11, 3, 64, 37
     q, w, pool, keys, rows = index_inputs(B, S, H, D, R, 50, exact=True, seed=1)
     n_visible = torch.randint(0, R + 1, (B, S), generator=torch.Generator().manual_seed(2)).to(torch.int32)
     n_visible[0, 0], n_visible[1, -1] = 0, R  # an empty row and a full one
-    cfg = TILES_TEST if kernel == "tiles" else None
+    kernel, cfg = VARIANTS[variant]
     got = _triton(q, w, pool if packed else keys, rows, n_visible, packed, kernel=kernel, config=cfg)
     want = _reference(q, w, keys, rows, n_visible)
     assert got.dtype == torch.bfloat16
@@ -48,8 +56,7 @@ def test_full_mode_within_the_head_sum_bound_on_model_like_inputs(kernel):
     B, S, H, D, R = 1, 17, 8, 128, 23
     q, w, pool, keys, rows = index_inputs(B, S, H, D, R, 40, exact=False, seed=3)
     n_visible = torch.arange(R - S + 1, R + 1, dtype=torch.int32)[None]  # a causal prefill chunk
-    got = _triton(q, w, pool, rows, n_visible, True, kernel=kernel,
-                  config=TILES_TEST if kernel == "tiles" else None).float()
+    got = _triton(q, w, pool, rows, n_visible, True, kernel=kernel, config=VARIANTS[kernel][1]).float()
     want = _reference(q, w, keys, rows, n_visible)
     finite = torch.isfinite(want)
     assert torch.equal(torch.isfinite(got), finite)

@@ -24,8 +24,9 @@ the MMA sees the bits torch's unpack gives.
 Two kernels, one contract:
 * `_v41_scores_tiles_kernel` (full mode, many queries of one sequence: prefill): a program owns
   BLOCK_T key rows and BLOCK_S queries, decodes its keys once, then for each head h = 0 .. H-1
-  runs one MMA [BLOCK_S, D] x [D, BLOCK_T] and adds p to an fp32 accumulator: the heads are summed
-  in index order. Key tiles wholly past every query's n_visible (the causal part) only write -inf.
+  runs one MMA keys [BLOCK_T, D] x q_h^T [D, BLOCK_S] (keys stay in registers as the A operand,
+  q_h streams through shared memory) and adds p to an fp32 accumulator: the heads are summed in
+  index order. Key tiles wholly past every query's n_visible (the causal part) only write -inf.
 * `_v41_scores_rows_kernel` (full-mode decode, and candidate mode, where every query has its own
   keys): a program owns one query and BLOCK_T of its columns, decodes those keys and runs one MMA
   [H, D] x [D, BLOCK_T]; the heads are summed with tl.sum. In candidate mode column c of the output
@@ -49,7 +50,7 @@ from triton.language.extra.cuda import gdc_wait
 from v4serve.ops._dispatch import pdl_launch
 
 # (BLOCK_S, BLOCK_T, num_warps, num_stages) of the tiles kernel; (BLOCK_T, num_warps) of the rows kernel
-TILES_CONFIG = dict(BLOCK_S=64, BLOCK_T=128, num_warps=8, num_stages=3, BF16_MATH=True)
+TILES_CONFIG = dict(BLOCK_S=64, BLOCK_T=128, num_warps=8, num_stages=3, BF16_MATH=True, KEYS_AS_A=True)
 ROWS_CONFIG = dict(BLOCK_T=64, num_warps=4, num_stages=1, BF16_MATH=True)
 
 
@@ -84,13 +85,13 @@ def _load_keys(k_ptr, rows, live, stride_k, D: tl.constexpr, PACKED: tl.constexp
 
 @triton.jit
 def _weighted_relu(logits, w, BF16_MATH: tl.constexpr):
-    """bf16(relu(bf16(logits)) * w) as fp32, w [M] bf16 broadcast along the columns (relu before
-    the rounding: the same value, rounding is monotonic). BF16_MATH: a bf16 multiply (one rounding
-    of the exact product of two bf16 values); else the same product in fp32, then rounded."""
+    """bf16(relu(bf16(logits)) * w) as fp32, w bf16 broadcastable to logits (relu before the
+    rounding: the same value, rounding is monotonic). BF16_MATH: a bf16 multiply (one rounding of
+    the exact product of two bf16 values); else the same product in fp32, then rounded."""
     if BF16_MATH:
-        p = tl.maximum(logits, 0.0).to(tl.bfloat16) * w[:, None]
+        p = tl.maximum(logits, 0.0).to(tl.bfloat16) * w
     else:
-        p = (tl.maximum(logits, 0.0).to(tl.bfloat16).to(tl.float32) * w.to(tl.float32)[:, None]).to(tl.bfloat16)
+        p = (tl.maximum(logits, 0.0).to(tl.bfloat16).to(tl.float32) * w.to(tl.float32)).to(tl.bfloat16)
     return p.to(tl.float32)
 
 
@@ -101,16 +102,22 @@ def _v41_scores_tiles_kernel(
     stride_qb, stride_qs, stride_qh, stride_wb, stride_ws, stride_k, stride_rb, stride_nb,
     stride_ob, stride_os,
     D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, PACKED: tl.constexpr,
-    BF16_MATH: tl.constexpr, PDL: tl.constexpr = False,
+    BF16_MATH: tl.constexpr, KEYS_AS_A: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    """KEYS_AS_A: the MMA is keys [BLOCK_T, D] (registers, loop-invariant) x q_h^T [D, BLOCK_S] (shared
+    memory, loaded per head), the accumulator [BLOCK_T, BLOCK_S]; else q_h [BLOCK_S, D] x keys^T."""
     if PDL:
         gdc_wait()
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
     b = tl.program_id(2).to(tl.int64)
     n_visible = tl.load(n_visible_ptr + b * stride_nb + s, mask=s < S, other=0)
-    out_ptrs = out_ptr + b * stride_ob + s.to(tl.int64)[:, None] * stride_os + t[None, :]
-    out_mask = (s < S)[:, None] & (t < R)[None, :]
+    if KEYS_AS_A:  # [BLOCK_T, BLOCK_S] tiles: key along rows, query along columns
+        out_ptrs = out_ptr + b * stride_ob + s.to(tl.int64)[None, :] * stride_os + t[:, None]
+        out_mask = (s < S)[None, :] & (t < R)[:, None]
+    else:
+        out_ptrs = out_ptr + b * stride_ob + s.to(tl.int64)[:, None] * stride_os + t[None, :]
+        out_mask = (s < S)[:, None] & (t < R)[None, :]
     if tl.program_id(0) * BLOCK_T < tl.max(n_visible, 0):
         rows = tl.load(rows_ptr + b * stride_rb + t, mask=t < R, other=-1)
         live = rows >= 0
@@ -118,15 +125,28 @@ def _v41_scores_tiles_kernel(
         d = tl.arange(0, D)
         q_ptrs = q_ptr + b * stride_qb + s.to(tl.int64)[:, None] * stride_qs + d[None, :]
         w_ptrs = w_ptr + b * stride_wb + s.to(tl.int64) * stride_ws
-        acc = tl.zeros([BLOCK_S, BLOCK_T], dtype=tl.float32)
+        if KEYS_AS_A:
+            acc = tl.zeros([BLOCK_T, BLOCK_S], dtype=tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_S, BLOCK_T], dtype=tl.float32)
         for h in range(H):  # heads summed in index order
             q = tl.load(q_ptrs + h * stride_qh, mask=(s < S)[:, None], other=0.0)
             w = tl.load(w_ptrs + h, mask=s < S, other=0.0)
-            acc += _weighted_relu(tl.dot(q, tl.trans(keys)), w, BF16_MATH)
-        valid = (t[None, :] < n_visible[:, None]) & live[None, :]
+            if KEYS_AS_A:
+                acc += _weighted_relu(tl.dot(keys, tl.trans(q)), w[None, :], BF16_MATH)
+            else:
+                acc += _weighted_relu(tl.dot(q, tl.trans(keys)), w[:, None], BF16_MATH)
+        if KEYS_AS_A:
+            valid = (t[:, None] < n_visible[None, :]) & live[:, None]
+        else:
+            valid = (t[None, :] < n_visible[:, None]) & live[None, :]
         tl.store(out_ptrs, tl.where(valid, acc, float("-inf")).to(tl.bfloat16), mask=out_mask)
     else:
-        tl.store(out_ptrs, tl.full([BLOCK_S, BLOCK_T], float("-inf"), tl.float32).to(tl.bfloat16), mask=out_mask)
+        if KEYS_AS_A:
+            empty = tl.full([BLOCK_T, BLOCK_S], float("-inf"), tl.float32)
+        else:
+            empty = tl.full([BLOCK_S, BLOCK_T], float("-inf"), tl.float32)
+        tl.store(out_ptrs, empty.to(tl.bfloat16), mask=out_mask)
 
 
 @triton.jit
@@ -167,7 +187,7 @@ def _v41_scores_rows_kernel(
             q = tl.load(q_ptr + b * stride_qb + s * stride_qs + heads[:, None] * stride_qh + d[None, :],
                         mask=(heads < H)[:, None], other=0.0)
             w = tl.load(w_ptr + b * stride_wb + s * stride_ws + heads, mask=heads < H, other=0.0)
-            score += tl.sum(_weighted_relu(tl.dot(q, tl.trans(keys)), w, BF16_MATH), 0)
+            score += tl.sum(_weighted_relu(tl.dot(q, tl.trans(keys)), w[:, None], BF16_MATH), 0)
         tl.store(out_ptrs, tl.where(live, score, float("-inf")).to(tl.bfloat16), mask=c < C)
 
 
