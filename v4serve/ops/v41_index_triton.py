@@ -5,8 +5,8 @@
     score[s, t] = bf16(sum_h p[s, h, t])                    (fp32 sum over the heads, one rounding)
     -inf where the column is past n_visible[s], a hole (key row -1) or not a candidate
 
-Inputs: q [B, S, H, D] bf16 (fp4-rounded values, last dim contiguous), w [B, S, H] bf16 (scales
-folded in), key_rows [B, R] int32 (the pool row of each of a sequence's compressed rows, -1 =
+Inputs: q [B, S, H, D] bf16 (fp4-rounded values, last dim contiguous), w [B, S, H] fp32 holding
+bf16 values (scales folded in; fp32 so that no load is narrower than 4 bytes), key_rows [B, R] int32 (the pool row of each of a sequence's compressed rows, -1 =
 hole), n_visible [B, S] int32, k_pool either packed `fp4_e8m0_b32` rows or bf16 rows [N, D].
 Output: bf16 [B, S, C] (every score is a bf16 value; half the bytes of fp32).
 
@@ -131,7 +131,7 @@ def _v41_scores_tiles_kernel(
             acc = tl.zeros([BLOCK_S, BLOCK_T], dtype=tl.float32)
         for h in range(H):  # heads summed in index order
             q = tl.load(q_ptrs + h * stride_qh, mask=(s < S)[:, None], other=0.0)
-            w = tl.load(w_ptrs + h, mask=s < S, other=0.0)
+            w = tl.load(w_ptrs + h, mask=s < S, other=0.0).to(tl.bfloat16)  # fp32 holding a bf16 value
             if KEYS_AS_A:
                 acc += _weighted_relu(tl.dot(keys, tl.trans(q)), w[None, :], BF16_MATH)
             else:
@@ -186,7 +186,7 @@ def _v41_scores_rows_kernel(
             heads = h0 + tl.arange(0, BLOCK_H)
             q = tl.load(q_ptr + b * stride_qb + s * stride_qs + heads[:, None] * stride_qh + d[None, :],
                         mask=(heads < H)[:, None], other=0.0)
-            w = tl.load(w_ptr + b * stride_wb + s * stride_ws + heads, mask=heads < H, other=0.0)
+            w = tl.load(w_ptr + b * stride_wb + s * stride_ws + heads, mask=heads < H, other=0.0).to(tl.bfloat16)
             score += tl.sum(_weighted_relu(tl.dot(q, tl.trans(keys)), w[:, None], BF16_MATH), 0)
         tl.store(out_ptrs, tl.where(live, score, float("-inf")).to(tl.bfloat16), mask=c < C)
 
@@ -220,8 +220,7 @@ def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: boo
         return out
     if q.stride(3) != 1:
         q = q.contiguous()
-    if weights.stride(2) != 1:
-        weights = weights.contiguous()
+    weights = weights.to(torch.bfloat16).float()  # bf16 values, read as 4-byte words
     pool = _key_pool_words(k_pool, packed, D)
     key_rows, n_visible = key_rows.contiguous(), n_visible.contiguous()
     if kernel == "auto":
