@@ -33,7 +33,7 @@ def _rows_entry(name, candidates):
         aligned=("q_ptr", "w_ptr", "k_ptr", "rows_ptr", "n_visible_ptr", "cand_ptr", "out_ptr", "H", "R", "C",
                  *(s for s in strides if s != "stride_k")),
         constexprs=dict(stride_nb=1, D=128, BLOCK_H=32,
-                        CAND_BLOCK=8, PACKED=True, CANDIDATES=candidates, PDL=True, **_ROWS),
+                        CAND_BLOCK=8, PACKED=True, CANDIDATES=candidates, PDL=False, **_ROWS),
         num_warps=ROWS_CONFIG["num_warps"], num_stages=ROWS_CONFIG["num_stages"],
         expect=_KEY_WORDS,
     )
@@ -47,7 +47,7 @@ V41_INDEX_KERNELS: tuple[KernelSpec, ...] = (
         aligned=("q_ptr", "w_ptr", "k_ptr", "rows_ptr", "n_visible_ptr", "out_ptr", "S", "H", "R", "stride_qb",
                  "stride_qs", "stride_qh", "stride_wb", "stride_ws", "stride_rb", "stride_nb", "stride_ob",
                  "stride_os"),
-        constexprs=dict(D=128, PACKED=True, PDL=True, **_TILES),
+        constexprs=dict(D=128, PACKED=True, PDL=False, **_TILES),
         num_warps=TILES_CONFIG["num_warps"], num_stages=TILES_CONFIG["num_stages"],
         expect=_KEY_WORDS,
     ),

@@ -34,6 +34,8 @@ def _check(q, weights, k_pool, key_rows, n_visible, fmt, cand_blocks):
     if q.dim() != 4:
         raise ValueError(f"q must be [B, S, H, D], got {tuple(q.shape)}")
     B, S, H, D = q.shape
+    if H < 1:
+        raise ValueError("q must have at least one head")
     if weights.shape != (B, S, H):
         raise ValueError(f"weights must be [{B}, {S}, {H}], got {tuple(weights.shape)}")
     if fmt is not None:

@@ -23,13 +23,13 @@ the MMA sees the bits torch's unpack gives.
 
 Two kernels, one contract:
 * `_v41_scores_tiles_kernel` (full mode, many queries of one sequence: prefill): a program owns
-  BLOCK_T key rows and BLOCK_S queries, decodes its keys once, then for each head h = 0 .. H-1
-  runs one MMA keys [BLOCK_T, D] x q_h^T [D, BLOCK_S] (keys stay in registers as the A operand,
-  q_h streams through shared memory) and adds p to an fp32 accumulator: the heads are summed in
-  index order. Key tiles wholly past every query's n_visible (the causal part) only write -inf.
+  BLOCK_T key rows and BLOCK_S queries, decodes its keys once into shared memory, then for each
+  head h = 0 .. H-1 runs one MMA q_h [BLOCK_S, D] x keys^T [D, BLOCK_T] (q_h streamed in by
+  cp.async) and adds p to an fp32 accumulator: the heads are summed in index order. Key tiles
+  wholly past every query's n_visible (the causal part) only write -inf.
 * `_v41_scores_rows_kernel` (full-mode decode, and candidate mode, where every query has its own
   keys): a program owns one query and BLOCK_T of its columns, decodes those keys and runs one MMA
-  [H, D] x [D, BLOCK_T]; the heads are summed with tl.sum. In candidate mode column c of the output
+  [H, D] x [D, BLOCK_T] (every head in one tile); the heads are summed with tl.sum. In candidate mode column c of the output
   is slot c of the query's candidate list: key column cand[b, s, c // BLOCK] * BLOCK + c % BLOCK.
 
 Bits: l and p are the reference's bits whenever the fp32 dot is exact, which it is for fp4 x fp4
@@ -47,11 +47,16 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
+from v4serve.formats import row_format
 from v4serve.ops._dispatch import pdl_launch
 
-# (BLOCK_S, BLOCK_T, num_warps, num_stages) of the tiles kernel; (BLOCK_T, num_warps) of the rows kernel
-TILES_CONFIG = dict(BLOCK_S=64, BLOCK_T=128, num_warps=8, num_stages=3, BF16_MATH=True, KEYS_AS_A=True)
-ROWS_CONFIG = dict(BLOCK_T=64, num_warps=4, num_stages=1, BF16_MATH=True)
+# Tiles (sm_90, Triton 3.6 / 3.8): 4 warps keep 2 programs on an SM (254 registers, no spill), so one
+# program's MMAs overlap the other's epilogue (Triton waits on each wgmma at once: a dot issued a head
+# ahead did not overlap, and 8 warps, 149 registers, run as one program per SM whose two warpgroups
+# meet at a barrier every head). BLOCK_T 128 halves the q traffic (BLOCK_S x H x D x 2 = 512 KB per
+# program, from L2) of BLOCK_T 64. bench/kernel_configs.py times the alternatives.
+TILES_CONFIG = dict(BLOCK_S=64, BLOCK_T=128, num_warps=4, num_stages=3)
+ROWS_CONFIG = dict(BLOCK_T=64, num_warps=4, num_stages=1)
 
 
 @triton.jit
@@ -78,21 +83,19 @@ def fp4_e8m0_b32_rows(words_ptr, rows, live, row_words, D: tl.constexpr):
 def _load_keys(k_ptr, rows, live, stride_k, D: tl.constexpr, PACKED: tl.constexpr):
     """Key rows [R] -> bf16 [R, D] (zeros where not live): packed words or bf16 rows (16-byte loads)."""
     if PACKED:
-        return fp4_e8m0_b32_rows(k_ptr, rows, live, stride_k, D)
-    d = tl.arange(0, D)
-    return tl.load(k_ptr + rows.to(tl.int64)[:, None] * stride_k + d[None, :], mask=live[:, None], other=0.0)
+        keys = fp4_e8m0_b32_rows(k_ptr, rows, live, stride_k, D)
+    else:
+        d = tl.arange(0, D)
+        keys = tl.load(k_ptr + rows.to(tl.int64)[:, None] * stride_k + d[None, :], mask=live[:, None], other=0.0)
+    return keys
 
 
 @triton.jit
-def _weighted_relu(logits, w, BF16_MATH: tl.constexpr):
-    """bf16(relu(bf16(logits)) * w) as fp32, w bf16 broadcastable to logits (relu before the
-    rounding: the same value, rounding is monotonic). BF16_MATH: a bf16 multiply (one rounding of
-    the exact product of two bf16 values); else the same product in fp32, then rounded."""
-    if BF16_MATH:
-        p = tl.maximum(logits, 0.0).to(tl.bfloat16) * w
-    else:
-        p = (tl.maximum(logits, 0.0).to(tl.bfloat16).to(tl.float32) * w.to(tl.float32)).to(tl.bfloat16)
-    return p.to(tl.float32)
+def _weighted_relu(logits, w):
+    """bf16(relu(bf16(logits)) * w) as fp32, w fp32 holding bf16 values, broadcastable to logits.
+    relu before the rounding gives the same value (rounding is monotonic); the product of two bf16
+    values is exact in fp32, so it is rounded once (sm_90 compiles it to a bf16x2 multiply)."""
+    return (tl.maximum(logits, 0.0).to(tl.bfloat16).to(tl.float32) * w).to(tl.bfloat16).to(tl.float32)
 
 
 @triton.jit
@@ -102,51 +105,32 @@ def _v41_scores_tiles_kernel(
     stride_qb, stride_qs, stride_qh, stride_wb, stride_ws, stride_k, stride_rb, stride_nb,
     stride_ob, stride_os,
     D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, PACKED: tl.constexpr,
-    BF16_MATH: tl.constexpr, KEYS_AS_A: tl.constexpr, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
-    """KEYS_AS_A: the MMA is keys [BLOCK_T, D] (registers, loop-invariant) x q_h^T [D, BLOCK_S] (shared
-    memory, loaded per head), the accumulator [BLOCK_T, BLOCK_S]; else q_h [BLOCK_S, D] x keys^T."""
     if PDL:
         gdc_wait()
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
     b = tl.program_id(2).to(tl.int64)
     n_visible = tl.load(n_visible_ptr + b * stride_nb + s, mask=s < S, other=0)
-    if KEYS_AS_A:  # [BLOCK_T, BLOCK_S] tiles: key along rows, query along columns
-        out_ptrs = out_ptr + b * stride_ob + s.to(tl.int64)[None, :] * stride_os + t[:, None]
-        out_mask = (s < S)[None, :] & (t < R)[:, None]
-    else:
-        out_ptrs = out_ptr + b * stride_ob + s.to(tl.int64)[:, None] * stride_os + t[None, :]
-        out_mask = (s < S)[:, None] & (t < R)[None, :]
+    out_ptrs = out_ptr + b * stride_ob + s.to(tl.int64)[:, None] * stride_os + t[None, :]
+    out_mask = (s < S)[:, None] & (t < R)[None, :]
     if tl.program_id(0) * BLOCK_T < tl.max(n_visible, 0):
         rows = tl.load(rows_ptr + b * stride_rb + t, mask=t < R, other=-1)
         live = rows >= 0
-        keys = _load_keys(k_ptr, rows, live, stride_k, D, PACKED)  # [BLOCK_T, D], decoded once
+        keys_t = tl.trans(_load_keys(k_ptr, rows, live, stride_k, D, PACKED))  # [D, BLOCK_T], decoded once
         d = tl.arange(0, D)
         q_ptrs = q_ptr + b * stride_qb + s.to(tl.int64)[:, None] * stride_qs + d[None, :]
         w_ptrs = w_ptr + b * stride_wb + s.to(tl.int64) * stride_ws
-        if KEYS_AS_A:
-            acc = tl.zeros([BLOCK_T, BLOCK_S], dtype=tl.float32)
-        else:
-            acc = tl.zeros([BLOCK_S, BLOCK_T], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_S, BLOCK_T], dtype=tl.float32)
         for h in range(H):  # heads summed in index order
             q = tl.load(q_ptrs + h * stride_qh, mask=(s < S)[:, None], other=0.0)
-            w = tl.load(w_ptrs + h, mask=s < S, other=0.0).to(tl.bfloat16)  # fp32 holding a bf16 value
-            if KEYS_AS_A:
-                acc += _weighted_relu(tl.dot(keys, tl.trans(q)), w[None, :], BF16_MATH)
-            else:
-                acc += _weighted_relu(tl.dot(q, tl.trans(keys)), w[:, None], BF16_MATH)
-        if KEYS_AS_A:
-            valid = (t[:, None] < n_visible[None, :]) & live[:, None]
-        else:
-            valid = (t[None, :] < n_visible[:, None]) & live[None, :]
+            w = tl.load(w_ptrs + h, mask=s < S, other=0.0)  # fp32 holding a bf16 value
+            acc += _weighted_relu(tl.dot(q, keys_t), w[:, None])
+        valid = (t[None, :] < n_visible[:, None]) & live[None, :]
         tl.store(out_ptrs, tl.where(valid, acc, float("-inf")).to(tl.bfloat16), mask=out_mask)
     else:
-        if KEYS_AS_A:
-            empty = tl.full([BLOCK_T, BLOCK_S], float("-inf"), tl.float32)
-        else:
-            empty = tl.full([BLOCK_S, BLOCK_T], float("-inf"), tl.float32)
-        tl.store(out_ptrs, empty.to(tl.bfloat16), mask=out_mask)
+        tl.store(out_ptrs, tl.full([BLOCK_S, BLOCK_T], float("-inf"), tl.float32).to(tl.bfloat16), mask=out_mask)
 
 
 @triton.jit
@@ -156,7 +140,7 @@ def _v41_scores_rows_kernel(
     stride_qb, stride_qs, stride_qh, stride_wb, stride_ws, stride_k, stride_rb, stride_nb,
     stride_cb, stride_cs, stride_ob, stride_os,
     D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr,
-    PACKED: tl.constexpr, CANDIDATES: tl.constexpr, BF16_MATH: tl.constexpr, PDL: tl.constexpr = False,
+    PACKED: tl.constexpr, CANDIDATES: tl.constexpr, PDL: tl.constexpr = False,
 ):
     if PDL:
         gdc_wait()
@@ -165,6 +149,11 @@ def _v41_scores_rows_kernel(
     b = tl.program_id(2).to(tl.int64)
     n_visible = tl.load(n_visible_ptr + b * stride_nb + s)
     out_ptrs = out_ptr + b * stride_ob + s * stride_os + c
+    heads = tl.arange(0, BLOCK_H)  # every head (BLOCK_H >= H): q and w load beside the key chain
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * stride_qb + s * stride_qs + heads[:, None] * stride_qh + d[None, :],
+                mask=(heads < H)[:, None], other=0.0)
+    w = tl.load(w_ptr + b * stride_wb + s * stride_ws + heads, mask=heads < H, other=0.0)  # fp32, bf16 values
     if CANDIDATES:
         block = tl.load(cand_ptr + b * stride_cb + s * stride_cs + c // CAND_BLOCK, mask=c < C, other=-1)
         col = block * CAND_BLOCK + c % CAND_BLOCK
@@ -180,14 +169,7 @@ def _v41_scores_rows_kernel(
         rows = tl.load(rows_ptr + b * stride_rb + col, mask=wanted & (col < R), other=-1)
         live = rows >= 0
         keys = _load_keys(k_ptr, rows, live, stride_k, D, PACKED)  # [BLOCK_T, D]
-        d = tl.arange(0, D)
-        score = tl.zeros([BLOCK_T], dtype=tl.float32)
-        for h0 in range(0, H, BLOCK_H):
-            heads = h0 + tl.arange(0, BLOCK_H)
-            q = tl.load(q_ptr + b * stride_qb + s * stride_qs + heads[:, None] * stride_qh + d[None, :],
-                        mask=(heads < H)[:, None], other=0.0)
-            w = tl.load(w_ptr + b * stride_wb + s * stride_ws + heads, mask=heads < H, other=0.0).to(tl.bfloat16)
-            score += tl.sum(_weighted_relu(tl.dot(q, tl.trans(keys)), w[:, None], BF16_MATH), 0)
+        score = tl.sum(_weighted_relu(tl.dot(q, tl.trans(keys)), w[:, None]), 0)
         tl.store(out_ptrs, tl.where(live, score, float("-inf")).to(tl.bfloat16), mask=c < C)
 
 
@@ -197,8 +179,8 @@ def _key_pool_words(k_pool: torch.Tensor, packed: bool, D: int) -> torch.Tensor:
         if k_pool.data_ptr() % 4 or k_pool.stride(0) % 4 or k_pool.stride(1) != 1:
             raise ValueError(f"packed k_pool must be 4-byte aligned with contiguous rows (int32 word loads): "
                              f"data_ptr % 4 = {k_pool.data_ptr() % 4}, row stride {k_pool.stride(0)} B")
-        if k_pool.shape[0] == 0:
-            return torch.zeros(1, 17, dtype=torch.int32, device=k_pool.device)
+        if k_pool.shape[0] == 0:  # every key a hole: a stand-in row, never read
+            return torch.zeros(1, row_format("fp4_e8m0_b32").row_bytes(D) // 4, dtype=torch.int32, device=k_pool.device)
         return k_pool.view(torch.int32)
     if k_pool.shape[0] == 0:
         return torch.zeros(1, D, dtype=torch.bfloat16, device=k_pool.device)
@@ -237,13 +219,15 @@ def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: boo
             D=D, PACKED=packed, **cfg, **pdl_launch(q),
         )
         return out
+    if H > 128:
+        raise ValueError(f"the rows kernel holds every head in one tile: H <= 128, got {H}")
     cfg = dict(ROWS_CONFIG if config is None else config)
     cand = cand_blocks.contiguous() if candidates else key_rows  # unused pointer in full mode
     grid = (triton.cdiv(C, cfg["BLOCK_T"]), S, B)
     _v41_scores_rows_kernel[grid](
         q, weights, pool, key_rows, n_visible, cand, out, H, R, C, *common,
         cand.stride(0), cand.stride(1) if candidates else 0, out.stride(0), out.stride(1),
-        D=D, BLOCK_H=min(64, max(16, triton.next_power_of_2(H))), CAND_BLOCK=cand_block,
+        D=D, BLOCK_H=max(16, triton.next_power_of_2(H)), CAND_BLOCK=cand_block,
         PACKED=packed, CANDIDATES=candidates, **cfg, **pdl_launch(q),
     )
     return out
