@@ -6,12 +6,12 @@ Shapes: 32 index heads x 128, keys fp4_e8m0_b32 (68-byte rows read as 17 int32 w
 pointer 16-byte aligned, its row stride 17 words not), weights fp32. At the PR's 13 shapes every
 column count (R, or 2048 candidate blocks x 8) is a multiple of 16, so the output strides are
 aligned; a decode step's one query per sequence makes the n_visible stride 1 (specialised). Each
-production launch: the tiles kernel (prefill, TILES_CONFIG), the rows kernel in full mode (decode)
-and in candidate mode (ROWS_CONFIG). Expectations: the key words and scale words are 4-byte loads
+production launch: the tiles kernel (prefill: TILES_CONFIG on sm_90 / sm_100, TILES_CONFIG_MMA_SYNC
+elsewhere), the rows kernel in full mode (decode) and in candidate mode (ROWS_CONFIG). Expectations: the key words and scale words are 4-byte loads
 (no load narrower than 4 bytes anywhere), tensor-core MMAs, no spills. Register bounds are not set
 yet (no measurement): 255, the hardware's maximum.
 """
-from v4serve.ops.v41_index_triton import ROWS_CONFIG, TILES_CONFIG
+from v4serve.ops.v41_index_triton import ROWS_CONFIG, TILES_CONFIG, TILES_CONFIG_MMA_SYNC
 
 from .spec import Expect, KernelSpec
 
@@ -19,8 +19,8 @@ _FN = "v4serve.ops.v41_index_triton"
 _STRIDES = ("stride_qb", "stride_qs", "stride_qh", "stride_wb", "stride_ws", "stride_k", "stride_rb", "stride_nb")
 _POINTERS = dict(q_ptr="*bf16", w_ptr="*fp32", k_ptr="*i32", rows_ptr="*i32", n_visible_ptr="*i32")
 _KEY_WORDS = Expect(kv_load_bytes=4, kv_lines=r"codes = tl\.load|scale_word = tl\.load", tensor_cores=True)
-_ROWS = {k: v for k, v in ROWS_CONFIG.items() if k not in ("num_warps", "num_stages")}
-_TILES = {k: v for k, v in TILES_CONFIG.items() if k not in ("num_warps", "num_stages")}
+_LAUNCH = ("num_warps", "num_stages")
+_ROWS = {k: v for k, v in ROWS_CONFIG.items() if k not in _LAUNCH}
 
 
 def _rows_entry(name, candidates):
@@ -39,18 +39,23 @@ def _rows_entry(name, candidates):
     )
 
 
-V41_INDEX_KERNELS: tuple[KernelSpec, ...] = (
-    KernelSpec(  # a prefill chunk of one sequence (B 1): S and R as at the PR shapes (multiples of 16)
-        "v41_index.tiles", f"{_FN}:_v41_scores_tiles_kernel",
+def _tiles_entry(name, config, archs):
+    """A prefill chunk of one sequence (B 1): S and R as at the PR shapes (multiples of 16)."""
+    return KernelSpec(
+        name, f"{_FN}:_v41_scores_tiles_kernel",
         types=dict(_POINTERS, out_ptr="*bf16", S="i32", H="i32", R="i32",
                    **dict.fromkeys((*_STRIDES, "stride_ob", "stride_os"), "i32")),
         aligned=("q_ptr", "w_ptr", "k_ptr", "rows_ptr", "n_visible_ptr", "out_ptr", "S", "H", "R", "stride_qb",
                  "stride_qs", "stride_qh", "stride_wb", "stride_ws", "stride_rb", "stride_nb", "stride_ob",
                  "stride_os"),
-        constexprs=dict(D=128, PACKED=True, PDL=False, **_TILES),
-        num_warps=TILES_CONFIG["num_warps"], num_stages=TILES_CONFIG["num_stages"],
-        expect=_KEY_WORDS,
-    ),
+        constexprs=dict(D=128, PACKED=True, PDL=False, **{k: v for k, v in config.items() if k not in _LAUNCH}),
+        num_warps=config["num_warps"], num_stages=config["num_stages"], archs=archs, expect=_KEY_WORDS,
+    )
+
+
+V41_INDEX_KERNELS: tuple[KernelSpec, ...] = (
+    _tiles_entry("v41_index.tiles", TILES_CONFIG, (90, 100)),  # tiles_config(): warpgroup MMAs
+    _tiles_entry("v41_index.tiles_mma_sync", TILES_CONFIG_MMA_SYNC, (80, 120)),
     _rows_entry("v41_index.rows_full", candidates=False),
     _rows_entry("v41_index.rows_candidates", candidates=True),
 )

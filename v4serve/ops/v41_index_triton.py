@@ -48,14 +48,16 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from v4serve.formats import row_format
-from v4serve.ops._dispatch import pdl_launch
+from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
 
 # Tiles (sm_90, Triton 3.6 / 3.8): 4 warps keep 2 programs on an SM (254 registers, no spill), so one
 # program's MMAs overlap the other's epilogue (Triton waits on each wgmma at once: a dot issued a head
 # ahead did not overlap, and 8 warps, 149 registers, run as one program per SM whose two warpgroups
 # meet at a barrier every head). BLOCK_T 128 halves the q traffic (BLOCK_S x H x D x 2 = 512 KB per
 # program, from L2) of BLOCK_T 64. bench/kernel_configs.py times the alternatives.
+# On mma.sync GPUs (sm_80, sm_89, sm_120) 4 warps need more than 255 registers (spills on sm_120): 8.
 TILES_CONFIG = dict(BLOCK_S=64, BLOCK_T=128, num_warps=4, num_stages=3)
+TILES_CONFIG_MMA_SYNC = dict(BLOCK_S=64, BLOCK_T=128, num_warps=8, num_stages=3)
 ROWS_CONFIG = dict(BLOCK_T=64, num_warps=4, num_stages=1)
 
 
@@ -173,6 +175,13 @@ def _v41_scores_rows_kernel(
         tl.store(out_ptrs, tl.where(live, score, float("-inf")).to(tl.bfloat16), mask=c < C)
 
 
+def tiles_config(device: torch.device) -> dict:
+    """The tiles kernel's production config for `device`: warpgroup MMAs (sm_90, sm_100) or mma.sync."""
+    if compiled_on_cuda(device) and torch.cuda.get_device_capability(device)[0] in (9, 10):
+        return TILES_CONFIG
+    return TILES_CONFIG_MMA_SYNC
+
+
 def _key_pool_words(k_pool: torch.Tensor, packed: bool, D: int) -> torch.Tensor:
     """The pool as the kernels index it: int32 words [N, row_bytes / 4] (packed) or bf16 [N, D]."""
     if packed:
@@ -212,7 +221,7 @@ def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: boo
     if kernel == "tiles":
         if candidates:
             raise ValueError("the tiles kernel scores full mode only (candidate lists differ per query)")
-        cfg = dict(TILES_CONFIG if config is None else config)
+        cfg = dict(tiles_config(q.device) if config is None else config)
         grid = (triton.cdiv(R, cfg["BLOCK_T"]), triton.cdiv(S, cfg["BLOCK_S"]), B)
         _v41_scores_tiles_kernel[grid](
             q, weights, pool, key_rows, n_visible, out, S, H, R, *common, out.stride(0), out.stride(1),
