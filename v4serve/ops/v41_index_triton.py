@@ -62,9 +62,19 @@ ROWS_CONFIG = dict(BLOCK_T=64, num_warps=4, num_stages=1)
 
 
 @triton.jit
+def _e2m1_times(codes, shift: tl.constexpr, scale):
+    """The code in bits [shift, shift + 4) of each word, decoded and scaled: fp32 (m << 22) | sign is
+    2^-126 times the e2m1 value (m < 2 subnormal), then * 2^126 * scale (exact)."""
+    nib = codes >> shift
+    bits = ((nib & 7) << 22) | ((nib & 8) << 28)
+    return (bits.to(tl.float32, bitcast=True) * 8.507059173023462e37) * scale
+
+
+@triton.jit
 def fp4_e8m0_b32_rows(words_ptr, rows, live, row_words, D: tl.constexpr):
     """Packed fp4_e8m0_b32 rows `rows` [R] (int32 words, row stride row_words) -> bf16 [R, D]; rows
-    not `live` read as zeros."""
+    not `live` read as zeros. Each word's 8 codes are decoded in the word's own lanes and joined in
+    registers, so no word is loaded twice (a [R, NW, 8] shift tensor replicated the word loads)."""
     NW: tl.constexpr = D // 8  # words of codes
     wc = tl.arange(0, NW)
     row_ptr = words_ptr + rows.to(tl.int64) * row_words
@@ -75,10 +85,12 @@ def fp4_e8m0_b32_rows(words_ptr, rows, live, row_words, D: tl.constexpr):
         scale_word = tl.load(row_ptr[:, None] + (NW + wc // 16)[None, :], mask=live[:, None], other=0)
     scale_byte = (scale_word >> (8 * ((wc // 4) % 4))[None, :]) & 0xFF  # [R, NW]: word w is in group w // 4
     scale = (scale_byte << 23).to(tl.float32, bitcast=True)  # 2^(b - 127), once per word
-    nib = codes[:, :, None] >> (4 * tl.arange(0, 8))[None, None, :]  # [R, NW, 8]
-    bits = ((nib & 7) << 22) | ((nib & 8) << 28)
-    v = (bits.to(tl.float32, bitcast=True) * 8.507059173023462e37) * scale[:, :, None]  # * 2^126 * scale
-    return tl.reshape(v, (rows.shape[0], D)).to(tl.bfloat16)
+    # [R, NW, 2, 2, 2]: index (a, b, c) holds code 4a + 2b + c (tl.join adds the minor axis)
+    even = tl.join(tl.join(_e2m1_times(codes, 0, scale), _e2m1_times(codes, 16, scale)),
+                   tl.join(_e2m1_times(codes, 8, scale), _e2m1_times(codes, 24, scale)))  # [a, b]: code 4a + 2b
+    odd = tl.join(tl.join(_e2m1_times(codes, 4, scale), _e2m1_times(codes, 20, scale)),
+                  tl.join(_e2m1_times(codes, 12, scale), _e2m1_times(codes, 28, scale)))  # code 4a + 2b + 1
+    return tl.reshape(tl.join(even, odd), (rows.shape[0], D)).to(tl.bfloat16)
 
 
 @triton.jit
@@ -160,12 +172,12 @@ def _v41_scores_rows_kernel(
         block = tl.load(cand_ptr + b * stride_cb + s * stride_cs + c // CAND_BLOCK, mask=c < C, other=-1)
         col = block * CAND_BLOCK + c % CAND_BLOCK
         wanted = (block >= 0) & (col < n_visible)
-        first_past = False
+        first_past = tl.max(wanted.to(tl.int32), 0) == 0  # no live slot (the list's -1 tail)
     else:
         col = c
         wanted = c < n_visible
         first_past = tl.program_id(0) * BLOCK_T >= n_visible
-    if first_past:
+    if first_past:  # nothing to score: -inf without touching a key
         tl.store(out_ptrs, tl.full([BLOCK_T], float("-inf"), tl.float32).to(tl.bfloat16), mask=c < C)
     else:
         rows = tl.load(rows_ptr + b * stride_rb + col, mask=wanted & (col < R), other=-1)
