@@ -25,6 +25,7 @@ ROWS_CANDIDATES = [
     ("rows", dict(BLOCK_T=128, num_warps=4, num_stages=1)),  # one wave at 64k columns
     ("rows", dict(BLOCK_T=128, num_warps=8, num_stages=1)),
     ("rows", dict(BLOCK_T=64, num_warps=2, num_stages=1)),
+    ("rows", dict(BLOCK_T=64, num_warps=4, num_stages=1)),  # ROWS_CONFIG (production below 4096 programs)
     None,
 ]
 SHAPES = {
@@ -32,6 +33,7 @@ SHAPES = {
     "full prefill n8192 start0 r2": TILES_CANDIDATES,
     "full decode B1 ctx131072 r2 staged1M": ROWS_CANDIDATES,
     "cand decode B1 ctx131072 NC16384": ROWS_CANDIDATES,
+    "cand prefill n128 start130944 NC16384": ROWS_CANDIDATES,
 }
 
 

@@ -11,7 +11,7 @@ elsewhere), the rows kernel in full mode (decode) and in candidate mode (ROWS_CO
 (no load narrower than 4 bytes anywhere), tensor-core MMAs, no spills. Register bounds are not set
 yet (no measurement): 255, the hardware's maximum.
 """
-from v4serve.ops.v41_index_triton import ROWS_CONFIG, TILES_CONFIG, TILES_CONFIG_MMA_SYNC
+from v4serve.ops.v41_index_triton import ROWS_CONFIG, ROWS_CONFIG_MANY, TILES_CONFIG, TILES_CONFIG_MMA_SYNC
 
 from .spec import Expect, KernelSpec
 
@@ -20,10 +20,9 @@ _STRIDES = ("stride_qb", "stride_qs", "stride_qh", "stride_wb", "stride_ws", "st
 _POINTERS = dict(q_ptr="*bf16", w_ptr="*fp32", k_ptr="*i32", rows_ptr="*i32", n_visible_ptr="*i32")
 _KEY_WORDS = Expect(kv_load_bytes=4, kv_lines=r"codes = tl\.load|scale_word = tl\.load", tensor_cores=True)
 _LAUNCH = ("num_warps", "num_stages")
-_ROWS = {k: v for k, v in ROWS_CONFIG.items() if k not in _LAUNCH}
 
 
-def _rows_entry(name, candidates):
+def _rows_entry(name, candidates, config=ROWS_CONFIG):
     """A decode launch (one query per sequence: stride_nb is 1; full mode passes stride_cs 0)."""
     strides = [s for s in (*_STRIDES, "stride_cb", "stride_cs", "stride_ob", "stride_os") if s != "stride_nb"]
     return KernelSpec(
@@ -33,8 +32,9 @@ def _rows_entry(name, candidates):
         aligned=("q_ptr", "w_ptr", "k_ptr", "rows_ptr", "n_visible_ptr", "cand_ptr", "out_ptr", "H", "R", "C",
                  *(s for s in strides if s != "stride_k")),
         constexprs=dict(stride_nb=1, D=128, BLOCK_H=32,
-                        CAND_BLOCK=8, PACKED=True, CANDIDATES=candidates, PDL=False, **_ROWS),
-        num_warps=ROWS_CONFIG["num_warps"], num_stages=ROWS_CONFIG["num_stages"],
+                        CAND_BLOCK=8, PACKED=True, CANDIDATES=candidates, PDL=False,
+                        **{k: v for k, v in config.items() if k not in _LAUNCH}),
+        num_warps=config["num_warps"], num_stages=config["num_stages"],
         expect=_KEY_WORDS,
     )
 
@@ -58,4 +58,5 @@ V41_INDEX_KERNELS: tuple[KernelSpec, ...] = (
     _tiles_entry("v41_index.tiles_mma_sync", TILES_CONFIG_MMA_SYNC, (80, 120)),
     _rows_entry("v41_index.rows_full", candidates=False),
     _rows_entry("v41_index.rows_candidates", candidates=True),
+    _rows_entry("v41_index.rows_candidates_many", candidates=True, config=ROWS_CONFIG_MANY),  # prefill chunks
 )

@@ -58,7 +58,12 @@ from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
 # On mma.sync GPUs (sm_80, sm_89, sm_120) 4 warps need more than 255 registers (spills on sm_120): 8.
 TILES_CONFIG = dict(BLOCK_S=64, BLOCK_T=128, num_warps=4, num_stages=3)
 TILES_CONFIG_MMA_SYNC = dict(BLOCK_S=64, BLOCK_T=128, num_warps=8, num_stages=3)
+# Rows: 64 columns per program for decode (more programs in flight for a latency-bound step); 128
+# where 64 would give thousands of programs (a candidate-mode prefill chunk: the per-program q tile
+# and its conversion to the MMA layout cost about a quarter of the instructions at 64).
 ROWS_CONFIG = dict(BLOCK_T=64, num_warps=4, num_stages=1)
+ROWS_CONFIG_MANY = dict(BLOCK_T=128, num_warps=4, num_stages=1)
+ROWS_MANY_PROGRAMS = 4096
 
 
 @triton.jit
@@ -242,7 +247,9 @@ def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: boo
         return out
     if H > 128:
         raise ValueError(f"the rows kernel holds every head in one tile: H <= 128, got {H}")
-    cfg = dict(ROWS_CONFIG if config is None else config)
+    if config is None:
+        config = ROWS_CONFIG_MANY if triton.cdiv(C, ROWS_CONFIG["BLOCK_T"]) * S * B >= ROWS_MANY_PROGRAMS else ROWS_CONFIG
+    cfg = dict(config)
     cand = cand_blocks.contiguous() if candidates else key_rows  # unused pointer in full mode
     grid = (triton.cdiv(C, cfg["BLOCK_T"]), S, B)
     _v41_scores_rows_kernel[grid](
