@@ -93,14 +93,15 @@ def test_candidate_mode_scores_the_candidates_columns(packed):
     n_visible = torch.randint(1, R + 1, (B, S), generator=g).to(torch.int32)
     cands = _cand_blocks(B, S, 4, 6, g)
     cands[0, 0] = -1  # an empty list: the kernel writes -inf without reading a key
-    for impl in ("torch", "triton"):
+    for impl, kernel in (("torch", "auto"), ("triton", "rows"), ("triton", "rows_predecoded")):
         got = v41_index_scores(q, w, pool if packed else keys, rows, n_visible,
-                               row_format="fp4_e8m0_b32" if packed else None, cand_blocks=cands, impl=impl)
+                               row_format="fp4_e8m0_b32" if packed else None, cand_blocks=cands, impl=impl,
+                               kernel=kernel)
         full = _reference(q, w, keys, rows, n_visible)  # [B, S, R]
         cols = cands.long().repeat_interleave(block, -1) * block + torch.arange(4 * block) % block
         listed = cands.long().repeat_interleave(block, -1) >= 0
         want = torch.where(listed & (cols < R), full.gather(2, cols.clamp(0, R - 1)), float("-inf"))
-        assert torch.equal(got.float(), want), impl
+        assert torch.equal(got.float(), want), (impl, kernel)
 
 
 def test_candidate_blocks_lists_the_reference_mask():

@@ -64,6 +64,12 @@ TILES_CONFIG_MMA_SYNC = dict(BLOCK_S=64, BLOCK_T=128, num_warps=8, num_stages=3)
 ROWS_CONFIG = dict(BLOCK_T=64, num_warps=4, num_stages=1)
 ROWS_CONFIG_MANY = dict(BLOCK_T=128, num_warps=4, num_stages=1)
 ROWS_MANY_PROGRAMS = 4096
+# Candidate mode with every key scored for >= PREDECODE_REUSE queries on average (a prefill chunk):
+# decode the sequence's rows once into a bf16 buffer (2 x 128 B per row, L2-resident at 128k rows)
+# and gather those with 16-byte loads, instead of decoding each key once per query (the decode is
+# ~2/3 of the rows kernel's instructions).
+PREDECODE_REUSE = 8
+DECODE_ROWS = 32
 
 
 @triton.jit
@@ -192,6 +198,17 @@ def _v41_scores_rows_kernel(
         tl.store(out_ptrs, tl.where(live, score, float("-inf")).to(tl.bfloat16), mask=c < C)
 
 
+@triton.jit
+def _v41_decode_keys_kernel(words_ptr, rows_ptr, out_ptr, N, row_words, D: tl.constexpr, BLOCK_R: tl.constexpr):
+    """out[i] = the bf16 values of packed key row rows[i] (zeros for a hole), i < N: the candidate
+    mode's keys decoded once per step when every key would otherwise be decoded for many queries."""
+    i = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rows = tl.load(rows_ptr + i, mask=i < N, other=-1)
+    keys = fp4_e8m0_b32_rows(words_ptr, rows, rows >= 0, row_words, D)
+    d = tl.arange(0, D)
+    tl.store(out_ptr + i.to(tl.int64)[:, None] * D + d[None, :], keys, mask=(i < N)[:, None])
+
+
 def tiles_config(device: torch.device) -> dict:
     """The tiles kernel's production config for `device`: warpgroup MMAs (sm_90, sm_100) or mma.sync."""
     if compiled_on_cuda(device) and torch.cuda.get_device_capability(device)[0] in (9, 10):
@@ -218,7 +235,9 @@ def _key_pool_words(k_pool: torch.Tensor, packed: bool, D: int) -> torch.Tensor:
 def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: bool, cand_blocks=None,
                             cand_block: int = 8, kernel: str = "auto", config: dict | None = None) -> torch.Tensor:
     """bf16 [B, S, C] scores (C = R in full mode, NB * cand_block in candidate mode). `kernel`:
-    "tiles" (full mode, many queries per sequence), "rows", or "auto" (tiles when S >= 16 and full)."""
+    "tiles" (full mode, many queries per sequence), "rows", "rows_predecoded" (packed keys decoded
+    once into a bf16 buffer, then "rows"), or "auto" (tiles for full mode with S >= 16; candidate
+    mode predecoded when S * C >= PREDECODE_REUSE * R; else rows)."""
     B, S, H, D = q.shape
     R = key_rows.shape[1]
     candidates = cand_blocks is not None
@@ -233,6 +252,17 @@ def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: boo
     key_rows, n_visible = key_rows.contiguous(), n_visible.contiguous()
     if kernel == "auto":
         kernel = "tiles" if not candidates and S >= 16 else "rows"
+        if candidates and packed and S * C >= PREDECODE_REUSE * R:
+            kernel = "rows_predecoded"
+    if kernel == "rows_predecoded":  # decode the sequence's keys once, then gather bf16 rows
+        if packed:
+            flat, words = key_rows.flatten(), pool
+            pool = torch.empty(flat.numel(), D, dtype=torch.bfloat16, device=q.device)
+            _v41_decode_keys_kernel[(triton.cdiv(flat.numel(), DECODE_ROWS),)](
+                words, flat, pool, flat.numel(), words.stride(0), D=D, BLOCK_R=DECODE_ROWS, num_warps=4)
+            own = torch.arange(B * R, device=q.device, dtype=torch.int32).view(B, R)
+            key_rows, packed = torch.where(key_rows >= 0, own, -1), False
+        kernel = "rows"
     common = (q.stride(0), q.stride(1), q.stride(2), weights.stride(0), weights.stride(1), pool.stride(0),
               key_rows.stride(0), n_visible.stride(0))
     if kernel == "tiles":
