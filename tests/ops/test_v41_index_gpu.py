@@ -80,6 +80,13 @@ def test_tiles_and_rows_kernels_agree_on_exact_inputs(name):
     assert torch.equal(case.run(kernel="tiles"), case.run(kernel="rows"))
 
 
+@pytest.mark.parametrize("name", ["cand prefill n128 start130944 NC16384", "cand decode B4 ctx131072 NC16384"])
+def test_predecoded_candidates_equal_in_kernel_decoding(name):
+    """The keys decoded once (bf16 rows) give the scores of decoding them per query, bit for bit."""
+    case = v41_index_case(*SHAPES[name][1], device="cuda", seed=4)
+    assert torch.equal(case.run(kernel="rows"), case.run(kernel="rows_predecoded"))
+
+
 @pytest.mark.parametrize("name", [n for n in SHAPES if n.startswith("cand")])
 def test_candidate_mode_equals_full_mode_at_the_candidates(name):
     case = _exact_inputs(v41_index_case(*SHAPES[name][1], device="cuda"), torch.Generator().manual_seed(2))
