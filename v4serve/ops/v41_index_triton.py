@@ -182,17 +182,17 @@ def _v41_scores_rows_kernel(
     if CANDIDATES:
         block = tl.load(cand_ptr + b * stride_cb + s * stride_cs + c // CAND_BLOCK, mask=c < C, other=-1)
         col = block * CAND_BLOCK + c % CAND_BLOCK
-        wanted = (block >= 0) & (col < n_visible)
-        first_past = tl.max(wanted.to(tl.int32), 0) == 0  # no live slot (the list's -1 tail)
-    else:
+        listed = block >= 0
+        nothing = tl.max((listed & (col < n_visible)).to(tl.int32), 0) == 0  # the list's -1 tail
+    else:  # key_rows is read beside n_visible, not after it: two dependent loads to the keys, not three
         col = c
-        wanted = c < n_visible
-        first_past = tl.program_id(0) * BLOCK_T >= n_visible
-    if first_past:  # nothing to score: -inf without touching a key
+        listed = c < C
+        nothing = False
+    if nothing:  # nothing to score: -inf without touching a key
         tl.store(out_ptrs, tl.full([BLOCK_T], float("-inf"), tl.float32).to(tl.bfloat16), mask=c < C)
     else:
-        rows = tl.load(rows_ptr + b * stride_rb + col, mask=wanted & (col < R), other=-1)
-        live = rows >= 0
+        rows = tl.load(rows_ptr + b * stride_rb + col, mask=listed & (col < R), other=-1)
+        live = (rows >= 0) & (col < n_visible)
         keys = _load_keys(k_ptr, rows, live, stride_k, D, PACKED)  # [BLOCK_T, D]
         score = tl.sum(_weighted_relu(tl.dot(q, tl.trans(keys)), w[:, None]), 0)
         tl.store(out_ptrs, tl.where(live, score, float("-inf")).to(tl.bfloat16), mask=c < C)
