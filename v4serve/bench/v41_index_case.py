@@ -51,7 +51,8 @@ def _paged_rows(B: int, R: int, ratio: int, pool_rows: int, g, device) -> torch.
     return (physical[:, t // per_page] * per_page + t % per_page).to(torch.int32)
 
 
-def v41_index_case(mode: str, B: int, n: int, start: int, ratio: int, staged: bool, device, seed: int = 0) -> V41IndexCase:
+def v41_index_case(mode: str, B: int, n: int, start: int, ratio: int, staged: bool, device,
+                   seed: int = 0) -> V41IndexCase:
     """mode "full" or "cand"; n query tokens per sequence at positions start .. start + n - 1."""
     g = torch.Generator(device=device).manual_seed(seed)
     H, D = V41_INDEX_HEADS, V41_INDEX_DIM

@@ -8,11 +8,13 @@ column count (R, or 2048 candidate blocks x 8) is a multiple of 16, so the outpu
 aligned; a decode step's one query per sequence makes the n_visible stride 1 (specialised). Each
 production launch: the tiles kernel (prefill: TILES_CONFIG on sm_90 / sm_100, TILES_CONFIG_MMA_SYNC
 elsewhere), the rows kernel in full mode (decode) and in candidate mode (ROWS_CONFIG), and a
-candidate prefill chunk's two launches (the keys decoded once, then the rows kernel over them). Expectations: the key words and scale words are 4-byte loads
-(no load narrower than 4 bytes anywhere), tensor-core MMAs, no spills. Register bounds are not set
-yet (no measurement): 255, the hardware's maximum.
+candidate prefill chunk's two launches (the keys decoded once, then the rows kernel over them).
+Expectations: the key words and scale words are 4-byte loads (no load narrower than 4 bytes
+anywhere), tensor-core MMAs, no spills. Register bounds are not set yet (no measurement): 255, the
+hardware's maximum.
 """
-from v4serve.ops.v41_index_triton import DECODE_ROWS, ROWS_CONFIG, ROWS_CONFIG_MANY, TILES_CONFIG, TILES_CONFIG_MMA_SYNC
+from v4serve.ops.v41_index_triton import (
+    DECODE_ROWS, ROWS_CONFIG, ROWS_CONFIG_MANY, TILES_CONFIG, TILES_CONFIG_MMA_SYNC)
 
 from .spec import Expect, KernelSpec
 

@@ -111,7 +111,9 @@ class IndexerV41(UsesKernels, nn.Module):
         picks = torch.full((q.shape[0], self.topk), -1, dtype=torch.int32, device=q.device)
         published = batch.published.get("candidate_blocks") if self.restricted else None
         kept = min(self.n_blocks, -(-rows_of.shape[1] // self.block))
-        blocks = torch.full((q.shape[0], kept), -1, dtype=torch.int32, device=q.device) if self.is_candidate_source else None
+        blocks = None
+        if self.is_candidate_source:
+            blocks = torch.full((q.shape[0], kept), -1, dtype=torch.int32, device=q.device)
         fmt = keys.read_format
         for span, b in _token_groups(batch):
             if batch.is_decode:  # B sequences, one query each

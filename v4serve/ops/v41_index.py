@@ -43,7 +43,8 @@ def _check(q, weights, k_pool, key_rows, n_visible, fmt, cand_blocks):
             raise ValueError(f"packed index keys must be fp4_e8m0_b32 rows of a multiple of 32 channels, got "
                              f"{fmt.name} with D = {D}")
         if k_pool.dtype != torch.uint8 or k_pool.dim() != 2 or k_pool.shape[1] < fmt.row_bytes(D):
-            raise ValueError(f"k_pool must be uint8 [N, >= {fmt.row_bytes(D)}], got {k_pool.dtype} {tuple(k_pool.shape)}")
+            raise ValueError(f"k_pool must be uint8 [N, >= {fmt.row_bytes(D)}], "
+                             f"got {k_pool.dtype} {tuple(k_pool.shape)}")
     elif k_pool.dim() != 2 or k_pool.shape[1] != D:
         raise ValueError(f"k_pool must be [N, {D}], got {tuple(k_pool.shape)}")
     if key_rows.dtype != torch.int32 or key_rows.dim() != 2 or key_rows.shape[0] != B:
@@ -52,7 +53,8 @@ def _check(q, weights, k_pool, key_rows, n_visible, fmt, cand_blocks):
         raise ValueError(f"n_visible must be int32 [{B}, {S}], got {n_visible.dtype} {tuple(n_visible.shape)}")
     if cand_blocks is not None and (cand_blocks.dtype != torch.int32 or cand_blocks.dim() != 3
                                     or cand_blocks.shape[:2] != (B, S)):
-        raise ValueError(f"cand_blocks must be int32 [{B}, {S}, NB], got {cand_blocks.dtype} {tuple(cand_blocks.shape)}")
+        raise ValueError(f"cand_blocks must be int32 [{B}, {S}, NB], "
+                         f"got {cand_blocks.dtype} {tuple(cand_blocks.shape)}")
 
 
 def v41_index_scores(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tensor, key_rows: torch.Tensor,

@@ -6,8 +6,9 @@
     -inf where the column is past n_visible[s], a hole (key row -1) or not a candidate
 
 Inputs: q [B, S, H, D] bf16 (fp4-rounded values, last dim contiguous), w [B, S, H] fp32 holding
-bf16 values (scales folded in; fp32 so that no load is narrower than 4 bytes), key_rows [B, R] int32 (the pool row of each of a sequence's compressed rows, -1 =
-hole), n_visible [B, S] int32, k_pool either packed `fp4_e8m0_b32` rows or bf16 rows [N, D].
+bf16 values (scales folded in; fp32 so that no load is narrower than 4 bytes), key_rows [B, R]
+int32 (the pool row of each of a sequence's compressed rows, -1 = hole), n_visible [B, S] int32,
+k_pool either packed `fp4_e8m0_b32` rows or bf16 rows [N, D].
 Output: bf16 [B, S, C] (every score is a bf16 value; half the bytes of fp32).
 
 Packed key row (`fp4_e8m0_b32`, D = 128: 68 B = 17 little-endian int32 words, 4-byte aligned):
@@ -29,8 +30,10 @@ Two kernels, one contract:
   wholly past every query's n_visible (the causal part) only write -inf.
 * `_v41_scores_rows_kernel` (full-mode decode, and candidate mode, where every query has its own
   keys): a program owns one query and BLOCK_T of its columns, decodes those keys and runs one MMA
-  [H, D] x [D, BLOCK_T] (every head in one tile); the heads are summed with tl.sum. In candidate mode column c of the output
-  is slot c of the query's candidate list: key column cand[b, s, c // BLOCK] * BLOCK + c % BLOCK.
+  [H, D] x [D, BLOCK_T] (every head in one tile); the heads are summed with tl.sum. In candidate
+  mode column c of the output is slot c of the query's candidate list: key column
+  cand[b, s, c // BLOCK] * BLOCK + c % BLOCK. A candidate-mode prefill chunk decodes the
+  sequence's rows once (`_v41_decode_keys_kernel`) and runs this kernel over the bf16 rows.
 
 Bits: l and p are the reference's bits whenever the fp32 dot is exact, which it is for fp4 x fp4
 products unless a row's group scales span more than ~2^9 (the dot of one 32-channel group is an
@@ -278,7 +281,8 @@ def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: boo
     if H > 128:
         raise ValueError(f"the rows kernel holds every head in one tile: H <= 128, got {H}")
     if config is None:
-        config = ROWS_CONFIG_MANY if triton.cdiv(C, ROWS_CONFIG["BLOCK_T"]) * S * B >= ROWS_MANY_PROGRAMS else ROWS_CONFIG
+        many = triton.cdiv(C, ROWS_CONFIG["BLOCK_T"]) * S * B >= ROWS_MANY_PROGRAMS
+        config = ROWS_CONFIG_MANY if many else ROWS_CONFIG
     cfg = dict(config)
     cand = cand_blocks.contiguous() if candidates else key_rows  # unused pointer in full mode
     grid = (triton.cdiv(C, cfg["BLOCK_T"]), S, B)
