@@ -28,6 +28,7 @@ ROWS_CANDIDATES = [
     ("rows", dict(BLOCK_T=64, num_warps=4, num_stages=1)),  # ROWS_CONFIG (production below 4096 programs)
     ("rows_predecoded", None),  # candidate mode: keys decoded once, bf16 gathers (production for prefill)
     ("rows_predecoded", dict(BLOCK_T=64, num_warps=4, num_stages=1)),
+    ("rows_predecoded", dict(BLOCK_T=128, num_warps=4, num_stages=1)),
     None,
 ]
 SHAPES = {

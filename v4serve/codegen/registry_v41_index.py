@@ -14,7 +14,7 @@ anywhere), tensor-core MMAs, no spills. Register bounds are not set yet (no meas
 hardware's maximum.
 """
 from v4serve.ops.v41_index_triton import (
-    DECODE_ROWS, ROWS_CONFIG, ROWS_CONFIG_MANY, TILES_CONFIG, TILES_CONFIG_MMA_SYNC)
+    DECODE_ROWS, ROWS_CONFIG, ROWS_CONFIG_MANY, ROWS_CONFIG_PREDECODED, TILES_CONFIG, TILES_CONFIG_MMA_SYNC)
 
 from .spec import Expect, KernelSpec
 
@@ -63,7 +63,8 @@ V41_INDEX_KERNELS: tuple[KernelSpec, ...] = (
     _rows_entry("v41_index.rows_full", candidates=False),
     _rows_entry("v41_index.rows_candidates", candidates=True),
     _rows_entry("v41_index.rows_candidates_many", candidates=True, config=ROWS_CONFIG_MANY),
-    _rows_entry("v41_index.rows_candidates_predecoded", candidates=True, config=ROWS_CONFIG_MANY, packed=False),
+    _rows_entry("v41_index.rows_candidates_predecoded", candidates=True, config=ROWS_CONFIG_PREDECODED,
+                packed=False),
     KernelSpec(  # the candidate prefill's keys decoded once (PREDECODE_REUSE)
         "v41_index.decode_keys", f"{_FN}:_v41_decode_keys_kernel",
         types=dict(words_ptr="*i32", rows_ptr="*i32", out_ptr="*bf16", N="i32", row_words="i32"),

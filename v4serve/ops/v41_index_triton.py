@@ -73,6 +73,7 @@ ROWS_MANY_PROGRAMS = 4096
 # ~2/3 of the rows kernel's instructions).
 PREDECODE_REUSE = 8
 DECODE_ROWS = 32
+ROWS_CONFIG_PREDECODED = dict(BLOCK_T=128, num_warps=8, num_stages=1)  # 4 warps spilled on sm_120 (3.8)
 
 
 @triton.jit
@@ -265,7 +266,7 @@ def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: boo
                 words, flat, pool, flat.numel(), words.stride(0), D=D, BLOCK_R=DECODE_ROWS, num_warps=4)
             own = torch.arange(B * R, device=q.device, dtype=torch.int32).view(B, R)
             key_rows, packed = torch.where(key_rows >= 0, own, -1), False
-        kernel = "rows"
+        kernel, config = "rows", ROWS_CONFIG_PREDECODED if config is None else config
     common = (q.stride(0), q.stride(1), q.stride(2), weights.stride(0), weights.stride(1), pool.stride(0),
               key_rows.stride(0), n_visible.stride(0))
     if kernel == "tiles":
