@@ -53,7 +53,7 @@ from triton.language.extra.cuda import gdc_wait
 from v4serve.formats import row_format
 from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
 
-# Tiles (sm_90, Triton 3.6 / 3.8): 4 warps keep 2 programs on an SM (254 registers, no spill), so one
+# Tiles (sm_90, Triton 3.6-3.9): 4 warps keep 2 programs on an SM (232 registers, no spill), so one
 # program's MMAs overlap the other's epilogue (Triton waits on each wgmma at once: a dot issued a head
 # ahead did not overlap, and 8 warps, 149 registers, run as one program per SM whose two warpgroups
 # meet at a barrier every head). BLOCK_T 128 halves the q traffic (BLOCK_S x H x D x 2 = 512 KB per
