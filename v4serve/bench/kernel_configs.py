@@ -210,6 +210,11 @@ def _compact_run(case):
 
 def main() -> int:
     only = sys.argv[1] if len(sys.argv) > 1 else ""
+    if only.startswith("v41") or "NC16384" in only or "staged1M" in only or only.startswith(("full ", "cand ")):
+        from v4serve.bench.v41_index_configs import sweep
+
+        sweep(only)  # the V4.1 indexer's shapes (bench/v41_index_configs.py)
+        return 0
     for name, args in PREFILL_SHAPES.items():
         if only in name:
             case = sparse_prefill_case(*args, "cuda")

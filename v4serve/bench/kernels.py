@@ -37,6 +37,7 @@ from v4serve.bench.shapes import (
     sparse_decode_case,
     sparse_prefill_case,
 )
+from v4serve.bench.v41_index_case import build_v41_index
 from v4serve.ops.expert_fetch import expert_fetch
 from v4serve.ops.gated_pool import gated_pool
 from v4serve.ops.hc_coefficients import hc_coefficients
@@ -180,6 +181,8 @@ def build(kind, args, device, seed=0):
         return _build_fp8_linear(*args, device=device, seed=seed)
     if kind == "mxfp4_moe":
         return _build_mxfp4_moe(*args, device=device, seed=seed)
+    if kind == "v41_index":
+        return build_v41_index(*args, device=device, seed=seed)
     if kind == "indexer":
         q, w, k_pool, key_rows, n_visible = indexer_case(*args, device=device, seed=seed)
         B, S, H, Dk = q.shape
@@ -283,14 +286,15 @@ def table_line(r) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="v4serve bench kernels", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--only", default="", help="substring filter on shape names, e.g. 'decode'")
+    parser.add_argument("--only", default="", help="substring filter on shape names, e.g. 'decode'; "
+                        "'a|b' keeps the names holding a or b")
     parser.add_argument("--no-cold", action="store_true", help="skip the L2-cold figures")
     parser.add_argument("--json", default=None, help="also write the JSON line to this file")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("v4serve bench kernels needs a CUDA GPU", file=sys.stderr)
         return 2
-    names = [n for n in all_shapes() if args.only in n]
+    names = [n for n in all_shapes() if any(f in n for f in args.only.split("|"))]
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     print(TABLE_HEAD, flush=True)
     rows = []

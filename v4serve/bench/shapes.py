@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from v4serve.bench.v41_index_case import v41_index_shapes
 from v4serve.ops.indexer import select_topk
 
 HEADS, HEAD_DIM, WINDOW, TOPK = 64, 512, 128, 512
@@ -36,6 +37,20 @@ PR_NEW38_US = {
     "gated_pool B8 R8 D512": 2.08,
     "gated_pool B8 R128 D128": 15.46,
     "gated_pool B8 R128 D512": 16.43,
+    # DeepSeek-V4.1 indexer (FreeToken PR "read dsv41 indexer key rows as int32 words", new@3.8)
+    "full prefill n2048 start0 r2": 156.38,
+    "full prefill n8192 start0 r2": 2172.03,
+    "full prefill n2048 start129024 r2": 17157.43,
+    "full prefill n128 start8064 r1": 163.01,
+    "full prefill n128 start130944 r1": 2639.19,
+    "cand prefill n128 start8064 NC16384": 207.36,
+    "cand prefill n128 start130944 NC16384": 211.15,
+    "full decode B1 ctx32768 r2 staged1M": 5.47,
+    "full decode B4 ctx32768 r2 staged1M": 16.39,
+    "full decode B1 ctx131072 r2 staged1M": 16.38,
+    "full decode B1 ctx131072 r1 staged1M": 31.37,
+    "cand decode B1 ctx131072 NC16384": 4.51,
+    "cand decode B4 ctx131072 NC16384": 9.17,
 }
 
 # our own targets on the H200, µs (the issue's list)
@@ -48,6 +63,11 @@ TARGET_US = {
     "sparse decode r0 B1 pos32767": 6.0,
     "gated_pool B1 R128 D512": 5.0,
     "gated_pool B1 R8 D512": 2.0,
+    # issue 19 (V4.1 indexer): besides >= 2x faster than the PR's H100 new@3.8 time on every shape
+    "full prefill n2048 start129024 r2": 6000.0,
+    "full prefill n8192 start0 r2": 800.0,
+    "full decode B1 ctx131072 r2 staged1M": 6.0,
+    "cand decode B1 ctx131072 NC16384": 2.5,
 }
 
 
@@ -274,4 +294,5 @@ def all_shapes():
         if kind == "prefill":
             shapes[name.replace("sparse prefill", "kv compact")] = ("kv_compact", args)
     shapes.update(quant_weight_shapes())
+    shapes.update(v41_index_shapes())  # DeepSeek-V4.1 indexer over packed fp4 keys (bench/v41_index_case.py)
     return shapes

@@ -30,6 +30,7 @@ from v4serve.ops.sparse_attn_triton import (
 from .spec import Expect, KernelSpec
 from .registry_kv_compact import KV_COMPACT_KERNELS
 from .registry_packed_kv import INDEX_ALIGNED, INDEX_TYPES, PACKED_KV_KERNELS
+from .registry_v41_index import V41_INDEX_KERNELS
 
 _CANARY = "v4serve.codegen.samples"
 # The packed-row constexprs (issue 17) at their bf16-pool defaults: every kernel that can read or
@@ -530,6 +531,8 @@ KERNELS: tuple[KernelSpec, ...] = (
     # ---- packed KV rows (issue 17): v4serve/codegen/registry_packed_kv.py ----
     *PACKED_KV_KERNELS,
     *KV_COMPACT_KERNELS,
+    # ---- DeepSeek-V4.1 indexer over packed fp4 keys: v4serve/codegen/registry_v41_index.py ----
+    *V41_INDEX_KERNELS,
     # ---- sampler: the structured-output token bitmask on fp32 logits (ops/token_bitmask_triton.py) ----
     KernelSpec(  # TOKEN_BITMASK_CONFIG
         "sampler.token_bitmask", f"{_OPS}.token_bitmask_triton:_token_bitmask_kernel",

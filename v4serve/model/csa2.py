@@ -15,6 +15,8 @@ Indexer (full and reindex layers), query at position p seeing n = (p + 1) // rat
     q = fp4_e8m0_b32(rope(Wq_b qr, p));  w = bf16(x Ww^T * index_head_dim^-0.5 * index_n_heads^-0.5)
     scores / candidates / top-k: `ops/v41_index.py`; the candidate source publishes its candidate
     mask, reindex layers after it score only those rows; every index layer publishes its top-k.
+    With Triton (CUDA) the scores come from the kernels over the pool's packed rows, the candidate
+    source publishes its kept blocks as a list and reindex layers score only their slots.
 """
 
 from __future__ import annotations
@@ -32,7 +34,15 @@ from v4serve.model.norm import RMSNorm
 from v4serve.model.rope import StepRope, rotary_angles
 from v4serve.ops.compress_decode import compress_decode
 from v4serve.ops.norm_rope import rms_norm_rope
-from v4serve.ops.v41_index import candidate_mask, index_scores_v41, select_sorted
+from v4serve.ops._dispatch import use_triton
+from v4serve.ops.v41_index import (
+    candidate_blocks,
+    candidate_mask,
+    index_scores_v41,
+    select_candidates,
+    select_sorted,
+    v41_index_scores,
+)
 
 
 class IndexerV41(UsesKernels, nn.Module):
@@ -70,6 +80,8 @@ class IndexerV41(UsesKernels, nn.Module):
         q = self.q_b_proj(qr).unflatten(-1, (self.n_heads, self.head_dim))
         q = keys.round(rms_norm_rope(q, cos=rope.compress.cos, sin=rope.compress.sin, impl=self.impl), self.impl)
         w = (self.weights_proj(x).float() * self.weight_scale).to(torch.bfloat16)
+        if use_triton(self.impl, x):
+            return self._select_on_device(q, w, batch, keys)
         rows_of = batch.compressed_rows[self.ratio]  # [B, R]
         visible = batch.visible_compressed(self.ratio)
         width = rows_of.shape[1]
@@ -87,6 +99,41 @@ class IndexerV41(UsesKernels, nn.Module):
         batch.published["topk"] = picks
         if candidates is not None:
             batch.published["candidates"] = candidates
+        return picks
+
+
+    def _select_on_device(self, q: torch.Tensor, w: torch.Tensor, batch: ForwardBatch, keys) -> torch.Tensor:
+        """`select` through the Triton kernels (ops/v41_index.py), no host sync: scores over the pool's
+        rows as stored (packed fp4 words or bf16), in full mode, or in candidate mode over the blocks
+        the candidate source published ("candidate_blocks": [T, blocks] int32, ascending, -1 after)."""
+        rows_of = batch.compressed_rows[self.ratio]  # [B, R]
+        visible = batch.visible_compressed(self.ratio)
+        picks = torch.full((q.shape[0], self.topk), -1, dtype=torch.int32, device=q.device)
+        published = batch.published.get("candidate_blocks") if self.restricted else None
+        kept = min(self.n_blocks, -(-rows_of.shape[1] // self.block))
+        blocks = None
+        if self.is_candidate_source:
+            blocks = torch.full((q.shape[0], kept), -1, dtype=torch.int32, device=q.device)
+        fmt = keys.read_format
+        for span, b in _token_groups(batch):
+            if batch.is_decode:  # B sequences, one query each
+                qs, ws, rows, seen = q[:, None], w[:, None], rows_of, visible[:, None]
+                cands = None if published is None else published[:, None]
+            else:  # one sequence's chunk
+                qs, ws, rows, seen = q[span][None], w[span][None], rows_of[b][None], visible[span][None]
+                cands = None if published is None else published[span][None]
+            scores = v41_index_scores(qs, ws, keys.data, rows, seen, row_format=fmt, cand_blocks=cands,
+                                      cand_block=self.block, impl=self.impl).flatten(0, 1)
+            seen = seen.flatten()
+            if cands is not None:
+                picks[span] = select_candidates(scores, cands.flatten(0, 1), self.block, self.topk, seen)
+                continue
+            if blocks is not None:
+                blocks[span] = candidate_blocks(scores, seen, self.block, self.n_blocks)
+            picks[span] = select_sorted(scores, self.topk, seen)
+        batch.published["topk"] = picks
+        if blocks is not None:
+            batch.published["candidate_blocks"] = blocks
         return picks
 
 
