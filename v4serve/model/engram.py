@@ -8,9 +8,11 @@ R = (max_ngram - 1) * heads), with e = concat_i dequant(table[r_i]) [R * head_di
     gate_j = sigmoid(sign(a_j) sqrt(|a_j|))        (|a_j| floored at 1e-6 before the root)
     X_j   += gate_j * v
 
-rms = RMSNorm without weight (eps = rms_norm_eps), fp32 math. The table is e4m3 rows [rows, head_dim]
-with one ue8m0 scale per row (head_dim = 32): rows are dequantized when looked up, so the table
-itself can stay in host memory (the real ones are ~183 GiB); only the step's rows move.
+rms = RMSNorm without weight (eps = rms_norm_eps), fp32 math. The table is e4m3 codes
+`table [rows, head_dim]` with one ue8m0 scale per 32 channels, stored as its exponent byte
+`table_scale [rows, head_dim / 32]` uint8 (2^(b - 127)): rows are dequantized when looked up,
+where the table lives, so it can stay in host memory (V4.1-Flash's two are ~183 GiB); only the
+step's T * R rows move to the device.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from torch import nn
 from v4serve.config import ModelConfig
 from v4serve.model.v41_quant import act_quant
 
+SCALE_BLOCK = 32  # table channels per ue8m0 scale
+
 
 class Engram(nn.Module):
     def __init__(self, config: ModelConfig, num_embeddings: int):
@@ -33,9 +37,12 @@ class Engram(nn.Module):
         self.eps = config.rms_norm_eps
         self.head_dim = v.engram_head_dim
         rows = (v.engram_max_ngram_size - 1) * v.engram_n_heads
-        # e4m3 codes and fp32 row scales: not parameters (never cast to the model dtype).
+        if self.head_dim % SCALE_BLOCK:
+            raise ValueError(f"config field `engram_head_dim` ({self.head_dim}) must be a multiple of {SCALE_BLOCK}")
+        # e4m3 codes and ue8m0 exponent bytes: not parameters (never cast to the model dtype).
         self.register_buffer("table", torch.zeros(num_embeddings, self.head_dim, dtype=torch.float8_e4m3fn))
-        self.register_buffer("table_scale", torch.ones(num_embeddings, 1, dtype=torch.float32))
+        self.register_buffer("table_scale", torch.full((num_embeddings, self.head_dim // SCALE_BLOCK), 127,
+                                                        dtype=torch.uint8))
         self.wkv = nn.Linear(rows * self.head_dim, (n + 1) * d, bias=False)
         self.q_weight = nn.Parameter(torch.ones(n, d))
         self.k_weight = nn.Parameter(torch.ones(n, d))
@@ -43,13 +50,14 @@ class Engram(nn.Module):
     def lookup(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """rows int64 [T, R] -> dequantized embeddings [T, R * head_dim] (gathered where the table lives)."""
         flat = rows.to(self.table.device).flatten()
-        e = self.table[flat].float() * self.table_scale[flat]
+        scale = torch.exp2(self.table_scale[flat].float() - 127).repeat_interleave(SCALE_BLOCK, dim=1)
+        e = self.table[flat].float() * scale
         return e.to(dtype).view(rows.shape[0], -1).to(rows.device)
 
     def forward(self, streams: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """streams [T, n, D], rows [T, R] -> streams with the gated n-gram value added."""
-        e = self.lookup(rows, self.wkv.weight.dtype)
-        kv = nn.functional.linear(act_quant(e), self.wkv.weight)
+        e = self.lookup(rows, self.q_weight.dtype)
+        kv = self.wkv(act_quant(e))  # an FP8Linear of a quantized model rounds the same way again: idempotent
         keys, value = kv[:, : self.hc_mult * self.dim].view(-1, self.hc_mult, self.dim), kv[:, self.hc_mult * self.dim:]
         q = _rms(streams) * self.q_weight.float()
         k = _rms(keys) * self.k_weight.float()
