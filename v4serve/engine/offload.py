@@ -58,8 +58,10 @@ def memory_map(model: torch.nn.Module, kv_total_bytes: int) -> list[str]:
     from v4serve.model.loader import offloads_of
 
     offloads = offloads_of(model)
-    params = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers())
-                 if t.device.type != "meta")
+    device = model.lm_head.weight.device
+    tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.device.type != "meta"]
+    params = sum(t.numel() * t.element_size() for t in tensors if t.device == device)
+    tables = sum(t.numel() * t.element_size() for t in tensors if t.device != device)  # V4.1's Engram tables
     resident = sum(o.device_bytes()[0] for o in offloads)
     slots = sum(o.device_bytes()[1] for o in offloads)
     host = sum(o.host_bytes() for o in offloads)
@@ -70,6 +72,7 @@ def memory_map(model: torch.nn.Module, kv_total_bytes: int) -> list[str]:
              + (f" (of which resident offload-layer experts {resident / gib:.2f} GiB)" if offloads else ""),
              f"  weights in host memory  {host / gib:9.2f} GiB ({n_host} routed experts in {len(offloads)} layers, "
              f"pinned)" if offloads else "  weights in host memory       0.00 GiB",
+             *([f"  Engram tables in host memory {tables / gib:9.2f} GiB"] if tables else []),
              f"  expert cache (staging)  {slots / gib:9.2f} GiB"
              + (f" ({offloads[0].n_slots} slots per offloaded layer)" if offloads else ""),
              f"  KV cache                {kv_total_bytes / gib:9.2f} GiB"]

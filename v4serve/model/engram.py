@@ -26,6 +26,7 @@ from v4serve.config import ModelConfig
 from v4serve.model.v41_quant import act_quant
 
 SCALE_BLOCK = 32  # table channels per ue8m0 scale
+ENGRAM_TABLE_BUFFERS = ("table", "table_scale")
 
 
 class Engram(nn.Module):
@@ -48,11 +49,13 @@ class Engram(nn.Module):
         self.k_weight = nn.Parameter(torch.ones(n, d))
 
     def lookup(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """rows int64 [T, R] -> dequantized embeddings [T, R * head_dim] (gathered where the table lives)."""
+        """rows int64 [T, R] -> dequantized embeddings [T, R * head_dim]: the rows' codes and scale
+        bytes gathered where the table lives, moved to `rows.device`, dequantized there."""
         flat = rows.to(self.table.device).flatten()
-        scale = torch.exp2(self.table_scale[flat].float() - 127).repeat_interleave(SCALE_BLOCK, dim=1)
-        e = self.table[flat].float() * scale
-        return e.to(dtype).view(rows.shape[0], -1).to(rows.device)
+        codes = self.table.view(torch.uint8)[flat].to(rows.device).view(torch.float8_e4m3fn)
+        exponents = self.table_scale[flat].to(rows.device)
+        scale = torch.exp2(exponents.float() - 127).repeat_interleave(SCALE_BLOCK, dim=1)
+        return (codes.float() * scale).to(dtype).view(rows.shape[0], -1)
 
     def forward(self, streams: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """streams [T, n, D], rows [T, R] -> streams with the gated n-gram value added."""

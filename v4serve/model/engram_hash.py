@@ -48,6 +48,11 @@ def compressed_token_map(decode_one, vocab_size: int) -> torch.Tensor:
     return out
 
 
+def modulo_token_map(config: ModelConfig) -> torch.Tensor:
+    """A token map for a model without a tokenizer (a preset): id -> id mod the compressed vocab."""
+    return torch.arange(config.vocab_size) % config.v41.engram_compressed_vocab_size
+
+
 def _is_prime(n: int) -> bool:
     if n < 2:
         return False

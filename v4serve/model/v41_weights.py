@@ -98,12 +98,9 @@ def build_v41_model(path: str | Path, config: ModelConfig, device: torch.device 
         token_map = tokenizer_token_map(path)
     with torch.device("meta"):
         net = DeepseekV4ForCausalLM(config)
-    # The gated (ratio-2) compressors' projections run in fp32, as the reference promotes them.
-    gated = {f"{n}.{w}.weight" for n, m in net.named_modules()
-             if isinstance(m, SourceCompressor) and m.gate_proj is not None for w in ("kv_proj", "gate_proj")}
+    keep32 = v41_fp32_parameters(net)
     for name, p in net.named_parameters():
-        keep32 = any(f in name for f in _FP32) or name in gated
-        if p.is_floating_point() and not keep32:
+        if p.is_floating_point() and name not in keep32:
             p.data = p.data.to(dtype)
     net.to_empty(device=device)
     with torch.no_grad():
@@ -119,6 +116,14 @@ def build_v41_model(path: str | Path, config: ModelConfig, device: torch.device 
         if name.endswith("mlp.experts"):
             module.act_quant, module.weight_before_down = act_quant, True
     return net.eval()
+
+
+def v41_fp32_parameters(net: torch.nn.Module) -> set[str]:
+    """Parameters kept in fp32 whatever the model dtype: mHC, sinks, the router bias, and the gated
+    (ratio-2) compressors' projections, which the reference promotes to fp32."""
+    gated = {f"{n}.{w}.weight" for n, m in net.named_modules()
+             if isinstance(m, SourceCompressor) and m.gate_proj is not None for w in ("kv_proj", "gate_proj")}
+    return {name for name, _ in net.named_parameters() if any(f in name for f in _FP32) or name in gated}
 
 
 def tokenizer_token_map(path: Path) -> torch.Tensor:
