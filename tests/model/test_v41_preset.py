@@ -88,13 +88,16 @@ def test_tiny_preset_runs_in_the_official_formats():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_flash_preset_on_the_gpu():
+@pytest.mark.parametrize("kernels", ["auto", "torch"])  # V4.1's first GPU run: which side fails, if one does
+def test_flash_preset_on_the_gpu(kernels):
     """Full V4.1-Flash layers (depth 4: window, Engram + window, kv source, reuse) in the official
     formats on the device, Engram tables (1M buckets) in host memory; greedy decode twice equal."""
+    import gc
+
     from v4serve import LLM, SamplingParams
 
     llm = LLM("deepseek-v4.1-flash", hf_overrides={"num_hidden_layers": 4, "engram_vocab_size": 1 << 20},
-              max_model_len=4096, max_num_seqs=4, progress=False)
+              max_model_len=4096, max_num_seqs=4, num_kv_pages=256, kernels=kernels, progress=False)
     lines, agree = kv_bytes_lines(llm.engine.cache, llm.engine.kv_budget)
     assert agree, lines
     assert llm.engine.kv_budget.bytes_per_token == (288 + 68) / 2
@@ -106,3 +109,6 @@ def test_flash_preset_on_the_gpu():
     for x, y in zip(a, b):
         assert x.outputs[0].token_ids == y.outputs[0].token_ids and len(x.outputs[0].token_ids) == 32
         assert all(torch.isfinite(torch.tensor(next(iter(p.values())).logprob)) for p in x.outputs[0].logprobs)
+    del llm, a, b
+    gc.collect()
+    torch.cuda.empty_cache()
