@@ -17,6 +17,7 @@ step's T * R rows move to the device.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -52,7 +53,7 @@ class Engram(nn.Module):
         """rows int64 [T, R] -> dequantized embeddings [T, R * head_dim]: the rows' codes and scale
         bytes gathered where the table lives, moved to `rows.device`, dequantized there."""
         flat = rows.to(self.table.device).flatten()
-        codes = self.table.view(torch.uint8)[flat].to(rows.device).view(torch.float8_e4m3fn)
+        codes = self.table[flat].to(rows.device)
         exponents = self.table_scale[flat].to(rows.device)
         scale = torch.exp2(exponents.float() - 127).repeat_interleave(SCALE_BLOCK, dim=1)
         return (codes.float() * scale).to(dtype).view(rows.shape[0], -1)
@@ -72,3 +73,17 @@ class Engram(nn.Module):
 def _rms(x: torch.Tensor, eps: float = 1e-20) -> torch.Tensor:
     x = x.float()
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+
+
+@contextlib.contextmanager
+def engram_tables_in_host_memory(net: torch.nn.Module):
+    """Inside: the model's Engram tables are out of it (so `to_empty` does not allocate them on the
+    device); after: they are back, allocated in host memory, uninitialised (V4.1-Flash's two are
+    ~183 GiB; a step looks up T * R rows there and moves only those, `Engram.lookup`)."""
+    held = [(m, name, m._buffers.pop(name)) for m in net.modules() if isinstance(m, Engram)
+            for name in ENGRAM_TABLE_BUFFERS]
+    try:
+        yield
+    finally:
+        for module, name, meta in held:
+            module.register_buffer(name, torch.empty(meta.shape, dtype=meta.dtype, device="cpu"))

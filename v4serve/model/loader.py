@@ -3,7 +3,6 @@ weights kept in their formats, routed experts optionally partly in host memory).
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Any, Callable
@@ -12,7 +11,7 @@ import torch
 
 from v4serve.config import ModelConfig, apply_quantization_override
 from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
-from v4serve.model.engram import ENGRAM_TABLE_BUFFERS, Engram
+from v4serve.model.engram import ENGRAM_TABLE_BUFFERS, Engram, engram_tables_in_host_memory
 from v4serve.model.engram_hash import modulo_token_map
 from v4serve.model.quantized import EXPERT_TENSORS, MXFP4Experts
 from v4serve.model.quantized_install import install, official_plan
@@ -131,20 +130,6 @@ def fp32_parameters(net: torch.nn.Module, config: ModelConfig) -> set[str]:
         from v4serve.model.v41_weights import v41_fp32_parameters
         return v41_fp32_parameters(net)
     return {name for name, _ in net.named_parameters() if any(frag in name for frag in FP32_PARAMETERS)}
-
-
-@contextlib.contextmanager
-def engram_tables_in_host_memory(net: torch.nn.Module):
-    """Inside: the model's Engram tables are out of it (so `to_empty` does not allocate them on the
-    device); after: they are back, allocated in host memory, uninitialised (V4.1-Flash's two are
-    ~183 GiB; a step looks up T * R rows there and moves only those, `Engram.lookup`)."""
-    held = [(m, name, m._buffers.pop(name)) for m in net.modules() if isinstance(m, Engram)
-            for name in ENGRAM_TABLE_BUFFERS]
-    try:
-        yield
-    finally:
-        for module, name, meta in held:
-            module.register_buffer(name, torch.empty(meta.shape, dtype=meta.dtype, device="cpu"))
 
 
 def _writer(net: torch.nn.Module, offloads: dict[str, ExpertOffload]):

@@ -18,6 +18,7 @@ from safetensors import safe_open
 from v4serve.config import ModelConfig
 from v4serve.model.csa2 import SourceCompressor
 from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
+from v4serve.model.engram import engram_tables_in_host_memory
 from v4serve.model.engram_hash import compressed_token_map
 from v4serve.model.v41_quant import act_quant, dequant_fp8_blocks, dequant_mxfp4, quantize_linear_inputs
 from v4serve.model.weights import WeightsError, checkpoint_files, compact_names
@@ -102,7 +103,8 @@ def build_v41_model(path: str | Path, config: ModelConfig, device: torch.device 
     for name, p in net.named_parameters():
         if p.is_floating_point() and name not in keep32:
             p.data = p.data.to(dtype)
-    net.to_empty(device=device)
+    with engram_tables_in_host_memory(net):
+        net.to_empty(device=device)
     with torch.no_grad():
         for name, b in net.named_buffers():
             if name.endswith("position_bias"):
