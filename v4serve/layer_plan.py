@@ -11,7 +11,7 @@ Per layer:
   previous block's first half and its own block's second half) / plain (HCA: one block);
 * `indexer`: none / own (V4 CSA: an index-key compressor of its own and a top-k over its keys);
   V4.1 adds full (scores every visible row), reindex (re-scores a source layer's candidates) and
-  reuse (takes a source layer's picks), reserved here;
+  reuse (takes a source layer's picks);
 * `kv_source`: the layer whose pools it reads (itself in V4; a V4.1 Reindex / Reuse layer reads
   its source's compressed and index pools);
 * `lagged_hc`: the block's mHC wiring: V4 collapses each sublayer's input with its own `pre`;

@@ -66,6 +66,16 @@ def test_kv_bytes_per_token_are_the_pools_real_bytes():
     assert agree and lines[-1].startswith("KV bytes per token: pools 178.00, formats 178.00, budget 178.00")
 
 
+def test_flash_kv_bytes_per_token_are_the_reference_figure():
+    """Architecture reference section 10.2: 3 x 356 / 2 + 356 = 890 B per token at 40 layers."""
+    geometry = CacheGeometry.from_config(preset_config("deepseek-v4.1-flash"), CACHE_FORMATS["auto"])
+    cache = PagedKVCache(geometry, num_pages=2, max_seqs=1, max_step_tokens=16, max_pages_per_seq=2,
+                         dtype=torch.bfloat16, device="cpu")
+    assert _pool_bytes_per_token(cache, "compressed") + _pool_bytes_per_token(cache, "index_keys") == 890
+    lines, agree = kv_bytes_lines(cache, budget_for_pages(geometry, torch.bfloat16, 2, 1, 2, 16))
+    assert agree and "(40 layers: 0, 1, 2," in lines[1]
+
+
 def test_tiny_preset_runs_in_the_official_formats():
     from v4serve import LLM, SamplingParams
     from v4serve.model.quantized import FP8Linear, MXFP4Experts

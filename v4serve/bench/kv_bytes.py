@@ -65,8 +65,9 @@ def kv_bytes_lines(cache: PagedKVCache, budget: KVBudget) -> tuple[list[str], bo
     for tier in TIERS:
         groups: dict[tuple, list[int]] = {}
         for r in rows:
-            if r.tier == tier:
-                groups.setdefault((r.format_name, r.pool_row_bytes, r.format_row_bytes, r.ratio), []).append(r.layer)
+            if r.tier == tier:  # window rings of every ratio together
+                ratio = r.ratio if tier != "window" else 0
+                groups.setdefault((r.format_name, r.pool_row_bytes, r.format_row_bytes, ratio), []).append(r.layer)
         for (name, pool, fmt, ratio), layers in groups.items():
             where = f"ratio {ratio}, " if tier != "window" else ""
             lines.append(f"  {tier:<11} {name:<20} {pool:>5} / {fmt:<5} B  ({where}{len(layers)} layers: "
