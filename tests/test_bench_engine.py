@@ -27,3 +27,26 @@ def test_bench_engine_reports_spec_decode_counters(capsys):
     spec = result["spec_decode"]
     assert spec["num_drafts"] > 0 and spec["num_draft_tokens"] >= spec["num_drafts"]
     assert len(spec["accepted_per_position"]) == 2 and spec["mean_acceptance_length"] >= 1.0
+
+
+def _prefix_run(capsys, *extra: str) -> dict:
+    args = ["--model", "tiny", "--hf-overrides", "{}", "--concurrency", "1", "--prefix-len", "64", "--prompt-len", "8",
+            "--max-num-batched-tokens", "64", "--max-model-len", "256", *extra]
+    assert bench_engine.main(args) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_bench_engine_prefix_mode_reports_cold_and_warm_ttft_with_the_hits(capsys):
+    """A 64-token prefix on a 64-token chunk grid: every warm turn finds the whole prefix cached."""
+    result = _prefix_run(capsys)
+    assert result["prefix_caching"] and result["chunk_grid"] == 64 and result["max_num_batched_tokens"] == 64
+    assert len(result["ttft_cold_ms"]) == len(result["ttft_warm_ms"]) == 3
+    assert all(t > 0 for t in result["ttft_cold_ms"] + result["ttft_warm_ms"])
+    assert result["warm_cached_tokens"] == [64, 64, 64]
+    assert "tpot" not in result  # the prefix mode measures nothing else
+
+
+def test_bench_engine_prefix_mode_without_caching_finds_nothing_cached(capsys):
+    result = _prefix_run(capsys, "--no-enable-prefix-caching")
+    assert not result["prefix_caching"] and result["chunk_grid"] is None
+    assert result["warm_cached_tokens"] == [0, 0, 0]

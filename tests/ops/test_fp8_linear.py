@@ -122,8 +122,9 @@ _TRITON_CASES = [
     (3, 130, 200, (128, 128), None, "fp32"),  # post-scaled partials (any fp32 scale), partial blocks
     (3, 130, 200, (128, 128), 128, "ue8m0"),  # the V4 numerics
     (1, 72, 100, (32, 32), 32, "ue8m0"),      # the V4.1 numerics
-    (64, 70, 160, (32, 32), None, "ue8m0"),   # prefill tiles, pre-scaled (block_k 32 < BLOCK_K)
-    (64, 40, 300, (128, 128), 128, "fp32"),   # prefill tiles, act mode, fp32 weight scales
+    (40, 50, 300, (128, 128), 128, "ue8m0"),  # decode tiles of 64 rows, act mode
+    (65, 70, 160, (32, 32), None, "ue8m0"),   # prefill tiles, pre-scaled (block_k 32 < BLOCK_K)
+    (65, 40, 300, (128, 128), 128, "fp32"),   # prefill tiles, act mode, fp32 weight scales
 ]
 
 

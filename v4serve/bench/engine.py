@@ -12,6 +12,13 @@ requests with short prompts decode together; per request, the time between its t
 have started, as a client sees it (no GPU sync between steps, so overlapped decode runs as in
 serving). GPU busy fraction: a profiler trace of decode steps; the union of kernel intervals over
 the kernel timeline's span, and over the wall time of as many steps run without the profiler.
+
+With `--prefix-len N` it measures only prefix caching's effect on TTFT: a `--prompt-len` turn
+after an N-token shared prefix, cold (prefix never seen) vs warm (the same prefix again), e.g. the
+issue's 128-token turn after an 8K system prompt:
+
+    python -m v4serve.bench.engine --prefix-len 8192 --prompt-len 128 --max-num-batched-tokens 2048 \
+        --max-model-len 16384 --concurrency 1
 """
 
 from __future__ import annotations
@@ -60,6 +67,41 @@ def measure_ttft(engine: Engine, prompt_len: int, repeats: int) -> list[float]:
         if i:
             times.append(t)
     return times
+
+
+def measure_prefix_ttft(engine: Engine, prefix_len: int, prompt_len: int, repeats: int) -> dict:
+    """TTFT of a `prompt_len`-token turn after a `prefix_len`-token shared prefix (a system prompt),
+    cold and warm. Per repeat, a fresh random prefix P and two turns U0, U1: cold is P + U0 (P never
+    seen: every token computed), warm is P + U1 right after it (with prefix caching, a hit on P's
+    cached pages: only the tokens after the hit are computed). The first pair is a warm-up (kernels
+    compile) and is dropped. `warm_cached_tokens`: the prompt tokens each warm turn found in the
+    cache (the cache's own counter; 0 with caching off; a hit ends on the chunk grid, see
+    docs/prefix-caching.md)."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    gen = torch.Generator().manual_seed(1)
+    prefix_cache = engine.cache.prefix  # None with prefix caching off
+
+    def random_ids(n: int) -> list[int]:
+        return torch.randint(10, 1000, (n,), generator=gen).tolist()
+
+    cold, warm, cached = [], [], []
+    for i in range(repeats + 1):
+        prefix = random_ids(prefix_len)
+        t_cold = _run_until_first_token(engine, f"cold{i}", prefix + random_ids(prompt_len), params)
+        _drain(engine)
+        hits_before = prefix_cache.hits if prefix_cache is not None else 0
+        t_warm = _run_until_first_token(engine, f"warm{i}", prefix + random_ids(prompt_len), params)
+        _drain(engine)
+        if i:
+            cold.append(1e3 * t_cold)
+            warm.append(1e3 * t_warm)
+            cached.append((prefix_cache.hits if prefix_cache is not None else 0) - hits_before)
+    return {"prefix_len": prefix_len, "prompt_len": prompt_len, "prefix_caching": prefix_cache is not None,
+            "chunk_grid": engine.cache.chunk_grid if prefix_cache is not None else None,
+            "ttft_cold_ms": [round(t, 2) for t in cold], "ttft_warm_ms": [round(t, 2) for t in warm],
+            "warm_cached_tokens": cached, "ttft_cold_ms_median": statistics.median(cold),
+            "ttft_warm_ms_median": statistics.median(warm),
+            "cold_over_warm": statistics.median(cold) / statistics.median(warm)}
 
 
 def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: int) -> dict:
@@ -221,12 +263,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speculative-config", type=json.loads, default=None,
                         help='speculative decoding, e.g. \'{"method": "mtp", "num_speculative_tokens": 3}\' '
                              "(random weights accept almost nothing: the numbers are the verify-step cost)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="the step's token budget, whose multiples (in whole pages) are prefix caching's chunk "
+                             "grid (None: --prompt-len, the TTFT prompt in one step)")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                        help="prefix caching (None: the engine's default, on where supported)")
+    parser.add_argument("--prefix-len", type=int, default=0,
+                        help="only measure TTFT of a --prompt-len turn after a shared prefix of this many tokens, "
+                             "cold vs warm (prefix-cache hit)")
     parser.add_argument("--host-profile", action="store_true", help="only profile the host side of decode steps")
     parser.add_argument("--profile-only", action="store_true", help="only the GPU-busy profile of decode steps")
     args = parser.parse_args(argv)
+    if args.prefix_len < 0:
+        parser.error("--prefix-len must be >= 0")
+    if args.prefix_len and args.prefix_len + args.prompt_len >= args.max_model_len:
+        parser.error(f"--prefix-len + --prompt-len ({args.prefix_len + args.prompt_len}) must be below "
+                     f"--max-model-len ({args.max_model_len}): the turn generates a token")
     engine = Engine(EngineArgs(
         model=args.model, hf_overrides=args.hf_overrides, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs or max(args.concurrency), max_num_batched_tokens=args.prompt_len,
+        max_num_seqs=args.max_num_seqs or max(args.concurrency),
+        max_num_batched_tokens=args.max_num_batched_tokens or args.prompt_len,
+        enable_prefix_caching=args.enable_prefix_caching,
         num_kv_pages=args.num_kv_pages, kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
         cpu_offload_gb=parse_cpu_offload_gb(str(args.cpu_offload_gb)),
         cuda_graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
@@ -246,6 +303,15 @@ def main(argv: list[str] | None = None) -> int:
             host_profile(engine, c)
         return 0
     on_gpu = engine.cache.device.type == "cuda"
+    if args.prefix_len:
+        row = measure_prefix_ttft(engine, args.prefix_len, args.prompt_len, repeats=3)
+        result.update(row, max_num_batched_tokens=engine.scheduler.max_num_batched_tokens)
+        print(f"TTFT of a {args.prompt_len}-token turn after a {args.prefix_len}-token shared prefix "
+              f"(prefix caching {'on' if row['prefix_caching'] else 'off'}): cold {row['ttft_cold_ms_median']:.1f} ms, "
+              f"warm {row['ttft_warm_ms_median']:.1f} ms ({row['cold_over_warm']:.2f}x); warm turns found "
+              f"{row['warm_cached_tokens']} prompt tokens cached")
+        print(json.dumps(result))
+        return 0
     if args.profile_only:
         if not on_gpu:
             raise SystemExit("the GPU-idle profile needs a CUDA device")

@@ -119,6 +119,7 @@ _COMPRESS_DECODE_ALIGNED = ("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_
 _QUANT_MAX_REGS = {
     "decode_w8a16": {90: 96, 100: 96, 120: 96}, "decode_w8a16_sm80": {80: 100},
     "decode_w8a8": {90: 96, 100: 96, 120: 72}, "decode_w8a8_sm80": {80: 96},
+    "decode_m64_w8a16": {90: 144, 100: 168, 120: 192}, "decode_m64_w8a8": {90: 144, 100: 168, 120: 192},
     "prefill_w8a16": {90: 240, 100: 255, 120: 246}, "prefill_w8a16_sm80": {80: 255},
     "prefill_w8a8": {90: 251, 100: 255, 120: 255}, "prefill_w8a8_sm80": {80: 255},
     "mxfp4_decode": {80: 141, 90: 118, 100: 115, 120: 122},
@@ -427,7 +428,7 @@ KERNELS: tuple[KernelSpec, ...] = (
     # bf16 activations. FP8 operands need sm_89+: sm_80 gets the same kernels with NATIVE_FP8=False and
     # FP8_DOT=False, which read the e4m3 bytes as uint8, decode them with integer ops and run bf16 dots
     # (exact: e4m3 values are exact in bf16). Decode: M = 8 rows, wq_a [1024, 4096], split-K over the
-    # 16 N tiles (out = the fp32 partials); prefill: 128x128 tiles, y in bf16 (FP8_PREFILL_CONFIG for
+    # 16 N tiles (fp32 partials, the last program of a tile sums them); prefill: 128x128 tiles, y in bf16 (FP8_PREFILL_CONFIG for
     # w8a8 with fp8 dots, FP8_PREFILL_DEQUANT_CONFIG for weight-only and for sm_80). ----
     *(
         KernelSpec(  # ACT_QUANT_CONFIG: V4 (per 128 channels) and V4.1 (per 32)
@@ -441,36 +442,31 @@ KERNELS: tuple[KernelSpec, ...] = (
         for group in (128, 32)
     ),
     *(
-        KernelSpec(  # FP8_DECODE_CONFIG / FP8_PREFILL_CONFIG, V4 128x128 blocks (POST_SCALE)
-            f"fp8_linear.{phase}_{mode}{'_sm80' if sm80 else ''}",
+        KernelSpec(  # FP8_DECODE_CONFIG (16 rows; 64 rows: BLOCK_M 64) / FP8_PREFILL_CONFIG, V4 128x128 blocks
+            f"fp8_linear.{phase}{'_m64' if m64 else ''}_{mode}{'_sm80' if sm80 else ''}",
             f"{_OPS}.fp8_linear_triton:_fp8_linear_{phase}_kernel",
             types=dict(
-                x_ptr=("*u8" if sm80 else "*fp8e4nv") if mode == "w8a8" else "*bf16", xs_ptr="*fp32",
-                w_ptr="*u8" if sm80 else "*fp8e4nv", ws_ptr="*fp32",
-                **(dict(out_ptr="*fp32") if phase == "decode" else dict(y_ptr="*bf16")),
+                x_ptr=("*u8" if sm80 else "*fp8e4nv") if mode == "w8a8" else "*bf16",
+                xs_ptr="*fp32", w_ptr="*u8" if sm80 else "*fp8e4nv", ws_ptr="*fp32",
+                **(dict(part_ptr="*fp32") if phase == "decode" else {}), y_ptr="*bf16",
+                **(dict(arrivals_ptr="*i32") if phase == "decode" else {}),
                 M="i32", N="i32", K="i32", **(dict(k_per_split="i32") if phase == "decode" else {}),
                 stride_x="i32", stride_xs="i32", stride_w="i32", stride_ws="i32",
-                **(dict(stride_os="i32", stride_om="i32") if phase == "decode" else dict(stride_y="i32"))),
-            aligned=("x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "out_ptr" if phase == "decode" else "y_ptr", "N", "K",
-                     "stride_x", "stride_w",
-                     *(("k_per_split", "stride_os", "stride_om") if phase == "decode" else ("stride_y",))),
+                **(dict(stride_ps="i32") if phase == "decode" else {}), stride_y="i32"),
+            aligned=("x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "y_ptr", "N", "K", "stride_x", "stride_w", "stride_y",
+                     *(("part_ptr", "arrivals_ptr", "k_per_split", "stride_ps") if phase == "decode" else ())),
             constexprs=dict(PDL=False, BN=128, BK=128, AB=128 if mode == "w8a8" else 1, ACT_FP8=mode == "w8a8",
                             FP8_DOT=mode == "w8a8" and not sm80, NATIVE_FP8=not sm80, POST_SCALE=True, IEEE=False,
                             **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             archs=(80,) if sm80 else (90, 100, 120),
             expect=Expect(kv_load_bytes=16, kv_lines=r"(?<!_)w = tl\.load", tensor_cores=True,
-                          max_regs=_QUANT_MAX_REGS[f"{phase}_{mode}{'_sm80' if sm80 else ''}"]),
+                          max_regs=_QUANT_MAX_REGS[f"{phase}{'_m64' if m64 else ''}_{mode}{'_sm80' if sm80 else ''}"]),
         )
-        for phase in ("decode", "prefill") for mode in ("w8a16", "w8a8") for sm80 in (False, True)
-        for cfg in [_FP8_DECODE if phase == "decode" else _FP8_PREFILL_DEQUANT if mode == "w8a16"
-                    else _FP8_PREFILL_SM80 if sm80 else _FP8_PREFILL]
-    ),
-    KernelSpec(  # SPLIT_K_SUM_BLOCK; wq_a decode at 17 splits
-        "fp8_linear.split_k_sum", f"{_OPS}.fp8_linear_triton:_split_k_sum_kernel",
-        types=dict(part_ptr="*fp32", y_ptr="*bf16", MN="i32"), aligned=("part_ptr", "y_ptr", "MN"),
-        constexprs=dict(PDL=False, SPLIT_K=17, BLOCK=1024), num_warps=4, num_stages=3,
-        expect=Expect(kv_load_bytes=16, max_regs=64),
+        for phase in ("decode", "prefill") for m64 in ((False, True) if phase == "decode" else (False,))
+        for mode in ("w8a16", "w8a8") for sm80 in ((False,) if m64 else (False, True))
+        for cfg in [dict(_FP8_DECODE, BLOCK_M=64 if m64 else _FP8_DECODE["BLOCK_M"]) if phase == "decode"
+                    else _FP8_PREFILL_DEQUANT if mode == "w8a16" else _FP8_PREFILL_SM80 if sm80 else _FP8_PREFILL]
     ),
     *(
         KernelSpec(  # MXFP4_DECODE_CONFIG / MXFP4_PREFILL_CONFIG: fused gate_up [256, 4096, 4096 / 2],
