@@ -60,8 +60,35 @@ def test_gpu_speculative_greedy_equals_plain(kv_cache_dtype, k):
         engine = Engine(EngineArgs(**common, speculative_config={"method": "mtp", "num_speculative_tokens": k}))
         engine.spec.drafter = _Draft(plain, wrong)
         assert _run(engine) == plain
+        assert engine.spec.verify_runner.uses_cuda_graphs and engine.spec.device_steps > 0
         m = engine.spec.metrics
         if wrong:
             assert 0 < m.num_accepted_tokens < m.num_draft_tokens, m
         else:
             assert m.num_accepted_tokens == m.num_draft_tokens > 0, m
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("k", [1, 3])
+def test_gpu_verify_graphs_match_their_eager_run(k):
+    """The speculative steps replayed as CUDA graphs (verify; commit + MTP draft) against the same
+    steps run eagerly (cuda_graphs=False): the same drafts after every step, the same tokens, the
+    plain engine's tokens."""
+    common = dict(model="tiny", device="cuda", dtype="float32", max_num_seqs=4, progress=False)
+    plain = _run(Engine(EngineArgs(**common)))
+    runs = {}
+    for graphs in (True, False):
+        engine = Engine(EngineArgs(**common, cuda_graphs=graphs,
+                                   speculative_config={"method": "mtp", "num_speculative_tokens": k}))
+        assert engine.spec.verify_runner.uses_cuda_graphs == graphs
+        for i, (p, s) in enumerate(zip(PROMPTS, PARAMS)):
+            engine.add_request(str(i), p, s)
+        done, drafts = {}, []
+        while engine.has_unfinished():
+            for o in engine.step():
+                if o.finished:
+                    done[o.request_id] = o.outputs[0].token_ids
+            drafts.append({rid: list(d) for rid, (d, _) in engine.spec._drafts.items()})
+        runs[graphs] = (done, drafts, engine.spec.device_steps)
+    assert runs[True][0] == runs[False][0] == plain
+    assert runs[True][1] == runs[False][1] and runs[True][2] == runs[False][2] > 0

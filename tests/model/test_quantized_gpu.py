@@ -98,3 +98,49 @@ def test_flash_official_formats_with_offload_match_no_offload():
     assert all(len(o.host_experts) == 64 for o in offloads_of(offloaded.engine.model))
     assert _greedy(offloaded, prompt) == expected
     print("fetches per layer", [o.fetches for o in offloads_of(offloaded.engine.model)])
+
+
+def test_flash_offload_decodes_in_cuda_graphs_with_the_resident_tokens():
+    """Offloaded experts planned and fetched on the device (model/quantized_offload.py): decode
+    steps captured in CUDA graphs, three sequences at once (graph of 4: 24 picks per layer, two
+    chunks of 12 slots), 200 of 256 experts per layer in host memory so the slots churn, Zipf
+    routing with placement by measured use on top, then the layer-ahead prefetch; every sequence's
+    tokens those of the all-resident model with the same graphs."""
+    from v4serve.engine.offload import calibrate_placement
+    from v4serve.model.router_skew import apply_zipf_routing
+
+    overrides = {"num_hidden_layers": 4, "compress_ratios": [4, 128, 4, 128]}
+    common = dict(device=DEVICE, hf_overrides=overrides, kernels=KERNELS, kv_cache_memory=2 << 30,
+                  max_model_len=4096, max_num_seqs=4, enable_prefix_caching=False, progress=False)
+    prompts = [random_prompt(300 + 50 * i, seed=20 + i, vocab=129280) for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+    def tokens(llm):
+        return [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=params)]
+
+    resident = LLM("deepseek-v4-flash", **common)
+    assert resident.engine.decode_runner.uses_cuda_graphs
+    expected = tokens(resident)
+    apply_zipf_routing(resident.engine.model, resident.engine.config, 1.0, seed=1)
+    expected_zipf = tokens(resident)
+    del resident
+    torch.cuda.empty_cache()
+    offloaded = LLM("deepseek-v4-flash", cpu_offload_gb=4 * 200 * 12.75 / 1024, **common)
+    offloads = offloads_of(offloaded.engine.model)
+    assert offloaded.engine.decode_runner.uses_cuda_graphs
+    assert all(len(o.host_experts) == 200 and o.n_slots == 12 for o in offloads)
+    assert tokens(offloaded) == expected
+    fetched = sum(o.fetches for o in offloads)
+    assert fetched > 4 * 12  # the slots were refilled
+    apply_zipf_routing(offloaded.engine.model, offloaded.engine.config, 1.0, seed=1)
+    summary = calibrate_placement(offloaded.engine, prompt_tokens=2048)
+    print("calibration", summary, "fetches", fetched)
+    assert summary["experts_moved"] > 0 and summary["use"]["zipf_exponent_fit"] > 0.5
+    assert tokens(offloaded) == expected_zipf
+    del offloaded
+    torch.cuda.empty_cache()
+    # Layer-ahead prefetch (each layer guesses the next one's picks, fetched on its side stream,
+    # captured with the rest): the same tokens.
+    prefetching = LLM("deepseek-v4-flash", cpu_offload_gb=4 * 200 * 12.75 / 1024, offload_prefetch=True, **common)
+    assert prefetching.engine.decode_runner.uses_cuda_graphs
+    assert tokens(prefetching) == expected

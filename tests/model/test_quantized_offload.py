@@ -13,6 +13,8 @@ from oracle import random_prompt
 from quantized_writer import make_quantized_oracle
 from v4serve import LLM, SamplingParams
 from v4serve.config import apply_quantization_override
+from v4serve.engine.offload import calibrate_placement
+from v4serve.model.expert_prefetch import link_layer_ahead_prefetch
 from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
 from v4serve.model.loader import offloads_of
 from v4serve.model.quantized import MXFP4Experts
@@ -76,7 +78,7 @@ def test_offload_gives_the_same_tokens_as_no_offload(checkpoint):
     _assert_same(_run(llm, prompts), expected)
     # (the random routers are skewed: some layers pick only a few experts, so "some layer")
     assert any(off.fetches > off.n_slots for off in offloads)  # slots reused: evicted, fetched again
-    assert any(off.split_steps > 0 for off in offloads)  # a chunk needed more offloaded experts than slots
+    assert any(off.multi_chunk_steps > 0 for off in offloads)  # a chunk needed more offloaded experts than slots
     for off in offloads:
         assert off.fetches > 0 and int(off.counts.sum()) == 2 * (150 + 40 + 2 * 23)  # top-2 picks per token
         held = [x for x in off.slots]
@@ -91,6 +93,16 @@ def test_offload_gives_the_same_tokens_as_no_offload(checkpoint):
         hottest = set(torch.argsort(off.counts, descending=True, stable=True)[:2].tolist())
         assert set(off.resident) == hottest
         assert all(int(off.index[x]) == off.row_of[x] for x in off.resident)
+        assert not off.slots and all(int(off.index[x]) == -1 for x in off.host_experts)
+    # The engine's calibration run: counts from zero, every pick of its requests counted, then placed.
+    summary = calibrate_placement(llm.engine, prompt_tokens=16, requests=2, output_tokens=2)
+    assert summary["tokens"] == 2 * (8 + 2) and summary["use"]["layers"] == 4
+    # top-2 picks of 16 prompt tokens and 2 decode rows, or 4 with the step that overlapped decode
+    # launches before the last tokens are read (its outputs are dropped, its routing counted)
+    assert len({int(off.counts.sum()) for off in offloads}) == 1
+    assert 2 * (16 + 2) <= int(offloads[0].counts.sum()) <= 2 * (16 + 4)
+    for off in offloads:
+        assert set(off.resident) == set(torch.argsort(off.counts, descending=True, stable=True)[:2].tolist())
     before = sum(off.fetches for off in offloads)
     _assert_same(_run(llm, prompts), expected)
     assert sum(off.fetches for off in offloads) > before
@@ -99,6 +111,15 @@ def test_offload_gives_the_same_tokens_as_no_offload(checkpoint):
     for off in offloads:
         off.overlap = True
     _assert_same(_run(llm, prompts), expected)
+
+    # Layer-ahead prefetch: layers 1..3 get their picks guessed by the layer before; it only fills
+    # slots, so the logits stay those of no offload; the guesses are fetched (not counted as picks).
+    assert link_layer_ahead_prefetch(llm.engine.model) == 3
+    counts, fetches = [int(o.counts.sum()) for o in offloads], [o.fetches for o in offloads]
+    _assert_same(_run(llm, prompts), expected)
+    grown = [int(o.counts.sum()) - c for o, c in zip(offloads, counts)]
+    assert len(set(grown)) == 1  # every layer counted the same real picks, none of the guesses
+    assert all(o.fetches > f for o, f in zip(offloads, fetches))
 
 
 def test_auto_fills_the_gpu_first_and_keeps_the_kv_budget():
@@ -140,4 +161,4 @@ def test_offload_with_the_triton_moe_kernels_is_bit_identical(checkpoint):
     for off in offloads:
         off.overlap = True
     _assert_same(_run(llm, prompts, tokens=2), expected)
-    assert any(off.split_steps > 0 for off in offloads)
+    assert any(off.multi_chunk_steps > 0 for off in offloads)

@@ -7,18 +7,21 @@ concurrencies, and how busy the GPU is during one decode step.
 At start-up it prints the KV rows of every tier and the KV bytes per token measured on the pools,
 derived from the row formats and spent by the budget (`kv_bytes.py`), and whether they agree.
 
+The full V4-Flash with expert offload, uniform then Zipf-skewed routing with the experts placed
+by measured use (scripts/gpu_flash_e2e.sh runs this and the Pro runs):
+
+    python -m v4serve.bench.engine --hf-overrides '{}' --cpu-offload-gb auto --ttft-prompt-lens 2048 8192 \
+        --max-model-len 8448 --concurrency 1 8 32 --routing uniform zipf --placement static by-use --no-profile
+
+Also reported: load time (engine construction: weights, graphs, KV cache), the memory map (device
+weights, resident experts, expert slots, host experts, KV), per routing mode the measured expert
+use of the offloaded layers (`router_skew.use_summary`) and the expert fetches per decode step.
+
 TTFT: one request alone, from `add_request` to its first token (prefill in one step). TPOT: N
 requests with short prompts decode together; per request, the time between its tokens once all N
 have started, as a client sees it (no GPU sync between steps, so overlapped decode runs as in
 serving). GPU busy fraction: a profiler trace of decode steps; the union of kernel intervals over
 the kernel timeline's span, and over the wall time of as many steps run without the profiler.
-
-With `--prefix-len N` it measures only prefix caching's effect on TTFT: a `--prompt-len` turn
-after an N-token shared prefix, cold (prefix never seen) vs warm (the same prefix again), e.g. the
-issue's 128-token turn after an 8K system prompt:
-
-    python -m v4serve.bench.engine --prefix-len 8192 --prompt-len 128 --max-num-batched-tokens 2048 \
-        --max-model-len 16384 --concurrency 1
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ import torch
 
 from v4serve.bench.kv_bytes import kv_bytes_lines
 from v4serve.engine import Engine, EngineArgs, SamplingParams
-from v4serve.engine.offload import parse_cpu_offload_gb
+from v4serve.engine.offload import calibrate_placement, memory_summary, parse_cpu_offload_gb, reset_use_counts
+from v4serve.model.loader import offloads_of
+from v4serve.model.router_skew import apply_zipf_routing, use_summary
 
 
 def _sync() -> None:
@@ -56,13 +61,13 @@ def _drain(engine: Engine) -> None:
         engine.step()
 
 
-def measure_ttft(engine: Engine, prompt_len: int, repeats: int) -> list[float]:
+def measure_ttft(engine: Engine, prompt_len: int, repeats: int, seed: int = 0) -> list[float]:
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(seed)
     times = []
     for i in range(repeats + 1):  # the first run compiles kernels
         prompt = torch.randint(10, 1000, (prompt_len,), generator=gen).tolist()
-        t = _run_until_first_token(engine, f"ttft{i}", prompt, params)
+        t = _run_until_first_token(engine, f"ttft{seed}-{prompt_len}-{i}", prompt, params)
         _drain(engine)
         if i:
             times.append(t)
@@ -104,34 +109,57 @@ def measure_prefix_ttft(engine: Engine, prefix_len: int, prompt_len: int, repeat
             "cold_over_warm": statistics.median(cold) / statistics.median(warm)}
 
 
-def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: int) -> dict:
+def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: int, seed: int = 0,
+                 outputs: dict[str, list[int]] | None = None) -> dict:
     """Time per output token while all `concurrency` requests decode: from the step in which the last
     of them got its first token, per request (time of its last token - that time) / (tokens since),
     the median over requests. Nothing synchronises the GPU between steps, so overlapped decode (step
-    N+1 queued before step N's tokens are read) runs as it does in serving."""
+    N+1 queued before step N's tokens are read) runs as it does in serving. The prompts and request
+    ids depend only on the arguments; `outputs` (given) receives each request's output tokens. With
+    offloaded experts, also the experts fetched per decode step over the same span (device counters,
+    read at the end)."""
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    gen = torch.Generator().manual_seed(concurrency)
+    gen = torch.Generator().manual_seed(concurrency + 1000 * seed)
+    fetched = _fetch_counter(engine)
     for i in range(concurrency):
-        engine.add_request(f"c{concurrency}-{i}", torch.randint(10, 1000, (prompt_len,), generator=gen).tolist(), params)
+        engine.add_request(f"s{seed}c{concurrency}-{i}", torch.randint(10, 1000, (prompt_len,), generator=gen).tolist(),
+                           params)
     counts: dict[str, int] = {}
     mark: tuple[float, dict[str, int]] | None = None  # (time, tokens per request) once all have started
     last: dict[str, tuple[float, int]] = {}
     start = time.perf_counter()
+    fetched_at_mark, steps_after_mark = None, 0
     while engine.has_unfinished():
         outs = engine.step()
         now = time.perf_counter()
         for out in outs:
             counts[out.request_id] = len(out.outputs[0].token_ids)
+            if outputs is not None:
+                outputs[out.request_id] = list(out.outputs[0].token_ids)
             last[out.request_id] = (now, counts[out.request_id])
         if mark is None and len(counts) == concurrency:
             mark = (now, dict(counts))
+            fetched_at_mark = fetched()  # a device tensor: no synchronisation
+        elif mark is not None:
+            steps_after_mark += 1
     total = time.perf_counter() - start
     tokens = sum(counts.values())  # a speculative step may give a request several tokens
     per_request = sorted((t - mark[0]) / (n - mark[1][rid]) for rid, (t, n) in last.items() if n > mark[1][rid])
     if not per_request:
         raise RuntimeError(f"no request decoded after all {concurrency} had started; raise --output-len")
-    return {"concurrency": concurrency, "tpot_ms": 1e3 * statistics.median(per_request),
-            "tpot_max_ms": 1e3 * per_request[-1], "output_tok_s": tokens / total}
+    row = {"concurrency": concurrency, "tpot_ms": 1e3 * statistics.median(per_request),
+           "tpot_max_ms": 1e3 * per_request[-1], "output_tok_s": tokens / total}
+    if fetched_at_mark is not None and steps_after_mark:
+        row["expert_fetches_per_step"] = round(float(fetched() - fetched_at_mark) / steps_after_mark, 2)
+    return row
+
+
+def _fetch_counter(engine: Engine):
+    """() -> experts fetched so far by every offloaded layer (a device tensor; None without offload)."""
+    offloads = offloads_of(engine.model)
+    if not offloads:
+        return lambda: None
+    return lambda: torch.stack([o._fetches for o in offloads]).sum()
 
 
 def gpu_busy_fraction(engine: Engine, concurrency: int, steps: int = 100) -> dict:
@@ -238,12 +266,23 @@ def host_profile(engine: Engine, concurrency: int, steps: int = 20, top: int = 1
     pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="v4serve bench engine", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default="deepseek-v4-flash", help="preset name or checkpoint folder")
     parser.add_argument("--hf-overrides", type=json.loads, default={"num_hidden_layers": 8},
                         help="JSON object of config.json overrides")
     parser.add_argument("--prompt-len", type=int, default=2048, help="prompt tokens per request (TTFT)")
+    parser.add_argument("--ttft-prompt-lens", type=int, nargs="+", default=None, metavar="N",
+                        help="TTFT prompt lengths, one measurement each (None: --prompt-len)")
+    parser.add_argument("--ttft-repeats", type=int, default=3, help="timed TTFT runs per length (after one warm-up)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="tokens per step, whose multiples (in whole pages) are prefix caching's chunk grid "
+                             "(None: the longest TTFT prompt, so it prefills in one step)")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                        help="prefix caching (None: the engine's default, on where supported)")
+    parser.add_argument("--prefix-len", type=int, default=0,
+                        help="only measure TTFT of a --prompt-len turn after a shared prefix of this many tokens, "
+                             "cold vs warm (prefix-cache hit)")
     parser.add_argument("--output-len", type=int, default=256, help="tokens generated per request (TPOT)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64], help="concurrent requests, one run each")
     parser.add_argument("--max-model-len", type=int, default=4096, help="the engine's context length")
@@ -260,44 +299,117 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quantization", choices=["fp8", "fp8-reference", "none"], default=None,
                         help="override the weight format (None: the preset's official FP8 / MXFP4)")
     parser.add_argument("--cpu-offload-gb", default=0, help="GiB of routed experts in host memory, or 'auto'")
+    parser.add_argument("--routing", choices=["uniform", "zipf"], nargs="+", default=["uniform"],
+                        help="routing modes, measured in turn on one engine: the preset's routers (uniform expected "
+                             "use), or routers re-drawn so expected expert use follows Zipf(--zipf-exponent) "
+                             "(model/router_skew.py)")
+    parser.add_argument("--zipf-exponent", type=float, default=1.0, help="exponent a of the Zipf routing (use of rank r ~ r^-a)")
+    parser.add_argument("--placement", choices=["static", "by-use"], nargs="+", default=["static"],
+                        help="offloaded experts, per routing mode (one value: every mode): as they are (loaded: the "
+                             "highest ids of each layer), or a calibration run counts picks and the most used go to "
+                             "the GPU before the mode's measurements")
+    parser.add_argument("--no-offload-overlap", action="store_true",
+                        help="offloaded layers: the resident experts join the first fetched chunk's pass (one MoE "
+                             "pass fewer, the fetch not hidden) instead of computing beside the fetch")
+    parser.add_argument("--offload-prefetch", action="store_true",
+                        help="offloaded layers: each MoE layer guesses the next one's picks with the next router and "
+                             "prefetches them (model/expert_prefetch.py)")
+    parser.add_argument("--calibration-tokens", type=int, default=4096,
+                        help="prompt tokens of the calibration run (8 requests, 32 generated tokens each)")
     parser.add_argument("--speculative-config", type=json.loads, default=None,
                         help='speculative decoding, e.g. \'{"method": "mtp", "num_speculative_tokens": 3}\' '
                              "(random weights accept almost nothing: the numbers are the verify-step cost)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
-                        help="the step's token budget, whose multiples (in whole pages) are prefix caching's chunk "
-                             "grid (None: --prompt-len, the TTFT prompt in one step)")
-    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
-                        help="prefix caching (None: the engine's default, on where supported)")
-    parser.add_argument("--prefix-len", type=int, default=0,
-                        help="only measure TTFT of a --prompt-len turn after a shared prefix of this many tokens, "
-                             "cold vs warm (prefix-cache hit)")
+    parser.add_argument("--no-profile", action="store_true", help="skip the GPU-busy profile after the TPOT runs")
+    parser.add_argument("--json-out", default=None, help="also write the result JSON to this file")
+    parser.add_argument("--spec-verify", action="store_true",
+                        help="only the speculative-decoding rows (bench/spec_decode.py): verify-step cost for each "
+                             "--spec-k against a plain decode step at each --concurrency, and TPOT at forced "
+                             "acceptance lengths --spec-lengths with k = --spec-e2e-k")
+    parser.add_argument("--spec-k", type=int, nargs="+", default=[1, 2, 3, 4], help="drafts per step timed")
+    parser.add_argument("--spec-lengths", type=float, nargs="+", default=[2.0, 2.8, 3.5],
+                        help="mean acceptance lengths forced end to end")
+    parser.add_argument("--spec-e2e-k", type=int, default=3, help="drafts per step of the end-to-end runs")
     parser.add_argument("--host-profile", action="store_true", help="only profile the host side of decode steps")
     parser.add_argument("--profile-only", action="store_true", help="only the GPU-busy profile of decode steps")
+    return parser
+
+
+def measure_mode(engine: Engine, args, routing: str, placement: str, seed: int) -> dict:
+    """One routing mode on a built engine: routers re-drawn (after the first mode, or for zipf),
+    placement calibrated when asked, then TTFT per prompt length and TPOT per concurrency."""
+    exponent = args.zipf_exponent if routing == "zipf" else 0.0
+    entry: dict = {"routing": routing, "zipf_exponent": exponent, "placement": placement}
+    if routing == "zipf" or seed:
+        apply_zipf_routing(engine.model, engine.config, exponent, seed=seed)
+    offloaded = bool(offloads_of(engine.model))
+    if offloaded and placement == "by-use":
+        t0 = time.perf_counter()
+        entry["calibration"] = calibrate_placement(engine, args.calibration_tokens, seed=seed)
+        entry["calibration"]["seconds"] = round(time.perf_counter() - t0, 2)
+        print("calibration", entry["calibration"], flush=True)
+    reset_use_counts(engine)
+    entry["ttft_ms"] = {}
+    for length in args.ttft_prompt_lens or [args.prompt_len]:
+        entry["ttft_ms"][str(length)] = [round(1e3 * t, 2) for t in measure_ttft(engine, length, args.ttft_repeats, seed)]
+        print(routing, "ttft_ms", length, entry["ttft_ms"][str(length)], flush=True)
+    entry["tpot"] = []
+    for c in args.concurrency:
+        entry["tpot"].append(measure_tpot(engine, c, 128, args.output_len, seed))
+        print(routing, "tpot", entry["tpot"][-1], flush=True)
+    if offloaded:
+        entry["measured_use"] = use_summary(torch.stack([o.counts for o in offloads_of(engine.model)]))
+    return entry
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.prefix_len < 0:
         parser.error("--prefix-len must be >= 0")
     if args.prefix_len and args.prefix_len + args.prompt_len >= args.max_model_len:
         parser.error(f"--prefix-len + --prompt-len ({args.prefix_len + args.prompt_len}) must be below "
                      f"--max-model-len ({args.max_model_len}): the turn generates a token")
+    lens = args.ttft_prompt_lens or [args.prompt_len]
+    t0 = time.perf_counter()
+    if args.spec_verify:  # one engine whose window rings hold the largest k; graphs at the concurrencies only
+        from v4serve.bench.spec_decode import spec_engine_args
+
+        args.speculative_config, args.cuda_graph_sizes = spec_engine_args(args)
     engine = Engine(EngineArgs(
         model=args.model, hf_overrides=args.hf_overrides, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs or max(args.concurrency),
-        max_num_batched_tokens=args.max_num_batched_tokens or args.prompt_len,
+        max_num_batched_tokens=args.max_num_batched_tokens or max(lens),
         enable_prefix_caching=args.enable_prefix_caching,
         num_kv_pages=args.num_kv_pages, kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
         cpu_offload_gb=parse_cpu_offload_gb(str(args.cpu_offload_gb)),
         cuda_graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
-        speculative_config=args.speculative_config,
+        speculative_config=args.speculative_config, offload_overlap=not args.no_offload_overlap,
+        offload_prefetch=args.offload_prefetch,
     ))
-    print("\n".join(engine.banner()), flush=True)
+    _sync()
+    load_s = time.perf_counter() - t0
+    banner = engine.banner()
+    print("\n".join(banner), flush=True)
     kv_lines, kv_agree = kv_bytes_lines(engine.cache, engine.kv_budget)
     print("\n".join(kv_lines), flush=True)
     result = {"model": args.model, "overrides": args.hf_overrides, "kv_cache_dtype": engine.runner.cache_format.name,
               "kv_bytes_per_token": engine.kv_budget.bytes_per_token, "kv_bytes_agree": kv_agree, "kv_tokens": engine.kv_budget.num_tokens, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "max_num_seqs": engine.scheduler.max_num_seqs,
               "cuda_graph_sizes": engine.decode_runner.ladder, "kv_pages": engine.cache.allocator.num_pages,
-              "cuda_graphs": engine.decode_runner.uses_cuda_graphs}
-    print(f"decode CUDA graphs: {result['cuda_graphs']}, max_num_seqs: {result['max_num_seqs']}, KV pages: {result['kv_pages']}")
+              "cuda_graphs": engine.decode_runner.uses_cuda_graphs, "load_s": round(load_s, 2),
+              "weights_load_s": round(engine.runner.load_seconds, 2),
+              "graph_capture_s": round(engine.runner.capture_seconds, 2),
+              "memory": memory_summary(engine.model, engine.kv_budget.total_bytes), "banner": banner,
+              "offload_overlap": not args.no_offload_overlap, "offload_prefetch": args.offload_prefetch}
+    print(f"load {load_s:.1f} s (weights {engine.runner.load_seconds:.1f} s, decode graphs "
+          f"{engine.runner.capture_seconds:.1f} s); decode CUDA graphs: {result['cuda_graphs']}, max_num_seqs: {result['max_num_seqs']}, "
+          f"KV pages: {result['kv_pages']}", flush=True)
+    if args.spec_verify:
+        from v4serve.bench.spec_decode import run_spec_rows
+
+        result["speculative"] = run_spec_rows(engine, args)
+        print(json.dumps(result))
+        return 0
     if args.host_profile:
         for c in args.concurrency:
             host_profile(engine, c)
@@ -318,14 +430,16 @@ def main(argv: list[str] | None = None) -> int:
         for c in args.concurrency:
             print(gpu_busy_fraction(engine, c))
         return 0
-    ttft = measure_ttft(engine, args.prompt_len, repeats=3)
-    result["ttft_ms"] = [round(1e3 * t, 2) for t in ttft]
-    print("ttft_ms", result["ttft_ms"], flush=True)
-    result["tpot"] = []
-    for c in args.concurrency:
-        result["tpot"].append(measure_tpot(engine, c, 128, args.output_len))
-        print("tpot", result["tpot"][-1], flush=True)
-    result["profile"] = [gpu_busy_fraction(engine, c) for c in args.concurrency] if on_gpu else []
+    placements = args.placement if len(args.placement) == len(args.routing) else args.placement[:1] * len(args.routing)
+    result["modes"] = []
+    for seed, (routing, placement) in enumerate(zip(args.routing, placements)):
+        result["modes"].append(measure_mode(engine, args, routing, placement, seed))
+        if args.json_out:  # rewritten after every mode: a run stopped at its time limit keeps the modes done
+            with open(args.json_out, "w") as f:
+                json.dump(result, f, indent=1)
+    first = result["modes"][0]
+    result["ttft_ms"], result["tpot"] = first["ttft_ms"][str(lens[0])], first["tpot"]
+    result["profile"] = [gpu_busy_fraction(engine, c) for c in args.concurrency] if on_gpu and not args.no_profile else []
     result["decode_continuations"] = engine.decode_continuations
     if engine.spec is not None:  # vLLM's spec-decode counters over the whole run
         m = engine.spec.metrics
@@ -334,16 +448,24 @@ def main(argv: list[str] | None = None) -> int:
                                  "accepted_per_position": m.accepted_per_position,
                                  "mean_acceptance_length": m.mean_acceptance_length}
         print("spec_decode", result["spec_decode"])
-    print(f"TTFT {args.prompt_len}-token prompt: median {statistics.median(result['ttft_ms']):.1f} ms")
-    print(f"{'concurrency':>11} {'TPOT ms':>8} {'max ms':>8} {'out tok/s':>10}")
-    for row in result["tpot"]:
-        print(f"{row['concurrency']:>11} {row['tpot_ms']:>8.2f} {row['tpot_max_ms']:>8.2f} {row['output_tok_s']:>10.1f}")
+    print(f"load {load_s:.1f} s; memory (GiB): " + ", ".join(f"{k} {v}" for k, v in result["memory"].items()))
+    for mode in result["modes"]:
+        print(f"routing {mode['routing']} (placement {mode['placement']}): TTFT median "
+              + ", ".join(f"{n}: {statistics.median(t):.1f} ms" for n, t in mode["ttft_ms"].items())
+              + (f"; measured use {mode['measured_use']}" if "measured_use" in mode else ""))
+        print(f"{'concurrency':>11} {'TPOT ms':>8} {'max ms':>8} {'out tok/s':>10} {'fetch/step':>10}")
+        for row in mode["tpot"]:
+            print(f"{row['concurrency']:>11} {row['tpot_ms']:>8.2f} {row['tpot_max_ms']:>8.2f} "
+                  f"{row['output_tok_s']:>10.1f} {row.get('expert_fetches_per_step', '-'):>10}")
     for row in result["profile"]:
         print(f"decode step @{row['concurrency']}: {row['kernels_per_step']:.0f} kernels, GPU busy "
               f"{row['gpu_busy_ms_per_step']:.2f} ms of a {row['span_ms_per_step']:.2f} ms timeline span: idle "
               f"{100 * row['idle_fraction']:.1f}% (of host wall time {row['wall_ms_per_step']:.2f} ms: "
               f"{100 * row['idle_fraction_wall']:.1f}%); unprofiled {row['wall_ms_per_step_unprofiled']:.2f} ms per "
               f"step: idle {100 * row['idle_fraction_unprofiled']:.1f}%")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(result, f, indent=1)
     print(json.dumps(result))
     return 0
 

@@ -8,8 +8,9 @@ import sys
 
 from triton.testing import do_bench_cudagraph
 
-from v4serve.bench.shapes import sparse_decode_case, sparse_prefill_case
+from v4serve.bench.shapes import expert_fetch_case, sparse_decode_case, sparse_prefill_case
 from v4serve.formats import row_format
+from v4serve.ops.expert_fetch_triton import expert_fetch_triton
 from v4serve.ops.kv_pack import pack_rows
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_LARGE,
@@ -65,6 +66,23 @@ PACKED_DECODE_CANDIDATES = [
 ]
 
 
+# Offloaded-expert fetch (ops/expert_fetch_triton.py): how many programs read the host link, and
+# their chunk. Fewer programs leave more SMs to the resident experts computing beside the fetch.
+FETCH_CANDIDATES = [
+    None,
+    *(dict(programs=p) for p in (8, 16, 32, 128, 264)),
+    dict(programs=64, BLOCK=4096, num_warps=8),
+    dict(programs=32, BLOCK=4096, num_warps=8),
+    None,
+]
+FETCH_SHAPES = {f"fetch flash E{n}": n for n in (1, 6)}
+
+
+def _fetch_run(n):
+    hosts, devices, count, slots, rows = expert_fetch_case("flash", n, "cuda")
+    return lambda cfg: [expert_fetch_triton(h, d, count, slots, rows, 4, cfg) for h, d in zip(hosts, devices)] and devices[0]
+
+
 def _label(cfg) -> str:
     if cfg is None:
         return "production"
@@ -117,6 +135,9 @@ def main() -> int:
     for name, args in PACKED_DECODE_SHAPES.items():
         if only in name:
             _sweep(name, _packed_run(sparse_decode_case(*args, "cuda")), PACKED_DECODE_CANDIDATES)
+    for name, n in FETCH_SHAPES.items():
+        if only in name:
+            _sweep(name, _fetch_run(n), FETCH_CANDIDATES)
     return 0
 
 

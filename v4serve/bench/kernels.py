@@ -28,6 +28,7 @@ from v4serve.bench.shapes import (
     PR_NEW38_US,
     TARGET_US,
     all_shapes,
+    expert_fetch_case,
     gated_pool_case,
     indexer_case,
     fp8_linear_case,
@@ -37,6 +38,7 @@ from v4serve.bench.shapes import (
     sparse_decode_case,
     sparse_prefill_case,
 )
+from v4serve.ops.expert_fetch import expert_fetch
 from v4serve.ops.gated_pool import gated_pool
 from v4serve.ops.hc_coefficients import hc_coefficients
 from v4serve.ops.hc_mix import hc_mix
@@ -53,6 +55,7 @@ from v4serve.ops.swiglu import clamped_swiglu
 
 H200_TBPS, H200_TFLOPS = 4.3, 790.0
 H200_FP8_TFLOPS = 1257.0
+HOST_LINK_GBPS = 55.0  # pinned host -> device, measured with copy-engine transfers on the H200 host (issue 18)
 L2_BYTES = 60 << 20
 MAX_COLD_SETS = 256  # the tiniest shapes rotate through 256 sets, which still fit in L2
 
@@ -127,8 +130,31 @@ def _build_fp8kv(kind, args, device, seed):
     return fn, nbytes, flops, nbytes
 
 
+def _build_expert_fetch(kind, model, n, device, seed):
+    """Offloaded experts into device slots: the zero-copy kernel (its SMs read pinned host memory,
+    graph-capturable with a device-side copy list) or, for reference, copy-engine transfers of the
+    same rows (cudaMemcpyAsync; their addresses are fixed at capture). Floor: the host link."""
+    hosts, devices, count, slots, rows = expert_fetch_case(model, n, device, seed)
+    nbytes = sum(h.numel() for h in hosts)
+    order = [(int(s), int(r)) for s, r in zip(slots[:n].tolist(), rows[:n].tolist())]
+
+    def fn():
+        for host, dev in zip(hosts, devices):
+            if kind == "expert_fetch":
+                expert_fetch(host, dev, count, slots, rows, 4)
+            else:
+                for slot, row in order:
+                    dev[4 + slot].copy_(host[row], non_blocking=True)
+        return devices[0]
+
+    return fn, nbytes, 0, nbytes, None
+
+
 def build(kind, args, device, seed=0):
-    """-> (fn, bytes, flops, bytes of one input set[, MMA peak TFLOP/s of the floor])."""
+    """-> (fn, bytes, flops, bytes of one input set[, MMA peak TFLOP/s of the floor; None: the
+    bytes cross the host link, not HBM])."""
+    if kind in ("expert_fetch", "expert_copy_engine"):
+        return _build_expert_fetch(kind, *args, device=device, seed=seed)
     if kind.endswith("_fp8kv"):
         return _build_fp8kv(kind.removesuffix("_fp8kv"), args, device, seed)
     if kind == "fp8_linear":
@@ -202,11 +228,14 @@ def run(names, cold: bool, device="cuda", log=sys.stderr):
         fn, nbytes, flops, set_bytes = built[n][:4]
         peak = built[n][4] if len(built[n]) > 4 else H200_TFLOPS
         us = best[n]
-        floor_us = max(nbytes / (H200_TBPS * 1e6), flops / (peak * 1e6))
+        if peak is None:  # host-link bytes
+            floor_us = nbytes / (HOST_LINK_GBPS * 1e3)
+        else:
+            floor_us = max(nbytes / (H200_TBPS * 1e6), flops / (peak * 1e6))
         kind = shapes[n][0]
         yield dict(
             shape=n, us=round(us, 2),
-            cold_us=round(time_cold(kind, shapes[n][1], device, set_bytes), 2) if cold and not kind.startswith("prefill") else None,
+            cold_us=round(time_cold(kind, shapes[n][1], device, set_bytes), 2) if cold and not kind.startswith(("prefill", "expert")) else None,
             bytes=nbytes, flops=flops, tbps=round(nbytes / us / 1e6, 3), tflops=round(flops / us / 1e6, 1),
             floor_frac=round(floor_us / us, 3), pr_h100_us=PR_NEW38_US.get(n),
             speedup_vs_pr=round(PR_NEW38_US[n] / us, 2) if n in PR_NEW38_US else None,

@@ -198,6 +198,23 @@ def mxfp4_moe_case(model: str, tokens: int, device, seed: int = 0):
             torch.randn(tokens, e, generator=g, device=device).bfloat16(), *packed(2 * i, d), *packed(d, i))
 
 
+def expert_fetch_case(model: str, n_experts: int, device, seed: int = 0):
+    """Offloaded-expert fetch: `n_experts` MXFP4 experts of `model` (their four tensors) in pinned
+    host memory, the device rows they are copied into (a layer's 12 slots after 4 resident rows),
+    and the copy list (count, slot, host row) as expert_cache_plan writes it."""
+    e, d, i = MOE_GEOMETRY[model]
+    g = torch.Generator().manual_seed(seed)
+    shapes = ((2 * i, d // 2), (2 * i, d // 32), (d, i // 2), (d, i // 32))
+    hosts = [torch.randint(0, 256, (n_experts, *s), generator=g, dtype=torch.uint8).pin_memory() for s in shapes]
+    devices = [torch.zeros(4 + 12, *s, dtype=torch.uint8, device=device) for s in shapes]
+    count = torch.tensor([n_experts], device=device)
+    slots = torch.full((12,), -1, device=device)
+    rows = torch.full((12,), -1, device=device)
+    slots[:n_experts] = torch.arange(n_experts, device=device).flip(0)
+    rows[:n_experts] = torch.arange(n_experts, device=device)
+    return hosts, devices, count, slots, rows
+
+
 def quant_weight_shapes():
     """name -> (kind, builder args) of the quantized-weight rows."""
     shapes = {}
@@ -211,6 +228,10 @@ def quant_weight_shapes():
         for c in (1, 8, 64):
             shapes[f"mxfp4 moe {model} c{c}"] = ("mxfp4_moe", (model, c))
         shapes[f"mxfp4 moe {model} prefill S2048"] = ("mxfp4_moe", (model, 2048))
+    # offloaded experts host -> device slots (floor: the host link, HOST_LINK_GBPS in bench/kernels.py)
+    for n in (1, 6, 12):
+        shapes[f"expert fetch flash E{n}"] = ("expert_fetch", ("flash", n))
+    shapes["expert copy-engine flash E6"] = ("expert_copy_engine", ("flash", 6))
     return shapes
 
 

@@ -8,7 +8,8 @@ for positions before the chunk, staging rows for positions inside it), then copi
 last W rows into the ring (`ring_src -> ring_dst`), where the next step finds them.
 
 Decode steps (one token per sequence) skip the staging area: the token's row goes straight to
-its ring slot, whose previous row is already out of the window.
+its ring slot, whose previous row is already out of the window. Speculative verify steps (k + 1
+tokens per sequence, `build_verify_batch`) do too, in rings of W + k rows.
 
 Compressed addressing. Compressed row t of a sequence with ratio r lives at pool row
 `page_table[slot, t*r // W] * (W // r) + t % (W // r)`: pure arithmetic on the page table, done
@@ -61,6 +62,11 @@ class ForwardBatch:
     # [T] int64, decode graphs padded past their live rows: the MoE routes token t as token
     # route_rows[t] (padding rows as live rows, so they add no experts). None: each as itself.
     route_rows: torch.Tensor | None = None
+    # Speculative verify steps (`PagedKVCache.build_verify_batch`): the tokens form this many
+    # groups of one token per sequence (group-major), folded into the compressors group by group;
+    # `checkpoints` keeps each sequence's compressor states after every group (a StateCheckpoints).
+    verify_groups: int = 1
+    checkpoints: object | None = None
     # V4.1: what index layers publish for the layers after them in this step ("topk": [T, k] int32
     # compressed rows, -1 = none; "candidates": [T, R] bool), written and read in layer order.
     published: dict = field(default_factory=dict, repr=False)

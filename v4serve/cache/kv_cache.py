@@ -73,8 +73,10 @@ class CompressorState:
     complete block (score -inf before the first one)."""
 
     def __init__(self, shape: CompressorShape, max_seqs: int, device: torch.device | str):
-        self.kv = torch.zeros(max_seqs, shape.state_rows, shape.state_width, device=device)
-        self.score = torch.full_like(self.kv, float("-inf"))
+        # One allocation [2, slots, ...] (kv, score): a slot's whole state is one strided row of it.
+        self.stacked = torch.zeros(2, max_seqs, shape.state_rows, shape.state_width, device=device)
+        self.kv, self.score = self.stacked
+        self.score.fill_(float("-inf"))
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.kv, self.score
@@ -91,9 +93,9 @@ class OnlinePoolState:
     For ratio 128 this is 3 vectors per sequence instead of 2 x 128 rows."""
 
     def __init__(self, shape: CompressorShape, max_seqs: int, device: torch.device | str):
-        self.max = torch.full((max_seqs, shape.head_dim), float("-inf"), device=device)
-        self.sum = torch.zeros(max_seqs, shape.head_dim, device=device)
-        self.acc = torch.zeros(max_seqs, shape.head_dim, device=device)
+        self.stacked = torch.zeros(3, max_seqs, shape.head_dim, device=device)  # (max, sum, acc), one allocation
+        self.max, self.sum, self.acc = self.stacked
+        self.max.fill_(float("-inf"))
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.max, self.sum, self.acc
@@ -118,10 +120,17 @@ class PagedKVCache:
         max_pages_per_seq: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        ring_extra: int = 0,
     ):
+        """`ring_extra`: rows each window ring holds beyond the window, so that a step may write
+        rows up to `ring_extra` positions past a sequence's last kept token without displacing a
+        row still in some later token's window (speculative verify steps: `build_verify_batch`)."""
         self.geometry = geometry
         self.plan = geometry.plan
         self.page_size = w = geometry.page_size
+        if ring_extra < 0:
+            raise ValueError(f"ring_extra must be >= 0, got {ring_extra}")
+        self.ring_size = ring = w + ring_extra  # window ring rows per slot: position q at q % ring_size
         self.max_seqs = max_seqs
         self.max_step_tokens = max_step_tokens
         self.dtype = dtype
@@ -141,9 +150,10 @@ class PagedKVCache:
         # Constants of the decode addressing: window offsets 1-W..0 and the row index 0..slots-1.
         self._window_offsets = torch.arange(1 - w, 1, device=self.device)
         self._row_index = torch.arange(slots, device=self.device)
+        self._verify_offsets: dict[int, torch.Tensor] = {}  # verify rows per sequence -> [rows] 0..rows-1
         self._pages: dict[int, list[int]] = {}
         self._free_slots = list(range(max_seqs - 1, -1, -1))
-        self.staging_base = slots * w
+        self.staging_base = slots * ring
         window_rows = self.staging_base + max_step_tokens
         windows, compressed, index_keys, compressor_states, indexer_states = [], {}, {}, {}, {}
         for layer, g in enumerate(geometry.layers):
@@ -202,6 +212,8 @@ class PagedKVCache:
         refused = prefix_caching_refusal(self.geometry)
         if refused:
             return refused
+        if self.ring_size != self.page_size:  # snapshots read the ring as exactly one page of rows
+            return "prefix caching is off with window rings longer than the window (speculative decoding)"
         w = self.page_size
         stateful = [p.data[:self.staging_base].view(self.padding_slot + 1, w, *p.data.shape[1:]) for p in self._windows]
         # Of an overlapping state only the previous block's first half channels are read at a page
@@ -383,19 +395,19 @@ class PagedKVCache:
     def build_batch(
         self, chunks: list[SequenceChunk], token_ids: list[int], logits_indices: list[int]
     ) -> ForwardBatch:
-        w = self.page_size
+        w, ring = self.page_size, self.ring_size
         positions = torch.cat([torch.arange(c.start, c.end) for c in chunks])
         columns, ring_src, ring_dst = [], [], []
         for c in chunks:
             pos = torch.arange(c.start, c.end)
             window = pos[:, None] - w + 1 + torch.arange(w)[None, :]  # [L, W] positions
             staged = self.staging_base + c.offset + (window - c.start)
-            ringed = c.slot * w + window % w
+            ringed = c.slot * ring + window % ring
             col = torch.where(window >= c.start, staged, ringed)
             columns.append(torch.where(window >= 0, col, -1))
             kept = torch.arange(max(c.start, c.end - w), c.end)
             ring_src.append(self.staging_base + c.offset + (kept - c.start))
-            ring_dst.append(c.slot * w + kept % w)
+            ring_dst.append(c.slot * ring + kept % ring)
         compressed_rows = {}
         for r, table in self.compressed_row_table.items():
             n_rows = max(c.end // r for c in chunks)
@@ -424,11 +436,11 @@ class PagedKVCache:
     ) -> ForwardBatch:
         """One token per sequence, addressed on the device from device tensors (no host work, no
         host sync: the CUDA-graph runner captures this). The token's KV row goes straight to its
-        ring slot (position % W): for a single token that slot holds a row already out of its window.
+        ring slot (position % ring_size): for a single token that slot holds a row already out of
+        its window.
         `route_rows`: see ForwardBatch."""
-        w = self.page_size
         window = positions[:, None] + self._window_offsets  # [B, W] positions p-W+1 .. p
-        ring = slots[:, None] * w + window % w
+        ring = slots[:, None] * self.ring_size + window % self.ring_size
         n = token_ids.shape[0]
         empty = torch.empty(0, dtype=torch.int64, device=positions.device)
         every = self._row_index[:n]
@@ -448,6 +460,33 @@ class PagedKVCache:
             is_decode=True,
             route_rows=route_rows,
         )
+
+    def build_verify_batch(
+        self, token_ids: torch.Tensor, starts: torch.Tensor, slots: torch.Tensor, groups: int,
+        route_rows: torch.Tensor | None = None, checkpoints=None,
+    ) -> ForwardBatch:
+        """`groups` tokens per sequence at consecutive positions (a speculative verify step: the last
+        token and its drafts), addressed on the device like a decode step (CUDA-graph safe).
+
+        Tokens are group-major: token `j * S + b` is sequence b's token at position starts[b] + j
+        (S = len(slots)), so group j is one token per sequence, the shape of a decode step. Every
+        token writes its KV row straight to its ring row and attends over its own window: a ring of
+        `ring_size >= W + groups - 1` rows keeps every row a token of the step reads in place while
+        the later tokens of its sequence write theirs, and rows written past what the step finally
+        keeps never displace a row a later step reads. Compressors fold the groups in order
+        (`verify_groups`), saving each sequence's state after every group in `checkpoints`
+        (`cache/state_checkpoints.py`), from which the accepted prefix's state is restored."""
+        if groups - 1 > self.ring_size - self.page_size:
+            raise ValueError(f"a verify step of {groups} tokens per sequence needs window rings of >= "
+                             f"{self.page_size + groups - 1} rows; this cache's hold {self.ring_size}")
+        offsets = self._verify_offsets.get(groups)
+        if offsets is None:
+            offsets = self._verify_offsets[groups] = torch.arange(groups, device=self.device)
+        positions = (starts[None, :] + offsets[:, None]).reshape(-1)
+        batch = self.build_decode_batch(token_ids, positions, slots.repeat(groups), route_rows)
+        batch.verify_groups = groups
+        batch.checkpoints = checkpoints
+        return batch
 
 
 def prefix_caching_refusal(geometry: CacheGeometry) -> str | None:

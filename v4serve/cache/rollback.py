@@ -1,10 +1,11 @@
-"""Exact rollback of a verify step's rejected tokens: a snapshot of what one sequence's step can
-overwrite, restored before the accepted tokens are replayed.
+"""Exact rollback of an eager verify step's rejected tokens: a snapshot of what one sequence's step
+can overwrite, restored before the accepted tokens are replayed. (Verify steps replayed as CUDA
+graphs roll back on the device instead: `cache/state_checkpoints.py`.)
 
 A verify step runs tokens at positions p .. p+k of a sequence through the prefill-style path. It
 mutates, per layer:
-* window ring rows `slot * W + (p+j) % W`, j = 0..k: each held position p+j-W, still in the window
-  of the positions after a rejection;
+* window ring rows `slot * R + (p+j) % R`, j = 0..k (R = the cache's `ring_size`): each held
+  position p+j-R, still in the window of the positions after a rejection when R < W + k;
 * the compressor / indexer states of the slot (open-block rows or online-softmax sums; a token
   that completes a block also shifts the overlap rows);
 * compressed rows and index keys of blocks completed inside p .. p+k.
@@ -26,10 +27,10 @@ from v4serve.cache.kv_cache import PagedKVCache
 
 class SlotSnapshot:
     def __init__(self, cache: PagedKVCache, slot: int, start: int, length: int):
-        w = cache.page_size
+        ring = cache.ring_size
         self.cache, self.slot = cache, slot
         device = cache.device
-        self.ring_rows = slot * w + torch.arange(start, start + min(length, w), device=device) % w
+        self.ring_rows = slot * ring + torch.arange(start, start + min(length, ring), device=device) % ring
         pools = {id(view.window): view.window for view in cache._views}.values()
         self.windows = [(pool, pool.data[self.ring_rows].clone()) for pool in pools]
         self.states = [(t, t[slot].clone()) for state in cache._states for t in state.tensors()]

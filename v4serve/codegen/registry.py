@@ -485,6 +485,28 @@ KERNELS: tuple[KernelSpec, ...] = (
         )
         for phase, cfg in (("decode", _MXFP4_DECODE), ("prefill", _MXFP4_PREFILL))
     ),
+    # ---- offloaded experts (ops/expert_cache_plan_triton.py, ops/expert_fetch_triton.py): V4-Flash,
+    # 256 experts, 12 slots; the fetch copies rows of int32 words (an expert's gate_up: 2,097,152) ----
+    KernelSpec(  # PLAN_CONFIG
+        "offload.expert_cache_plan", f"{_OPS}.expert_cache_plan_triton:_expert_cache_plan_kernel",
+        types=dict(picks_ptr="*i64", host_row_ptr="*i64", index_ptr="*i64", slot_expert_ptr="*i64",
+                   slot_stamp_ptr="*i64", clock_ptr="*i64", fetches_ptr="*i64", counts_ptr="*i64", scratch_ptr="*i32",
+                   copy_count_ptr="*i64", copy_slot_ptr="*i64", copy_src_ptr="*i64", mapped_ptr="*i64", N="i32",
+                   E="i32", S="i32", chunk="i32", n_resident="i32"),
+        aligned=("picks_ptr", "host_row_ptr", "index_ptr", "slot_expert_ptr", "slot_stamp_ptr", "clock_ptr",
+                 "fetches_ptr", "counts_ptr", "scratch_ptr", "copy_count_ptr", "copy_slot_ptr", "copy_src_ptr",
+                 "mapped_ptr", "E"),
+        constexprs=dict(COUNT=True, WITH_RESIDENT=False, BLOCK_E=256, BLOCK_S=16, BLOCK_N=1024), num_warps=4,
+        num_stages=3, expect=Expect(max_regs=128),
+    ),
+    KernelSpec(  # FETCH_CONFIG
+        "offload.expert_fetch", f"{_OPS}.expert_fetch_triton:_expert_fetch_kernel",
+        types=dict(src_ptr="*i32", dst_ptr="*i32", copy_count_ptr="*i64", copy_slot_ptr="*i64", copy_src_ptr="*i64",
+                   row_words="i32", dst_row0="i32", n_chunks="i32"),
+        aligned=("src_ptr", "dst_ptr", "copy_count_ptr", "copy_slot_ptr", "copy_src_ptr", "row_words"),
+        constexprs=dict(BLOCK=2048), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"values = tl\.load", max_regs=64),
+    ),
     # ---- packed KV rows (issue 17): v4serve/codegen/registry_packed_kv.py ----
     *PACKED_KV_KERNELS,
     # ---- sampler: the structured-output token bitmask on fp32 logits (ops/token_bitmask_triton.py) ----

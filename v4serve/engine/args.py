@@ -46,6 +46,8 @@ class EngineArgs:
     progress: bool = True
     quantization: str | None = None  # override config.json: "fp8", "fp8-reference", "none" (config.QUANTIZATION_CHOICES)
     cpu_offload_gb: float | str = 0  # GiB of routed experts in pinned host memory, or "auto" (engine/offload.py)
+    offload_prefetch: bool = False  # offloaded layers: each layer guesses the next one's picks with its router and prefetches them (model/expert_prefetch.py)
+    offload_overlap: bool = True  # offloaded layers on CUDA: resident experts computed in their own pass while the missing ones are fetched (off: one pass fewer)
 
 
 def resolve_device(device: str | None) -> torch.device:

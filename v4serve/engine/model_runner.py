@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 import torch
 
 from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
 from v4serve.cache.kv_cache import prefix_caching_refusal
+from v4serve.cache.state_checkpoints import checkpoint_bytes
 from v4serve.cache.budget import KVBudget, SnapshotSizing, budget_for_pages, free_gpu_memory, solve_kv_budget
 from v4serve.engine.args import EngineArgs, resolve_dtype
 from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.formats import CacheFormat
 from v4serve.engine.offload import kv_reserve_bytes, memory_map
 from v4serve.layer_plan import ModelPlan, layer_plans, resolve_cache_format
+from v4serve.model.expert_prefetch import link_layer_ahead_prefetch
 from v4serve.model.loader import build_model, offloads_of, resolve_config
 from v4serve.parallel.group import Group
 from v4serve.parallel.launch import Workers
@@ -36,14 +39,15 @@ logger = logging.getLogger(__name__)
 
 
 def kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, device: torch.device,
-              pages_per_seq: int, step_tokens: int | None = None, snapshots: SnapshotSizing | None = None
-              ) -> KVBudget:
+              pages_per_seq: int, step_tokens: int | None = None, snapshots: SnapshotSizing | None = None,
+              reserved: int = 0) -> KVBudget:
     """Pages: given, or solved from the byte budget (given, or free GPU memory), or full length.
     `step_tokens`: the cache's staging rows (default max_num_batched_tokens). `snapshots`: prefix
-    caching's snapshot pool (None: prefix caching off)."""
+    caching's snapshot pool (None: prefix caching off). `reserved`: bytes of free GPU memory kept
+    for other buffers of the cache's (speculative decoding's saved states)."""
     shape = (args.max_num_seqs, pages_per_seq, step_tokens or args.max_num_batched_tokens)
     if args.num_kv_pages is None and (args.kv_cache_memory is not None or device.type == "cuda"):
-        memory = args.kv_cache_memory if args.kv_cache_memory is not None else free_gpu_memory(device)
+        memory = args.kv_cache_memory if args.kv_cache_memory is not None else free_gpu_memory(device) - reserved
         return solve_kv_budget(geometry, dtype, memory, *shape, snapshots=snapshots)
     return budget_for_pages(geometry, dtype, args.num_kv_pages or args.max_num_seqs * pages_per_seq, *shape,
                             snapshots=snapshots)
@@ -93,6 +97,7 @@ class ModelRunner:
             raise ValueError("speculative_config with tensor_parallel_size > 1 is not supported yet (the other ranks "
                              "do not replay the verification's rollback): future work")
         shard = None if group is None else (lambda net: shard_model(net, group, args.enable_expert_parallel))
+        t0 = time.perf_counter()
         with self._guard("building the model"):
             self.model, config = build_model(args.model, device, dtype, args.hf_overrides,
                                              args.progress and (group is None or group.rank == 0),
@@ -101,6 +106,13 @@ class ModelRunner:
                                              shard=shard)
         self.model.fuse_projections()
         self.model.bind_kernels(args.kernels)
+        for offload in offloads_of(self.model):  # before the decode graphs capture the pass schedule
+            offload.overlap = offload.overlap and args.offload_overlap
+        if args.offload_prefetch:
+            link_layer_ahead_prefetch(self.model)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.load_seconds = time.perf_counter() - t0  # weights read or generated, placed, fused
         self.config = config
         self.max_model_len = args.max_model_len or min(config.max_position_embeddings, 8192)
         if self.max_model_len > config.max_position_embeddings:
@@ -116,7 +128,8 @@ class ModelRunner:
             # asked for explicitly: a warning; by default: a line of the log
             (logger.warning if args.enable_prefix_caching else logger.info)(self.prefix_caching_note)
         snapshots = None if self.prefix_caching_note else snapshot_sizing(args)
-        self.kv_budget = kv_budget(args, geometry, dtype, device, pages_per_seq, self.max_step_tokens(args), snapshots)
+        self.kv_budget = kv_budget(args, geometry, dtype, device, pages_per_seq, self.max_step_tokens(args), snapshots,
+                                   reserved=self.speculative_bytes(args, geometry, dtype))
         if self.workers is not None:
             self.workers.connect()
         if group is not None:  # every rank holds the same pages: as many as the smallest rank's memory allows
@@ -139,6 +152,8 @@ class ModelRunner:
             max_pages_per_seq=pages_per_seq,
             dtype=dtype,
             device=device,
+            # verify steps write k rows past a sequence's kept tokens (cache/state_checkpoints.py)
+            ring_extra=self.speculative.num_speculative_tokens if self.speculative else 0,
         )
         if snapshots is not None:
             page = self.cache.page_size
@@ -146,15 +161,18 @@ class ModelRunner:
                                                        chunk_grid=max(page, args.max_num_batched_tokens // page * page))
             if refused:  # prefix_caching_off checked the same geometry
                 raise AssertionError(refused)
+        t0 = time.perf_counter()
+        # V4.1's torch selection path (ops/v41_index.py) is not yet checked graph-safe: no graph
+        # capture. Offloaded experts are planned and fetched on the device (model/quantized_offload.py):
+        # captured like the rest.
+        self.graphs_wanted = device.type == "cuda" and args.cuda_graphs and config.v41 is None
+        self.graph_sizes = None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes)
         self.decode_runner = DecodeRunner(
             self.model, self.cache, args.max_num_seqs,
-            # V4.1's torch selection path (ops/v41_index.py) is not yet checked graph-safe; offloaded
-            # experts are fetched after a host read of the step's routing: no graph capture for either.
-            # Speculative steps run eagerly (engine/speculative.py): no decode graphs to capture.
-            use_cuda_graphs=device.type == "cuda" and args.cuda_graphs and config.v41 is None
-            and not offloads_of(self.model) and self.speculative is None,
-            graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
+            # Speculative decoding captures its own steps (engine/verify_runner.py), not these.
+            use_cuda_graphs=self.graphs_wanted and self.speculative is None, graph_sizes=self.graph_sizes,
         )
+        self.capture_seconds = time.perf_counter() - t0  # decode graphs (and the kernels they compile)
         if self.workers is not None:
             self.workers.record(self.cache)
 
@@ -170,6 +188,16 @@ class ModelRunner:
                   f"{b.snapshot_bytes / 2**20:.1f} MiB)")
         return [f"KV cache dtype: {self.cache_format.name}{note}", *b.describe(self.max_model_len), prefix,
                 *memory_map(self.model, b.total_bytes)]
+
+    def speculative_bytes(self, args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype) -> int:
+        """Bytes speculative decoding adds beside the KV budget: the verify steps' saved compressor
+        states (cache/state_checkpoints.py) and k more rows in every slot's window rings."""
+        if self.speculative is None:
+            return 0
+        k = self.speculative.num_speculative_tokens
+        per_slot = sum(c.state_bytes for g in geometry.layers for c in (g.compressor, g.indexer) if c is not None)
+        window_row = sum(rows["window"] for rows in geometry.row_bytes(torch.empty((), dtype=dtype).element_size()))
+        return checkpoint_bytes(per_slot, k + 1, args.max_num_seqs) + k * (args.max_num_seqs + 1) * window_row
 
     def max_step_tokens(self, args: EngineArgs) -> int:
         """Tokens one step may hold: the batch budget, plus k drafts per sequence when speculating."""

@@ -27,7 +27,12 @@ from v4serve.engine.sampler import shape_for_draw
 
 def accept_greedy(target_logits: torch.Tensor, drafts: list[int]) -> list[int]:
     """Tokens emitted for fp32 target logits [k+1, V] and k drafts (greedy)."""
-    best = torch.argmax(target_logits, dim=-1).tolist()
+    return greedy_tokens(torch.argmax(target_logits, dim=-1).tolist(), drafts)
+
+
+def greedy_tokens(best: list[int], drafts: list[int]) -> list[int]:
+    """Tokens emitted for the target's greedy token after each of the k + 1 rows (`best`) and k
+    drafts: the drafts while they equal `best`, then best at the first mismatch (or the bonus)."""
     out = []
     for i, d in enumerate(drafts):
         if d != best[i]:

@@ -1,7 +1,14 @@
 """Speculative decoding: a draft proposes k tokens per sequence, one target step verifies them.
 
 `SpeculativeConfig` is vLLM's `speculative_config` ({"method": "mtp", "num_speculative_tokens": k}).
-`SpeculativeStepper.step()` replaces the engine's step when it is set:
+`SpeculativeStepper.step()` replaces the engine's step when it is set.
+
+A step in which every scheduled sequence decodes with k drafts (the steady state) runs on the
+device (`engine/verify_runner.py`, two CUDA graphs on CUDA): verify, acceptance (on the device when
+every request is greedy), rollback by restoring saved compressor states
+(`cache/state_checkpoints.py`; window rings of W + k rows need none) and the MTP draft, with one
+read of the results per step. Any other step (prefill chunks, drafts cut short near max_tokens /
+max_model_len, pages short) is the eager step below:
 
 1. Schedule as usual. A decode chunk (one token at position p, the sequence's last) is extended by
    the sequence's drafts d_1..d_k (fewer near max_model_len / max_tokens, none when pages run
@@ -35,7 +42,7 @@ from v4serve.engine.outputs import RequestOutput
 from v4serve.engine.request import Request, Status
 from v4serve.engine.request_output import request_output
 from v4serve.engine.scheduler import ScheduledChunk
-from v4serve.engine.spec_decode import accept_greedy, accept_sampled, processed_probs
+from v4serve.engine.spec_decode import accept_greedy, accept_sampled, greedy_tokens, processed_probs
 
 METHODS = ("mtp",)
 
@@ -147,7 +154,8 @@ class MTPDrafter:
         geometry = CacheGeometry.from_plan(mtp_model_plan(target.plan), target.page_size)
         self.cache = PagedKVCache(geometry, num_pages=1, max_seqs=target.max_seqs,
                                   max_step_tokens=target.max_step_tokens, max_pages_per_seq=1,
-                                  dtype=target.dtype, device=target.device)
+                                  dtype=target.dtype, device=target.device,
+                                  ring_extra=target.ring_size - target.page_size)
 
     def _run(self, chunks: list[SequenceChunk], tokens: list[int], streams: torch.Tensor, rows: list[int]):
         batch = self.cache.build_batch(chunks, tokens, rows)
@@ -199,11 +207,36 @@ class SpeculativeStepper:
     def __init__(self, engine, config: SpeculativeConfig, drafter: Drafter | None = None):
         if engine.config.v41 is not None:
             raise ValueError("speculative decoding: DeepSeek-V4.1's DSpark draft is not supported")
+        from v4serve.engine.verify_runner import VerifyRunner
+
         self.engine = engine
         self.k = config.num_speculative_tokens
-        self.drafter: Drafter = drafter if drafter is not None else MTPDrafter(engine.runner.model, engine.cache)
+        self.mtp = MTPDrafter(engine.runner.model, engine.cache) if drafter is None else None
+        self.drafter: Drafter = drafter if drafter is not None else self.mtp
         self.metrics = SpecDecodeMetrics()
         self._drafts: dict[str, tuple[list[int], torch.Tensor | None]] = {}
+        # Steps where every sequence decodes with k drafts: device-addressed, CUDA graphs on CUDA.
+        runner = engine.runner
+        self.verify_runner = VerifyRunner(
+            runner.model, engine.cache, None if self.mtp is None else self.mtp.cache, self.k,
+            engine.cache.max_seqs, runner.graphs_wanted, runner.graph_sizes)
+        # A bench-only hook (`bench/forced_draft.py`): (request, drafts) -> the drafts to use.
+        self.draft_filter = None
+        self.device_steps = 0  # steps taken by the verify runner (the rest ran the eager path)
+
+    def set_num_speculative_tokens(self, k: int) -> None:
+        """Draft k tokens per step from now on (the benchmark compares k on one engine): at most
+        the k the cache's window rings were built for. Drafts already made are cut to k."""
+        room = self.engine.cache.ring_size - self.engine.cache.page_size
+        if not 1 <= k <= room:
+            raise ValueError(f"num_speculative_tokens must be in [1, {room}] on this engine, got {k}")
+        from v4serve.engine.verify_runner import VerifyRunner
+
+        old = self.verify_runner
+        self.k = k
+        self.verify_runner = VerifyRunner(old.model, old.cache, old.draft_cache, k, old.max_batch,
+                                          old.uses_cuda_graphs, tuple(old.ladder))
+        self._drafts = {rid: (d[:k], None if p is None else p[:k]) for rid, (d, p) in self._drafts.items()}
 
     def _is_decode(self, chunk: ScheduledChunk) -> bool:
         r = chunk.request
@@ -222,12 +255,119 @@ class SpeculativeStepper:
                 drafts = []
         return drafts, None if probs is None or not drafts else probs[:len(drafts)]
 
+    def _full_drafts(self, plan: list[ScheduledChunk]) -> list[tuple[list[int], torch.Tensor | None]] | None:
+        """Each chunk's k drafts when every chunk is a decode chunk with room for all k (pages
+        reserved): the step the verify runner takes. None otherwise (the eager step)."""
+        engine, out = self.engine, []
+        for chunk in plan:
+            r = chunk.request
+            if not self._is_decode(chunk):
+                return None
+            drafts, probs = self._drafts.get(r.request_id, ([], None))
+            room = engine.max_model_len - 1 - chunk.start
+            if r.params.max_tokens is not None:
+                room = min(room, r.params.max_tokens - len(r.output_token_ids) - 1)
+            if len(drafts) < self.k or room < self.k:
+                return None
+            out.append((drafts[:self.k], None if probs is None else probs[:self.k]))
+        try:
+            for chunk in plan:
+                engine.cache.reserve(chunk.request.slot, chunk.end + self.k)
+        except OutOfPages:
+            return None
+        return out
+
+    def _graph_step(self, plan: list[ScheduledChunk], drafted: list[tuple[list[int], torch.Tensor | None]]
+                    ) -> list[RequestOutput]:
+        """A step of decoding sequences only, each with k drafts (`engine/verify_runner.py`): the
+        verify graph, acceptance (on the device when every request is greedy), the commit + draft
+        graph, then one read of the results."""
+        engine, runner = self.engine, self.verify_runner
+        self.device_steps += 1
+        requests = [c.request for c in plan]
+        for r in requests:
+            self._drafts.pop(r.request_id, None)
+        slots = [r.slot for r in requests]
+        out = runner.verify([[r.token_at(c.start), *d] for c, r, (d, _) in zip(plan, requests, drafted)],
+                            [c.start for c in plan], slots)
+        if all(r.params.greedy for r in requests):
+            new_drafts = runner.commit_and_draft()  # queued behind the verify graph: no host value needed
+            host = torch.cat((out.best, out.accepted[:, None]), dim=1).tolist()
+            best = [row[:-1] for row in host]
+            accepted = [row[-1] for row in host]
+            emitted = [row[:a + 1] for row, a in zip(best, accepted)]
+        else:
+            best = out.best.tolist()
+            emitted = []
+            for b, (r, (d, probs)) in enumerate(zip(requests, drafted)):
+                if r.params.greedy:
+                    emitted.append(greedy_tokens(best[b], d))
+                else:
+                    emitted.append(accept_sampled(processed_probs(out.logits[b], r.params), d, probs,
+                                                  generator_of(r, out.logits.device)))
+            accepted = [len(e) - 1 for e in emitted]
+            new_drafts = runner.commit_and_draft(accepted)
+        logprobs = out.best_logprob.tolist()
+
+        updated, items = [], []
+        for b, (chunk, r, tokens) in enumerate(zip(plan, requests, emitted)):
+            self.metrics.record(self.k, accepted[b])
+            if r.status is not Status.RUNNING:
+                continue
+            r.num_computed = chunk.start + len(tokens)
+            for j, token in enumerate(tokens):
+                row = out.logits[b, j]
+                logprob = logprobs[b][j] if token == best[b][j] else float(row[token] - torch.logsumexp(row, dim=-1))
+                engine._append_token(r, token, logprob, row)
+                if r.finish_reason is not None:
+                    break
+            updated.append(r)
+            if r.status is Status.RUNNING:
+                items.append((b, r, chunk, len(tokens)))
+        self._propose_after_graph(items, new_drafts, out.streams)
+        return [request_output(r) for r in updated]
+
+    def _propose_after_graph(self, items, new_drafts: torch.Tensor | None, streams: torch.Tensor) -> None:
+        """Drafts for the sequences still running: the MTP graph's, or the drafter's (a scripted
+        or other host-side draft) from the verify step's committed positions."""
+        if not items:
+            return
+        if new_drafts is not None and self.drafter is self.mtp:
+            rows = new_drafts[[b for b, *_ in items]].tolist()
+            proposals = [(d, None) for d in rows]
+        else:
+            size = streams.shape[0] // (self.k + 1)
+            draft_items = []
+            for b, r, chunk, kept in items:
+                committed = torch.arange(kept, device=streams.device) * size + b
+                draft_items.append(DraftItem(r, chunk.start, r.all_token_ids[chunk.start + 1:chunk.start + kept + 1],
+                                             streams.index_select(0, committed), wants_drafts=True))
+            proposals = self.drafter.propose(draft_items, self.k)
+        for (_, r, _, _), proposal in zip(items, proposals):
+            self._drafts[r.request_id] = self._filtered(r, proposal)
+
+    def _filtered(self, request: Request, proposal: tuple[list[int], torch.Tensor | None]):
+        if self.draft_filter is None:
+            return proposal
+        # The filtered drafts are deterministic (q = one-hot): what they replaced was drawn from q.
+        return self.draft_filter(request, proposal[0]), None
+
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         engine = self.engine
         plan = engine.scheduler.schedule()
         if not plan:
             return []
+        drafted = self._full_drafts(plan)
+        outputs = self._graph_step(plan, drafted) if drafted is not None else self._eager_step(plan)
+        for request_id in [rid for rid in self._drafts if rid not in engine._requests]:  # aborted meanwhile
+            del self._drafts[request_id]
+        return outputs
+
+    def _eager_step(self, plan: list[ScheduledChunk]) -> list[RequestOutput]:
+        """A step that also prefills (or whose drafts fall short of k): one prefill-style target
+        forward, then the rejected tokens rolled back by snapshot, restore and replay."""
+        engine = self.engine
         chunks, tokens, logits_rows, wanted, verify = [], [], [], [], []
         for chunk in plan:
             r = chunk.request
@@ -301,10 +441,8 @@ class SpeculativeStepper:
                                        wants_drafts=r.num_computed == r.num_tokens - 1))
             else:
                 self._drafts.pop(r.request_id, None)
-        for request_id in [rid for rid in self._drafts if rid not in engine._requests]:  # aborted meanwhile
-            del self._drafts[request_id]
         if items:
             for item, proposal in zip(items, self.drafter.propose(items, self.k)):
                 if item.wants_drafts:
-                    self._drafts[item.request.request_id] = proposal
+                    self._drafts[item.request.request_id] = self._filtered(item.request, proposal)
         return [request_output(r) for r in updated]

@@ -86,17 +86,26 @@ class Compressor(UsesKernels, nn.Module):
     ) -> None:
         """One token per sequence, no host decisions (`ops/compress_decode.py`): every sequence
         records its token in the open block; sequences whose block did not complete write to the
-        pool's scratch row."""
+        pool's scratch row. A verify step (`batch.verify_groups` tokens per sequence, group-major)
+        runs one such step per group, in position order, saving the states after each group."""
         r = self.ratio
         angles = rope.block_starts(r)  # rows are rotated at their block's start position
         fused = pool.packed and not rotate  # the kernel packs its rows into the pool itself
-        rows, target = compress_decode(
-            kv, score, batch.positions, batch.slots, self.position_bias, state.tensors(), r, self.kv_norm.weight,
-            self.kv_norm.eps, angles.cos, angles.sin, batch.compressed_rows[r], pool.scratch_row, pool.value_dtype,
-            impl=self.impl, **(dict(pool=pool.data, row_format=pool.row_format) if fused else {}),
-        )
-        if not fused:
-            pool.store(target, hadamard(rows) if rotate else rows, self.impl)
+        groups = batch.verify_groups
+        n = kv.shape[0] // groups
+        rows_of = batch.compressed_rows[r]
+        for g in range(groups):
+            at = slice(g * n, (g + 1) * n)
+            slots = batch.slots[at]
+            rows, target = compress_decode(
+                kv[at], score[at], batch.positions[at], slots, self.position_bias, state.tensors(), r,
+                self.kv_norm.weight, self.kv_norm.eps, angles.cos[at], angles.sin[at], rows_of[at], pool.scratch_row,
+                pool.value_dtype, impl=self.impl, **(dict(pool=pool.data, row_format=pool.row_format) if fused else {}),
+            )
+            if not fused:
+                pool.store(target, hadamard(rows) if rotate else rows, self.impl)
+            if batch.checkpoints is not None:
+                batch.checkpoints.save(state, g)
 
     def normalize_and_rotate(self, rows: torch.Tensor, starts: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
         """kv_norm, then RoPE at each row's block start position."""

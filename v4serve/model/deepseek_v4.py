@@ -54,17 +54,25 @@ class DecoderLayer(nn.Module):
         self.ffn_hc = HyperConnection(config)
 
     def forward(self, streams: torch.Tensor, pre_in: torch.Tensor | None, batch: ForwardBatch, cache: LayerCache,
-                step: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+                step: StepPlan, keep: tuple[torch.Tensor, torch.Tensor | None] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """streams [T, n, D] -> (streams, this block's ffn pre [T, n] fp32). `pre_in`: the previous
-        sublayer's pre (read with `lagged_hc` only; None is fine otherwise)."""
+        sublayer's pre (read with `lagged_hc` only; None is fine otherwise). With `keep` = (rows [R],
+        their MoE routing rows or None), only those rows' [R, n, D] and [R, n] (the attention still
+        writes every token's KV rows: a draft pass that needs the cache of all its tokens and the
+        output of a few)."""
         if self.engram is not None:
             streams = self.engram(streams, step.engram_rows[self.engram_table])
         a_pre, post, comb = self.attn_hc.coefficients(streams, batch.tickets)
         y = self.attn_hc.collapse(streams, pre_in if self.lagged_hc else a_pre)
         streams = self.attn_hc.expand(self.self_attn(self.input_layernorm(y), batch, cache, step), streams, post, comb)
+        token_ids, route_rows = batch.token_ids, batch.route_rows
+        if keep is not None:
+            rows, route_rows = keep
+            streams, token_ids, a_pre = (t.index_select(0, rows) for t in (streams, token_ids, a_pre))
         f_pre, post, comb = self.ffn_hc.coefficients(streams, batch.tickets)
         y = self.ffn_hc.collapse(streams, a_pre if self.lagged_hc else f_pre)
-        out = self.mlp(self.post_attention_layernorm(y), batch.token_ids, batch.route_rows)
+        out = self.mlp(self.post_attention_layernorm(y), token_ids, route_rows)
         return self.ffn_hc.expand(out, streams, post, comb), f_pre
 
 
@@ -164,13 +172,15 @@ class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
         return self.lm_head(h).float()
 
     @torch.inference_mode()
-    def forward_mtp(self, main_streams: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, index: int = 0
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_mtp(self, main_streams: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, index: int = 0,
+                    keep: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """MTP layer `index` over `batch` (addressed in the MTP layer's own one-layer cache `cache`):
         `batch.token_ids` [T] are the tokens that follow the positions of `main_streams` [T, hc, D].
-        Returns fp32 logits at `batch.logits_indices` and the layer's output streams [T, hc, D]."""
+        Returns fp32 logits at `batch.logits_indices` and the layer's output streams [T, hc, D];
+        with `keep` (a decode-style batch; see DecoderLayer.forward), logits and streams of those
+        rows only, every row's KV written."""
         layer = self.mtp[index]
         step = plan_step(batch, self.rope())
-        streams = layer(self.model.embed_tokens(batch.token_ids), main_streams, batch, cache.view(0), step)
+        streams = layer(self.model.embed_tokens(batch.token_ids), main_streams, batch, cache.view(0), step, keep)
         picked = streams if batch.is_decode else streams[batch.logits_indices]
         return self.lm_head(layer.head_input(picked, batch)).float(), streams

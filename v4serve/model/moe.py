@@ -116,6 +116,7 @@ class MoE(UsesKernels, nn.Module):
         self.experts = RoutedExperts(config)
         self.shared_experts = SharedExpert(config)
         self.register_buffer("input_proj", None, persistent=False)  # [router; shared gate; shared up] once fused
+        self.prefetch_next = None  # model/expert_prefetch.py: the next layer's offloaded experts, guessed from x
 
     def fuse_projections(self) -> None:
         """One GEMM for the three projections of the input (router logits, shared gate and up)."""
@@ -131,4 +132,6 @@ class MoE(UsesKernels, nn.Module):
             logits, gate, up = F.linear(x, self.input_proj).split(self._input_widths, dim=-1)
             experts, weights = self.gate.route(logits, token_ids, route_rows)
             shared = self.shared_experts.finish(gate, up)
+        if self.prefetch_next is not None:
+            self.prefetch_next(x, token_ids, route_rows)
         return self.experts(x, experts, weights, add=shared)

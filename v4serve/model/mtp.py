@@ -68,11 +68,11 @@ class MTPLayer(DecoderLayer):
         self.norm = RMSNorm(d, config.rms_norm_eps)
 
     def forward(self, embedded: torch.Tensor, main_streams: torch.Tensor, batch: ForwardBatch, cache: LayerCache,
-                step: StepPlan) -> torch.Tensor:
+                step: StepPlan, keep=None) -> torch.Tensor:
         """Output streams [T, hc, D] of the block for `embedded` [T, D] (embedding of the next
-        tokens) and `main_streams` [T, hc, D]."""
+        tokens) and `main_streams` [T, hc, D] (`keep`: only some rows', DecoderLayer.forward)."""
         x = self.e_proj(self.enorm(embedded))[:, None] + self.h_proj(self.hnorm(main_streams.to(embedded.dtype)))
-        return super().forward(x.contiguous(), None, batch, cache, step)[0]
+        return super().forward(x.contiguous(), None, batch, cache, step, keep)[0]
 
     def head_input(self, streams: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """norm(hc_head(streams)) [T, D]: what the shared lm head reads."""

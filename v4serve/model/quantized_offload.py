@@ -4,38 +4,44 @@ Layout, per expert tensor t of the layer (EXPERT_TENSORS, leading dim = expert):
 
     device[t]  [R + S, ...]   rows 0..R-1: the R resident experts; rows R..R+S-1: S cache slots
     host[t]    [H, ...]       the H = E - R offloaded experts, pinned (on CUDA) host memory
-    index      [E] int64, on the device: expert e -> its device row (resident row, or R + slot
-               while a slot holds it), -1 while it is only on the host
 
-A step's picks are remapped through `index` and run over `device[t]` by the experts' own `run`
-(the grouped matmul never sees the host). Before that, the offloaded experts the step picks are
-made present: the step's distinct experts are read on the host (one synchronisation per
-offloaded layer: an offloaded model runs its decode eagerly, without CUDA graphs), the missing
-ones copied host -> slot on a side copy stream, evicting the least recently used slots the step
-does not need. On CUDA (`overlap`) the resident experts' picks run in a pass of their own while
-those copies are in flight; the offloaded picks run once the compute stream has waited for the
-copy stream. A step that needs more offloaded experts than there are slots (a long prefill) runs
-in more passes of at most S offloaded experts. Each pass computes the expert outputs of its
-experts' picks (the other picks are sorted past the last group and computed by no group, so they
-read no weights, never a slot being written); every pick keeps its output from its expert's pass,
-and one combine sums each token's picks. The result is bit-identical to the model with every
-expert resident (`MXFP4Experts.pick_outputs` says why): a split step is exact, not a sum of
-per-pass partial combines (which would round each pass to the model dtype and add the rounded
-parts in another order).
-Overlap with the EARLIER layers is not done: the routing of a layer is known only when it runs.
+and the cache state, on the device (ops/expert_cache_plan_reference.py says how it changes):
+`index` [E] (expert -> device row, -1 while only on the host), `slot_expert`, `slot_stamp` (LRU),
+`counts` [E] (picks per expert: placement by measured use), `fetches` (experts copied).
 
-`counts` [E] (host, int64) counts every pick: `place_by_counts` moves the most used experts into
-the resident rows (placement by measured use).
+A step never leaves the device, so an offloaded model decodes in CUDA graphs like any other:
+
+    chunks  = ceil(min(picks, H) / S)          from shapes only: no host read of the routing
+    pass "resident" (CUDA): the resident experts' picks, while chunk 0's experts are fetched
+    pass c = 0..chunks-1:   plan (the c-th S offloaded experts the step picked, by id: slots for
+                            the missing ones, LRU) -> fetch (the SMs read the host rows over the
+                            host link, ops/expert_fetch.py, on a side stream) -> their picks
+
+Each pass computes the expert outputs of its members' picks (the other picks get the group id
+past the last row: sorted last, computed by no group, reading no weights, so never a slot being
+written); every pick keeps its output from its expert's pass, and one combine sums each token's
+picks, so the result is bit-identical to the model with every expert resident
+(`MXFP4Experts.pick_outputs` says why). A chunk with no member costs its launches (a plan, four
+empty fetches, the MoE kernels over no group): at decode only the first chunk usually has members.
+On the CPU nothing runs beside the compute: the resident experts join chunk 0's pass. The plan
+and the fetch run their Triton kernels on CUDA whatever the model's `kernels` (the torch fetch
+reads the copy count on the host, which a graph cannot capture), their torch references on the CPU.
+Layer-ahead prefetch (model/expert_prefetch.py, off by default): the next layer's router applied
+to this layer's input guesses its picks; `prefetch` plans and fetches those into the next
+layer's slots early, on its side stream.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import torch
 
 from v4serve.model.quantized import EXPERT_TENSORS
+from v4serve.ops.expert_cache_plan import expert_cache_plan
+from v4serve.ops.expert_fetch import expert_fetch
 from v4serve.ops.moe_combine import moe_combine
+
+
+PREFETCH_MAX_PICKS = 512  # layer-ahead prefetch (model/expert_prefetch.py) for steps of up to this many picks
 
 
 class ExpertOffload:
@@ -43,32 +49,69 @@ class ExpertOffload:
         shapes = {n: tuple(getattr(module, n).shape) for n in EXPERT_TENSORS}
         dtypes = {n: getattr(module, n).dtype for n in EXPERT_TENSORS}
         self.n_experts = e = shapes[EXPERT_TENSORS[0]][0]
-        self.host_experts = sorted(host_experts)
-        if len(set(self.host_experts)) != len(self.host_experts) or not all(0 <= x < e for x in self.host_experts):
+        host_experts = sorted(host_experts)
+        if len(set(host_experts)) != len(host_experts) or not all(0 <= x < e for x in host_experts):
             raise ValueError(f"host experts must be distinct ids in [0, {e}), got {host_experts}")
-        host = set(self.host_experts)
-        self.resident = [x for x in range(e) if x not in host]
-        self.n_slots = n_slots if self.host_experts else 0
-        if self.host_experts and n_slots < 1:
+        if host_experts and n_slots < 1:
             raise ValueError("an offloaded layer needs at least one device slot")
-        r, s, h = len(self.resident), self.n_slots, len(self.host_experts)
-        pin = device.type == "cuda"
+        self.n_slots = s = n_slots if host_experts else 0
+        host = set(host_experts)
+        resident = [x for x in range(e) if x not in host]
+        r, h = len(resident), len(host_experts)
         self.device = device
         self.device_tensors = [torch.empty((r + s, *shapes[n][1:]), dtype=dtypes[n], device=device) for n in EXPERT_TENSORS]
-        self.host_tensors = [torch.empty((h, *shapes[n][1:]), dtype=dtypes[n], pin_memory=pin) for n in EXPERT_TENSORS]
-        self.row_of = {x: i for i, x in enumerate(self.resident)}  # resident expert -> device row
-        self.host_row = {x: i for i, x in enumerate(self.host_experts)}  # offloaded expert -> host row
-        self.slots: OrderedDict[int, int] = OrderedDict()  # expert -> slot, least recently used first
-        self.index = torch.full((e,), -1, dtype=torch.long, device=device)
-        if self.resident:
-            self.index[torch.tensor(self.resident, device=device)] = torch.arange(r, device=device)
-        self.counts = torch.zeros(e, dtype=torch.long)
-        self.fetches = 0  # host -> slot copies
-        self.split_steps = 0  # steps that needed more offloaded experts than slots (run in rounds)
+        self.host_tensors = [torch.empty((h, *shapes[n][1:]), dtype=dtypes[n], pin_memory=device.type == "cuda")
+                             for n in EXPERT_TENSORS]
+        self.row_of = {x: i for i, x in enumerate(resident)}  # resident expert -> device row
+        self.host_row = {x: i for i, x in enumerate(host_experts)}  # offloaded expert -> host row
+        long = dict(dtype=torch.long, device=device)
+        self.host_row_of = torch.empty(e, **long)  # expert -> host row, -1 if resident
+        self.resident_row = torch.empty(e, **long)  # expert -> resident row, R + S if offloaded
+        self.index = torch.empty(e, **long)
+        self.slot_expert, self.slot_stamp = torch.empty(max(s, 1), **long), torch.empty(max(s, 1), **long)
+        self.clock, self._fetches, self.copy_count = (torch.zeros(1, **long) for _ in range(3))
+        self.copy_slot, self.copy_src = torch.empty(max(s, 1), **long), torch.empty(max(s, 1), **long)
+        self.counts = torch.zeros(e, **long)
+        self.prefetch_picks = torch.empty(PREFETCH_MAX_PICKS, **long)  # guessed picks, read on the side stream
+        self.prefetch_pending = False  # a prefetch is queued on the side stream: wait before planning
+        self._write_tables()
+        self.multi_chunk_steps = 0  # eager steps (prefill) whose offloaded experts needed several chunks
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        # Resident experts computed in a pass of their own while the copies run (CUDA: the copy
-        # engine works beside the SMs); on the CPU nothing runs beside, so one pass fewer.
+        # CUDA: the resident experts compute in a pass of their own while chunk 0 is fetched (the
+        # fetch occupies a few SMs' warps); the CPU runs one pass fewer.
         self.overlap = device.type == "cuda"
+
+    @property
+    def resident(self) -> list[int]:
+        return sorted(self.row_of, key=self.row_of.get)
+
+    @property
+    def host_experts(self) -> list[int]:
+        return sorted(self.host_row, key=self.host_row.get)
+
+    @property
+    def fetches(self) -> int:
+        """Experts copied host -> slot so far (reads the device)."""
+        return int(self._fetches.item())
+
+    @property
+    def slots(self) -> dict[int, int]:
+        """expert -> slot for the experts the slots hold now (reads the device)."""
+        return {x: i for i, x in enumerate(self.slot_expert.tolist()) if x >= 0} if self.n_slots else {}
+
+    def _write_tables(self) -> None:
+        """Device tables from `row_of` / `host_row`; the slots emptied."""
+        e, r = self.n_experts, len(self.row_of)
+        host_row, resident_row = [-1] * e, [r + self.n_slots] * e
+        for x, i in self.host_row.items():
+            host_row[x] = i
+        for x, i in self.row_of.items():
+            resident_row[x] = i
+        self.host_row_of.copy_(torch.tensor(host_row))
+        self.resident_row.copy_(torch.tensor(resident_row))
+        self.index.copy_(torch.tensor([i if i < r else -1 for i in resident_row]))
+        self.slot_expert.fill_(-1)
+        self.slot_stamp.fill_(-1)
 
     # ------------------------------------------------------------------ loading
     def dest(self, tensor: str, expert: int) -> torch.Tensor:
@@ -81,7 +124,7 @@ class ExpertOffload:
     def device_bytes(self) -> tuple[int, int]:
         """(resident bytes, slot bytes) on the device."""
         per_row = sum(t[0].numel() * t.element_size() for t in self.device_tensors) if self.device_tensors[0].shape[0] else 0
-        return per_row * len(self.resident), per_row * self.n_slots
+        return per_row * len(self.row_of), per_row * self.n_slots
 
     def host_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.host_tensors)
@@ -89,69 +132,67 @@ class ExpertOffload:
     # ------------------------------------------------------------------ running
     def run(self, module, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
             add: torch.Tensor | None) -> torch.Tensor:
-        used, n = experts.flatten().unique(return_counts=True)  # the one host synchronisation
-        used_list = used.tolist()
-        self.counts[used_list] += n.cpu()
-        offloaded = [x for x in used_list if x in self.host_row]
-        chunks = [offloaded[i:i + self.n_slots] for i in range(0, len(offloaded), self.n_slots)]
-        self.split_steps += len(chunks) > 1
-        if not chunks:  # every pick resident: one pass
+        if not self.host_row:
             return module.run(x, self.index[experts], weights, add, self.device_tensors)
-        # Passes: (experts whose picks it computes, the chunk it needs in the slots).
-        if self.overlap and self.resident:  # the resident pass runs while the first chunk is copied
-            passes = [(self.resident, None)] + [(c, c) for c in chunks]
-            self._fetch(chunks[0])
-        else:
-            passes = [(self.resident + chunks[0], chunks[0])] + [(c, c) for c in chunks[1:]]
-        # Every pass computes the expert outputs of its members' picks (the other picks get the
-        # group id past the last row: sorted last, computed by no group, reading no weights, so
-        # never a slot being written); each pick's output is kept from the pass of its expert, in
-        # pick order; one combine at the end. So the bits are those of one pass with every expert
-        # resident: same groups (a pick's group holds the same picks, in the same order), same
-        # tiles (`pick_outputs`), same fp32 sum over a token's picks, the shared expert added once.
-        n_rows = self.device_tensors[0].shape[0]  # R + S: group id n_rows = "not in this pass"
+        picks = experts.flatten()
+        if self.prefetch_pending:  # its plan changed the cache state this plan reads
+            self._wait()
+            self.prefetch_pending = False
+        r, n_rows = len(self.row_of), len(self.row_of) + self.n_slots
+        chunks = -(-min(picks.numel(), len(self.host_row)) // self.n_slots)
+        self.multi_chunk_steps += chunks > 1
+        separate_resident = self.overlap and r > 0
         y = None
-        for k, (members, chunk) in enumerate(passes):
-            if chunk is not None:
-                if not (self.overlap and self.resident and k == 1):
-                    self._fetch(chunk)
-                self._wait()
-            mine = torch.zeros(self.n_experts, dtype=torch.bool, device=self.device)
-            mine[torch.tensor(members, dtype=torch.long, device=self.device)] = True
-            picked = mine[experts]
-            mapped = torch.where(picked, self.index[experts], n_rows)
-            y_sorted, pos = module.pick_outputs(x, mapped, self.device_tensors, n_sort=n_rows + 1)
-            part = y_sorted[pos]  # pick order
-            y = part if y is None else torch.where(picked.reshape(-1, 1), part, y)
+        for chunk in range(chunks):
+            mapped = expert_cache_plan(
+                picks, self.host_row_of, self.index, self.slot_expert, self.slot_stamp, self.clock, self._fetches,
+                self.counts, self.copy_count, self.copy_slot, self.copy_src, chunk=chunk, n_resident=r,
+                with_resident=chunk == 0 and not separate_resident, count_picks=chunk == 0)
+            self._fetch()
+            if chunk == 0 and separate_resident:  # beside the copies of chunk 0
+                y = self._pass(module, x, self.resident_row[experts], y, n_rows)
+            self._wait()
+            y = self._pass(module, x, mapped.view_as(experts), y, n_rows)
         identity = torch.arange(y.shape[0], device=y.device)
         return moe_combine(y, identity, weights, add, impl=module.impl)
 
-    def _fetch(self, group: list[int]) -> None:
-        """Issue the copies that put every expert of `group` in a slot (on the copy stream on CUDA:
-        `_wait` before reading them), evicting the least recently used experts not in `group`."""
-        missing = [x for x in group if x not in self.slots]
-        for x in group:
-            if x in self.slots:
-                self.slots.move_to_end(x)
-        free = sorted(set(range(self.n_slots)) - set(self.slots.values()))
-        wanted = set(group)
+    def prefetch(self, experts: torch.Tensor) -> None:
+        """Plan and fetch, ahead of this layer's own step, the first S offloaded experts that
+        `experts` (guessed picks [T, k]) name; nothing for steps of more than PREFETCH_MAX_PICKS
+        picks. The guess is copied into a persistent buffer on the compute stream, so the side
+        stream reads only memory that outlives it; `run` waits for the side stream first."""
+        n = experts.numel()
+        if not self.host_row or n > PREFETCH_MAX_PICKS:
+            return
+        picks = self.prefetch_picks[:n]
+        picks.copy_(experts.reshape(-1))
         stream = self.copy_stream
         if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream(self.device))  # slots may still be read
-        for x in missing:
-            if free:
-                slot = free.pop(0)
-            else:
-                victim = next(v for v in self.slots if v not in wanted)
-                slot = self.slots.pop(victim)
-                self.index[victim] = -1
-            row = len(self.resident) + slot
-            with torch.cuda.stream(stream) if stream is not None else _nullcontext():
-                for dev, host in zip(self.device_tensors, self.host_tensors):
-                    dev[row].copy_(host[self.host_row[x]], non_blocking=True)
-            self.slots[x] = slot
-            self.index[x] = row
-            self.fetches += 1
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
+            expert_cache_plan(picks, self.host_row_of, self.index, self.slot_expert, self.slot_stamp, self.clock,
+                              self._fetches, self.counts, self.copy_count, self.copy_slot, self.copy_src, chunk=0,
+                              n_resident=len(self.row_of))
+            for dev, host in zip(self.device_tensors, self.host_tensors):
+                expert_fetch(host, dev, self.copy_count, self.copy_slot, self.copy_src, len(self.row_of))
+        self.prefetch_pending = stream is not None
+
+    def _pass(self, module, x, groups: torch.Tensor, y: torch.Tensor | None, n_rows: int) -> torch.Tensor:
+        """The expert outputs [T*k, D] in pick order: this pass's for the picks whose group is a row
+        (< n_rows), `y`'s for the others."""
+        y_sorted, pos = module.pick_outputs(x, groups, self.device_tensors, n_sort=n_rows + 1)
+        part = y_sorted[pos]
+        return part if y is None else torch.where((groups.reshape(-1) < n_rows)[:, None], part, y)
+
+    def _fetch(self) -> None:
+        """The copy list's rows host -> slots; on CUDA on the side stream, after what the compute
+        stream has queued (the previous pass may still read the slots): `_wait` before reading."""
+        stream = self.copy_stream
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream) if stream is not None else _nullcontext():
+            for dev, host in zip(self.device_tensors, self.host_tensors):
+                expert_fetch(host, dev, self.copy_count, self.copy_slot, self.copy_src, len(self.row_of))
 
     def _wait(self) -> None:
         if self.copy_stream is not None:
@@ -162,11 +203,8 @@ class ExpertOffload:
     def place_by_counts(self, counts: torch.Tensor | None = None) -> int:
         """Make the most picked experts resident (swap rows between device and host); returns the
         number of swaps. Empties the slots."""
-        counts = self.counts if counts is None else counts
-        for x in list(self.slots):
-            self.index[x] = -1
-        self.slots.clear()
-        r = len(self.resident)
+        counts = (self.counts if counts is None else counts).cpu()
+        r = len(self.row_of)
         hot = set(torch.argsort(counts, descending=True, stable=True)[:r].tolist())
         cold_resident = [x for x in self.resident if x not in hot]
         hot_host = [x for x in self.host_experts if x in hot]
@@ -177,9 +215,7 @@ class ExpertOffload:
                 dev[row].copy_(host[hrow])
                 host[hrow].copy_(tmp)
             self.row_of[warm], self.host_row[cold] = row, hrow
-            self.index[warm], self.index[cold] = row, -1
-        self.resident = sorted(self.row_of, key=self.row_of.get)
-        self.host_experts = sorted(self.host_row, key=self.host_row.get)
+        self._write_tables()
         return len(hot_host)
 
 

@@ -1,0 +1,166 @@
+"""Speculative decoding on the GPU: what a verify step costs beside a plain decode step, and the
+TPOT it gives at forced acceptance lengths (issue #21).
+
+    python -m v4serve.bench.engine --spec-verify --concurrency 1 8 32 --output-len 128 \\
+        [--spec-k 1 2 3 4] [--spec-lengths 2.0 2.8 3.5] [--spec-e2e-k 3]
+
+One engine (`deepseek-v4-flash` cut to 8 layers by default, random weights), built with
+speculative decoding at k = max(--spec-k) (window rings of W + k rows) and CUDA graphs at the
+concurrencies only.
+
+* **Step costs.** For each concurrency c: c requests of 128-token prompts are prefilled; at their
+  next positions the plain decode graph of size c (a `DecodeRunner` on the same model and cache)
+  and, for each k, the verify graph and the commit + draft graph (`engine/verify_runner.py`) are
+  replayed, alone and back to back, timed with CUDA events (median of 5 repeats of 10 replays).
+  The replays rewrite the same rows again and again; the requests are aborted afterwards. Every
+  graph is timed in the same process (over four captured graphs: each replays ~0.3 us per kernel
+  slower, docs/performance.md "four-graph effect", plain and speculative alike).
+  A step of k drafts at mean acceptance length L gives L tokens per sequence, so its TPOT is
+  (verify + commit/draft) / L, against plain decode's one token per step.
+* **End to end** at k = --spec-e2e-k: per concurrency, a greedy run with the MTP draft (random
+  weights: ~nothing accepted) records each request's output, then one run per L with the
+  `ForcedAcceptance` draft (`bench/forced_draft.py`) over the same prompts: TPOT as a client sees it
+  (`measure_tpot`) and vLLM's spec-decode counters of that run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from v4serve.bench.engine import measure_tpot
+from v4serve.bench.forced_draft import ForcedAcceptance
+from v4serve.engine import Engine, SamplingParams
+from v4serve.engine.decode_runner import DecodeRunner
+from v4serve.engine.speculative import SpecDecodeMetrics
+
+PROMPT_LEN = 128
+
+
+def spec_engine_args(args) -> tuple[dict, list[int]]:
+    """(speculative_config, cuda_graph_sizes) of the benchmark's engine."""
+    k = max(max(args.spec_k), args.spec_e2e_k)
+    return {"method": "mtp", "num_speculative_tokens": k}, sorted(set(args.concurrency))
+
+
+def replay_ms(replay, repeats: int = 5, iterations: int = 10) -> float:
+    """Median over `repeats` of the mean time of `iterations` back-to-back calls (CUDA events on
+    CUDA; on the CPU, where nothing is captured, wall time: a smoke run of the code path)."""
+    for _ in range(3):
+        replay()
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iterations):
+                replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / iterations)
+        else:
+            begin = time.perf_counter()
+            for _ in range(iterations):
+                replay()
+            times.append(1e3 * (time.perf_counter() - begin) / iterations)
+    return statistics.median(times)
+
+
+def _graph_or_eager(graphs: dict, size: int, index: int, eager):
+    """The replay of graph `graphs[size][index]`, or `eager` where nothing was captured."""
+    return graphs[size][index].replay if size in graphs else eager
+
+
+def _decoding_requests(engine: Engine, c: int) -> list:
+    """c requests of PROMPT_LEN random tokens, stepped until every one decodes."""
+    gen = torch.Generator().manual_seed(1000 + c)
+    params = SamplingParams(temperature=0.0, max_tokens=1024, ignore_eos=True)
+    ids = [f"step-{c}-{i}" for i in range(c)]
+    for rid in ids:
+        engine.add_request(rid, torch.randint(10, 1000, (PROMPT_LEN,), generator=gen).tolist(), params)
+    while any(not engine._requests[rid].output_token_ids for rid in ids):
+        engine.step()
+    return [engine._requests[rid] for rid in ids]
+
+
+def step_costs(engine: Engine, concurrencies: list[int], ks: list[int]) -> list[dict]:
+    """Per concurrency c: the plain decode graph's time and, per k, the two speculative graphs' (the
+    first c of max(concurrencies) decoding requests, at their next positions)."""
+    spec = engine.spec
+    on_gpu = engine.cache.device.type == "cuda"
+    requests = _decoding_requests(engine, max(concurrencies))
+    starts = [r.num_tokens - 1 for r in requests]  # the position each sequence computes next
+    slots = [r.slot for r in requests]
+    last = [r.all_token_ids[-1] for r in requests]
+    rows = []
+    for c in concurrencies:
+        plain = DecodeRunner(engine.model, engine.cache, c, use_cuda_graphs=on_gpu, graph_sizes=(c,))
+        plain.run(last[:c], starts[:c], slots[:c])
+        rows.append({"concurrency": c, "k": [],
+                     "plain_ms": replay_ms(_graph_or_eager(plain._graphs, c, 0, lambda: plain._forward(c)))})
+        del plain
+    for k in ks:
+        spec.set_num_speculative_tokens(k)
+        runner = spec.verify_runner
+        for row in rows:
+            c = row["concurrency"]
+            outputs = runner.verify([[t] * (k + 1) for t in last[:c]], starts[:c], slots[:c])  # c: a graph size
+            runner.commit_and_draft([0] * c)
+            verify = _graph_or_eager(runner._graphs, c, 0, lambda: runner._verify(c))
+            after = _graph_or_eager(runner._graphs, c, 2, lambda: runner._commit_and_draft(c, outputs))
+            verify_ms, after_ms = replay_ms(verify), replay_ms(after)
+            both_ms = replay_ms(lambda: (verify(), after()))
+            row["k"].append({"k": k, "verify_ms": verify_ms, "commit_draft_ms": after_ms, "step_ms": both_ms,
+                             "step_over_plain": both_ms / row["plain_ms"]})
+    for r in requests:
+        engine.abort(r.request_id)
+    return rows
+
+
+def end_to_end(engine: Engine, c: int, k: int, lengths: list[float], output_len: int) -> list[dict]:
+    spec = engine.spec
+    spec.set_num_speculative_tokens(k)
+    spec.draft_filter = None
+    reference: dict[str, list[int]] = {}
+    plain_like = measure_tpot(engine, c, PROMPT_LEN, output_len, outputs=reference)
+    rows = [{"concurrency": c, "k": k, "forced_length": None, "tpot_ms": plain_like["tpot_ms"],
+             **_counters(spec.metrics)}]
+    for length in lengths:
+        spec.metrics = SpecDecodeMetrics()
+        spec.draft_filter = ForcedAcceptance(reference, k, length, engine.config.vocab_size)
+        outputs: dict[str, list[int]] = {}
+        tpot = measure_tpot(engine, c, PROMPT_LEN, output_len, outputs=outputs)
+        rows.append({"concurrency": c, "k": k, "forced_length": length, "tpot_ms": tpot["tpot_ms"],
+                     "output_tok_s": tpot["output_tok_s"], "same_tokens": outputs == reference,
+                     **_counters(spec.metrics)})
+    spec.draft_filter, spec.metrics = None, SpecDecodeMetrics()
+    return rows
+
+
+def _counters(m: SpecDecodeMetrics) -> dict:
+    return {"num_drafts": m.num_drafts, "num_draft_tokens": m.num_draft_tokens,
+            "num_accepted_tokens": m.num_accepted_tokens, "accepted_per_position": list(m.accepted_per_position),
+            "mean_acceptance_length": round(m.mean_acceptance_length, 3)}
+
+
+def run_spec_rows(engine: Engine, args) -> dict:
+    if not engine.spec.verify_runner.uses_cuda_graphs:
+        print("no CUDA graphs captured: the times below are eager steps (a smoke run, not a measurement)")
+    costs = step_costs(engine, sorted(set(args.concurrency)), args.spec_k)
+    for row in costs:
+        print(f"c={row['concurrency']}: plain decode step {row['plain_ms']:.3f} ms", flush=True)
+        for r in row["k"]:
+            tpot = "  ".join(f"L={L}: {r['step_ms'] / L:.3f} ms ({r['step_ms'] / L / row['plain_ms']:.2f}x)"
+                             for L in args.spec_lengths if L <= r["k"] + 1)
+            print(f"  k={r['k']}: verify {r['verify_ms']:.3f} + commit/draft {r['commit_draft_ms']:.3f} = "
+                  f"{r['step_ms']:.3f} ms ({r['step_over_plain']:.2f}x plain); TPOT {tpot}", flush=True)
+    e2e = []
+    lengths = [L for L in args.spec_lengths if L <= args.spec_e2e_k + 1]
+    for c in sorted(set(args.concurrency)):
+        rows = end_to_end(engine, c, args.spec_e2e_k, lengths, args.output_len)
+        for row in rows:
+            print("e2e", row, flush=True)
+        e2e += rows
+    return {"step_costs": costs, "end_to_end": e2e}

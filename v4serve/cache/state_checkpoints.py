@@ -1,0 +1,92 @@
+"""Compressor states after each token of a speculative verify step, and the commit of the accepted
+prefix's state: the device-side rollback of verify steps (no host work, CUDA-graph safe).
+
+A verify step feeds each sequence's last token and its k drafts, group by group (group j: every
+sequence's token at position start + j; `PagedKVCache.build_verify_batch`), through every
+compressor, which folds them into the sequence's state in order. After group j the compressor
+saves the states of the step's slots:
+
+    saved[state][j, b] = state[slot_b]                    j = 0..k, b < S (the step's rows)
+
+Once the target has scored the drafts, sequence b keeps tokens 0..a_b (a_b accepted drafts), so its
+state must be the one after group a_b:
+
+    state[slot_b] = saved[state][a_b, b]
+
+Everything else a rejected token wrote needs no undo: its window row lies past the last kept
+position in a ring of W + k rows (read by no later token before it is rewritten), and a compressed
+row or index key it completed is visible only to positions >= its own, which a later step computes
+(and so rewrites) first (`cache/rollback.py`).
+
+Layout: a state object's tensors are views of one allocation `stacked` [n, slots, ...] (n = 2:
+kv, score; n = 3: max, sum, acc), read here as rows [n * slots, ...] (row t * slots + slot); the
+saved copies are [groups, max_rows * n, ...], row b * n + t. So a save is one gather per state and
+group, a commit one gather and one scatter per state. Memory: (k + 1) x max_rows copies of a
+slot's compressor and indexer states (`checkpoint_bytes`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def checkpoint_bytes(state_bytes_per_slot: int, groups: int, max_rows: int) -> int:
+    """Bytes of the saved states: `groups` copies of each of `max_rows` slots' state rows."""
+    return state_bytes_per_slot * groups * max_rows
+
+
+class StateCheckpoints:
+    """Saved states for verify steps of up to `max_rows` sequences and `groups` tokens each, for
+    `states` (the cache's CompressorState / OnlinePoolState objects). A step calls `begin(slots)`,
+    then `save(state, j)` after each group j, then `commit(accepted)`."""
+
+    def __init__(self, states, groups: int, max_rows: int):
+        if groups < 1 or max_rows < 1:
+            raise ValueError(f"groups and max_rows must be >= 1, got {groups}, {max_rows}")
+        self.groups, self.max_rows = groups, max_rows
+        self._states = list(states)
+        self._saved: dict[int, torch.Tensor] = {}
+        widths = set()
+        for state in self._states:
+            n, _, *row = state.stacked.shape
+            widths.add(n)
+            self._saved[id(state)] = torch.empty(groups, max_rows * n, *row, dtype=state.stacked.dtype,
+                                                 device=state.stacked.device)
+        device = self._states[0].stacked.device if self._states else torch.device("cpu")
+        self._parts = {n: torch.arange(n, device=device) for n in widths}  # tensor index t within a state
+        self._row_index = torch.arange(max_rows, device=device)
+        # The state rows of a step's S sequences per width n, [S * n] (b-major), kept per S: a CUDA
+        # graph of S rows computes them in its verify half and reads them in its commit half.
+        self._rows: dict[tuple[int, int], torch.Tensor] = {}
+        self._size = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._saved.values())
+
+    def begin(self, slots: torch.Tensor) -> None:
+        """Start a step over the sequences in cache slots `slots` [S] (device tensor)."""
+        self._size = size = slots.shape[0]
+        for n, parts in self._parts.items():
+            total = self._states[0].stacked.shape[1]  # slots of the cache (every state has them all)
+            self._rows[n, size] = (slots[:, None] + parts[None, :] * total).reshape(-1)
+
+    def save(self, state, group: int) -> None:
+        """After group `group`: keep the step's sequences' rows of `state`."""
+        n = state.stacked.shape[0]
+        rows = self._rows[n, self._size]
+        torch.index_select(state.stacked.flatten(0, 1), 0, rows, out=self._saved[id(state)][group, :rows.shape[0]])
+
+    def commit(self, accepted: torch.Tensor) -> None:
+        """Give each sequence b its states after group accepted[b] (int64 [S] on the device: the
+        drafts it accepted, 0..groups - 1)."""
+        if accepted.shape[0] != self._size:
+            raise ValueError(f"commit of {accepted.shape[0]} sequences after a step of {self._size}")
+        kept = accepted.clamp(0, self.groups - 1)
+        b = self._row_index[:kept.shape[0]]
+        for state in self._states:
+            n = state.stacked.shape[0]
+            saved = self._saved[id(state)]
+            source = ((kept * (self.max_rows * n) + b * n)[:, None] + self._parts[n][None, :]).reshape(-1)
+            state.stacked.flatten(0, 1).index_copy_(0, self._rows[n, self._size],
+                                                    saved.flatten(0, 1).index_select(0, source))
