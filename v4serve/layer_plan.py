@@ -11,9 +11,14 @@ Per layer:
   previous block's first half and its own block's second half) / plain (HCA: one block);
 * `indexer`: none / own (V4 CSA: an index-key compressor of its own and a top-k over its keys);
   V4.1 adds full (scores every visible row), reindex (re-scores a source layer's candidates) and
-  reuse (takes a source layer's picks), reserved here;
+  reuse (takes a source layer's picks);
 * `kv_source`: the layer whose pools it reads (itself in V4; a V4.1 Reindex / Reuse layer reads
   its source's compressed and index pools);
+* `lagged_hc`: the block's mHC wiring: V4 collapses each sublayer's input with its own `pre`;
+  V4.1 with the `pre` the previous sublayer computed (one-hot for the first block's attention);
+* `engram_table`: which of the model's Engram tables (V4.1, `model/engram.py`; their order in
+  `engram_layer_ids`) adds its hashed n-gram embeddings to the streams before this layer (None: none);
+* `q_head_rms`: V4's weightless per-head RMS of the queries (V4.1 has none);
 * the `RowFormat` of each tier: window rows, compressed rows, index keys (None where the layer
   has no such tier), and `packed`: whether pools store the formats' packed bytes
   (`RowFormat.row_bytes` per row) or rows of `dim` channels in the model's dtype.
@@ -67,6 +72,8 @@ class LayerPlan:
     # scores only the published candidates (a reindex layer after it).
     publishes_candidates: bool = False
     candidate_restricted: bool = False
+    lagged_hc: bool = False
+    engram_table: int | None = None
 
     @property
     def compressed(self) -> bool:
@@ -103,10 +110,14 @@ class LayerPlan:
 
 @dataclass(frozen=True)
 class ModelPlan:
-    """The layer plans of a model and the cache format they were built for."""
+    """The layer plans of a model and the cache format they were built for, and how the model
+    closes: V4 collapses the final streams with its own `hc_head` and runs the head in the model
+    dtype; V4.1 (lagged mHC) collapses them with the last block's ffn `pre` and runs the head in fp32."""
 
     cache_format: CacheFormat
     layers: tuple[LayerPlan, ...]
+    hc_head: bool = True
+    fp32_head: bool = False
     # V4.1 Engram: the cache keeps each sequence's last `token_history` token ids (`token_pad` first).
     token_history: int = 0
     token_pad: int = 0
@@ -217,7 +228,9 @@ def _v41_plans(config: ModelConfig, cache: CacheFormat, packed: bool | None) -> 
             compressed_format=compressed if ratio else None, index_format=index if ratio else None,
             packed=cache.quantized if packed is None else packed and cache.quantized, q_head_rms=False,
             publishes_candidates=layer == v.candidate_source_layer_id,
-            candidate_restricted=v.candidate_restricted(layer),
+            candidate_restricted=v.candidate_restricted(layer), lagged_hc=True,
+            engram_table=v.engram_layer_ids.index(layer) if layer in v.engram_layer_ids else None,
         ))
     history = v.engram_max_ngram_size - 1 if v.engram_layer_ids else 0
-    return ModelPlan(cache, tuple(plans), token_history=history, token_pad=v.engram_pad_token_id)
+    return ModelPlan(cache, tuple(plans), hc_head=False, fp32_head=True, token_history=history,
+                     token_pad=v.engram_pad_token_id)

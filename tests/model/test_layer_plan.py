@@ -49,7 +49,11 @@ def _check(config: ModelConfig, kinds: list[str], rates: dict[str, int]) -> None
         assert plan.ratios == tuple(sorted({rates[k] for k in kinds if k != SWA}))
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_v4_preset_is_stated():
+    assert set(PRESETS) == set(STATED) | {"deepseek-v4.1-flash"}  # V4.1's roles: tests/model/test_v41_preset.py
+
+
+@pytest.mark.parametrize("name", sorted(STATED))
 def test_preset_plans(name):
     raw = PRESETS[name]
     rates = {CSA: 4, HCA: 128, **raw.get("compress_rates", {})}

@@ -68,7 +68,7 @@ def test_engram_update_matches_golden_block_input(config, index, layer):
     p = f"layers.{layer}.engram."
     with torch.no_grad():
         m.table.copy_(w[p + "embed.weight"])
-        m.table_scale.copy_(w[p + "embed.scale"].float())
+        m.table_scale.copy_(w[p + "embed.scale"].view(torch.uint8))
         m.wkv.weight.copy_(dequant_fp8_blocks(w[p + "wkv.weight"], w[p + "wkv.scale"]))
         m.q_weight.copy_(w[p + "q_weight"])
         m.k_weight.copy_(w[p + "k_weight"])

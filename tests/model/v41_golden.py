@@ -56,9 +56,12 @@ class GoldenRunner:
         return runner
 
     def _wrap_layer(self, i: int, layer) -> None:
-        run = layer.forward_lagged
+        run = layer.forward
+        if layer.engram is not None:  # a fed block input is the golden one after Engram
+            engram = layer.engram.forward
+            layer.engram.forward = lambda streams, rows: streams if self.feed is not None else engram(streams, rows)
 
-        def forward_lagged(streams, pre, batch, cache, step):
+        def forward(streams, pre, batch, cache, step):
             if self.feed is not None:
                 phase, rows = self.feed
                 g = self.golden
@@ -76,7 +79,7 @@ class GoldenRunner:
             self.record.h_out.setdefault(i, []).append(out.detach().clone())
             return out, f_pre
 
-        layer.forward_lagged = forward_lagged
+        layer.forward = forward
         indexer = layer.self_attn.indexer
         if indexer is not None:
             select = indexer.select

@@ -2,6 +2,10 @@
 concurrencies, and how busy the GPU is during one decode step.
 
     python -m v4serve.bench.engine --model deepseek-v4-flash --hf-overrides '{"num_hidden_layers": 8}'
+    python -m v4serve.bench.engine --model deepseek-v4.1-flash --hf-overrides '{"num_hidden_layers": 12}'
+
+At start-up it prints the KV rows of every tier and the KV bytes per token measured on the pools,
+derived from the row formats and spent by the budget (`kv_bytes.py`), and whether they agree.
 
 The full V4-Flash with expert offload, uniform then Zipf-skewed routing with the experts placed
 by measured use (scripts/gpu_flash_e2e.sh runs this and the Pro runs):
@@ -29,6 +33,7 @@ import time
 
 import torch
 
+from v4serve.bench.kv_bytes import kv_bytes_lines
 from v4serve.engine import Engine, EngineArgs, SamplingParams
 from v4serve.engine.offload import calibrate_placement, memory_summary, parse_cpu_offload_gb, reset_use_counts
 from v4serve.model.loader import offloads_of
@@ -385,8 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     load_s = time.perf_counter() - t0
     banner = engine.banner()
     print("\n".join(banner), flush=True)
+    kv_lines, kv_agree = kv_bytes_lines(engine.cache, engine.kv_budget)
+    print("\n".join(kv_lines), flush=True)
     result = {"model": args.model, "overrides": args.hf_overrides, "kv_cache_dtype": engine.runner.cache_format.name,
-              "kv_bytes_per_token": engine.kv_budget.bytes_per_token, "kv_tokens": engine.kv_budget.num_tokens, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "kv_bytes_per_token": engine.kv_budget.bytes_per_token, "kv_bytes_agree": kv_agree, "kv_tokens": engine.kv_budget.num_tokens, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "max_num_seqs": engine.scheduler.max_num_seqs,
               "cuda_graph_sizes": engine.decode_runner.ladder, "kv_pages": engine.cache.allocator.num_pages,
               "cuda_graphs": engine.decode_runner.uses_cuda_graphs, "load_s": round(load_s, 2),

@@ -15,7 +15,8 @@ from v4serve.engine.sampling_params import SamplingParams
 class LLM:
     """Generate with a DeepSeek-V4 model: `LLM("tiny").generate(["Hello"], SamplingParams(max_tokens=8))`.
 
-    `model` is a preset name (`tiny`, `deepseek-v4-flash`, `deepseek-v4-pro`) or a checkpoint folder.
+    `model` is a preset name (`tiny`, `deepseek-v4-flash`, `deepseek-v4-pro`, `deepseek-v4.1-flash`) or a
+    checkpoint folder.
     Keyword arguments are those of `EngineArgs` (device, dtype, kv_cache_dtype, max_model_len, ...);
     `kv_format` is the deprecated name of `kv_cache_dtype`."""
 

@@ -55,19 +55,23 @@ def kv_reserve_bytes(args, config, device: torch.device, dtype: torch.dtype, kv_
 
 def memory_summary(model: torch.nn.Module, kv_total_bytes: int) -> dict[str, float]:
     """GiB: weights on the device (all, and of it the offload layers' resident experts and their
-    expert slots), weights in pinned host memory, the KV cache; and the counts of host experts."""
+    expert slots), weights in pinned host memory, V4.1's Engram tables in host memory, the KV cache;
+    and the counts of host experts."""
     from v4serve.model.loader import offloads_of
 
     offloads = offloads_of(model)
-    params = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers())
-                 if t.device.type != "meta")
+    device = model.lm_head.weight.device
+    tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.device.type != "meta"]
+    params = sum(t.numel() * t.element_size() for t in tensors if t.device == device)
+    tables = sum(t.numel() * t.element_size() for t in tensors if t.device != device)  # V4.1's Engram tables
     resident = sum(o.device_bytes()[0] for o in offloads)
     slots = sum(o.device_bytes()[1] for o in offloads)
     gib = 2**30
     return {"device_weights": round((params + resident + slots) / gib, 2), "resident_offload_experts": round(resident / gib, 2),
             "expert_slots": round(slots / gib, 2), "host_weights": round(sum(o.host_bytes() for o in offloads) / gib, 2),
             "host_experts": sum(len(o.host_row) for o in offloads), "offloaded_layers": len(offloads),
-            "slots_per_layer": offloads[0].n_slots if offloads else 0, "kv_cache": round(kv_total_bytes / gib, 2)}
+            "slots_per_layer": offloads[0].n_slots if offloads else 0, "kv_cache": round(kv_total_bytes / gib, 2),
+            "engram_tables": round(tables / gib, 2)}
 
 
 def memory_map(model: torch.nn.Module, kv_total_bytes: int) -> list[str]:
@@ -80,6 +84,7 @@ def memory_map(model: torch.nn.Module, kv_total_bytes: int) -> list[str]:
              + (f" (of which resident offload-layer experts {m['resident_offload_experts']:.2f} GiB)" if offloaded else ""),
              f"  weights in host memory  {m['host_weights']:9.2f} GiB ({m['host_experts']} routed experts in "
              f"{m['offloaded_layers']} layers, pinned)" if offloaded else "  weights in host memory       0.00 GiB",
+             *([f"  Engram tables in host memory {m['engram_tables']:9.2f} GiB"] if m["engram_tables"] else []),
              f"  expert cache (staging)  {m['expert_slots']:9.2f} GiB"
              + (f" ({m['slots_per_layer']} slots per offloaded layer)" if offloaded else ""),
              f"  KV cache                {m['kv_cache']:9.2f} GiB"]

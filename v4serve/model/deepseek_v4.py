@@ -1,34 +1,51 @@
-"""The DeepSeek-V4 causal LM: embedding -> hc_mult residual streams -> blocks -> hc head -> norm -> head.
+"""The DeepSeek-V4 / V4.1 causal LM, one model whose blocks follow their `LayerPlan`:
+embedding -> hc_mult residual streams -> blocks -> head collapse -> norm -> head.
 
-Each block wraps attention and MoE in their own hyper-connection (see `mhc.py`):
+Each block wraps attention and MoE in their own hyper-connection (see `mhc.py`); sublayer s
+computes its coefficients (pre_s, post_s, comb_s) from the streams it receives and runs
 
-    y = attn_hc.collapse(X);  X = attn_hc.expand(attention(input_layernorm(y)), X)
-    y = ffn_hc.collapse(X);   X = ffn_hc.expand(moe(post_attention_layernorm(y)), X)
+    y = collapse(X, c_s);  X = expand_s(f_s(norm_s(y)), X)
+
+where the collapse weights c_s are its own pre_s (V4) or, with the plan's `lagged_hc` (V4.1),
+the pre of the sublayer before it (the previous block's ffn pre; one-hot on stream 0 before
+the first block). A layer whose plan names an `engram_table` first adds that Engram table's
+hashed n-gram embeddings to the streams (V4.1, `engram.py`). The model closes (`ModelPlan`)
+with its own `hc_head` collapse and the head in the model dtype (V4), or with a collapse by the
+last block's ffn pre and the head in fp32 (V4.1).
 
 Module and parameter names follow transformers' `DeepseekV4ForCausalLM`, so a transformers
-checkpoint loads by name; `weights.py` maps the official checkpoint's names onto them.
+checkpoint loads by name; `weights.py` maps the official V4 checkpoint's names onto them and
+`v41_weights.py` the official V4.1 checkpoint's.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from v4serve.cache import ForwardBatch, LayerCache, PagedKVCache
 from v4serve.config import ModelConfig
 from v4serve.layer_plan import LayerPlan, ModelPlan, layer_plans
 from v4serve.model.attention import Attention
-from v4serve.model.kernels import bind_kernels
+from v4serve.model.engram import Engram
+from v4serve.model.engram_hash import EngramHashTables, NgramHasher, engram_table_rows
+from v4serve.model.kernels import UsesKernels, bind_kernels
 from v4serve.model.mhc import HyperConnection, HyperHead
 from v4serve.model.moe import MoE
 from v4serve.model.norm import RMSNorm
 from v4serve.model.rope import RopeTables
 from v4serve.model.step_plan import StepPlan, plan_step
+from v4serve.ops.hc_collapse import hc_collapse
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, plan: LayerPlan):
         super().__init__()
+        self.lagged_hc = plan.lagged_hc
+        self.engram_table = plan.engram_table
+        self.engram = None if plan.engram_table is None else Engram(
+            config, engram_table_rows(config)[plan.engram_table])
         self.self_attn = Attention(config, plan)
         self.mlp = MoE(config, plan.layer)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -36,34 +53,26 @@ class DecoderLayer(nn.Module):
         self.attn_hc = HyperConnection(config)
         self.ffn_hc = HyperConnection(config)
 
-    def forward(self, streams: torch.Tensor, batch: ForwardBatch, cache: LayerCache, step: StepPlan,
-                keep: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> torch.Tensor:
-        """Output streams [T, hc, D]; with `keep` = (rows [R], their MoE routing rows or None), only
-        those rows' [R, hc, D] (the attention still writes every token's KV rows: a draft pass that
-        needs the cache of all its tokens and the output of a few)."""
-        y, post, comb = self.attn_hc(streams, batch.tickets)
-        out = self.self_attn(self.input_layernorm(y), batch, cache, step)
-        streams = self.attn_hc.expand(out, streams, post, comb)
+    def forward(self, streams: torch.Tensor, pre_in: torch.Tensor | None, batch: ForwardBatch, cache: LayerCache,
+                step: StepPlan, keep: tuple[torch.Tensor, torch.Tensor | None] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """streams [T, n, D] -> (streams, this block's ffn pre [T, n] fp32). `pre_in`: the previous
+        sublayer's pre (read with `lagged_hc` only; None is fine otherwise). With `keep` = (rows [R],
+        their MoE routing rows or None), only those rows' [R, n, D] and [R, n] (the attention still
+        writes every token's KV rows: a draft pass that needs the cache of all its tokens and the
+        output of a few)."""
+        if self.engram is not None:
+            streams = self.engram(streams, step.engram_rows[self.engram_table])
+        a_pre, post, comb = self.attn_hc.coefficients(streams, batch.tickets)
+        y = self.attn_hc.collapse(streams, pre_in if self.lagged_hc else a_pre)
+        streams = self.attn_hc.expand(self.self_attn(self.input_layernorm(y), batch, cache, step), streams, post, comb)
         token_ids, route_rows = batch.token_ids, batch.route_rows
         if keep is not None:
             rows, route_rows = keep
-            streams, token_ids = streams.index_select(0, rows), token_ids.index_select(0, rows)
-        y, post, comb = self.ffn_hc(streams, batch.tickets)
-        out = self.mlp(self.post_attention_layernorm(y), token_ids, route_rows)
-        return self.ffn_hc.expand(out, streams, post, comb)
-
-    def forward_lagged(
-        self, streams: torch.Tensor, pre_in: torch.Tensor, batch: ForwardBatch, cache: LayerCache, step: StepPlan
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """DeepSeek-V4.1's lagged mHC: each sublayer collapses its input with the `pre` the previous
-        sublayer computed (`pre_in`: the previous block's ffn `pre`, one-hot for layer 0) and hands
-        its own on. Returns (streams, this block's ffn `pre`)."""
-        a_pre, post, comb = self.attn_hc.coefficients(streams, batch.tickets)
-        out = self.self_attn(self.input_layernorm(self.attn_hc.collapse(streams, pre_in)), batch, cache, step)
-        streams = self.attn_hc.expand(out, streams, post, comb)
+            streams, token_ids, a_pre = (t.index_select(0, rows) for t in (streams, token_ids, a_pre))
         f_pre, post, comb = self.ffn_hc.coefficients(streams, batch.tickets)
-        out = self.mlp(self.post_attention_layernorm(self.ffn_hc.collapse(streams, a_pre)), batch.token_ids,
-                       batch.route_rows)
+        y = self.ffn_hc.collapse(streams, a_pre if self.lagged_hc else f_pre)
+        out = self.mlp(self.post_attention_layernorm(y), token_ids, route_rows)
         return self.ffn_hc.expand(out, streams, post, comb), f_pre
 
 
@@ -74,12 +83,13 @@ class DeepseekV4Model(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, p) for p in plan)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.hc_head = HyperHead(config)
+        self.hc_head = HyperHead(config) if plan.hc_head else None
 
 
-class DeepseekV4ForCausalLM(nn.Module):
+class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
     """The modules follow `plan` (default: `layer_plans(config)`); only its structure matters here
-    (ratios, compressor kinds, indexer modes): row formats come with the cache's views."""
+    (ratios, compressor kinds, indexer modes, mHC wiring, Engram tables, the head): row formats
+    come with the cache's views."""
 
     def __init__(self, config: ModelConfig, plan: ModelPlan | None = None, mtp: bool = False):
         """`mtp`: build the checkpoint's MTP layers too (`mtp.N.*`, `model/mtp.py`; the draft of
@@ -97,6 +107,16 @@ class DeepseekV4ForCausalLM(nn.Module):
             self.mtp = nn.ModuleList(MTPLayer(config, mtp_layer_plan(self.plan, i))
                                      for i in range(config.num_nextn_predict_layers))
         self._rope: RopeTables | None = None  # fp32 frequency tables, built on the weights' device
+        self.ngrams: NgramHasher | None = None  # Engram's hashing, set by `set_token_map`
+
+    @property
+    def engram_tables(self) -> int:
+        return sum(p.engram_table is not None for p in self.plan)
+
+    def set_token_map(self, token_map: torch.Tensor) -> None:
+        """The tokenizer's Engram token map (`engram_hash.compressed_token_map`): the hashing of the
+        model's Engram tables (a model with Engram layers needs it before it runs)."""
+        self.ngrams = NgramHasher(EngramHashTables.build(self.config, token_map), token_map, self.lm_head.weight.device)
 
     def bind_kernels(self, impl: str) -> "DeepseekV4ForCausalLM":
         """Every module's ops run `impl` ("auto", "torch" or "triton"; `model/kernels.py`)."""
@@ -104,7 +124,7 @@ class DeepseekV4ForCausalLM(nn.Module):
 
     def fuse_projections(self) -> None:
         """Once the weights are in place: every layer runs the projections that share an input as
-        one GEMM (`model/fusion.py`)."""
+        one GEMM (`model/fusion.py`; members that round their input first stay apart)."""
         for layer in [*self.model.layers, *getattr(self, "mtp", ())]:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
@@ -126,12 +146,30 @@ class DeepseekV4ForCausalLM(nn.Module):
         streams of every token [T, hc_mult, D] (what the MTP layer reads)."""
         x = self.model.embed_tokens(batch.token_ids)
         streams = x.unsqueeze(1).expand(-1, self.model.hc_mult, -1).contiguous()
-        step = plan_step(batch, self.rope())
+        pre = None
+        if self.model.layers[0].lagged_hc:  # the first block's attention collapses stream 0
+            pre = torch.zeros(x.shape[0], self.model.hc_mult, dtype=torch.float32, device=x.device)
+            pre[:, 0] = 1.0
+        rows = ()
+        if self.engram_tables:
+            if self.ngrams is None:
+                raise RuntimeError("a DeepSeek-V4.1 model with Engram layers needs `set_token_map` before it runs")
+            rows = self.ngrams.rows(batch, cache.token_history)
+        step = plan_step(batch, self.rope(), rows)
         for i, layer in enumerate(self.model.layers):
-            streams = layer(streams, batch, cache.view(i), step)
-        picked = streams if batch.is_decode else streams[batch.logits_indices]  # decode: every token's logits
-        h = self.model.norm(self.model.hc_head(picked, batch.tickets))
-        return self.lm_head(h).float(), streams
+            streams, pre = layer(streams, pre, batch, cache.view(i), step)
+        keep = slice(None) if batch.is_decode else batch.logits_indices  # decode: every token's logits
+        return self._head(streams[keep], pre[keep], batch), streams
+
+    def _head(self, streams: torch.Tensor, last_pre: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """fp32 logits of the final streams; `last_pre`: the last block's ffn pre."""
+        if self.model.hc_head is not None:
+            h = self.model.norm(self.model.hc_head(streams, batch.tickets))
+        else:  # V4.1: the last block's ffn pre collapses the streams
+            h = self.model.norm(hc_collapse(streams, last_pre, impl=self.impl))
+        if self.plan.fp32_head:
+            return F.linear(h.float(), self.lm_head.weight.float())
+        return self.lm_head(h).float()
 
     @torch.inference_mode()
     def forward_mtp(self, main_streams: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, index: int = 0,

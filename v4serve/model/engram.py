@@ -8,13 +8,16 @@ R = (max_ngram - 1) * heads), with e = concat_i dequant(table[r_i]) [R * head_di
     gate_j = sigmoid(sign(a_j) sqrt(|a_j|))        (|a_j| floored at 1e-6 before the root)
     X_j   += gate_j * v
 
-rms = RMSNorm without weight (eps = rms_norm_eps), fp32 math. The table is e4m3 rows [rows, head_dim]
-with one ue8m0 scale per row (head_dim = 32): rows are dequantized when looked up, so the table
-itself can stay in host memory (the real ones are ~183 GiB); only the step's rows move.
+rms = RMSNorm without weight (eps = rms_norm_eps), fp32 math. The table is e4m3 codes
+`table [rows, head_dim]` with one ue8m0 scale per 32 channels, stored as its exponent byte
+`table_scale [rows, head_dim / 32]` uint8 (2^(b - 127)): rows are dequantized when looked up,
+where the table lives, so it can stay in host memory (V4.1-Flash's two are ~183 GiB); only the
+step's T * R rows move to the device.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -22,6 +25,9 @@ from torch import nn
 
 from v4serve.config import ModelConfig
 from v4serve.model.v41_quant import act_quant
+
+SCALE_BLOCK = 32  # table channels per ue8m0 scale
+ENGRAM_TABLE_BUFFERS = ("table", "table_scale")
 
 
 class Engram(nn.Module):
@@ -33,23 +39,29 @@ class Engram(nn.Module):
         self.eps = config.rms_norm_eps
         self.head_dim = v.engram_head_dim
         rows = (v.engram_max_ngram_size - 1) * v.engram_n_heads
-        # e4m3 codes and fp32 row scales: not parameters (never cast to the model dtype).
+        if self.head_dim % SCALE_BLOCK:
+            raise ValueError(f"config field `engram_head_dim` ({self.head_dim}) must be a multiple of {SCALE_BLOCK}")
+        # e4m3 codes and ue8m0 exponent bytes: not parameters (never cast to the model dtype).
         self.register_buffer("table", torch.zeros(num_embeddings, self.head_dim, dtype=torch.float8_e4m3fn))
-        self.register_buffer("table_scale", torch.ones(num_embeddings, 1, dtype=torch.float32))
+        self.register_buffer("table_scale", torch.full((num_embeddings, self.head_dim // SCALE_BLOCK), 127,
+                                                        dtype=torch.uint8))
         self.wkv = nn.Linear(rows * self.head_dim, (n + 1) * d, bias=False)
         self.q_weight = nn.Parameter(torch.ones(n, d))
         self.k_weight = nn.Parameter(torch.ones(n, d))
 
     def lookup(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """rows int64 [T, R] -> dequantized embeddings [T, R * head_dim] (gathered where the table lives)."""
+        """rows int64 [T, R] -> dequantized embeddings [T, R * head_dim]: the rows' codes and scale
+        bytes gathered where the table lives, moved to `rows.device`, dequantized there."""
         flat = rows.to(self.table.device).flatten()
-        e = self.table[flat].float() * self.table_scale[flat]
-        return e.to(dtype).view(rows.shape[0], -1).to(rows.device)
+        codes = self.table[flat].to(rows.device)
+        exponents = self.table_scale[flat].to(rows.device)
+        scale = torch.exp2(exponents.float() - 127).repeat_interleave(SCALE_BLOCK, dim=1)
+        return (codes.float() * scale).to(dtype).view(rows.shape[0], -1)
 
     def forward(self, streams: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """streams [T, n, D], rows [T, R] -> streams with the gated n-gram value added."""
-        e = self.lookup(rows, self.wkv.weight.dtype)
-        kv = nn.functional.linear(act_quant(e), self.wkv.weight)
+        e = self.lookup(rows, self.q_weight.dtype)
+        kv = self.wkv(act_quant(e))  # an FP8Linear of a quantized model rounds the same way again: idempotent
         keys, value = kv[:, : self.hc_mult * self.dim].view(-1, self.hc_mult, self.dim), kv[:, self.hc_mult * self.dim:]
         q = _rms(streams) * self.q_weight.float()
         k = _rms(keys) * self.k_weight.float()
@@ -61,3 +73,17 @@ class Engram(nn.Module):
 def _rms(x: torch.Tensor, eps: float = 1e-20) -> torch.Tensor:
     x = x.float()
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+
+
+@contextlib.contextmanager
+def engram_tables_in_host_memory(net: torch.nn.Module):
+    """Inside: the model's Engram tables are out of it (so `to_empty` does not allocate them on the
+    device); after: they are back, allocated in host memory, uninitialised (V4.1-Flash's two are
+    ~183 GiB; a step looks up T * R rows there and moves only those, `Engram.lookup`)."""
+    held = [(m, name, m._buffers.pop(name)) for m in net.modules() if isinstance(m, Engram)
+            for name in ENGRAM_TABLE_BUFFERS]
+    try:
+        yield
+    finally:
+        for module, name, meta in held:
+            module.register_buffer(name, torch.empty(meta.shape, dtype=meta.dtype, device="cpu"))

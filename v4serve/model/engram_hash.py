@@ -48,6 +48,11 @@ def compressed_token_map(decode_one, vocab_size: int) -> torch.Tensor:
     return out
 
 
+def modulo_token_map(config: ModelConfig) -> torch.Tensor:
+    """A token map for a model without a tokenizer (a preset): id -> id mod the compressed vocab."""
+    return torch.arange(config.vocab_size) % config.v41.engram_compressed_vocab_size
+
+
 def _is_prime(n: int) -> bool:
     if n < 2:
         return False
@@ -66,6 +71,34 @@ def _next_prime(above: int, seen: set[int]) -> int:
     return n
 
 
+def bucket_primes(config: ModelConfig) -> list[list[list[int]]]:
+    """Per Engram layer, per n-gram size n = 2..N, per head: its bucket count (a prime; step 2 of
+    the module docstring)."""
+    v = config.v41
+    seen: set[int] = set()
+    out = []
+    for _ in v.engram_layer_ids:
+        per_n = []
+        for _ in range(2, v.engram_max_ngram_size + 1):
+            start, row = v.engram_vocab_size - 1, []
+            for _ in range(v.engram_n_heads):
+                start = _next_prime(start, seen)
+                seen.add(start)
+                row.append(start)
+            per_n.append(row)
+        out.append(per_n)
+    return out
+
+
+def engram_table_rows(config: ModelConfig) -> tuple[int, ...]:
+    """Rows of each Engram layer's table: `engram_num_embeddings` when the config lists them, else
+    the sum of the layer's bucket primes (what the hash addresses)."""
+    v = config.v41
+    if v.engram_num_embeddings:
+        return tuple(v.engram_num_embeddings)
+    return tuple(sum(sum(row) for row in layer) for layer in bucket_primes(config))
+
+
 @dataclass(frozen=True)
 class EngramHashTables:
     layer_ids: tuple[int, ...]
@@ -78,7 +111,7 @@ class EngramHashTables:
     @classmethod
     def build(cls, config: ModelConfig, token_map: torch.Tensor, seed: int = DEFAULT_SEED) -> "EngramHashTables":
         v = config.v41
-        n, heads = v.engram_max_ngram_size, v.engram_n_heads
+        n = v.engram_max_ngram_size
         vocab = v.engram_compressed_vocab_size
         found = int(token_map.max()) + 1
         if found != vocab:
@@ -87,20 +120,11 @@ class EngramHashTables:
                 f"`engram_compressed_vocab_size` is {vocab}"
             )
         half = max(1, (np.iinfo(np.int64).max // vocab) // 2)
-        mults, primes, seen = [], [], set()
+        mults = []
         for layer in v.engram_layer_ids:
             rng = np.random.default_rng(seed + LAYER_SEED_STRIDE * layer)
             mults.append(torch.from_numpy(rng.integers(0, half, size=(n,), dtype=np.int64) * 2 + 1))
-            per_n = []
-            for _ in range(2, n + 1):
-                start, row = v.engram_vocab_size - 1, []
-                for _ in range(heads):
-                    start = _next_prime(start, seen)
-                    seen.add(start)
-                    row.append(start)
-                per_n.append(row)
-            primes.append(per_n)
-        primes_t = torch.tensor(primes, dtype=torch.int64)
+        primes_t = torch.tensor(bucket_primes(config), dtype=torch.int64)
         flat = primes_t.flatten(1)
         offsets = torch.cat((torch.zeros_like(flat[:, :1]), flat.cumsum(1)[:, :-1]), dim=1)
         for i, (layer, total) in enumerate(zip(v.engram_layer_ids, flat.sum(1).tolist())):
@@ -132,3 +156,33 @@ def ngram_history(cids: torch.Tensor, before: torch.Tensor, max_ngram: int) -> t
     ctx = torch.cat((before, cids))
     n = max_ngram - 1
     return torch.stack([ctx[n - k:n - k + cids.shape[0]] for k in range(max_ngram)], dim=1)
+
+
+class NgramHasher:
+    """A step's Engram table rows: per token, the compressed ids of it and of the N-1 tokens before
+    it (from the cache's per-sequence token history, which the step advances), hashed for every
+    Engram table."""
+
+    def __init__(self, tables: EngramHashTables, token_map: torch.Tensor, device: torch.device | str):
+        self.tables = tables
+        self.token_map = token_map.to(device)
+        self.history_len = tables.max_ngram - 1
+
+    def rows(self, batch, history: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Per Engram table, int64 [T, (N-1) * heads] rows of the step's tokens (`batch`: a
+        `ForwardBatch`); `history` [slots, N-1] the last N-1 token ids of each sequence, oldest
+        first, updated in place."""
+        n = self.history_len
+        if batch.is_decode:
+            ctx = torch.cat((history[batch.slots], batch.token_ids[:, None]), dim=1)  # [B, n + 1], oldest first
+            windows = ctx.flip(1)
+            history[batch.slots] = ctx[:, 1:]
+        else:
+            parts = []
+            for c in batch.chunks:
+                ctx = torch.cat((history[c.slot], batch.token_ids[c.offset:c.offset + c.length]))
+                parts.append(torch.stack([ctx[n - k:n - k + c.length] for k in range(n + 1)], dim=1))
+                history[c.slot] = ctx[-n:]
+            windows = torch.cat(parts)
+        ids = self.token_map[windows]
+        return tuple(self.tables.hash(ids, i) for i in range(len(self.tables.layer_ids)))

@@ -20,9 +20,11 @@ from torch import nn
 
 
 def fusable(members: list[nn.Module]) -> bool:
-    """Plain linears only (nn.Linear weights in a floating dtype that is not FP8)."""
+    """Plain linears only (nn.Linear weights in a floating dtype that is not FP8), none of which
+    transforms its input first (a forward pre-hook: V4.1's FP8-GEMM input rounding,
+    `v41_quant.quantize_linear_inputs`, which one fused GEMM would skip)."""
     return all(type(m.weight) is nn.Parameter and m.weight.is_floating_point() and m.weight.element_size() > 1
-               and not hasattr(m, "weight_scale_inv") for m in members)
+               and not hasattr(m, "weight_scale_inv") and not m._forward_pre_hooks for m in members)
 
 
 @torch.no_grad()

@@ -11,6 +11,8 @@ import torch
 
 from v4serve.config import ModelConfig, apply_quantization_override
 from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
+from v4serve.model.engram import ENGRAM_TABLE_BUFFERS, Engram, engram_tables_in_host_memory
+from v4serve.model.engram_hash import modulo_token_map
 from v4serve.model.quantized import EXPERT_TENSORS, MXFP4Experts
 from v4serve.model.quantized_install import install, official_plan
 from v4serve.model.quantized_offload import ExpertOffload
@@ -68,17 +70,20 @@ def build_model(
     if shard is not None:
         from v4serve.parallel.shard import refuse_unsupported
         refuse_unsupported(config.quantization, cpu_offload_gb)
-    if config.v41 is not None:  # DeepSeek-V4.1: official-format checkpoints (model/v41_weights.py)
-        if is_preset(model):
-            raise ValueError(f"preset {model!r}: DeepSeek-V4.1 presets are not available yet")
+    if config.v41 is not None:
         if shard is not None:
             raise NotImplementedError("tensor_parallel_size > 1 for DeepSeek-V4.1 is not supported yet (future work)")
-        from v4serve.model.v41_weights import build_v41_model
-        return build_v41_model(model, config, device, dtype), config
+        if cpu_offload_gb not in (0, None):
+            raise NotImplementedError("cpu_offload_gb for DeepSeek-V4.1 is not supported yet (its experts apply the "
+                                      "routing weight before the down projection; the offload passes do not)")
+        if not is_preset(model):  # official-format checkpoints, dequantized exactly (model/v41_weights.py)
+            from v4serve.model.v41_weights import build_v41_model
+            return build_v41_model(model, config, device, dtype), config
     with torch.device("meta"):
         net = DeepseekV4ForCausalLM(config, mtp=mtp)
+    keep32 = fp32_parameters(net, config)
     for name, p in net.named_parameters():  # still on "meta": costs no memory
-        if p.is_floating_point() and not any(frag in name for frag in FP32_PARAMETERS):
+        if p.is_floating_point() and name not in keep32:
             p.data = p.data.to(dtype)
     scan, shards = None, None
     if is_preset(model):
@@ -98,9 +103,12 @@ def build_model(
             for tensor in EXPERT_TENSORS:  # now held by the offload, not allocated as parameters
                 del module._parameters[tensor]
             module.offload = offloads[name]
-        net.to_empty(device=device)
+        with engram_tables_in_host_memory(net):
+            net.to_empty(device=device)
         if scan is None:
             init_random_weights(net, config, seed=PRESET_SEED, shards=shards)
+            if any(isinstance(m, Engram) for m in net.modules()):  # no tokenizer: a fixed token map
+                net.set_token_map(modulo_token_map(config))
         else:
             cut = {"params": dict(net.named_parameters()) | dict(net.named_buffers())} if shard is not None else {}
             copy_weights(scan, _writer(net, offloads), device, progress=progress, **cut)
@@ -114,6 +122,14 @@ def build_model(
         raise
     net.eval()
     return net, config
+
+
+def fp32_parameters(net: torch.nn.Module, config: ModelConfig) -> set[str]:
+    """Names of the parameters kept in fp32 whatever the model dtype."""
+    if config.v41 is not None:
+        from v4serve.model.v41_weights import v41_fp32_parameters
+        return v41_fp32_parameters(net)
+    return {name for name, _ in net.named_parameters() if any(frag in name for frag in FP32_PARAMETERS)}
 
 
 def _writer(net: torch.nn.Module, offloads: dict[str, ExpertOffload]):
@@ -147,7 +163,8 @@ def offloads_of(net: torch.nn.Module) -> list[ExpertOffload]:
 def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: int,
                         shards: dict | None = None) -> None:
     """Deterministic random weights: N(0, 0.02) matrices, unit norms and mHC scales, zero biases,
-    random hash-routing tables. Generated on the model's device, parameter by parameter; a cut
+    random hash-routing tables. Generated on the model's device, parameter by parameter (Engram
+    tables by chunks, copied to where they live); a cut
     parameter (`shards`, `parallel/shard.py`) draws its full values and keeps its part, so every
     rank count gets the same model.
     Quantized weights come in their formats: random e4m3 codes of N(0, 1) with power-of-two block
@@ -163,7 +180,14 @@ def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: i
     # The MTP layer's tensors last: the main model's weights do not depend on whether it is built.
     tensors = [*(n for n in tensors if not n[0].startswith("mtp.")), *(n for n in tensors if n[0].startswith("mtp."))]
     for name, t in tensors:
-        if t.dtype == torch.float8_e4m3fn:
+        if name.endswith(tuple(f"engram.{b}" for b in ENGRAM_TABLE_BUFFERS)):  # codes of N(0, 1), scales 2^-8..2^-6; by chunks (host memory)
+            for part in t.split(max(1, _CHUNK_ELEMENTS // t.shape[1])):
+                if t.dtype == torch.uint8:
+                    value = torch.randint(119, 122, part.shape, generator=gen, device=device, dtype=torch.uint8)
+                else:
+                    value = torch.randn(part.shape, generator=gen, device=device).clamp_(-448, 448)
+                part.copy_(value)
+        elif t.dtype == torch.float8_e4m3fn:
             t.copy_(torch.randn(t.shape, generator=gen, device=device).clamp_(-448, 448))
         elif name.endswith("weight_scale_inv") and t.dtype == torch.float32:
             t.copy_(torch.exp2(torch.randint(-7, -4, t.shape, generator=gen, device=device).float()))
@@ -188,6 +212,9 @@ def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: i
                     spec.copy_part(t, e, values)
                 else:
                     (t if e is None else t[e]).copy_(values)
+
+
+_CHUNK_ELEMENTS = 1 << 26  # random values generated at once for a large host tensor
 
 
 class _ExpertRows:

@@ -38,20 +38,14 @@ class HyperConnection(UsesKernels, nn.Module):
         self.base = nn.Parameter(torch.zeros((2 + n) * n, dtype=torch.float32))
         self.scale = nn.Parameter(torch.ones(3, dtype=torch.float32))
 
-    def forward(self, streams: torch.Tensor, tickets: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """streams [T, n, D] -> (collapsed [T, D] in streams.dtype, post [T, n], comb [T, n, n]) fp32.
-        Three ops, one kernel each on the GPU: the mixes with the RMS factor (`hc_mix`; the factor
-        is a per-token scalar, so it commutes with fn and the coefficients apply it), the
-        coefficients with Sinkhorn (`hc_coefficients`), the weighted sum (`hc_collapse`).
-        `tickets`: the step's zeroed counters (`ForwardBatch.tickets`) for hc_mix's split reduction."""
-        pre, post, comb = self.coefficients(streams, tickets)
-        return hc_collapse(streams, pre, impl=self.impl), post, comb
-
     def coefficients(self, streams: torch.Tensor, tickets: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(pre [T, n], post [T, n], comb [T, n, n]) fp32 of the streams (V4.1's lagged wiring collapses
-        with the previous sublayer's `pre` and hands its own on)."""
+        """(pre [T, n], post [T, n], comb [T, n, n]) fp32 of the streams: two ops, one kernel each on
+        the GPU: the mixes with the RMS factor (`hc_mix`; the factor is a per-token scalar, so it
+        commutes with fn and the coefficients apply it), the coefficients with Sinkhorn
+        (`hc_coefficients`). `tickets`: the step's zeroed counters (`ForwardBatch.tickets`) for
+        hc_mix's split reduction. The sublayer's input is then `collapse` with its own `pre` (V4)
+        or the previous sublayer's (V4.1's lagged wiring, `LayerPlan.lagged_hc`)."""
         mixes, row_scale = hc_mix(streams.flatten(1), self.fn, self.rms_eps, tickets, impl=self.impl)
         return hc_coefficients(
             mixes, row_scale, self.base, self.scale, self.hc_mult, self.sinkhorn_iters, self.hc_eps, impl=self.impl,

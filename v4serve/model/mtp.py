@@ -72,7 +72,7 @@ class MTPLayer(DecoderLayer):
         """Output streams [T, hc, D] of the block for `embedded` [T, D] (embedding of the next
         tokens) and `main_streams` [T, hc, D] (`keep`: only some rows', DecoderLayer.forward)."""
         x = self.e_proj(self.enorm(embedded))[:, None] + self.h_proj(self.hnorm(main_streams.to(embedded.dtype)))
-        return super().forward(x.contiguous(), batch, cache, step, keep)
+        return super().forward(x.contiguous(), None, batch, cache, step, keep)[0]
 
     def head_input(self, streams: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """norm(hc_head(streams)) [T, D]: what the shared lm head reads."""

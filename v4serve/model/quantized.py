@@ -92,6 +92,11 @@ class MXFP4Experts(UsesKernels, nn.Module):
         self.down_proj = nn.Parameter(torch.empty(e, d, i // 2, **u8), requires_grad=False)
         self.down_proj_scale_inv = nn.Parameter(torch.empty(e, d, i // MX_BLOCK, **u8), requires_grad=False)
         self.offload = None  # an ExpertOffload (engine/offload.py) when some experts live in host memory
+        # V4.1's expert numerics (its reference's, as `RoutedExperts`): what each GEMM sees of its
+        # input (`v41_quant.act_quant`; None: as is), and the routing weight applied to the fp32
+        # SwiGLU output before the down projection. Set by the loader (`quantized_install.install`).
+        self.act_quant = None
+        self.weight_before_down = False
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                 add: torch.Tensor | None = None) -> torch.Tensor:
@@ -103,11 +108,15 @@ class MXFP4Experts(UsesKernels, nn.Module):
             add: torch.Tensor | None, tensors: list[torch.Tensor]) -> torch.Tensor:
         """`RoutedExperts.forward` over `tensors` (EXPERT_TENSORS order, leading dim = groups):
         expert ids index their leading dim. No host synchronisation."""
+        if self.weight_before_down:
+            y, pos = self.pick_outputs(x, experts, tensors, weights=weights)
+            return moe_combine(y, pos, torch.ones_like(weights), add, impl=self.impl)
         y, pos = self.pick_outputs(x, experts, tensors)
         return moe_combine(y, pos, weights, add, impl=self.impl)
 
     def pick_outputs(self, x: torch.Tensor, groups: torch.Tensor, tensors: list[torch.Tensor],
-                     n_sort: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     n_sort: int | None = None, weights: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(y [T*k, D] in sorted pick order, pos [T*k]) before the routing weights: the picks
         sorted by their row of `tensors` (groups [T, k]), the two grouped matmuls around the SwiGLU.
 
@@ -115,14 +124,28 @@ class MXFP4Experts(UsesKernels, nn.Module):
         group and computed by none (their rows of y are undefined); `ExpertOffload` runs a pass
         over some experts that way. The tiles are chosen for the layer's n_experts whatever G is,
         so a pick's row of y has the same bits as with every expert resident: it depends only on
-        the picks of its group (the same ones, in the same order: the sort is stable) and the tiles."""
+        the picks of its group (the same ones, in the same order: the sort is stable) and the tiles.
+
+        `weights` [T, k] (with `weight_before_down`): each pick's SwiGLU output is scaled by its
+        routing weight before the down projection (y is then already weighted)."""
         gate_up, gate_up_scale, down, down_scale = tensors
         g = gate_up.shape[0]
         rows, ends, pos = moe_sort(groups, n_sort or g, impl=self.impl)
         ends = ends[:g]
         tiles = dict(impl=self.impl, tile_experts=self.n_experts)
-        hidden = mxfp4_grouped_matmul(x, gate_up, gate_up_scale, rows, ends, swiglu_limit=self.limit, **tiles)
-        return mxfp4_grouped_matmul(hidden, down, down_scale, None, ends, **tiles), pos
+        if self.act_quant is None and weights is None:  # V4: the SwiGLU fused into the gate_up launch
+            hidden = mxfp4_grouped_matmul(x, gate_up, gate_up_scale, rows, ends, swiglu_limit=self.limit, **tiles)
+            return mxfp4_grouped_matmul(hidden, down, down_scale, None, ends, **tiles), pos
+        rounded = self.act_quant or (lambda t: t)  # V4.1: activations rounded, weights before the down
+        gate, up = mxfp4_grouped_matmul(rounded(x), gate_up, gate_up_scale, rows, ends, **tiles).chunk(2, dim=-1)
+        if weights is not None:
+            sorted_weights = torch.empty_like(weights.flatten())
+            sorted_weights[pos] = weights.flatten()
+            hidden = clamped_swiglu(gate.float(), up.float(), self.limit, impl=self.impl) * sorted_weights[:, None]
+            hidden = hidden.to(x.dtype)
+        else:
+            hidden = clamped_swiglu(gate, up, self.limit, impl=self.impl)
+        return mxfp4_grouped_matmul(rounded(hidden), down, down_scale, None, ends, **tiles), pos
 
     def expert_bytes(self) -> int:
         """Bytes of one expert (its four tensors)."""

@@ -19,6 +19,7 @@ from torch import nn
 
 from v4serve.config import ModelConfig, QuantConfig
 from v4serve.model.quantized import FP8Linear, MXFP4Experts
+from v4serve.model.v41_quant import ACT_BLOCK, act_quant
 
 # Linears that run as `module(x)` and may be FP8: the official checkpoint's FP8 set (suffixes
 # under `model.layers.N.`).
@@ -26,6 +27,7 @@ OFFICIAL_FP8 = (
     "self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_proj", "self_attn.o_b_proj",
     "self_attn.compressor.indexer.q_b_proj",
     "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj",
+    "self_attn.indexer.q_b_proj", "engram.wkv",  # DeepSeek-V4.1's indexer and Engram
 )
 # The MTP layer's input projections (`mtp.N.e_proj` / `h_proj`) are bf16 in our model as well.
 DEQUANTIZE_AT_LOAD = ("self_attn.o_a_proj", "e_proj", "h_proj")
@@ -73,17 +75,25 @@ def official_plan(net: nn.Module, config: ModelConfig) -> QuantPlan:
 
 
 def install(net: nn.Module, plan: QuantPlan, quant: QuantConfig | None, config: ModelConfig) -> None:
-    """Swap the planned modules (on whatever device the model is; meta costs nothing)."""
+    """Swap the planned modules (on whatever device the model is; meta costs nothing).
+
+    DeepSeek-V4.1 runs its reference's numerics whatever `quant.act_block` says: every FP8 GEMM
+    input rounded to e4m3 / ue8m0 per 32 channels, and so are the expert GEMMs' inputs, with the
+    routing weight applied before the down projection (`MXFP4Experts`)."""
     if plan.fp8 and quant is None:
         raise ValueError("FP8 modules need a quantization config (weight_block_size)")
+    v41 = config.v41 is not None
+    act_block = ACT_BLOCK if v41 else (quant.act_block if quant is not None else None)
     for name in sorted(plan.fp8 | plan.mxfp4):
         parent_name, _, child = name.rpartition(".")
         parent = net.get_submodule(parent_name)
         old = getattr(parent, child)
         with torch.device(next(old.parameters()).device):  # meta while building: no memory
             if name in plan.fp8:
-                new = FP8Linear(old.in_features, old.out_features, quant.weight_block_size, quant.act_block)
+                new = FP8Linear(old.in_features, old.out_features, quant.weight_block_size, act_block)
             else:
                 new = MXFP4Experts(config)
+                if v41:
+                    new.act_quant, new.weight_before_down = act_quant, True
         new.impl = getattr(old, "impl", "auto")  # model/kernels.py binds it again with the rest
         setattr(parent, child, new)

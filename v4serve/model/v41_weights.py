@@ -17,7 +17,8 @@ from safetensors import safe_open
 
 from v4serve.config import ModelConfig
 from v4serve.model.csa2 import SourceCompressor
-from v4serve.model.deepseek_v41 import DeepseekV41ForCausalLM
+from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
+from v4serve.model.engram import engram_tables_in_host_memory
 from v4serve.model.engram_hash import compressed_token_map
 from v4serve.model.v41_quant import act_quant, dequant_fp8_blocks, dequant_mxfp4, quantize_linear_inputs
 from v4serve.model.weights import WeightsError, checkpoint_files, compact_names
@@ -86,26 +87,24 @@ def v41_target(key: str, config: ModelConfig) -> tuple[str, int | None, slice | 
         return prefix + "mlp.experts.gate_up_proj", expert, slice(0, i) if which == "w1" else slice(i, 2 * i)
     g = _ENGRAM.match(rest)
     if g is not None:
-        return f"model.engram.{layer}.{_ENGRAM_TARGETS[g.group(1)]}", None, None
+        return f"{prefix}engram.{_ENGRAM_TARGETS[g.group(1)]}", None, None
     return None
 
 
 def build_v41_model(path: str | Path, config: ModelConfig, device: torch.device | str, dtype: torch.dtype,
-                    token_map: torch.Tensor | None = None) -> DeepseekV41ForCausalLM:
+                    token_map: torch.Tensor | None = None) -> DeepseekV4ForCausalLM:
     """The model with the checkpoint's weights, its FP8 GEMM inputs rounded as the reference's."""
     path = Path(path)
     if token_map is None and config.v41.engram_layer_ids:
         token_map = tokenizer_token_map(path)
     with torch.device("meta"):
-        net = DeepseekV41ForCausalLM(config)
-    # The gated (ratio-2) compressors' projections run in fp32, as the reference promotes them.
-    gated = {f"{n}.{w}.weight" for n, m in net.named_modules()
-             if isinstance(m, SourceCompressor) and m.gate_proj is not None for w in ("kv_proj", "gate_proj")}
+        net = DeepseekV4ForCausalLM(config)
+    keep32 = v41_fp32_parameters(net)
     for name, p in net.named_parameters():
-        keep32 = any(f in name for f in _FP32) or name in gated
-        if p.is_floating_point() and not keep32:
+        if p.is_floating_point() and name not in keep32:
             p.data = p.data.to(dtype)
-    net.to_empty(device=device)
+    with engram_tables_in_host_memory(net):
+        net.to_empty(device=device)
     with torch.no_grad():
         for name, b in net.named_buffers():
             if name.endswith("position_bias"):
@@ -119,6 +118,14 @@ def build_v41_model(path: str | Path, config: ModelConfig, device: torch.device 
         if name.endswith("mlp.experts"):
             module.act_quant, module.weight_before_down = act_quant, True
     return net.eval()
+
+
+def v41_fp32_parameters(net: torch.nn.Module) -> set[str]:
+    """Parameters kept in fp32 whatever the model dtype: mHC, sinks, the router bias, and the gated
+    (ratio-2) compressors' projections, which the reference promotes to fp32."""
+    gated = {f"{n}.{w}.weight" for n, m in net.named_modules()
+             if isinstance(m, SourceCompressor) and m.gate_proj is not None for w in ("kv_proj", "gate_proj")}
+    return {name for name, _ in net.named_parameters() if any(f in name for f in _FP32) or name in gated}
 
 
 def tokenizer_token_map(path: Path) -> torch.Tensor:
@@ -162,6 +169,8 @@ def load_v41_weights(net: torch.nn.Module, path: Path, config: ModelConfig) -> N
                 if tuple(tensor.shape) != tuple(dest.shape):
                     bad_shape.append(f"{key}: checkpoint {tuple(tensor.shape)}, model {tuple(dest.shape)}")
                     continue
+                if dest.dtype == torch.uint8 and tensor.dtype == torch.float8_e8m0fnu:
+                    tensor = tensor.view(torch.uint8)  # ue8m0 scales kept as their exponent bytes
                 with torch.no_grad():
                     dest.copy_(tensor if dest.dtype == tensor.dtype else tensor.float().to(dest.dtype))
                 filled.setdefault(name, set()).add((expert, None if rows is None else rows.start))

@@ -56,7 +56,8 @@ def unpack_rows(packed: torch.Tensor, fmt: "str | RowFormat", dim: int, dtype: t
     f = _packed_format(fmt)
     if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] < f.row_bytes(dim):
         raise ValueError(f"packed must be uint8 [N, >= {f.row_bytes(dim)}], got {packed.dtype} {tuple(packed.shape)}")
-    if _triton_ok(impl, f, packed):
+    # The Triton unpack decodes the fp8 formats; "auto" decodes fp4 rows (V4.1's index keys) in torch.
+    if (f.value_bits == 8 or impl == "triton") and _triton_ok(impl, f, packed):
         from v4serve.ops.kv_pack_triton import unpack_rows_triton
 
         return unpack_rows_triton(packed, f, dim, dtype)
