@@ -70,7 +70,7 @@ class ModelRunner:
     def __init__(self, args: EngineArgs, device: torch.device, dtype: torch.dtype, group: Group | None = None):
         self.device = device
         config = resolve_config(args.model, args.hf_overrides, args.quantization)
-        refuse_unsupported(config.quantization, args.cpu_offload_gb, args.enable_prefix_caching is True,
+        refuse_unsupported(args.cpu_offload_gb, args.enable_prefix_caching is True,
                            args.tensor_parallel_size)
         self.workers: Workers | None = None
         if args.tensor_parallel_size > 1 and group is None:  # rank 0: start the other ranks
