@@ -8,16 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantized_writer import make_quantized_oracle
 from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
 from v4serve.model.loader import build_model, resolve_config
 from v4serve.model.quantized import FP8Linear, MXFP4Experts
 from v4serve.model.quantized_install import install, official_plan
-from v4serve.parallel.shard import shard_model
-
-# o_lora_rank 32 / moe_intermediate_size 64: per-rank widths of whole blocks at TP 2 (the writer's
-# default 24 / 32 split its 32-column FP8 blocks and 32-channel MXFP4 groups: refused below).
-TP_SHAPES = {"o_lora_rank": 32, "moe_intermediate_size": 64}
+from v4serve.ops.weight_formats import quantize_fp8_blocks
+from v4serve.parallel.shard import ShardSpec, shard_model
 
 
 class FakeGroup:  # the cut needs only rank and size
@@ -45,15 +41,9 @@ def assert_rank_parts(full, ranks):
         assert cut > 0
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("quantized_tp")
-    make_quantized_oracle(path, "official", overrides=TP_SHAPES)
-    return str(path)
-
-
 @pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp", "ep"])
-def test_checkpoint_ranks_read_their_parts(checkpoint, expert_parallel):
+def test_checkpoint_ranks_read_their_parts(quantized_tp_checkpoint, expert_parallel):
+    checkpoint = quantized_tp_checkpoint  # widths of whole blocks at TP 2 (conftest.py)
     full = build(checkpoint, None)
     ranks = [build(checkpoint, r, expert_parallel) for r in range(2)]
     assert_rank_parts(full, ranks)
@@ -123,3 +113,19 @@ def test_flash_and_pro_cut_on_whole_blocks(name, size):
     assert mlp.experts.down_proj_scale_inv.shape == (c.n_routed_experts, c.hidden_size,
                                                      c.moe_intermediate_size // size // 32)
     assert specs["model.layers.1.mlp.experts.gate_up_proj"].full_shape[1] == 2 * c.moe_intermediate_size
+
+
+@pytest.mark.parametrize("dim, keep", [(0, range(5, 13)), (0, range(9, 15)), (1, range(3, 11))])
+def test_dequantized_part_reads_whole_blocks_around_a_cut_inside_one(tmp_path, dim, keep):
+    """`o_a_proj` is dequantized at load: a rank's rows may start inside a scale block (blocks of 4
+    here; 15 rows, the last block partial); the part equals the formula's W[n, k] = code * scale."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    codes, scale = quantize_fp8_blocks(torch.randn(15, 14), block=(4, 4))
+    save_file({"w": codes, "s": scale}, str(tmp_path / "t.safetensors"))
+    expected = codes.float() * scale.repeat_interleave(4, 0)[:15].repeat_interleave(4, 1)[:, :14]
+    spec = ShardSpec(dim, tuple(keep), (15, 14))
+    with safe_open(str(tmp_path / "t.safetensors"), framework="pt") as f:
+        part = spec.read_dequantized(f.get_slice("w"), f.get_slice("s"), (4, 4), lambda s: s.float(), "cpu")
+    assert torch.equal(part, expected.index_select(dim, torch.tensor(list(keep))))

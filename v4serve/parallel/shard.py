@@ -98,22 +98,16 @@ class ShardSpec:
         return values.index_select(self.dim, torch.tensor([where[k] for k in self.keep], device=device))
 
 
-def refuse_unsupported(cpu_offload_gb: float | str = 0, enable_prefix_caching: bool = False,
-                       tensor_parallel_size: int | None = None) -> None:
-    """What tensor_parallel_size > 1 does not do yet (future work), as a ValueError naming the flags:
-    `cpu_offload_gb` != 0 (offloaded experts are not cut yet) and `enable_prefix_caching` (its
-    page-table changes and snapshots are not replayed on the other ranks yet).
-    `tensor_parallel_size` None: a sharded build (> 1)."""
+def refuse_unsupported(cpu_offload_gb: float | str = 0, tensor_parallel_size: int | None = None) -> None:
+    """What tensor_parallel_size > 1 does not do yet (future work), as a ValueError naming the flag:
+    `cpu_offload_gb` != 0 (offloaded experts are not cut yet). `tensor_parallel_size` None: a
+    sharded build (> 1)."""
     if tensor_parallel_size is not None and tensor_parallel_size <= 1:
         return
     tp = f"tensor_parallel_size {tensor_parallel_size}" if tensor_parallel_size else "tensor_parallel_size > 1"
     if cpu_offload_gb not in (0, 0.0):
         raise ValueError(f"{tp} with cpu_offload_gb={cpu_offload_gb!r}: "
                          "sharding offloaded experts is not supported yet (future work); use cpu_offload_gb=0")
-    if enable_prefix_caching:
-        raise ValueError(f"{tp} with enable_prefix_caching=True: the other "
-                         "ranks do not replay prefix caching's page-table changes yet (future work); "
-                         "use enable_prefix_caching=False")
 
 
 def _read_runs(handle, dim: int, index: list[int]) -> torch.Tensor:
