@@ -266,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix-len", type=int, default=0,
                         help="only measure TTFT of a --prompt-len turn after a shared prefix of this many tokens, "
                              "cold vs warm (prefix-cache hit)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="GPUs (one process each, NCCL); rank 0 is measured")
+    parser.add_argument("--enable-expert-parallel", action="store_true", help="routed experts split by expert")
     parser.add_argument("--host-profile", action="store_true", help="only profile the host side of decode steps")
     parser.add_argument("--profile-only", action="store_true", help="only the GPU-busy profile of decode steps")
     args = parser.parse_args(argv)
@@ -283,9 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         cpu_offload_gb=parse_cpu_offload_gb(str(args.cpu_offload_gb)),
         cuda_graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
         speculative_config=args.speculative_config,
+        tensor_parallel_size=args.tensor_parallel_size, enable_expert_parallel=args.enable_expert_parallel,
     ))
     print("\n".join(engine.banner()), flush=True)
-    result = {"model": args.model, "overrides": args.hf_overrides, "kv_cache_dtype": engine.runner.cache_format.name,
+    result = {"model": args.model, "overrides": args.hf_overrides, "tensor_parallel_size": args.tensor_parallel_size,
+              "expert_parallel": args.enable_expert_parallel, "kv_cache_dtype": engine.runner.cache_format.name,
               "kv_bytes_per_token": engine.kv_budget.bytes_per_token, "kv_tokens": engine.kv_budget.num_tokens, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "max_num_seqs": engine.scheduler.max_num_seqs,
               "cuda_graph_sizes": engine.decode_runner.ladder, "kv_pages": engine.cache.allocator.num_pages,
