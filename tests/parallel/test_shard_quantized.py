@@ -27,6 +27,10 @@ def build(model: str, rank: int | None, expert_parallel: bool = False, **kwargs)
     return net
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t  # e4m3 compared by its bytes
+
+
 def assert_rank_parts(full, ranks):
     """Every parameter of each rank equals its spec's cut of the one-process parameter."""
     expected = dict(full.named_parameters())
@@ -35,8 +39,7 @@ def assert_rank_parts(full, ranks):
         for name, p in net.named_parameters():
             spec = net.shard_specs.get(name)
             want = expected[name] if spec is None else spec.take(expected[name])
-            assert p.dtype == want.dtype and torch.equal(p.view(torch.uint8) if p.element_size() == 1 else p,
-                                                         want.view(torch.uint8) if want.element_size() == 1 else want), name
+            assert p.dtype == want.dtype and torch.equal(_bits(p), _bits(want)), name
             cut += spec is not None and p.dtype in (torch.float8_e4m3fn, torch.uint8)
         assert cut > 0
 
@@ -49,7 +52,8 @@ def test_checkpoint_ranks_read_their_parts(quantized_tp_checkpoint, expert_paral
     assert_rank_parts(full, ranks)
     layer = ranks[1].model.layers[1]
     assert isinstance(layer.self_attn.o_b_proj, FP8Linear) and isinstance(layer.mlp.experts, MXFP4Experts)
-    assert layer.self_attn.o_b_proj.weight.shape == (64, 32) and layer.self_attn.o_b_proj.weight_scale_inv.shape == (4, 1)
+    o_b = layer.self_attn.o_b_proj  # [hidden 64, K 64] cut to K 32: one 32-column block of scales
+    assert o_b.weight.shape == (64, 32) and o_b.weight_scale_inv.shape == (4, 1)
     experts = layer.mlp.experts
     if expert_parallel:
         assert experts.gate_up_proj.shape[0] == experts.n_experts == 4

@@ -139,7 +139,7 @@ class Workers:
             ops.append(("snapshot", ends))
 
         def registered(slot, num_computed, token_ids) -> None:
-            read = []  # the tokens, if the cache asked for them (then the worker's will too)
+            read = []  # the tokens, if the cache asked for them (then the worker's asks too: same state)
 
             def tokens():
                 read.append(list(token_ids()))

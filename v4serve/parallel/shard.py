@@ -24,6 +24,10 @@ MoE (per layer):
 embedding: vocabulary rows [r*V/N, (r+1)*V/N); other ids give zeros; all-reduce (exact: one nonzero term)
 lm_head: vocabulary rows likewise; logits all-gathered along the vocabulary
 mHC, norms, the head's hyper-connection: replicated.
+Quantized modules (`shard_quantized.py`): an FP8Linear is cut with its block scales and only on
+whole blocks, MXFP4 experts with their ue8m0 bytes on whole 32-channel groups; a cut inside a block
+raises naming the layer. An FP8 checkpoint's o_a_proj is dequantized at load: each rank dequantizes
+the blocks its rows touch (`ShardSpec.read_dequantized`).
 
 The sums run in a different order than one process's GEMMs: float results agree to rounding.
 """
@@ -38,7 +42,7 @@ from torch import nn
 
 from v4serve.model.quantized import FP8Linear, MXFP4Experts
 from v4serve.parallel.group import Group
-from v4serve.parallel.shard_quantized import cut_fp8_linear, cut_mxfp4_experts
+from v4serve.parallel.shard_quantized import cut_fp8_linear, cut_mxfp4_experts, runs
 
 
 @dataclass(frozen=True)
@@ -112,12 +116,7 @@ def refuse_unsupported(cpu_offload_gb: float | str = 0, tensor_parallel_size: in
 
 def _read_runs(handle, dim: int, index: list[int]) -> torch.Tensor:
     """handle[..., index, ...] along `dim`, reading contiguous runs only (safetensors get_slice)."""
-    runs, start = [], index[0]
-    for prev, k in zip(index, [*index[1:], None]):
-        if k != prev + 1:
-            runs.append((start, prev + 1))
-            start = k
-    parts = [handle[(slice(None),) * dim + (slice(a, b),)] for a, b in runs]
+    parts = [handle[(slice(None),) * dim + (slice(a, b),)] for a, b in runs(index)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
 
@@ -202,7 +201,8 @@ def shard_model(model: nn.Module, group: Group, expert_parallel: bool = False) -
     o_rank = config.o_lora_rank
     o_cols = list(range(groups.start * o_rank, groups.stop * o_rank))
     local_i = _split(config.moe_intermediate_size, n, r, "moe_intermediate_size")
-    shared_i = _split(config.moe_intermediate_size * config.n_shared_experts, n, r, "moe_intermediate_size * n_shared_experts")
+    shared_i = _split(config.moe_intermediate_size * config.n_shared_experts, n, r,
+                      "moe_intermediate_size * n_shared_experts")
     experts = _split(config.n_routed_experts, n, r, "n_routed_experts") if expert_parallel else None
     for layer in model.model.layers:
         attn = layer.self_attn
