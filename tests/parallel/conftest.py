@@ -13,11 +13,22 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "mod
 QUANTIZED_TP_SHAPES = {"o_lora_rank": 32, "moe_intermediate_size": 64}
 
 
-@pytest.fixture(scope="session")
-def quantized_tp_checkpoint(tmp_path_factory) -> str:
-    """An official-format FP8 / MXFP4 checkpoint (tests/model/quantized_writer.py) that TP 2 can cut."""
+def _quantized_checkpoint(tmp_path_factory, naming: str) -> str:
     from quantized_writer import make_quantized_oracle
 
-    path = tmp_path_factory.mktemp("quantized_tp")
-    make_quantized_oracle(path, "official", overrides=QUANTIZED_TP_SHAPES)
+    path = tmp_path_factory.mktemp(f"quantized_tp_{naming}")
+    make_quantized_oracle(path, naming, overrides=QUANTIZED_TP_SHAPES)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def quantized_tp_checkpoint(tmp_path_factory) -> str:
+    """An official-format FP8 / MXFP4 checkpoint (tests/model/quantized_writer.py) that TP 2 can cut:
+    per-expert packed tensors, ue8m0 scales in other shards than their weights."""
+    return _quantized_checkpoint(tmp_path_factory, "official")
+
+
+@pytest.fixture(scope="session")
+def quantized_tp_checkpoint_hf(tmp_path_factory) -> str:
+    """The same weights under transformers' names: fused packed experts, fp32 FP8 scales."""
+    return _quantized_checkpoint(tmp_path_factory, "transformers")

@@ -59,10 +59,10 @@ def test_tp2_nccl_quantized_matches_one_gpu(expert_parallel):
 
 
 def test_flash_tp2_production_path_halves_the_weights():
-    """deepseek-v4-flash (2 layers, official formats, bf16, Triton kernels, packed KV, CUDA graphs)
+    """deepseek-v4-flash (4 layers, official formats, bf16, Triton kernels, packed KV, CUDA graphs)
     at TP 2: it generates, and rank 0 holds about half of one GPU's weight bytes (the replicated
     latent KV / q_a / compressor / indexer weights and the norms are the excess)."""
-    args = dict(device="cuda", hf_overrides={"num_hidden_layers": 2}, max_num_seqs=4, max_model_len=1024,
+    args = dict(device="cuda", hf_overrides={"num_hidden_layers": 4}, max_num_seqs=4, max_model_len=1024,
                 num_kv_pages=64, progress=False)
     one = LLM("deepseek-v4-flash", **args)
     full = sum(p.numel() * p.element_size() for p in one.engine.model.parameters())

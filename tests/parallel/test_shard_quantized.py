@@ -44,9 +44,11 @@ def assert_rank_parts(full, ranks):
         assert cut > 0
 
 
+@pytest.mark.parametrize("naming", ["official", "transformers"])
 @pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp", "ep"])
-def test_checkpoint_ranks_read_their_parts(quantized_tp_checkpoint, expert_parallel):
-    checkpoint = quantized_tp_checkpoint  # widths of whole blocks at TP 2 (conftest.py)
+def test_checkpoint_ranks_read_their_parts(request, naming, expert_parallel):
+    # widths of whole blocks at TP 2 (conftest.py)
+    checkpoint = request.getfixturevalue("quantized_tp_checkpoint" + ("" if naming == "official" else "_hf"))
     full = build(checkpoint, None)
     ranks = [build(checkpoint, r, expert_parallel) for r in range(2)]
     assert_rank_parts(full, ranks)
