@@ -130,14 +130,15 @@ def quantize_mxfp4(w: torch.Tensor):
 
 
 # ---------------------------------------------------------------------- the checkpoint
-def make_quantized_oracle(path: Path, naming: str = "official", shards: int = 3):
+def make_quantized_oracle(path: Path, naming: str = "official", shards: int = 3, overrides: dict | None = None):
     """Write the checkpoint to `path`; return the transformers model holding the dequantized weights.
     naming "official": official names, F8_E8M0 scales, per-expert I8 tensors, scales in a shard
     other than their weights'; "transformers": transformers names, FP8 scales as fp32
-    `weight_scale_inv`, fused packed experts `gate_up_proj` + `gate_up_proj_scale_inv`."""
+    `weight_scale_inv`, fused packed experts `gate_up_proj` + `gate_up_proj_scale_inv`.
+    `overrides`: config fields over QUANT_CONFIG."""
     from oracle import make_hf_model
 
-    hf = make_hf_model("quantized", QUANT_CONFIG)
+    hf = make_hf_model("quantized", {**QUANT_CONFIG, **(overrides or {})})
     tensors: dict[str, torch.Tensor] = {}
     shard_of: dict[str, int] = {}
     state = hf.state_dict()

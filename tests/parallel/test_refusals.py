@@ -12,10 +12,8 @@ from v4serve.parallel.shard import refuse_unsupported
 
 
 @pytest.mark.parametrize("fields, words", [
-    ({"quantization": "fp8"}, ("tensor_parallel_size 2", "quantization", "future work")),
     ({"cpu_offload_gb": 1.0}, ("tensor_parallel_size 2", "cpu_offload_gb", "future work")),
     ({"cpu_offload_gb": "auto"}, ("tensor_parallel_size 2", "cpu_offload_gb")),
-    ({"enable_prefix_caching": True}, ("tensor_parallel_size 2", "enable_prefix_caching")),
 ])
 def test_runner_refuses_before_starting_workers(fields, words):
     args = EngineArgs(model="tiny", device="cpu", tensor_parallel_size=2, progress=False, **fields)
@@ -26,11 +24,10 @@ def test_runner_refuses_before_starting_workers(fields, words):
 
 
 def test_one_rank_accepts_everything():
-    refuse_unsupported("fp8", "auto", True, tensor_parallel_size=1)
+    refuse_unsupported("auto", tensor_parallel_size=1)
 
 
-def test_sharded_build_refuses_quantized_weights():
-    with pytest.raises(ValueError, match="tensor_parallel_size > 1.*quantization"):
-        build_model("tiny", "cpu", torch.float32, progress=False, quantization="fp8", shard=lambda net: {})
-    with pytest.raises(ValueError, match="cpu_offload_gb"):
-        build_model("tiny", "cpu", torch.float32, progress=False, cpu_offload_gb=1, shard=lambda net: {})
+def test_sharded_build_refuses_offloaded_experts():
+    with pytest.raises(ValueError, match="tensor_parallel_size > 1.*cpu_offload_gb"):
+        build_model("tiny", "cpu", torch.float32, progress=False, quantization="fp8", cpu_offload_gb=1,
+                    shard=lambda net: {})

@@ -1,7 +1,8 @@
 """tensor_parallel_size=2 (gloo, 2 processes on the CPU), with and without expert parallelism,
 against one process: the same greedy tokens, through chunked prefill, preemption and decode
-(continuations included), on the `tiny` preset and on a transformers checkpoint (sliced reads);
-then a killed worker (`kill_a_worker`).
+(continuations included), on the `tiny` preset, on a transformers checkpoint and on one in the
+official FP8 / MXFP4 format (sliced reads of each rank's codes and scales); a prefix-cache hit
+(`prefix_hit_matches_one_process`); then a killed worker (`kill_a_worker`).
 
 The ranks' partial sums are all-reduced, which changes the float32 summation order against one
 process's GEMMs: tokens must be equal, and each request's cumulative logprob (the sum of its
@@ -61,7 +62,7 @@ def break_a_worker(llm: LLM) -> None:
     """A worker that raises reports its traceback, which the next step's error carries."""
     workers = llm.engine.runner.workers
     workers.send("no-such-step")
-    workers.procs[0].join(10)
+    workers.procs[0].join(30)  # a loaded machine may take a while to tear the worker down
     with pytest.raises(RankDied, match=r"(?s)rank 1 .* exited with code 1:.*unknown step kind 'no-such-step'"):
         generate(llm, [[6] * 10])
 
@@ -78,6 +79,10 @@ def kill_a_worker(llm: LLM) -> None:
 
 
 TINY_PROMPTS = [[5 + i] * n for i, n in enumerate((60, 45, 50, 30))]
+# Two prompts sharing two pages, run one after the other: the second reuses the first's pages and
+# the snapshot at their end (prefix caching, on by default).
+SHARED = random_prompt(2 * PAGE, seed=1)
+PREFIX_PROMPTS = [SHARED + random_prompt(10, seed=2), SHARED + random_prompt(12, seed=3)]
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +90,31 @@ def tiny_reference():
     one = LLM("tiny", **TIGHT)
     out = generate(one, TINY_PROMPTS)
     assert one.engine.scheduler.num_preemptions > 0
-    return out
+    cold = LLM("tiny", enable_prefix_caching=False, **TIGHT)
+    return out, [generate(cold, [p])[0] for p in PREFIX_PROMPTS]
+
+
+def prefix_hit_matches_one_process(reference):
+    """The second prompt hits the first's cached pages on every rank (their snapshots restored on
+    each): the same tokens as one process without prefix caching."""
+
+    def check(llm: LLM) -> None:
+        prefix = llm.engine.cache.prefix
+        got = [generate(llm, [PREFIX_PROMPTS[0]])[0]]
+        hits = prefix.hits
+        got.append(generate(llm, [PREFIX_PROMPTS[1]])[0])
+        assert prefix.hits - hits == len(SHARED), "the second prompt must reuse the shared pages"
+        assert_same(reference, got)
+
+    return check
 
 
 @pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp", "ep"])
 def test_tiny_tp2_matches_one_process(tiny_reference, expert_parallel):
-    run_case("tiny", TINY_PROMPTS, tiny_reference, then=kill_a_worker if expert_parallel else break_a_worker,
+    reference, prefix_reference = tiny_reference
+    hit = prefix_hit_matches_one_process(prefix_reference)
+    then = kill_a_worker if expert_parallel else break_a_worker
+    run_case("tiny", TINY_PROMPTS, reference, then=lambda llm: (hit(llm), then(llm)),
              enable_expert_parallel=expert_parallel)
 
 
@@ -106,4 +130,17 @@ def oracle_checkpoint(tmp_path_factory):
 @pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp", "ep"])
 def test_transformers_checkpoint_tp2_matches_one_process(oracle_checkpoint, expert_parallel):
     path, prompts, reference = oracle_checkpoint
+    run_case(path, prompts, reference, enable_expert_parallel=expert_parallel)
+
+
+@pytest.fixture(scope="module")
+def quantized_checkpoint(quantized_tp_checkpoint):
+    path = quantized_tp_checkpoint  # official FP8 / MXFP4 format (conftest.py)
+    prompts = [random_prompt(n, seed=n) for n in (58, 41, 47, 33)]
+    return path, prompts, generate(LLM(path, **TIGHT), prompts)
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp", "ep"])
+def test_quantized_checkpoint_tp2_matches_one_process(quantized_checkpoint, expert_parallel):
+    path, prompts, reference = quantized_checkpoint
     run_case(path, prompts, reference, enable_expert_parallel=expert_parallel)

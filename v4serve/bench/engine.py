@@ -329,6 +329,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--spec-lengths", type=float, nargs="+", default=[2.0, 2.8, 3.5],
                         help="mean acceptance lengths forced end to end")
     parser.add_argument("--spec-e2e-k", type=int, default=3, help="drafts per step of the end-to-end runs")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="GPUs (one process each, NCCL); rank 0 is measured")
+    parser.add_argument("--enable-expert-parallel", action="store_true", help="routed experts split by expert")
     parser.add_argument("--host-profile", action="store_true", help="only profile the host side of decode steps")
     parser.add_argument("--profile-only", action="store_true", help="only the GPU-busy profile of decode steps")
     return parser
@@ -385,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         cuda_graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
         speculative_config=args.speculative_config, offload_overlap=not args.no_offload_overlap,
         offload_prefetch=args.offload_prefetch,
+        tensor_parallel_size=args.tensor_parallel_size, enable_expert_parallel=args.enable_expert_parallel,
     ))
     _sync()
     load_s = time.perf_counter() - t0
@@ -392,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(banner), flush=True)
     kv_lines, kv_agree = kv_bytes_lines(engine.cache, engine.kv_budget)
     print("\n".join(kv_lines), flush=True)
-    result = {"model": args.model, "overrides": args.hf_overrides, "kv_cache_dtype": engine.runner.cache_format.name,
+    result = {"model": args.model, "overrides": args.hf_overrides, "tensor_parallel_size": args.tensor_parallel_size,
+              "expert_parallel": args.enable_expert_parallel, "kv_cache_dtype": engine.runner.cache_format.name,
               "kv_bytes_per_token": engine.kv_budget.bytes_per_token, "kv_bytes_agree": kv_agree, "kv_tokens": engine.kv_budget.num_tokens, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
               "max_num_seqs": engine.scheduler.max_num_seqs,
               "cuda_graph_sizes": engine.decode_runner.ladder, "kv_pages": engine.cache.allocator.num_pages,

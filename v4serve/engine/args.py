@@ -32,7 +32,7 @@ class EngineArgs:
     cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes captured (default 1, 2, 4, ..., max_num_seqs)
     # Reuse the KV pages of a cached prompt prefix (`cache/prefix_cache.py`; bit-exact hits, prefill
     # chunks end on page boundaries). None = on where supported; off, with a log line, with
-    # tensor_parallel_size > 1, speculative decoding and DeepSeek-V4.1 (True there: an error / a warning).
+    # speculative decoding and DeepSeek-V4.1 (True there: a warning).
     enable_prefix_caching: bool | None = None  # None: on where supported (vLLM's default)
     prefix_snapshot_fraction: float = PREFIX_SNAPSHOT_FRACTION  # share of the KV cache for prefix snapshots (the states where a cached prefix can end)
     num_prefix_snapshots: int | None = None  # prefix snapshot slots (None: from prefix_snapshot_fraction, at least max_num_seqs)

@@ -15,6 +15,7 @@ and each `prefill` / `decode` is sent to the workers before rank 0 runs it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 
@@ -57,9 +58,6 @@ def prefix_caching_off(args: EngineArgs, geometry: CacheGeometry) -> str | None:
     """Why prefix caching is off for these arguments and this cache (None: it is on)."""
     if args.enable_prefix_caching is False:
         return "prefix caching is off (enable_prefix_caching=False)"
-    if args.tensor_parallel_size > 1:  # explicitly True: refused by refuse_unsupported before this
-        return ("prefix caching is off with tensor_parallel_size > 1 (the other ranks do not replay its "
-                "page-table changes yet)")
     if args.speculative_config is not None:
         return ("prefix caching is off with speculative decoding (the MTP drafter needs the hidden "
                 "states of every prompt token)")
@@ -74,8 +72,7 @@ class ModelRunner:
     def __init__(self, args: EngineArgs, device: torch.device, dtype: torch.dtype, group: Group | None = None):
         self.device = device
         config = resolve_config(args.model, args.hf_overrides, args.quantization)
-        refuse_unsupported(config.quantization, args.cpu_offload_gb, args.enable_prefix_caching is True,
-                           args.tensor_parallel_size)
+        refuse_unsupported(args.cpu_offload_gb, args.tensor_parallel_size)
         self.workers: Workers | None = None
         if args.tensor_parallel_size > 1 and group is None:  # rank 0: start the other ranks
             self.workers = Workers(args, device, dtype)
@@ -132,12 +129,14 @@ class ModelRunner:
                                    reserved=self.speculative_bytes(args, geometry, dtype))
         if self.workers is not None:
             self.workers.connect()
-        if group is not None:  # every rank holds the same pages: as many as the smallest rank's memory allows
+        if group is not None:  # every rank holds the same pages and snapshot slots: as many as the smallest allows
             with self._guard("sizing the KV cache"):
                 pages = group.all_reduce_min(self.kv_budget.num_pages)
-            if pages != self.kv_budget.num_pages:
+                slots = group.all_reduce_min(self.kv_budget.snapshot_slots)
+            if (pages, slots) != (self.kv_budget.num_pages, self.kv_budget.snapshot_slots):
+                fixed = dataclasses.replace(snapshots, count=slots) if snapshots is not None else None
                 self.kv_budget = budget_for_pages(geometry, dtype, pages, args.max_num_seqs, pages_per_seq,
-                                                  self.max_step_tokens(args), snapshots)
+                                                  self.max_step_tokens(args), fixed)
         if self.kv_budget.num_pages < pages_per_seq:  # a long request would preempt itself forever
             raise ValueError(
                 f"the KV cache holds {self.kv_budget.num_pages} pages ({self.kv_budget.num_tokens} tokens), fewer "

@@ -61,15 +61,16 @@ def build_model(
 
     `shard` (`parallel/shard.py`) cuts the meta model to one tensor-parallel rank's part after the
     quantized modules are installed; it returns the cuts, through which only this rank's weights
-    are generated / read (checked against the full shapes). Sharding quantized modules or
-    offloaded experts is future work: refused (`refuse_unsupported`)."""
+    are generated / read (checked against the full shapes); quantized modules are cut on whole
+    scale blocks (`parallel/shard_quantized.py`). Sharding offloaded experts is future work:
+    refused (`refuse_unsupported`)."""
     device = torch.device(device)
     config = resolve_config(model, overrides, quantization)
     if config.v41 is not None and mtp:
         raise ValueError("speculative decoding with MTP: DeepSeek-V4.1's DSpark draft stages are not supported")
     if shard is not None:
         from v4serve.parallel.shard import refuse_unsupported
-        refuse_unsupported(config.quantization, cpu_offload_gb)
+        refuse_unsupported(cpu_offload_gb)
     if config.v41 is not None:
         if shard is not None:
             raise NotImplementedError("tensor_parallel_size > 1 for DeepSeek-V4.1 is not supported yet (future work)")
@@ -180,6 +181,8 @@ def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: i
     # The MTP layer's tensors last: the main model's weights do not depend on whether it is built.
     tensors = [*(n for n in tensors if not n[0].startswith("mtp.")), *(n for n in tensors if n[0].startswith("mtp."))]
     for name, t in tensors:
+        spec = shards.get(name) if shards else None
+        shape = spec.full_shape if spec is not None else tuple(t.shape)
         if name.endswith(tuple(f"engram.{b}" for b in ENGRAM_TABLE_BUFFERS)):  # codes of N(0, 1), scales 2^-8..2^-6; by chunks (host memory)
             for part in t.split(max(1, _CHUNK_ELEMENTS // t.shape[1])):
                 if t.dtype == torch.uint8:
@@ -188,14 +191,13 @@ def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: i
                     value = torch.randn(part.shape, generator=gen, device=device).clamp_(-448, 448)
                 part.copy_(value)
         elif t.dtype == torch.float8_e4m3fn:
-            t.copy_(torch.randn(t.shape, generator=gen, device=device).clamp_(-448, 448))
+            _put(t, spec, None, torch.randn(shape, generator=gen, device=device).clamp_(-448, 448))
         elif name.endswith("weight_scale_inv") and t.dtype == torch.float32:
-            t.copy_(torch.exp2(torch.randint(-7, -4, t.shape, generator=gen, device=device).float()))
+            _put(t, spec, None, torch.exp2(torch.randint(-7, -4, shape, generator=gen, device=device).float()))
         elif t.dtype == torch.uint8:  # MXFP4 experts, slice by slice
             low, high = (119, 122) if name.endswith("_scale_inv") else (0, 256)
-            for i, part in enumerate(t):
-                value = torch.randint(low, high, part.shape, generator=gen, device=device, dtype=torch.uint8)
-                t.write(i, value) if isinstance(t, _ExpertRows) else part.copy_(value)
+            for e in range(shape[0]):
+                _put(t, spec, e, torch.randint(low, high, shape[1:], generator=gen, device=device, dtype=torch.uint8))
         elif name.endswith("tid2eid"):
             t.copy_(torch.randint(0, config.n_routed_experts, t.shape, generator=gen, device=device))
         elif name.endswith(("norm.weight", ".scale", "hc_scale")):
@@ -203,15 +205,23 @@ def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: i
         elif name.endswith(("base", "hc_base", "sinks", "position_bias", "e_score_correction_bias")):
             t.zero_()
         else:  # slice by slice: a stacked expert tensor's fp32 temporary would not fit beside the model
-            spec = shards.get(name) if shards else None
-            shape = spec.full_shape if spec is not None else tuple(t.shape)
             for e in (range(shape[0]) if len(shape) == 3 else [None]):
                 values = torch.randn(shape[1:] if e is not None else shape, generator=gen, device=device,
                                      dtype=torch.float32).mul_(0.02)
-                if spec is not None:
-                    spec.copy_part(t, e, values)
-                else:
-                    (t if e is None else t[e]).copy_(values)
+                _put(t, spec, e, values)
+
+
+def _put(t, spec, expert: int | None, values: torch.Tensor) -> None:
+    """Random values drawn at the full shape (of expert `expert`'s slice) into `t`: this rank's
+    part of a cut parameter (`spec`), else all of it."""
+    if spec is not None:
+        spec.copy_part(t, expert, values)
+    elif expert is None:
+        t.copy_(values)
+    elif isinstance(t, _ExpertRows):
+        t.write(expert, values)
+    else:
+        t[expert].copy_(values)
 
 
 _CHUNK_ELEMENTS = 1 << 26  # random values generated at once for a large host tensor
@@ -225,8 +235,9 @@ class _ExpertRows:
     def __init__(self, offload: ExpertOffload, tensor: str):
         self.offload, self.tensor = offload, tensor
 
-    def __iter__(self):
-        return (self.offload.dest(self.tensor, e) for e in range(self.offload.n_experts))
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.offload.n_experts, *self.offload.dest(self.tensor, 0).shape)
 
     def write(self, expert: int, value: torch.Tensor) -> None:
         self.offload.dest(self.tensor, expert).copy_(value)

@@ -214,7 +214,6 @@ _SECTION_ORDER = (
     "missing tensors",
     "unexpected tensors",
     "tensors with the wrong shape",
-    "quantized tensors of a tensor-parallel model (sharding them is future work)",
 )
 
 
@@ -335,6 +334,7 @@ def scan_checkpoint(net: torch.nn.Module, path: Path, config: ModelConfig, insta
     for e, target in weights:
         spec = shards.get(target.name)
         if spec is not None and target.expert is not None and spec.dim == 0 and target.expert not in spec.keep:
+            scale_of.pop(e.key, None)
             continue  # another rank's expert
         dest = _dest(params[target.name], target) if spec is None else _full(spec, target)
         module = _module_of(target.name)
@@ -374,13 +374,11 @@ def scan_checkpoint(net: torch.nn.Module, path: Path, config: ModelConfig, insta
                 continue
             if kind != "dequantize":
                 scale_target = Target(target.name + _SCALE_PARAM, target.expert, target.rows)
-                jobs.append(Job(scale, scale_target, "mx_scale" if kind == "packed" else "scale"))
+                jobs.append(Job(scale, scale_target, "mx_scale" if kind == "packed" else "scale",
+                                shard=shards.get(scale_target.name)))
                 _mark(loaded, scale_target)
         elif scale is not None:
             bad("scales of weights that are not quantized", scale.key)
-        if spec is not None and (kind != "plain" or scale is not None):
-            bad("quantized tensors of a tensor-parallel model (sharding them is future work)", e.key)
-            continue
         jobs.append(Job(e, target, kind, *((scale, block) if kind == "dequantize" else ()), shard=spec))
         _mark(loaded, target)
     for e in scale_of.values():  # scales of weights not rejected above (those are reported already)
@@ -446,39 +444,50 @@ def copy_weights(scan: CheckpointScan, write, device: torch.device, progress: bo
 
     handles: dict[Path, Any] = {}
 
-    def read(entry: Entry) -> torch.Tensor:
+    def handle(entry: Entry):
         if entry.file not in handles:
             handles[entry.file] = safe_open(str(entry.file), framework="pt")
-        return handles[entry.file].get_tensor(entry.key)
+        return handles[entry.file]
 
     def fp32_scale(s: torch.Tensor) -> torch.Tensor:
         return decode_ue8m0(s) if s.dtype in (torch.float8_e8m0fnu, torch.uint8) else s.float()
 
+    def stored(t: torch.Tensor, kind: str) -> torch.Tensor:
+        if kind == "fp8":
+            return t.view(torch.float8_e4m3fn)
+        if kind in ("packed", "mx_scale"):
+            return t.view(torch.uint8)
+        if kind == "scale":
+            return fp32_scale(t)
+        return t
+
     with tqdm(total=scan.total_bytes, desc="Loading weights", unit="B", unit_scale=True, unit_divisor=1000,
               disable=not progress) as bar:
         for job in scan.jobs:
+            done = job.entry.nbytes + (job.scale.nbytes if job.scale else 0)
             if job.shard is not None:
-                if job.entry.file not in handles:
-                    handles[job.entry.file] = safe_open(str(job.entry.file), framework="pt")
-                placed = job.shard.read(handles[job.entry.file].get_slice(job.entry.key), params[job.target.name],
-                                        job.target.expert, job.target.rows)
-                assert placed is not None, job.entry.key  # other ranks' experts have no job
-                dest, t = placed
+                dest = params[job.target.name]
+                if job.kind == "dequantize":  # this rank's rows of the dequantized weight
+                    t = job.shard.read_dequantized(handle(job.entry).get_slice(job.entry.key),
+                                                   handle(job.scale).get_slice(job.scale.key), job.block,
+                                                   lambda s: fp32_scale(s).to(device), device)
+                else:
+                    placed = job.shard.read(handle(job.entry).get_slice(job.entry.key), dest,
+                                            job.target.expert, job.target.rows)
+                    assert placed is not None, job.entry.key  # other ranks' experts have no job
+                    dest, t = placed
+                    t = stored(t, job.kind)
                 dest.copy_(t.to(dest.dtype))
-                bar.update(job.entry.nbytes)
+                bar.update(done)
                 continue
-            t = read(job.entry)
-            if job.kind == "fp8":
-                t = t.view(torch.float8_e4m3fn)
-            elif job.kind in ("packed", "mx_scale"):
-                t = t.view(torch.uint8)
-            elif job.kind == "scale":
-                t = fp32_scale(t)
-            elif job.kind == "dequantize":
-                s = fp32_scale(read(job.scale)).to(device)
+            t = handle(job.entry).get_tensor(job.entry.key)
+            if job.kind == "dequantize":
+                s = fp32_scale(handle(job.scale).get_tensor(job.scale.key)).to(device)
                 t = dequantize_fp8_blocks(t.to(device), s, job.block)
+            else:
+                t = stored(t, job.kind)
             write(job.target, t)
-            bar.update(job.entry.nbytes + (job.scale.nbytes if job.scale else 0))
+            bar.update(done)
 
 
 def compact_names(names: list[str]) -> list[str]:

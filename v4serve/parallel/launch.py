@@ -11,11 +11,16 @@ step sends them the step's description over one pipe per worker:
                          follow as one broadcast over the process group (no host sync)
               "stop"
     cache_ops the page-table changes since the last step, in order: ("open", slot),
-              ("reserve", slot, num_tokens), ("close", slot)
+              ("reserve", slot, num_tokens), ("close", slot), and with prefix caching
+              ("attach", slot, hit, num_tokens) (cached pages and their snapshot's state given to
+              a new sequence), ("snapshot", ends) (page-end states kept after a prefill step),
+              ("register", slot, num_computed, tokens | None) (full pages entered in the prefix tree)
 
-A worker replays the cache ops on its own `PagedKVCache` (same allocator, same order: the same
-pages) and runs the step, so every rank launches the same collectives in the same order. Only
-rank 0 samples; the workers' logits are dropped.
+A worker replays the cache ops on its own `PagedKVCache` (same allocator, prefix tree and snapshot
+pool, same calls in the same order: the same pages and snapshot slots; every rank holds the whole
+latent KV, so each restores and keeps its own copies of the states) and runs the step, so every
+rank launches the same collectives in the same order. Only rank 0 samples (and looks prefixes
+up); the workers' logits are dropped.
 
 Failure: a worker that raises sends its traceback and exits; rank 0 checks its workers before
 each step and turns a failed collective into `RankDied`, naming the rank, its exit code and its
@@ -117,6 +122,33 @@ class Workers:
             ops.append(("close", slot))
 
         cache.open_sequence, cache.reserve, cache.close_sequence = opened, reserved, closed
+        if cache.prefix is not None:
+            self._record_prefix_caching(cache)
+
+    def _record_prefix_caching(self, cache) -> None:
+        """Log prefix caching's cache changes too (lookups change nothing: not logged)."""
+        ops, attach, snapshot, register = self._ops, cache.attach_prefix, cache.snapshot_pages, cache.register_pages
+
+        def attached(slot, hit, num_tokens) -> None:
+            attach(slot, hit, num_tokens)
+            ops.append(("attach", slot, hit, num_tokens))
+
+        def snapshotted(ends) -> None:
+            ends = list(ends)
+            snapshot(ends)
+            ops.append(("snapshot", ends))
+
+        def registered(slot, num_computed, token_ids) -> None:
+            read = []  # the tokens, if the cache asked for them (then the worker's asks too: same state)
+
+            def tokens():
+                read.append(list(token_ids()))
+                return read[-1]
+
+            register(slot, num_computed, tokens)
+            ops.append(("register", slot, num_computed, read[0] if read else None))
+
+        cache.attach_prefix, cache.snapshot_pages, cache.register_pages = attached, snapshotted, registered
 
     def send(self, kind: str, *payload) -> None:
         self.check()
@@ -216,8 +248,17 @@ def serve_steps(runner, conn, parent_pid: int) -> None:
                     raise RankDied(f"rank {group.rank}: cache slots diverged from rank 0 ({slot} != {op[1]})")
             elif op[0] == "reserve":
                 cache.reserve(op[1], op[2])
-            else:
+            elif op[0] == "close":
                 cache.close_sequence(op[1])
+            elif op[0] == "attach":
+                cache.attach_prefix(op[1], op[2], op[3])
+            elif op[0] == "snapshot":
+                cache.snapshot_pages(op[1])
+            elif op[0] == "register":
+                tokens = op[3]
+                cache.register_pages(op[1], op[2], lambda: tokens)
+            else:
+                raise RankDied(f"rank {group.rank}: unknown cache op {op[0]!r}")
         if kind == "stop":
             return
         if kind == "prefill":

@@ -24,6 +24,10 @@ MoE (per layer):
 embedding: vocabulary rows [r*V/N, (r+1)*V/N); other ids give zeros; all-reduce (exact: one nonzero term)
 lm_head: vocabulary rows likewise; logits all-gathered along the vocabulary
 mHC, norms, the head's hyper-connection: replicated.
+Quantized modules (`shard_quantized.py`): an FP8Linear is cut with its block scales and only on
+whole blocks, MXFP4 experts with their ue8m0 bytes on whole 32-channel groups; a cut inside a block
+raises naming the layer. An FP8 checkpoint's o_a_proj is dequantized at load: each rank dequantizes
+the blocks its rows touch (`ShardSpec.read_dequantized`).
 
 The sums run in a different order than one process's GEMMs: float results agree to rounding.
 """
@@ -36,7 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from v4serve.model.quantized import FP8Linear, MXFP4Experts
 from v4serve.parallel.group import Group
+from v4serve.parallel.shard_quantized import cut_fp8_linear, cut_mxfp4_experts, runs
 
 
 @dataclass(frozen=True)
@@ -81,38 +87,36 @@ class ShardSpec:
             dest = dest[rows]
         return dest, _read_runs(handle, dim, list(self.keep))
 
+    def read_dequantized(self, weight, scale, block: tuple[int, int], fp32_scale, device) -> torch.Tensor:
+        """This rank's part (float32) of an FP8 weight dequantized at load (`o_a_proj`), from the
+        safetensors slices of its e4m3 codes and block scales: only the scale blocks the kept
+        indices touch are read (whole blocks, so a cut inside a block needs no other rank's bytes)."""
+        from v4serve.ops.weight_formats import dequantize_fp8_blocks
 
-def refuse_unsupported(quantization, cpu_offload_gb: float | str = 0, enable_prefix_caching: bool = False,
-                       tensor_parallel_size: int | None = None) -> None:
-    """What tensor_parallel_size > 1 does not do yet (future work), as a ValueError naming the flags:
-    FP8 / MXFP4 weights (`quantization`, or a checkpoint's quantization_config: the quantized
-    modules are not cut yet), `cpu_offload_gb` != 0 (offloaded experts are not cut yet), and
-    `enable_prefix_caching` (its page-table changes are not replayed on the other ranks yet).
-    `tensor_parallel_size` None: a sharded build (> 1)."""
+        b, total = block[self.dim], self.full_shape[self.dim]
+        blocks = sorted({k // b for k in self.keep})
+        index = [i for blk in blocks for i in range(blk * b, min((blk + 1) * b, total))]
+        codes = _read_runs(weight, self.dim, index).view(torch.float8_e4m3fn).to(device)
+        values = dequantize_fp8_blocks(codes, fp32_scale(_read_runs(scale, self.dim, blocks)), block)
+        where = {k: i for i, k in enumerate(index)}
+        return values.index_select(self.dim, torch.tensor([where[k] for k in self.keep], device=device))
+
+
+def refuse_unsupported(cpu_offload_gb: float | str = 0, tensor_parallel_size: int | None = None) -> None:
+    """What tensor_parallel_size > 1 does not do yet (future work), as a ValueError naming the flag:
+    `cpu_offload_gb` != 0 (offloaded experts are not cut yet). `tensor_parallel_size` None: a
+    sharded build (> 1)."""
     if tensor_parallel_size is not None and tensor_parallel_size <= 1:
         return
     tp = f"tensor_parallel_size {tensor_parallel_size}" if tensor_parallel_size else "tensor_parallel_size > 1"
-    if quantization is not None:
-        raise ValueError(f"{tp} with FP8/MXFP4 weights (quantization / the "
-                         "checkpoint's quantization_config): sharding quantized modules is not supported yet "
-                         "(future work); use tensor_parallel_size 1, or a bf16 checkpoint with quantization='none'")
     if cpu_offload_gb not in (0, 0.0):
         raise ValueError(f"{tp} with cpu_offload_gb={cpu_offload_gb!r}: "
                          "sharding offloaded experts is not supported yet (future work); use cpu_offload_gb=0")
-    if enable_prefix_caching:
-        raise ValueError(f"{tp} with enable_prefix_caching=True: the other "
-                         "ranks do not replay prefix caching's page-table changes yet (future work); "
-                         "use enable_prefix_caching=False")
 
 
 def _read_runs(handle, dim: int, index: list[int]) -> torch.Tensor:
     """handle[..., index, ...] along `dim`, reading contiguous runs only (safetensors get_slice)."""
-    runs, start = [], index[0]
-    for prev, k in zip(index, [*index[1:], None]):
-        if k != prev + 1:
-            runs.append((start, prev + 1))
-            start = k
-    parts = [handle[(slice(None),) * dim + (slice(a, b),)] for a, b in runs]
+    parts = [handle[(slice(None),) * dim + (slice(a, b),)] for a, b in runs(index)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
 
@@ -142,6 +146,29 @@ class _Sharder:
     def __init__(self, model: nn.Module, group: Group):
         self.model, self.group, self.specs = model, group, {}
         self.names = {id(p): n for n, p in model.named_parameters()}
+        self.modules = {id(m): n for n, m in model.named_modules()}
+
+    def module_name(self, module: nn.Module) -> str:
+        return self.modules[id(module)]
+
+    def cut_linear(self, module: nn.Module, dim: int, keep: list[int]) -> None:
+        """A linear's output rows (dim 0) or input columns (dim 1); FP8 ones on whole scale blocks."""
+        if isinstance(module, FP8Linear):
+            cut_fp8_linear(self, module, dim, keep)
+        else:
+            self.cut(module, "weight", dim, keep)
+
+    def cut_experts(self, module: nn.Module, intermediate: range, experts: range | None) -> None:
+        """Routed experts: by expert (EP, `experts`) or by intermediate channel (TP)."""
+        if isinstance(module, MXFP4Experts):
+            cut_mxfp4_experts(self, module, None if experts is not None else intermediate, experts)
+        elif experts is not None:
+            self.cut(module, "gate_up_proj", 0, list(experts))
+            self.cut(module, "down_proj", 0, list(experts))
+        else:
+            inter = module.down_proj.shape[2]
+            self.cut(module, "gate_up_proj", 1, [*intermediate, *(inter + i for i in intermediate)])
+            self.cut(module, "down_proj", 2, list(intermediate))
 
     def cut(self, module: nn.Module, attr: str, dim: int, keep: list[int]) -> None:
         """Replace `module.<attr>` by its rows `keep` along `dim` (on any device, meta included)."""
@@ -173,29 +200,25 @@ def shard_model(model: nn.Module, group: Group, expert_parallel: bool = False) -
     heads = range(groups.start * h // g, groups.stop * h // g)
     o_rank = config.o_lora_rank
     o_cols = list(range(groups.start * o_rank, groups.stop * o_rank))
-    inter = config.moe_intermediate_size
-    local_i = _split(inter, n, r, "moe_intermediate_size")
-    shared_i = _split(inter * config.n_shared_experts, n, r, "moe_intermediate_size * n_shared_experts")
+    local_i = _split(config.moe_intermediate_size, n, r, "moe_intermediate_size")
+    shared_i = _split(config.moe_intermediate_size * config.n_shared_experts, n, r,
+                      "moe_intermediate_size * n_shared_experts")
     experts = _split(config.n_routed_experts, n, r, "n_routed_experts") if expert_parallel else None
     for layer in model.model.layers:
         attn = layer.self_attn
-        s.cut(attn.q_b_proj, "weight", 0, [i for hh in heads for i in range(hh * d, (hh + 1) * d)])
-        s.cut(attn.o_a_proj, "weight", 0, o_cols)
-        s.cut(attn.o_b_proj, "weight", 1, o_cols)
+        s.cut_linear(attn.q_b_proj, 0, [i for hh in heads for i in range(hh * d, (hh + 1) * d)])
+        s.cut_linear(attn.o_a_proj, 0, o_cols)  # bf16 (an FP8 checkpoint's is dequantized at load)
+        s.cut_linear(attn.o_b_proj, 1, o_cols)
         s.cut(attn, "sinks", 0, list(heads))
         attn.n_heads, attn.o_groups = len(heads), len(groups)
         attn.register_forward_hook(_all_reduce_output(group))
         mlp = layer.mlp
-        s.cut(mlp.shared_experts.gate_proj, "weight", 0, list(shared_i))
-        s.cut(mlp.shared_experts.up_proj, "weight", 0, list(shared_i))
-        s.cut(mlp.shared_experts.down_proj, "weight", 1, list(shared_i))
+        s.cut_linear(mlp.shared_experts.gate_proj, 0, list(shared_i))
+        s.cut_linear(mlp.shared_experts.up_proj, 0, list(shared_i))
+        s.cut_linear(mlp.shared_experts.down_proj, 1, list(shared_i))
+        s.cut_experts(mlp.experts, local_i, experts)
         if experts is not None:
-            s.cut(mlp.experts, "gate_up_proj", 0, list(experts))
-            s.cut(mlp.experts, "down_proj", 0, list(experts))
             mlp.experts.register_forward_pre_hook(_local_experts(experts.start, len(experts)), with_kwargs=True)
-        else:
-            s.cut(mlp.experts, "gate_up_proj", 1, [*local_i, *(inter + i for i in local_i)])
-            s.cut(mlp.experts, "down_proj", 2, list(local_i))
         mlp.register_forward_hook(_all_reduce_output(group))
     vocab = _split(config.vocab_size, n, r, "vocab_size")
     embed = model.model.embed_tokens
