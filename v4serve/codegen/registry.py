@@ -443,7 +443,7 @@ KERNELS: tuple[KernelSpec, ...] = (
     # bf16 activations. FP8 operands need sm_89+: sm_80 gets the same kernels with NATIVE_FP8=False and
     # FP8_DOT=False, which read the e4m3 bytes as uint8, decode them with integer ops and run bf16 dots
     # (exact: e4m3 values are exact in bf16). Decode: M = 8 rows, wq_a [1024, 4096], split-K over the
-    # 16 N tiles (fp32 partials, the last program of a tile sums them); prefill: 128x128 tiles, y in bf16 (FP8_PREFILL_CONFIG for
+    # 16 N tiles (out = the fp32 partials); prefill: 128x128 tiles, y in bf16 (FP8_PREFILL_CONFIG for
     # w8a8 with fp8 dots, FP8_PREFILL_DEQUANT_CONFIG for weight-only and for sm_80). ----
     *(
         KernelSpec(  # ACT_QUANT_CONFIG: V4 (per 128 channels) and V4.1 (per 32)
@@ -463,13 +463,13 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=dict(
                 x_ptr=("*u8" if sm80 else "*fp8e4nv") if mode == "w8a8" else "*bf16",
                 xs_ptr="*fp32", w_ptr="*u8" if sm80 else "*fp8e4nv", ws_ptr="*fp32",
-                **(dict(part_ptr="*fp32") if phase == "decode" else {}), y_ptr="*bf16",
-                **(dict(arrivals_ptr="*i32") if phase == "decode" else {}),
+                **(dict(out_ptr="*fp32") if phase == "decode" else dict(y_ptr="*bf16")),
                 M="i32", N="i32", K="i32", **(dict(k_per_split="i32") if phase == "decode" else {}),
                 stride_x="i32", stride_xs="i32", stride_w="i32", stride_ws="i32",
-                **(dict(stride_ps="i32") if phase == "decode" else {}), stride_y="i32"),
-            aligned=("x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "y_ptr", "N", "K", "stride_x", "stride_w", "stride_y",
-                     *(("part_ptr", "arrivals_ptr", "k_per_split", "stride_ps") if phase == "decode" else ())),
+                **(dict(stride_os="i32", stride_om="i32") if phase == "decode" else dict(stride_y="i32"))),
+            aligned=("x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "out_ptr" if phase == "decode" else "y_ptr", "N", "K",
+                     "stride_x", "stride_w",
+                     *(("k_per_split", "stride_os", "stride_om") if phase == "decode" else ("stride_y",))),
             constexprs=dict(PDL=False, BN=128, BK=128, AB=128 if mode == "w8a8" else 1, ACT_FP8=mode == "w8a8",
                             FP8_DOT=mode == "w8a8" and not sm80, NATIVE_FP8=not sm80, POST_SCALE=True, IEEE=False,
                             **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
@@ -482,6 +482,12 @@ KERNELS: tuple[KernelSpec, ...] = (
         for mode in ("w8a16", "w8a8") for sm80 in ((False,) if m64 else (False, True))
         for cfg in [dict(_FP8_DECODE, BLOCK_M=64 if m64 else _FP8_DECODE["BLOCK_M"]) if phase == "decode"
                     else _FP8_PREFILL_DEQUANT if mode == "w8a16" else _FP8_PREFILL_SM80 if sm80 else _FP8_PREFILL]
+    ),
+    KernelSpec(  # SPLIT_K_SUM_BLOCK; wq_a decode at 17 splits
+        "fp8_linear.split_k_sum", f"{_OPS}.fp8_linear_triton:_split_k_sum_kernel",
+        types=dict(part_ptr="*fp32", y_ptr="*bf16", MN="i32"), aligned=("part_ptr", "y_ptr", "MN"),
+        constexprs=dict(PDL=False, SPLIT_K=17, BLOCK=1024), num_warps=4, num_stages=3,
+        expect=Expect(kv_load_bytes=16, max_regs=64),
     ),
     *(
         KernelSpec(  # MXFP4_*_CONFIG: fused gate_up [256, 4096, 4096 / 2] with the SwiGLU epilogue, down

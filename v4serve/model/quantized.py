@@ -56,18 +56,10 @@ class FP8Linear(UsesKernels, nn.Module):
         self.weight_scale_inv = nn.Parameter(
             torch.empty(fp8_scale_shape(out_features, in_features, self.block), dtype=torch.float32), requires_grad=False
         )
-        self.split_arrivals: torch.Tensor | None = None  # not a buffer: no checkpoint or init touches it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp8_linear(x, self.weight, self.weight_scale_inv, block=self.block, act_block=self.act_block,
-                          impl=self.impl, arrivals=self._split_arrivals(x.device))
-
-    def _split_arrivals(self, device: torch.device) -> torch.Tensor:
-        """The split-K decode's per-tile counters: zeros made once per device (the first, eager
-        call: the warm-up before any graph capture), which every launch leaves at zero."""
-        if self.split_arrivals is None or self.split_arrivals.device != device:
-            self.split_arrivals = torch.zeros(-(-self.out_features // 16), dtype=torch.int32, device=device)
-        return self.split_arrivals
+                          impl=self.impl)
 
     def dequantized(self) -> torch.Tensor:
         return dequantize_fp8_blocks(self.weight, self.weight_scale_inv, self.block)

@@ -35,14 +35,12 @@ def _check(x, weight, scale, block, act_block):
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block=(128, 128),
-               act_block: int | None = None, impl: str = "auto", arrivals: torch.Tensor | None = None) -> torch.Tensor:
-    """y [..., N] = A @ (weight * scale)^T, A = x or its e4m3 / ue8m0 quantization per act_block.
-    `arrivals`: optional int32 zeros [>= ceil(N / 16)] kept by the caller for the Triton split-K
-    decode's counters (left at zero by every launch); fresh ones per call otherwise."""
+               act_block: int | None = None, impl: str = "auto") -> torch.Tensor:
+    """y [..., N] = A @ (weight * scale)^T, A = x or its e4m3 / ue8m0 quantization per act_block."""
     block = tuple(block)
     _check(x, weight, scale, block, act_block)
     if use_triton(impl, x, weight, scale):
-        y = fp8_linear_triton(x.reshape(-1, x.shape[-1]), weight, scale, block, act_block, arrivals=arrivals)
+        y = fp8_linear_triton(x.reshape(-1, x.shape[-1]), weight, scale, block, act_block)
         return y.reshape(*x.shape[:-1], weight.shape[0])
     return fp8_linear_reference(x, weight, scale, block, act_block)
 

@@ -22,9 +22,10 @@ the sum inside one BLOCK_K step).
 Decode (M <= 16, or M <= DECODE_MAX_M = 64 where the prefill tiles would not fill the GPU) is
 bandwidth-bound: BLOCK_M (16, 32 or 64) covers every row, so each weight byte crosses HBM once;
 the K range is split over SPLIT_K programs per N tile when N / BLOCK_N alone would not fill the
-GPU, each writing an fp32 partial [SPLIT_K, M, N]; the last program of an N tile to arrive (an
-atomic counter per tile) sums them in split order (deterministic) and rounds: one launch in all.
-Prefill uses large tiles and writes y directly.
+GPU, each writing an fp32 partial [SPLIT_K, M, N] that a second kernel sums in split order
+(deterministic) and rounds (PDL overlaps its launch; summing in the last-arriving program of each
+tile instead, one launch in all, measured ~1 µs slower at M = 1 on the H200: docs/performance.md
+"Session 10"). Prefill uses large tiles and writes y directly.
 
 Activation quantization (one program per row and BLOCK_G channels, groups of `block` channels):
 s = 2^ceil(log2(max(amax, 1e-4) * fp32(1/448))) from the fp32 bits, t = clamp(x * (1/s), +-448)
@@ -57,6 +58,7 @@ FP8_PREFILL_SM80_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4,
 ACT_QUANT_CONFIG = dict(BLOCK_G=1024, num_warps=4)
 # Split-K until the decode grid has at least this many programs per SM.
 DECODE_PROGRAMS_PER_SM = 2
+SPLIT_K_SUM_BLOCK = 1024
 
 
 @triton.jit
@@ -177,44 +179,39 @@ def _fp8_linear_prefill_kernel(
 
 @triton.jit
 def _fp8_linear_decode_kernel(
-    x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, arrivals_ptr, M, N, K, k_per_split,
-    stride_x, stride_xs, stride_w, stride_ws, stride_ps, stride_y,
+    x_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, M, N, K, k_per_split, stride_x, stride_xs, stride_w, stride_ws,
+    stride_os, stride_om,
     BN: tl.constexpr, BK: tl.constexpr, AB: tl.constexpr, ACT_FP8: tl.constexpr, FP8_DOT: tl.constexpr,
     NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """Program (n, split): every row of x against BLOCK_N weight rows over one K range
-    (k_per_split, a multiple of BLOCK_K). One split: it writes y. Several: it writes its fp32
-    partial part[split] and counts itself in arrivals[n]; the program that arrives last sums the
-    partials in split order (deterministic), rounds once, writes y and resets arrivals[n] to 0
-    (so the counters are zero again for the next launch, also in a replayed CUDA graph)."""
+    """Program (n, split): every row of x against BLOCK_N weight rows over one K range; writes
+    y (one split) or its fp32 partial out[split] (k_per_split is a multiple of BLOCK_K)."""
     if PDL:
         gdc_wait()
-    pid_n = tl.program_id(0)
     split = tl.program_id(1)
-    n_splits = tl.num_programs(1)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k_begin = split * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
     acc = _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, k_begin, k_end, offs_m, offs_n, stride_x, stride_xs,
                     stride_w, stride_ws, BN, BK, AB, ACT_FP8, FP8_DOT, NATIVE_FP8, POST_SCALE, IEEE,
                     BLOCK_M, BLOCK_N, BLOCK_K)
-    y_tile = y_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
-    if n_splits == 1:
-        tl.store(y_tile, acc.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
-        part_tile = part_ptr + offs_m[:, None] * stride_y + offs_n[None, :]
-        tl.store(part_tile + split.to(tl.int64) * stride_ps, acc, mask=mask)
-        tl.debug_barrier()  # every thread's partial is stored before the (release) arrival
-        arrived = tl.atomic_add(arrivals_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == n_splits - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(0, n_splits):  # .cg: the other programs' partials, from L2
-                total += tl.load(part_tile + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(y_tile, total.to(y_ptr.dtype.element_ty), mask=mask)
-            tl.store(arrivals_ptr + pid_n, 0)
+    tl.store(out_ptr + split.to(tl.int64) * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _split_k_sum_kernel(part_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """y[i] = sum over s in order of part[s, i] (fp32), rounded once."""
+    if PDL:
+        gdc_wait()
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @functools.lru_cache
@@ -266,11 +263,9 @@ def _split_k(n_tiles: int, k_steps: int, device: torch.device) -> int:
 
 def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
                       act_block: int | None, config: dict | None = None, split_k: int | None = None,
-                      fp8_hw: bool | None = None, arrivals: torch.Tensor | None = None) -> torch.Tensor:
+                      fp8_hw: bool | None = None) -> torch.Tensor:
     """y [M, N] for x [M, K]. `config` / `split_k` override the tiles and the decode K split (tests,
-    benchmarks); `fp8_hw=False` forces the path of GPUs without fp8 (sm_80: codes decoded from bytes);
-    `arrivals`: the split-K decode's per-N-tile counters, int32 zeros that every launch leaves at zero
-    (a caller that keeps them, as `FP8Linear` does, saves the memset of fresh ones per call)."""
+    benchmarks); `fp8_hw=False` forces the path of GPUs without fp8 (sm_80: codes decoded from bytes);"""
     m, k = x.shape
     n = weight.shape[0]
     bn, bk = block
@@ -320,14 +315,11 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     splits = split_k or _split_k(n_tiles, k_steps, x.device)
     k_per_split = triton.cdiv(k_steps, splits) * cfg["BLOCK_K"]
     splits = triton.cdiv(k, k_per_split)
-    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
-    if splits > 1 and arrivals is None:
-        arrivals = torch.zeros(n_tiles, dtype=torch.int32, device=x.device)
-    elif splits > 1 and (arrivals.dtype != torch.int32 or arrivals.numel() < n_tiles or not arrivals.is_contiguous()):
-        raise ValueError(f"arrivals must be a contiguous int32 tensor of >= {n_tiles} zeros, "
-                         f"got {arrivals.dtype} [{arrivals.numel()}]")
+    out = y if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
     _fp8_linear_decode_kernel[(n_tiles, splits)](
-        a, a_scale, w, scale, part, y, arrivals if splits > 1 else y, m, n, k, k_per_split, a.stride(0),
-        a_scale.stride(0), w.stride(0), scale.stride(0), part.stride(0) if splits > 1 else 0, y.stride(0),
-        **flags, **pdl)
+        a, a_scale, w, scale, out, m, n, k, k_per_split, a.stride(0), a_scale.stride(0), w.stride(0),
+        scale.stride(0), out.stride(0) if splits > 1 else 0, out.stride(-2), **flags, **pdl)
+    if splits > 1:
+        _split_k_sum_kernel[(triton.cdiv(m * n, SPLIT_K_SUM_BLOCK),)](
+            out, y, m * n, SPLIT_K=splits, BLOCK=SPLIT_K_SUM_BLOCK, **pdl)
     return y

@@ -62,7 +62,6 @@ def cut_fp8_linear(sharder, module: FP8Linear, dim: int, keep: list[int]) -> Non
     sharder.cut(module, "weight", dim, keep)
     sharder.cut(module, "weight_scale_inv", dim, blocks)
     module.out_features, module.in_features = module.weight.shape
-    module.split_arrivals = None  # sized from out_features on the first call
 
 
 def cut_mxfp4_experts(sharder, module: MXFP4Experts, intermediate: range | None, experts: range | None) -> None:
