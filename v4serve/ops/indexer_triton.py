@@ -27,9 +27,10 @@ a prefill costs nothing but its -inf stores) and writes -inf for the rest of its
 Tiles (index_scores_config): prefill 4 queries per program on sm_90 (wgmma m64n256k16, two
 programs per SM so one decodes while the other's dot runs), 2 elsewhere; decode one query, one
 block of 64 keys per program (8192 keys: 128 programs; ONE_BLOCK: the key rows, the keys behind
-them, Q and the counts are all requested up front, two memory latencies in a row, not four). Variant (config DECODE_FIRST, for a
-side-by-side timing): packed keys decoded once into a bf16 slab by _decode_keys_kernel, then this
-kernel over bf16 keys with Q in the slab's column order (PAIR_ORDER).
+them, Q and the counts are all requested up front, two memory latencies in a row, not four).
+Prefill over packed keys (DECODE_FIRST, the production default for S > 1; a config without it
+runs the fused fp4 kernel): the keys decoded once into a bf16 slab by _decode_keys_kernel, then this
+kernel over bf16 keys with Q in the slab's column order (PAIR_ORDER). Decode reads the packed words.
 
 Numerics: the dot sees exactly the reference's bf16 keys (packed rows decode exactly) and q; the
 logits are fp32 sums of exact bf16 products, in the tensor core's order, and the head sum is an
@@ -237,7 +238,9 @@ def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None, ro
     if weights.stride(2) != 1:
         weights = weights.contiguous()
     cfg = dict(index_scores_config(S, q.device) if config is None else config)
-    if cfg.pop("DECODE_FIRST", False) and packed:  # variant: decode every key once, then the bf16 kernel
+    # Prefill over packed keys decodes every key once, then runs the bf16 kernel (production since
+    # the H200 run: the fused fp4 kernel took 900 µs at S2048@28672 against the bf16 kernel's 564).
+    if cfg.pop("DECODE_FIRST", config is None and S > 1) and packed:
         k_pool, key_rows = _decoded_keys(k_pool, key_rows, Dk)
         packed, cfg["PAIR_ORDER"] = False, True
     block_q, block_t = cfg.pop("BLOCK_Q"), cfg["BLOCK_T"]
