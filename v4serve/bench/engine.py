@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
               "cuda_graphs": engine.decode_runner.uses_cuda_graphs, "load_s": round(load_s, 2),
               "weights_load_s": round(engine.runner.load_seconds, 2),
               "graph_capture_s": round(engine.runner.capture_seconds, 2),
-              "memory": memory_summary(engine.model, engine.kv_budget.total_bytes), "banner": banner,
+              "memory": memory_summary(engine.model, engine.kv_budget.total_bytes, engine.cache.device), "banner": banner,
               "offload_overlap": not args.no_offload_overlap, "offload_prefetch": args.offload_prefetch}
     print(f"load {load_s:.1f} s (weights {engine.runner.load_seconds:.1f} s, decode graphs "
           f"{engine.runner.capture_seconds:.1f} s); decode CUDA graphs: {result['cuda_graphs']}, max_num_seqs: {result['max_num_seqs']}, "

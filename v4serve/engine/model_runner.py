@@ -186,7 +186,7 @@ class ModelRunner:
                   f"Prefix caching: on ({b.snapshot_slots} snapshot slots of {b.snapshot_slot_bytes} bytes, "
                   f"{b.snapshot_bytes / 2**20:.1f} MiB)")
         return [f"KV cache dtype: {self.cache_format.name}{note}", *b.describe(self.max_model_len), prefix,
-                *memory_map(self.model, b.total_bytes)]
+                *memory_map(self.model, b.total_bytes, self.cache.device)]
 
     def speculative_bytes(self, args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype) -> int:
         """Bytes speculative decoding adds beside the KV budget: the verify steps' saved compressor

@@ -53,14 +53,13 @@ def kv_reserve_bytes(args, config, device: torch.device, dtype: torch.dtype, kv_
     return budget.total_bytes
 
 
-def memory_summary(model: torch.nn.Module, kv_total_bytes: int) -> dict[str, float]:
-    """GiB: weights on the device (all, and of it the offload layers' resident experts and their
+def memory_summary(model: torch.nn.Module, kv_total_bytes: int, device: torch.device) -> dict[str, float]:
+    """GiB: weights on `device` (all, and of it the offload layers' resident experts and their
     expert slots), weights in pinned host memory, V4.1's Engram tables in host memory, the KV cache;
     and the counts of host experts."""
     from v4serve.model.loader import offloads_of
 
     offloads = offloads_of(model)
-    device = model.lm_head.weight.device
     tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.device.type != "meta"]
     params = sum(t.numel() * t.element_size() for t in tensors if t.device == device)
     tables = sum(t.numel() * t.element_size() for t in tensors if t.device != device)  # V4.1's Engram tables
@@ -74,10 +73,10 @@ def memory_summary(model: torch.nn.Module, kv_total_bytes: int) -> dict[str, flo
             "engram_tables": round(tables / gib, 2)}
 
 
-def memory_map(model: torch.nn.Module, kv_total_bytes: int) -> list[str]:
+def memory_map(model: torch.nn.Module, kv_total_bytes: int, device: torch.device) -> list[str]:
     """Start-up lines (also logged at INFO): weights on the device (dense, resident experts, expert
     slots), weights in host memory, KV cache."""
-    m = memory_summary(model, kv_total_bytes)
+    m = memory_summary(model, kv_total_bytes, device)
     offloaded = m["offloaded_layers"] > 0
     lines = ["Memory map:",
              f"  weights on the device   {m['device_weights'] - m['expert_slots']:9.2f} GiB"

@@ -38,6 +38,7 @@ from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.moe_combine import moe_combine
 from v4serve.ops.moe_sort import moe_sort
 from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
+from v4serve.ops.swiglu import clamped_swiglu
 from v4serve.ops.weight_formats import MXFP4_BLOCK, dequantize_fp8_blocks, fp8_scale_shape
 
 MX_BLOCK = MXFP4_BLOCK  # elements along K per MXFP4 scale
