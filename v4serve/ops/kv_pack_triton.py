@@ -164,6 +164,39 @@ def load_packed(row_ptrs, live, d0, D, K: tl.constexpr, PK_NQ: tl.constexpr, PK_
 
 
 @triton.jit
+def load_codes_fp16(row_ptrs, live, d0, K: tl.constexpr, FP8_CVT: tl.constexpr = False):
+    """The e4m3 codes of channels [d0, d0 + K) (quantized channels only, d0 a multiple of 16) of
+    the rows at row_ptrs as fp16 [R, K] *without* their block scale (rows not `live` read as 0):
+    FP8_CVT, decode(c) through the hardware conversion (one F2FP per two codes, sm_89+); else the
+    fp16 with bits (c & 0x80) << 8 | (c & 0x7f) << 7, which is decode(c) * 2^-8. Both exact (every
+    e4m3 value, subnormals included, is a normal fp16 or 0); code_unit(FP8_CVT) * value = decode(c).
+    For kernels that apply the scales after a dot (load_packed applies them to the tile)."""
+    base = tl.multiple_of(row_ptrs, 16)
+    codes = tl.load(base[:, None] + (d0 + tl.arange(0, K))[None, :], mask=live[:, None], other=0)
+    if FP8_CVT:
+        return codes.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    c = codes.to(tl.int16)
+    return (((c & 0x80) << 8) | ((c & 0x7F) << 7)).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def code_unit(FP8_CVT: tl.constexpr):
+    """What load_codes_fp16's values are multiplied by to give decode(c): 1, or 2^8 (integer path)."""
+    if FP8_CVT:
+        return 1.0
+    return 256.0
+
+
+@triton.jit
+def load_block_scale(row_ptrs, live, group, PK_SCALE_OFF: tl.constexpr):
+    """2^(b - 127) in fp32 [R], b the ue8m0 byte of scale block `group` of each row at row_ptrs,
+    read from the aligned int32 word holding it (a 4-byte load); 1 for rows not `live`."""
+    words = (row_ptrs + PK_SCALE_OFF).to(tl.pointer_type(tl.int32))
+    w = tl.load(words + group // 4, mask=live, other=0x7F7F7F7F)
+    return _pow2(((w >> (8 * (group % 4))) & 0xFF) - 127)
+
+
+@triton.jit
 def _store_rows_kernel(x_ptr, rows_ptr, pool_ptr, D, stride_x, stride_pool, HAS_ROWS: tl.constexpr,
                        BLOCK_D: tl.constexpr, PK_FP4: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr,
                        PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr,

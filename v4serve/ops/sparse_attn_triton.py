@@ -159,6 +159,11 @@ SMALL_DECODE_PAIRS = 1024
 TWO_PASS_MIN_TOKENS = 2
 DECODE_CONFIG_TWO_PASS = dict(KERNEL="two_pass", BLOCK_H=64, BLOCK_T=64, BLOCK_K=64, BLOCK_DV=32, PDL=True,
                               SCORES=dict(num_warps=4, num_stages=4), VALUES=dict(num_warps=4, num_stages=3))
+# Over packed rows the scores pass gathers its whole [64, 512] tile in one round of loads,
+# dequantizes it at once over 8 warps and computes S as one dot (WHOLE_TILE, 1 stage): the K loop's
+# per-slice dequantization chains at 4 warps bound it (H200 sweep, session 10: r4 B8 13.81 µs
+# against 15.06 for the K loop). The values pass keeps the bf16 tiles.
+DECODE_CONFIG_TWO_PASS_PACKED = dict(DECODE_CONFIG_TWO_PASS, WHOLE_TILE=True, SCORES=dict(num_warps=8, num_stages=1))
 
 
 # sm_90 under Triton 3.6 with D = 512 (the production shape): the warp-specialised Gluon kernel
@@ -186,7 +191,7 @@ def decode_config(n_tokens: int, n_columns: int, packed: bool = False) -> dict:
     """The production decode tiles for `n_tokens` query tokens (B at M = 1) over `n_columns` columns
     (packed: over packed fp8 rows)."""
     if n_tokens >= TWO_PASS_MIN_TOKENS:
-        return DECODE_CONFIG_TWO_PASS
+        return DECODE_CONFIG_TWO_PASS_PACKED if packed else DECODE_CONFIG_TWO_PASS
     if n_tokens * n_columns <= SMALL_DECODE_PAIRS:
         return DECODE_CONFIG_SMALL_PACKED if packed else DECODE_CONFIG_SMALL
     return DECODE_CONFIG_LARGE_PACKED if packed else DECODE_CONFIG_LARGE
