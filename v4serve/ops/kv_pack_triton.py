@@ -24,6 +24,11 @@ as [R, G, SUB] with SUB = min(K, PK_BLOCK) contiguous bytes per (row, group), so
 or more 16-byte loads at 16-byte aligned row strides; the scale bytes are read as the int32 words
 that hold them (4-byte loads).
 
+Codes without their scales (`load_codes_fp16`, `load_block_scale`): for kernels that apply the
+block scales after a dot (sparse_attn_tiles.scores_scales_after): the codes of one scale block as
+fp16 (decode(c) through the hardware conversion, or decode(c) * 2^-8 from the integer fp16
+construction above: exact either way) and the block's 2^(b - 127) per row, from its int32 word.
+
 Grids: `_store_rows_kernel` (N,): one program per row (skipped when rows[i] < 0);
 `_unpack_rows_kernel` (cdiv(N, 16),): 16 rows per program.
 """

@@ -46,9 +46,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda
-from v4serve.ops.kv_pack_triton import code_unit, load_block_scale, load_codes_fp16, load_packed
-from v4serve.ops.kv_quant_triton import _pow2
-from v4serve.ops.sparse_attn_tiles import column_bound, load_rows, row_pointers
+from v4serve.ops.kv_pack_triton import load_packed
+from v4serve.ops.sparse_attn_tiles import column_bound, load_rows, row_pointers, scores_scales_after
 
 _PK_PARAMS = ("PK_NQ", "PK_BLOCK", "PK_TAIL_OFF", "PK_SCALE_OFF", "PK_HAS_TAIL", "PK_FP8_CVT")
 
@@ -92,51 +91,6 @@ def _sliced_scores(q_rows, head_ok, row_ptrs, live, D, BLOCK_H: tl.constexpr, BL
 
 
 @triton.jit
-def _scores_scales_after(q_rows, head_ok, row_ptrs, live, D, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr,
-                         BLOCK_D: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr,
-                         PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr,
-                         PK_FP8_CVT: tl.constexpr):
-    """S = Q K^T (fp32 [BLOCK_H, BLOCK_T], unscaled) over packed fp8 rows with the block scales
-    applied to the partial scores instead of the tile (SCALES_AFTER):
-
-        S[h, c] = 2^-e_h * sum_g 2^(b_cg - 127) * (q'_g[h] . decode(code_cg)) + q_tail[h] . tail_c
-
-    g runs over the scale blocks (one dot of K = PK_BLOCK each), q' = q * 2^e_h in fp16 with e_h
-    the power of two that puts head h's largest |q| over the quantized channels in [2^14, 2^15):
-    q' is exact in fp16 except for channels below 2^-31 of that largest value (far below bf16
-    rounding of S), and the codes become fp16 with one conversion per two codes (load_codes_fp16),
-    no multiply and no bf16 repack; the scale multiply moves to the [BLOCK_H, BLOCK_T] partial
-    scores (BLOCK_H * BLOCK_T per block instead of BLOCK_T * PK_BLOCK). The rope tail (bf16) is one
-    bf16 dot. Every product is exact and the sums are fp32, as in the dequantized tile's dot: S
-    differs from it by the fp32 summation order only. All loads are issued before any dot (the
-    block loop is unrolled), like WHOLE_TILE."""
-    TAIL: tl.constexpr = (PK_SCALE_OFF - PK_TAIL_OFF) // 2
-    tl.static_assert(PK_NQ % PK_BLOCK == 0)
-    dims = tl.arange(0, BLOCK_D)
-    q_all = tl.load(q_rows[:, None] + dims[None, :], mask=head_ok[:, None] & (dims < PK_NQ)[None, :], other=0.0)
-    amax_bits = tl.max(tl.abs(q_all.to(tl.float32)), 1).to(tl.int32, bitcast=True)
-    shift = tl.minimum(tl.maximum(14 - (((amax_bits >> 23) & 0xFF) - 127), -100), 100)
-    q_unit = _pow2(shift)
-    s = tl.zeros([BLOCK_H, BLOCK_T], dtype=tl.float32)
-    for g in tl.static_range(PK_NQ // PK_BLOCK):
-        kd = g * PK_BLOCK + tl.arange(0, PK_BLOCK)
-        q_g = tl.load(q_rows[:, None] + kd[None, :], mask=head_ok[:, None], other=0.0)
-        q_g = (q_g.to(tl.float32) * q_unit[:, None]).to(tl.float16)
-        k_g = load_codes_fp16(row_ptrs, live, g * PK_BLOCK, PK_BLOCK, PK_FP8_CVT)
-        s += tl.dot(q_g, tl.trans(k_g)) * load_block_scale(row_ptrs, live, g, PK_SCALE_OFF)[None, :]
-    s = s * (_pow2(-shift) * code_unit(PK_FP8_CVT))[:, None]
-    if PK_HAS_TAIL:
-        lanes = tl.arange(0, TAIL)
-        tail_ok = PK_NQ + lanes < D
-        q_tail = tl.load(q_rows[:, None] + PK_NQ + lanes[None, :], mask=head_ok[:, None] & tail_ok[None, :],
-                         other=0.0)
-        tail_rows = (tl.multiple_of(row_ptrs, 16) + PK_TAIL_OFF).to(tl.pointer_type(tl.bfloat16))
-        kv_tail = tl.load(tail_rows[:, None] + lanes[None, :], mask=live[:, None] & tail_ok[None, :], other=0.0)
-        s = tl.dot(q_tail, tl.trans(kv_tail), s)
-    return s
-
-
-@triton.jit
 def _scores_kernel(
     q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr,
     H, D, C, n_window, qk_scale_log2,
@@ -161,8 +115,8 @@ def _scores_kernel(
         row_ptrs = row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)
         q_rows = q_ptr + tok * stride_qt + heads * stride_qh
         if PACKED and SCALES_AFTER:
-            s = _scores_scales_after(q_rows, head_ok, row_ptrs, live, D, BLOCK_H, BLOCK_T, BLOCK_D, PK_NQ, PK_BLOCK,
-                                     PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
+            s = scores_scales_after(q_rows, head_ok, row_ptrs, live, D, BLOCK_H, BLOCK_T, BLOCK_D, PK_NQ, PK_BLOCK,
+                                    PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
         elif WHOLE_TILE:
             # The whole [BLOCK_T, BLOCK_D] tile gathered in one round of loads, S as one dot.
             dims = tl.arange(0, BLOCK_D)
@@ -285,7 +239,8 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
     gathered before the code slices; default two_pass_tail_apart(device)), WHOLE_TILE (the scores
     pass gathers its whole tile at once and computes S as one dot instead of the K loop; default
     False), SCALES_AFTER (packed rows: the scores pass dots fp16 codes per scale block and scales
-    the partial scores, _scores_scales_after; default False), and the launch options of each pass as
+    the partial scores, sparse_attn_tiles.scores_scales_after; default False), and the launch
+    options of each pass as
     SCORES / VALUES = dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
     (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
     pk = {k: v for k, v in (pk or {}).items() if k == "PACKED" or k in _PK_PARAMS}
