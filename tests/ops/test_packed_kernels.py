@@ -204,6 +204,25 @@ def test_scales_after_keeps_large_and_small_queries(kind, q_scale):
     assert rel_err(out, torch_ref) < 1.5e-2
 
 
+def test_prefetched_values_pass_has_the_bits_of_the_bf16_kernel_over_unpacked_rows():
+    """PREFETCH (the two-pass values pass over packed rows loads the next step's bytes one step
+    ahead) against the same launch over the rows unpacked by the torch reference, bit for bit: five
+    tiles (three steps, an odd count: the last step's second tile is empty), holes, columns past
+    the live count, and output dims in both the codes and the rope tail."""
+    from v4serve.formats import row_format
+    from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
+
+    fmt, D, n_window = "fp8_e8m0_b64_rope64", 128, 8
+    q, pw, pc, idx, sink, counts = _packed_inputs(2, 1, 16, D, n_window, 300, fmt, seed=13)
+    uw, uc = unpack_rows(pw, fmt, D, impl="torch"), unpack_rows(pc, fmt, D, impl="torch")
+    assert (idx < 0).any() and (counts < 300).any() and int(counts.max()) + n_window > 4 * 64
+    tiles = DECODE_CONFIG_TWO_PASS_PACKED
+    out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.1, counts, row_format=row_format(fmt),
+                                   tile_config=dict(tiles, PREFETCH=True))
+    ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 0.1, counts, tile_config=dict(tiles))
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16)) and ref.abs().amax() > 0
+
+
 @pytest.mark.parametrize("kind", ["prefill", "split-k decode"])
 def test_sliced_scores_equal_the_whole_tile_dot_when_sums_are_exact(kind):
     """The sliced kernel (S as a chain of dots over head-dim slices) against the whole-tile kernel.
