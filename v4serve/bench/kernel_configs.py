@@ -83,7 +83,8 @@ PACKED_DECODE_B8_CANDIDATES = [
     dict(DECODE_CONFIG_TWO_PASS_PACKED, SCALES_AFTER=True),  # fp16 codes, scales on the partial scores
     dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES=dict(num_warps=16, num_stages=1)),  # a quarter of the codes a thread
     dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_T=32),  # twice the scores programs, half the rows each
-    dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUES=dict(num_warps=4, num_stages=2)),
+    dict(DECODE_CONFIG_TWO_PASS_PACKED, PREFETCH=True),  # values: next step's bytes loaded one step ahead
+    dict(DECODE_CONFIG_TWO_PASS_PACKED, PREFETCH=True, SCORES=dict(num_warps=16, num_stages=1)),
     "bf16 rows",
     None,
 ]
@@ -146,7 +147,8 @@ def _label(cfg) -> str:
         return cfg
     short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
                  BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh", FP8_CVT="cvt", TAIL_APART="tail_apart",
-                 WHOLE_TILE="whole_tile", SCALES_AFTER="scales_after", BLOCK_Q="q", BLOCKS_PER_SPLIT="split", DECODE_FIRST="decode_first")
+                 WHOLE_TILE="whole_tile", SCALES_AFTER="scales_after", PREFETCH="prefetch", BLOCK_Q="q",
+                 BLOCKS_PER_SPLIT="split", DECODE_FIRST="decode_first")
     if cfg.get("KERNEL") == "unpack":
         return "unpack columns, then the production bf16 launch (unpack)"
     launch = lambda v: f"{v['num_warps']}w{v['num_stages']}s" if isinstance(v, dict) else v  # noqa: E731
