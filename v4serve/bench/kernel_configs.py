@@ -73,6 +73,7 @@ PACKED_DECODE_B1_CANDIDATES = [
     dict(DECODE_CONFIG_SMALL_PACKED, num_warps=16),  # half the codes per thread
     dict(DECODE_CONFIG_SMALL_PACKED, BLOCK_H=32),  # each tile dequantized by 2 programs, not 4
     dict(DECODE_CONFIG_LARGE_PACKED, num_stages=2),  # half the splits, the second tile prefetched
+    DECODE_CONFIG_TWO_PASS_PACKED,  # the B >= 2 kernels: each tile dequantized once for all 64 heads
     "bf16 rows",
     None,
 ]
