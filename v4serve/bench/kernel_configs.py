@@ -64,14 +64,14 @@ DECODE_CANDIDATES = [
 # 5%). Session 10's sweep (docs/performance.md) measured the sliced and integer-decode variants,
 # 4 warps at B1 and the unpack route; these are the next candidates. SCALES_AFTER: S from fp16
 # codes per 64-channel block with the block scales applied to the partial scores
-# (sparse_attn_tiles.scores_scales_after).
+# (sparse_attn_tiles.scores_scales_after). Compiled and left out (sm_90, Triton 3.6): split-K at
+# 16 warps (488 B spilled) and at 32 heads (432 B spilled).
 PACKED_DECODE_B1_CANDIDATES = [
     None,  # split-K, whole [32, 512] tile dequantized once, 16 heads, 8 warps, 1 stage
     "bf16 rows",
     dict(DECODE_CONFIG_SMALL_PACKED, SCALES_AFTER=True),  # S waits on no dequantized tile
     dict(DECODE_CONFIG_SMALL_PACKED, BLOCK_T=16, COLS_PER_SPLIT=16),  # twice the splits, half the codes each
-    dict(DECODE_CONFIG_SMALL_PACKED, num_warps=16),  # half the codes per thread
-    dict(DECODE_CONFIG_SMALL_PACKED, BLOCK_H=32),  # each tile dequantized by 2 programs, not 4
+    dict(DECODE_CONFIG_SMALL_PACKED, BLOCK_H=64),  # each tile dequantized by 1 program, not 4 (wgmma)
     dict(DECODE_CONFIG_LARGE_PACKED, num_stages=2),  # half the splits, the second tile prefetched
     DECODE_CONFIG_TWO_PASS_PACKED,  # the B >= 2 kernels: each tile dequantized once for all 64 heads
     "bf16 rows",
