@@ -36,6 +36,13 @@ Numerics: the split-K kernel rounds P to bf16 relative to the running max, this 
 the tile's max (both in (0, 1]); the accumulation is fp32 in both. A token whose columns are all
 holes gets exactly 0, as in the split-K kernel.
 
+Over packed rows (issue 17) the scores pass can take its whole tile at once (WHOLE_TILE: one
+round of loads, dequantized together, S as one dot; production on sm_90 / sm_100, where its 128
+KB of shared memory fit) or dot fp16 codes per scale block and scale the partial scores
+(SCALES_AFTER, sparse_attn_tiles.scores_scales_after); the values pass can load the next step's
+bytes into registers one step ahead (PREFETCH, _packed_values_prefetched). The last two are
+variants the tile sweep times (bench/kernel_configs.py).
+
 Measured on the H200 (docs/performance.md item 16): decode B8 r4 / r128 / r0 9.75 / 8.22 / 6.71
 µs against split-K's 15.2 / 11.4 / 7.3; split-K stays for single-token steps.
 """
