@@ -199,6 +199,34 @@ def _packed_run(case):
     return run
 
 
+def _pass_times(label, case):
+    """The two passes of the B >= 2 launch timed apart (CUDA-graph medians), bf16 rows against packed
+    rows, each at its production tiles: which pass holds the packed rows' extra time."""
+    import torch
+
+    from v4serve.ops._dispatch import fp8_conversion_supported, pdl_supported
+    from v4serve.ops.kv_pack_triton import packed_constexprs
+    from v4serve.ops.sparse_attn_triton import LOG2E, decode_config
+    from v4serve.ops.sparse_attn_two_pass import two_pass_scores, two_pass_values
+
+    q, win, cmp, idx, n_window, sink, scale, counts = case.args()
+    fmt, D = row_format(PACKED_FORMAT), q.shape[-1]
+    pw, pc = pack_rows(win, fmt), pack_rows(cmp, fmt)
+    T = q.shape[0] * q.shape[1]
+    qt, it, ct, sink = q.reshape(T, -1, D), idx.reshape(T, -1), counts.reshape(T), sink.float()
+    out, pdl = torch.empty_like(qt), pdl_supported(q.device)
+    packed = dict(PACKED=True, **packed_constexprs(fmt, D), PK_FP8_CVT=fp8_conversion_supported(q.device))
+    times, qk = [], scale * LOG2E
+    for w, c, pk in ((unpack_rows(pw, fmt, D), unpack_rows(pc, fmt, D), {}), (pw, pc, packed)):
+        cfg = decode_config(T, it.shape[1], bool(pk), q.device)
+        scores = lambda: two_pass_scores(qt, w, c, it, ct, sink, n_window, qk, True, pdl, cfg, pk)  # noqa: E731
+        p, m, l = scores()
+        values = lambda: two_pass_values(w, c, it, ct, sink, p, m, l, out, n_window, True, pdl, cfg, pk)  # noqa: E731
+        times += [do_bench_cudagraph(f, rep=30, return_mode="median") * 1e3 for f in (scores, values)]
+    print(f"{label:20s} passes: scores {times[0]:.2f} (bf16 rows) / {times[2]:.2f} (packed) µs, "
+          f"values {times[1]:.2f} / {times[3]:.2f} µs", flush=True)
+
+
 def _compact_run(case):
     """The renumbered columns (what every launch config must reproduce) of the case's compaction."""
     from v4serve.ops.kv_compact_triton import unpack_referenced_rows_triton
@@ -229,7 +257,10 @@ def main() -> int:
     for name, args in PACKED_DECODE_SHAPES.items():
         if only in name:
             candidates = PACKED_DECODE_B1_CANDIDATES if args[1] == 1 else PACKED_DECODE_B8_CANDIDATES
-            _sweep(name, _packed_run(sparse_decode_case(*args, "cuda")), candidates)
+            case = sparse_decode_case(*args, "cuda")
+            _sweep(name, _packed_run(case), candidates)
+            if args[1] > 1:
+                _pass_times(name, case)
     for name, args in KV_COMPACT_SHAPES.items():
         if only in name:
             _sweep(name, _compact_run(sparse_prefill_case(*args, "cuda")), KV_COMPACT_CANDIDATES)

@@ -285,6 +285,11 @@ def _values_kernel(
              out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
 
 
+def _launch_pk(pk) -> dict:
+    """PACKED and the PK_* constexprs the two kernels take, from packed_constexprs' dict (or None)."""
+    return {k: v for k, v in (pk or {}).items() if k == "PACKED" or k in _PK_PARAMS}
+
+
 def two_pass_tail_apart(device: torch.device) -> bool:
     """The default of TAIL_APART: on with wgmma (sm_90 / sm_100) and in the interpreter; off where the
     scores pass runs mma.sync (sm_80 / sm_89 / sm_120), whose registers the tail slice held across the
@@ -305,18 +310,23 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
     the launch options of each pass as
     SCORES / VALUES = dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
     (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
-    pk = {k: v for k, v in (pk or {}).items() if k == "PACKED" or k in _PK_PARAMS}
+    p, m, l = two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_counts, pdl, cfg, pk)
+    return two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, cfg, pk)
+
+
+def two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_counts, pdl, cfg, pk):
+    """The scores pass alone (sparse_attn_two_pass's arguments): p [T, H, n_tiles * BLOCK_T] bf16,
+    m and l [T, n_tiles, H] fp32."""
+    pk = _launch_pk(pk)
     T, H, D = qt.shape
     C = it.shape[1]
-    block_t, block_h, block_hv = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg.get("VALUE_BLOCK_H", cfg["BLOCK_H"])
+    block_t, block_h = cfg["BLOCK_T"], cfg["BLOCK_H"]
     block_d = max(16, triton.next_power_of_2(D))
-    block_dv = min(cfg["BLOCK_DV"], block_d)
     n_tiles = max(1, triton.cdiv(C, block_t))
-    n_hblocks = triton.cdiv(H, block_h)
     p = torch.empty(T, H, n_tiles * block_t, dtype=torch.bfloat16, device=qt.device)
     m = torch.empty(T, n_tiles, H, dtype=torch.float32, device=qt.device)
     l = torch.empty_like(m)
-    _scores_kernel[(T, n_tiles, n_hblocks)](
+    _scores_kernel[(T, n_tiles, triton.cdiv(H, block_h))](
         qt, win, cmp, it, ct, sink, p, m, l,
         H, D, C, n_window, qk_scale_log2,
         qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1),
@@ -325,6 +335,17 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
         BLOCK_D=block_d, SCALES_AFTER=bool(pk) and cfg.get("SCALES_AFTER", False),
         **cfg["SCORES"], **pk,
     )
+    return p, m, l
+
+
+def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, cfg, pk):
+    """The values pass alone over the scores pass's p, m, l: writes and returns out [T, H, D]."""
+    pk = _launch_pk(pk)
+    T, H, D = out.shape
+    C = it.shape[1]
+    block_t, block_hv = cfg["BLOCK_T"], cfg.get("VALUE_BLOCK_H", cfg["BLOCK_H"])
+    block_dv = min(cfg["BLOCK_DV"], max(16, triton.next_power_of_2(D)))
+    n_tiles = m.shape[1]
     _values_kernel[(T, triton.cdiv(D, block_dv), triton.cdiv(H, block_hv))](
         win, cmp, it, ct, sink, p, m, l, out,
         H, D, C, n_window,
