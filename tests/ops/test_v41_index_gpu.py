@@ -14,7 +14,7 @@ import torch
 
 from v4serve.bench.v41_index_case import CAND_BLOCK, CAND_BLOCKS, ROW_FORMAT, v41_index_case, v41_index_shapes
 from v4serve.ops.kv_pack import pack_rows, unpack_rows
-from v4serve.ops.v41_index import candidate_blocks, select_candidates, select_sorted, v41_index_scores
+from v4serve.ops.v41_index import candidate_blocks, select_candidates, select_sorted
 from v4serve.ops.v41_index_reference import candidate_mask, index_scores_v41
 
 from v41_index_cases import _grid_values, head_sum_bound
