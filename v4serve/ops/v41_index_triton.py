@@ -239,9 +239,11 @@ def _key_pool_words(k_pool: torch.Tensor, packed: bool, D: int) -> torch.Tensor:
 def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: bool, cand_blocks=None,
                             cand_block: int = 8, kernel: str = "auto", config: dict | None = None) -> torch.Tensor:
     """bf16 [B, S, C] scores (C = R in full mode, NB * cand_block in candidate mode). `kernel`:
-    "tiles" (full mode, many queries per sequence), "rows", "rows_predecoded" (packed keys decoded
-    once into a bf16 buffer, then "rows"), or "auto" (tiles for full mode with S >= 16; candidate
-    mode predecoded when S * C >= PREDECODE_REUSE * R; else rows)."""
+    "tiles" (full mode, many queries per sequence), "stream" (v41_index_stream_triton.py: one query
+    per program row, keys as the MMA's rows, loads a tile ahead), "stream_predecoded" (packed keys
+    decoded once into bf16 rows, then "stream"), "rows" / "rows_predecoded" (the session-10 kernel:
+    heads as the MMA's rows, one tile a program), or "auto" (tiles for full mode with S >= 16;
+    candidate mode with each key serving >= PREDECODE_REUSE queries: stream_predecoded; else stream)."""
     B, S, H, D = q.shape
     R = key_rows.shape[1]
     candidates = cand_blocks is not None
@@ -251,13 +253,20 @@ def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: boo
         return out
     if q.stride(3) != 1:
         q = q.contiguous()
-    weights = weights.to(torch.bfloat16).float()  # bf16 values, read as 4-byte words
     pool = _key_pool_words(k_pool, packed, D)
     key_rows, n_visible = key_rows.contiguous(), n_visible.contiguous()
+    if candidates:
+        cand_blocks = cand_blocks.contiguous()
     if kernel == "auto":
-        kernel = "tiles" if not candidates and S >= 16 else "rows"
+        kernel = "tiles" if not candidates and S >= 16 else "stream"
         if candidates and packed and S * C >= PREDECODE_REUSE * R:
-            kernel = "rows_predecoded"
+            kernel = "stream_predecoded"
+    if kernel in ("stream", "stream_predecoded"):
+        from v4serve.ops.v41_index_stream_triton import v41_stream_scores
+
+        return v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks, cand_block, out,
+                                 config, predecode=kernel == "stream_predecoded")
+    weights = weights.to(torch.bfloat16).float()  # bf16 values, read as 4-byte words
     if kernel == "rows_predecoded":  # decode the sequence's keys once, then gather bf16 rows
         if packed:
             flat, words = key_rows.flatten(), pool
@@ -285,7 +294,7 @@ def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: boo
         many = triton.cdiv(C, ROWS_CONFIG["BLOCK_T"]) * S * B >= ROWS_MANY_PROGRAMS
         config = ROWS_CONFIG_MANY if many else ROWS_CONFIG
     cfg = dict(config)
-    cand = cand_blocks.contiguous() if candidates else key_rows  # unused pointer in full mode
+    cand = cand_blocks if candidates else key_rows  # unused pointer in full mode
     grid = (triton.cdiv(C, cfg["BLOCK_T"]), S, B)
     _v41_scores_rows_kernel[grid](
         q, weights, pool, key_rows, n_visible, cand, out, H, R, C, *common,

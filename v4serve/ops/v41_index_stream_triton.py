@@ -1,0 +1,252 @@
+"""The V4.1 indexer's streaming kernel: decode steps and candidate mode (math: v41_index_reference.py,
+contract: v41_index.py, the rounding steps and their bits: v41_index_triton.py).
+
+    l[t, h]  = bf16(k[t] . q[h])                    one MMA per tile, keys as its rows (M), heads as N
+    p[t, h]  = bf16(relu(l[t, h]) * w[h])
+    score[t] = bf16(sum_h p[t, h])                   the head sum runs along the accumulator's columns
+                                                     (in-thread adds, then 2 shuffles in a quad)
+
+Grid (programs per query row, S, B). A program owns one query and `tiles_per_program` consecutive
+tiles of BLOCK_T output columns (slots); it loads q^T [D, BLOCK_H] and w once, then streams its
+tiles. Each tile is a chain of dependent loads:
+
+    candidate mode:  block ids (cand[b, s, c // 8]) -> key_rows[b, col] -> the key row's words
+    full mode:                                          key_rows[b, c]   -> the key row's words
+
+and the loop keeps every stage a tile ahead of the next: while tile i is decoded and scored, the
+words of tile i + 1, the key_rows entries of tile i + 2 and the block ids of tile i + 3 are in
+flight (each load's result is first touched one iteration after it was issued, so a program pays
+the chain's latency once, not once per tile). A slot is live when its block is listed, its
+column is below n_visible and below R, and its key row is not a hole; only live slots read key
+words (masked loads move nothing); the rest score -inf.
+
+Keys (PACKED): `fp4_e8m0_b32` rows of 17 int32 words (16 code words, 1 scale word; layout in
+v41_index_triton.py), decoded exactly to bf16 by fp4_words_triton.decode_fp4_words, two channels
+per packed bf16 multiply, in that function's pair column order; q^T's rows are put in the same
+order once per program (to_pair_order), so the dot sums the same products. Otherwise bf16 rows
+[N, D] gathered with 16-byte loads: key_rows[b, col] of a bf16 pool, or (PREDECODED) row
+b * R + col of the sequence's keys decoded once per step (`_v41_decode_keys_kernel`; there the
+key_rows entry only says whether the row is a hole, so the gather does not wait for it).
+
+Weights: bf16 [B, S, H] read as int32 words (two heads a word, H even), split into fp32 with a
+shift and a mask (exact): no fp32 copy is made on the host (one launch fewer in a decode step).
+
+Bits: the logits and products are the reference's bits (v41_index_triton.py); the head sum is
+fp32 in the reduction's order: equal to the reference where the sum is exact, within one bf16 ulp
++ 2 (H - 1) 2^-24 sum_h |p| elsewhere (the same bound as the other kernels).
+"""
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
+from v4serve.ops.fp4_words_triton import decode_fp4_words, to_pair_order
+from v4serve.ops.v41_index_triton import _v41_decode_keys_kernel, _weighted_relu
+
+# Production: 64 slots per tile (wgmma m64n32: one warpgroup), about two programs per SM, each
+# streaming its share of the tiles (a decode step's 256-2048 tiles: 1-8 tiles a program).
+# bench/v41_index_configs.py times other tile sizes, warps and programs per SM beside it.
+STREAM_CONFIG = dict(BLOCK_T=64, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)
+DECODE_ROWS = 32  # rows per program of the predecode kernel
+
+
+@triton.jit
+def _bf16_pairs_to_fp32(words):
+    """int32 [N] words of two bf16 values each (element 2i in the low half) -> fp32 [2N], exactly."""
+    lo = (words << 16).to(tl.float32, bitcast=True)
+    hi = (words & -65536).to(tl.float32, bitcast=True)
+    return tl.reshape(tl.join(lo, hi), (2 * words.shape[0],))
+
+
+@triton.jit
+def _block_ids(cand_at, tile, c_end, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr, CANDIDATES: tl.constexpr):
+    """Stage 1 of a tile: the block id of each slot (candidate mode: a load; -1 past c_end), or in full
+    mode the column itself (no load)."""
+    c = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    if CANDIDATES:
+        ids = tl.load(cand_at + c // CAND_BLOCK, mask=c < c_end, other=-1)
+    else:
+        ids = tl.where(c < c_end, c, -1)
+    return ids
+
+
+@triton.jit
+def _columns(ids, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr, CANDIDATES: tl.constexpr):
+    """The key column of each slot from its stage-1 ids (negative where nothing is listed)."""
+    if CANDIDATES:
+        col = tl.where(ids >= 0, ids * CAND_BLOCK + tl.arange(0, BLOCK_T) % CAND_BLOCK, -1)
+    else:
+        col = ids
+    return col
+
+
+@triton.jit
+def _key_rows(rows_at, ids, n_visible, R, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr,
+              CANDIDATES: tl.constexpr):
+    """Stage 2: key_rows[b, col] of the live columns, -1 for every slot that is not live (not listed,
+    at or past n_visible or R, or a hole): `rows >= 0` is the slot's liveness from here on."""
+    col = _columns(ids, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    return tl.load(rows_at + col, mask=(col >= 0) & (col < n_visible) & (col < R), other=-1)
+
+
+@triton.jit
+def _key_data(k_ptr, rows, ids, seq_row0, stride_k, D: tl.constexpr, BLOCK_T: tl.constexpr,
+              CAND_BLOCK: tl.constexpr, CANDIDATES: tl.constexpr, PACKED: tl.constexpr, PREDECODED: tl.constexpr):
+    """Stage 3: the tile's key data, zeros where not live. PACKED: (code words int32 [BLOCK_T, D / 8],
+    scale word int32 [BLOCK_T]); else (bf16 keys [BLOCK_T, D], the rows again as a placeholder)."""
+    live = rows >= 0
+    if PACKED:
+        NW: tl.constexpr = D // 8
+        row_at = k_ptr + rows.to(tl.int64) * stride_k
+        codes = tl.load(row_at[:, None] + tl.arange(0, NW)[None, :], mask=live[:, None], other=0)
+        scales = tl.load(row_at + NW, mask=live, other=0)
+        return codes, scales
+    else:
+        if PREDECODED:  # the sequence's decoded rows: the address needs the column, not key_rows
+            row = seq_row0 + _columns(ids, BLOCK_T, CAND_BLOCK, CANDIDATES).to(tl.int64)
+        else:
+            row = rows.to(tl.int64)
+        d = tl.arange(0, D)
+        keys = tl.load(k_ptr + row[:, None] * stride_k + d[None, :], mask=live[:, None], other=0.0)
+        return keys, rows
+
+
+@triton.jit
+def _score_tile(data, scales, rows, q_t, w, out_at, tile, c_end, D: tl.constexpr, BLOCK_T: tl.constexpr,
+                PACKED: tl.constexpr):
+    """Decode (PACKED), one MMA keys [BLOCK_T, D] x q^T [D, BLOCK_H], weighted relu, head sum, store."""
+    if PACKED:
+        keys = decode_fp4_words(data, tl.broadcast_to(scales[:, None], data.shape), D)
+    else:
+        keys = data
+    score = tl.sum(_weighted_relu(tl.dot(keys, q_t), w[None, :]), 1)
+    c = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    tl.store(out_at + c, tl.where(rows >= 0, score, float("-inf")).to(tl.bfloat16), mask=c < c_end)
+
+
+@triton.jit
+def _v41_scores_stream_kernel(
+    q_ptr, w_ptr, k_ptr, rows_ptr, n_visible_ptr, cand_ptr, out_ptr,
+    H, R, C, tiles_per_program,
+    stride_qb, stride_qs, stride_qh, stride_wb, stride_ws, stride_k, stride_rb, stride_nb,
+    stride_cb, stride_cs, stride_ob, stride_os,
+    D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr,
+    CANDIDATES: tl.constexpr, PACKED: tl.constexpr, PREDECODED: tl.constexpr, SKIP_EMPTY: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    if PDL:
+        gdc_wait()
+    s = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    tile0 = tl.program_id(0) * tiles_per_program
+    c_end = tl.minimum(C, (tile0 + tiles_per_program) * BLOCK_T)  # this program's slots end here
+    n_visible = tl.load(n_visible_ptr + b * stride_nb + s)
+    rows_at = rows_ptr + b * stride_rb
+    cand_at = cand_ptr + b * stride_cb + s * stride_cs
+    out_at = out_ptr + b * stride_ob + s * stride_os
+    seq_row0 = b * R  # PREDECODED: the sequence's first decoded row
+    # the first tiles' chains, each stage issued as soon as the one it needs is
+    ids2 = _block_ids(cand_at, tile0 + 2, c_end, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    ids1 = _block_ids(cand_at, tile0 + 1, c_end, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    ids0 = _block_ids(cand_at, tile0, c_end, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    # q^T and w beside the first loads (used only by the first MMA)
+    heads = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, D)
+    q_t = tl.load(q_ptr + b * stride_qb + s * stride_qs + heads[None, :] * stride_qh + d[:, None],
+                  mask=(heads < H)[None, :], other=0.0)  # [D, BLOCK_H]
+    if PACKED:
+        q_t = to_pair_order(q_t, D)
+    pairs = tl.arange(0, BLOCK_H // 2)
+    w = _bf16_pairs_to_fp32(tl.load(w_ptr + b * stride_wb + s * stride_ws + pairs, mask=2 * pairs < H, other=0))
+    rows0 = _key_rows(rows_at, ids0, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    rows1 = _key_rows(rows_at, ids1, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    data0, scales0 = _key_data(k_ptr, rows0, ids0, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES, PACKED,
+                               PREDECODED)
+    for i in range(tl.cdiv(c_end - tile0 * BLOCK_T, BLOCK_T)):
+        tile = tile0 + i
+        # the next tiles' loads first: their results are first used one iteration from now
+        data1, scales1 = _key_data(k_ptr, rows1, ids1, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES,
+                                   PACKED, PREDECODED)
+        rows2 = _key_rows(rows_at, ids2, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
+        ids3 = _block_ids(cand_at, tile + 3, c_end, BLOCK_T, CAND_BLOCK, CANDIDATES)
+        if CANDIDATES:
+            if SKIP_EMPTY:  # a tile of empty slots (a short list's -1 tail): -inf without the math
+                busy = tl.max(rows0, 0) >= 0
+            else:
+                busy = True
+        else:  # full mode: the tile has a live column iff it starts below n_visible
+            busy = tile * BLOCK_T < n_visible
+        if busy:
+            _score_tile(data0, scales0, rows0, q_t, w, out_at, tile, c_end, D, BLOCK_T, PACKED)
+        else:
+            c = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+            tl.store(out_at + c, tl.full([BLOCK_T], float("-inf"), tl.float32).to(tl.bfloat16), mask=c < c_end)
+        data0, scales0, rows0 = data1, scales1, rows1
+        rows1, ids1 = rows2, ids2
+        ids2 = ids3
+
+
+@functools.lru_cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _weight_words(weights: torch.Tensor) -> torch.Tensor:
+    """bf16 [B, S, H] -> int32 [B, S, ceil(H / 2)] words of two heads (a zero head appended when H is odd
+    or the rows are not word-aligned: a copy, never on the model's even-H contiguous weights)."""
+    w = weights.to(torch.bfloat16)
+    H = w.shape[2]
+    if H % 2 or w.stride(2) != 1 or w.stride(1) % 2 or w.stride(0) % 2 or w.data_ptr() % 4:
+        w = torch.nn.functional.pad(w, (0, H % 2)).contiguous()
+    return w.view(torch.int32)
+
+
+def tiles_per_program(tiles: int, programs_per_row_max: int, config: dict, device: torch.device) -> int:
+    """Tiles a program streams: config["TILES"] if given, else enough that about PROGRAMS_PER_SM
+    programs run per SM (one tile each when there are fewer tiles than that)."""
+    if "TILES" in config:
+        return max(1, min(config["TILES"], programs_per_row_max))
+    if not compiled_on_cuda(device):
+        return 1
+    return max(1, min(triton.cdiv(tiles, config["PROGRAMS_PER_SM"] * _sm_count(device)), programs_per_row_max))
+
+
+def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks, cand_block, out,
+                      config=None, predecode=False, skip_empty=None):
+    """Fill `out` bf16 [B, S, C] with the scores (the arguments as v41_index_scores_triton takes them:
+    `pool` int32 words [N, 17] when packed, else bf16 [N, D]). predecode: packed keys decoded once per
+    step into bf16 rows first (a prefill chunk, where each key serves many queries)."""
+    B, S, H, D = q.shape
+    R = key_rows.shape[1]
+    C = out.shape[2]
+    cfg = dict(STREAM_CONFIG if config is None else config)
+    block_t = cfg.pop("BLOCK_T")
+    candidates = cand_blocks is not None
+    predecoded = predecode and packed
+    if predecoded:
+        flat = key_rows.flatten()
+        keys = torch.empty(flat.numel(), D, dtype=torch.bfloat16, device=q.device)
+        _v41_decode_keys_kernel[(triton.cdiv(flat.numel(), DECODE_ROWS),)](
+            pool, flat, keys, flat.numel(), pool.stride(0), D=D, BLOCK_R=DECODE_ROWS, num_warps=4)
+        pool, packed = keys, False
+    tiles_per_row = triton.cdiv(C, block_t)
+    per_program = tiles_per_program(tiles_per_row * S * B, tiles_per_row, cfg, q.device)
+    cfg.pop("TILES", None)
+    cfg.pop("PROGRAMS_PER_SM", None)
+    w = _weight_words(weights)
+    cand = cand_blocks if candidates else key_rows  # an unused pointer in full mode
+    if skip_empty is None:
+        skip_empty = candidates and S > 1  # prefill chunks: short lists leave whole tiles empty
+    grid = (triton.cdiv(tiles_per_row, per_program), S, B)
+    _v41_scores_stream_kernel[grid](
+        q, w, pool, key_rows, n_visible, cand, out, H, R, C, per_program,
+        q.stride(0), q.stride(1), q.stride(2), w.stride(0), w.stride(1), pool.stride(0), key_rows.stride(0),
+        n_visible.stride(0), cand.stride(0), cand.stride(1) if candidates else 0, out.stride(0), out.stride(1),
+        D=D, BLOCK_H=max(16, triton.next_power_of_2(H + H % 2)), BLOCK_T=block_t, CAND_BLOCK=cand_block,
+        CANDIDATES=candidates, PACKED=packed, PREDECODED=predecoded, SKIP_EMPTY=skip_empty, **cfg, **pdl_launch(q),
+    )
+    return out
