@@ -45,7 +45,7 @@ from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
 from v4serve.ops.fp4_words_triton import decode_fp4_words, to_pair_order
-from v4serve.ops.v41_index_triton import _v41_decode_keys_kernel, _weighted_relu
+from v4serve.ops.v41_index_triton import _v41_decode_keys_kernel
 
 # Production: 64 slots per tile (wgmma m64n32: one warpgroup), about two programs per SM, each
 # streaming its share of the tiles (a decode step's 256-2048 tiles: 1-8 tiles a program).
@@ -60,6 +60,43 @@ def _bf16_pairs_to_fp32(words):
     lo = (words << 16).to(tl.float32, bitcast=True)
     hi = (words & -65536).to(tl.float32, bitcast=True)
     return tl.reshape(tl.join(lo, hi), (2 * words.shape[0],))
+
+
+# Two heads of one key a call (pack=2): $2, $3 the logits (fp32), $4 the two bf16 weights, $0, $1 the
+# rounded products as fp32. cvt packs bf16(l) two to a register (upper half from the first operand),
+# max applies relu (of the rounded logit: the same value), the fma with a -0 addend is the product
+# rounded once (exact product of two bf16; "rn" so that ptxas may not contract it into the sum), and
+# shifting / masking the halves gives each product as an fp32.
+_PRODUCTS_ASM = tl.constexpr(
+    "{\n.reg .b32 t, zero, neg_zero, lo;\n"
+    "mov.b32 zero, 0;\n"
+    "mov.b32 neg_zero, 0x80008000;\n"
+    "cvt.rn.bf16x2.f32 t, $3, $2;\n"
+    "max.bf16x2 t, t, zero;\n"
+    "fma.rn.bf16x2 t, t, $4, neg_zero;\n"
+    "shl.b32 lo, t, 16;\n"
+    "mov.b32 $0, lo;\n"
+    "and.b32 t, t, 0xffff0000;\n"
+    "mov.b32 $1, t;\n}"
+)
+
+
+@triton.jit
+def _head_sum(logits, w, PACKED_MATH: tl.constexpr):
+    """fp32 [BLOCK_T] sum_h bf16(relu(bf16(logits[:, h])) * w[h]) (w bf16 [BLOCK_H]), the reference's
+    roundings. PACKED_MATH (compiled CUDA): two heads an instruction (_PRODUCTS_ASM); else in fp32
+    (relu before the rounding: the same value, rounding is monotonic; the fp32 product of two bf16
+    values is exact, so rounding it once is the bf16 product). Not bf16 arithmetic in Triton: PTX
+    lets ptxas contract a bf16 multiply without a rounding modifier into the fp32 sum (FFMA, one
+    rounding fewer), which it did on sm_90."""
+    if PACKED_MATH:
+        p = tl.inline_asm_elementwise(_PRODUCTS_ASM, "=f,=f,f,f,r",
+                                      [logits, tl.broadcast_to(w[None, :], logits.shape)],
+                                      dtype=tl.float32, is_pure=True, pack=2)
+    else:
+        relu = tl.maximum(logits, 0.0).to(tl.bfloat16).to(tl.float32)
+        p = (relu * w.to(tl.float32)[None, :]).to(tl.bfloat16).to(tl.float32)
+    return tl.sum(p, 1)
 
 
 @triton.jit
@@ -117,13 +154,13 @@ def _key_data(k_ptr, rows, ids, seq_row0, stride_k, D: tl.constexpr, BLOCK_T: tl
 
 @triton.jit
 def _score_tile(data, scales, rows, q_t, w, out_at, tile, c_end, D: tl.constexpr, BLOCK_T: tl.constexpr,
-                PACKED: tl.constexpr):
+                PACKED: tl.constexpr, PACKED_MATH: tl.constexpr):
     """Decode (PACKED), one MMA keys [BLOCK_T, D] x q^T [D, BLOCK_H], weighted relu, head sum, store."""
     if PACKED:
         keys = decode_fp4_words(data, tl.broadcast_to(scales[:, None], data.shape), D)
     else:
         keys = data
-    score = tl.sum(_weighted_relu(tl.dot(keys, q_t), w[None, :]), 1)
+    score = _head_sum(tl.dot(keys, q_t), w, PACKED_MATH)
     c = tile * BLOCK_T + tl.arange(0, BLOCK_T)
     tl.store(out_at + c, tl.where(rows >= 0, score, float("-inf")).to(tl.bfloat16), mask=c < c_end)
 
@@ -136,7 +173,7 @@ def _v41_scores_stream_kernel(
     stride_cb, stride_cs, stride_ob, stride_os,
     D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr,
     CANDIDATES: tl.constexpr, PACKED: tl.constexpr, PREDECODED: tl.constexpr, SKIP_EMPTY: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PACKED_MATH: tl.constexpr, PDL: tl.constexpr = False,
 ):
     if PDL:
         gdc_wait()
@@ -162,6 +199,7 @@ def _v41_scores_stream_kernel(
         q_t = to_pair_order(q_t, D)
     pairs = tl.arange(0, BLOCK_H // 2)
     w = _bf16_pairs_to_fp32(tl.load(w_ptr + b * stride_wb + s * stride_ws + pairs, mask=2 * pairs < H, other=0))
+    w = w.to(tl.bfloat16)  # exact
     rows0 = _key_rows(rows_at, ids0, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
     rows1 = _key_rows(rows_at, ids1, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
     data0, scales0 = _key_data(k_ptr, rows0, ids0, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES, PACKED,
@@ -181,7 +219,7 @@ def _v41_scores_stream_kernel(
         else:  # full mode: the tile has a live column iff it starts below n_visible
             busy = tile * BLOCK_T < n_visible
         if busy:
-            _score_tile(data0, scales0, rows0, q_t, w, out_at, tile, c_end, D, BLOCK_T, PACKED)
+            _score_tile(data0, scales0, rows0, q_t, w, out_at, tile, c_end, D, BLOCK_T, PACKED, PACKED_MATH)
         else:
             c = tile * BLOCK_T + tl.arange(0, BLOCK_T)
             tl.store(out_at + c, tl.full([BLOCK_T], float("-inf"), tl.float32).to(tl.bfloat16), mask=c < c_end)
@@ -247,6 +285,7 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
         q.stride(0), q.stride(1), q.stride(2), w.stride(0), w.stride(1), pool.stride(0), key_rows.stride(0),
         n_visible.stride(0), cand.stride(0), cand.stride(1) if candidates else 0, out.stride(0), out.stride(1),
         D=D, BLOCK_H=max(16, triton.next_power_of_2(H + H % 2)), BLOCK_T=block_t, CAND_BLOCK=cand_block,
-        CANDIDATES=candidates, PACKED=packed, PREDECODED=predecoded, SKIP_EMPTY=skip_empty, **cfg, **pdl_launch(q),
+        CANDIDATES=candidates, PACKED=packed, PREDECODED=predecoded, SKIP_EMPTY=skip_empty,
+        PACKED_MATH=compiled_on_cuda(q.device), **cfg, **pdl_launch(q),
     )
     return out
