@@ -66,6 +66,16 @@ def test_full_mode_within_the_head_sum_bound_on_model_like_inputs(kernel):
     assert (got == want)[finite].float().mean() > 0.9
 
 
+def test_stream_kernel_reads_two_scale_words_per_row_at_256_channels():
+    """D = 256: 32 code words and 2 scale words a row (code word i's scale in word 32 + i // 16). Model-
+    like keys (8 different group scales a row) and two heads (a sum of two terms: any order, same bits)."""
+    B, S, H, D, R = 1, 2, 2, 256, 21
+    q, w, pool, keys, rows = index_inputs(B, S, H, D, R, 30, exact=False, seed=11)
+    n_visible = torch.tensor([[R, 9]], dtype=torch.int32)
+    got = _triton(q, w, pool, rows, n_visible, True, kernel="stream", config=STREAM_TEST)
+    assert torch.equal(got.float(), _reference(q, w, keys, rows, n_visible))
+
+
 def test_decode_form_and_the_dispatch():
     """S = 1 per sequence (a decode step): the dispatch's torch and Triton paths agree bit for bit."""
     B, H, D, R = 3, 5, 32, 29

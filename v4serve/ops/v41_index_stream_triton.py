@@ -20,8 +20,8 @@ the chain's latency once, not once per tile). A slot is live when its block is l
 column is below n_visible and below R, and its key row is not a hole; only live slots read key
 words (masked loads move nothing); the rest score -inf.
 
-Keys (PACKED): `fp4_e8m0_b32` rows of 17 int32 words (16 code words, 1 scale word; layout in
-v41_index_triton.py), decoded exactly to bf16 by fp4_words_triton.decode_fp4_words, two channels
+Keys (PACKED): `fp4_e8m0_b32` rows of int32 words (D = 128: 16 code words, 1 scale word; layout
+in v41_index_triton.py), decoded exactly to bf16 by fp4_words_triton.decode_fp4_words, two channels
 per packed bf16 multiply, in that function's pair column order; q^T's rows are put in the same
 order once per program (to_pair_order), so the dot sums the same products. Otherwise bf16 rows
 [N, D] gathered with 16-byte loads: key_rows[b, col] of a bf16 pool, or (PREDECODED) row
@@ -139,8 +139,12 @@ def _key_data(k_ptr, rows, ids, seq_row0, stride_k, D: tl.constexpr, BLOCK_T: tl
     if PACKED:
         NW: tl.constexpr = D // 8
         row_at = k_ptr + rows.to(tl.int64) * stride_k
-        codes = tl.load(row_at[:, None] + tl.arange(0, NW)[None, :], mask=live[:, None], other=0)
-        scales = tl.load(row_at + NW, mask=live, other=0)
+        wc = tl.arange(0, NW)
+        codes = tl.load(row_at[:, None] + wc[None, :], mask=live[:, None], other=0)
+        if NW <= 16:  # one scale word a row (D <= 128): [BLOCK_T]
+            scales = tl.load(row_at + NW, mask=live, other=0)
+        else:  # code word i's scale word NW + i // 16: [BLOCK_T, NW]
+            scales = tl.load(row_at[:, None] + (NW + wc // 16)[None, :], mask=live[:, None], other=0)
         return codes, scales
     else:
         if PREDECODED:  # the sequence's decoded rows: the address needs the column, not key_rows
@@ -157,7 +161,10 @@ def _score_tile(data, scales, rows, q_t, w, out_at, tile, c_end, D: tl.constexpr
                 PACKED: tl.constexpr, PACKED_MATH: tl.constexpr):
     """Decode (PACKED), one MMA keys [BLOCK_T, D] x q^T [D, BLOCK_H], weighted relu, head sum, store."""
     if PACKED:
-        keys = decode_fp4_words(data, tl.broadcast_to(scales[:, None], data.shape), D)
+        if D <= 128:
+            keys = decode_fp4_words(data, tl.broadcast_to(scales[:, None], data.shape), D)
+        else:
+            keys = decode_fp4_words(data, scales, D)
     else:
         keys = data
     score = _head_sum(tl.dot(keys, q_t), w, PACKED_MATH)
@@ -259,6 +266,9 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
     `pool` int32 words [N, 17] when packed, else bf16 [N, D]). predecode: packed keys decoded once per
     step into bf16 rows first (a prefill chunk, where each key serves many queries)."""
     B, S, H, D = q.shape
+    if H > 128 or D & (D - 1) or D < 32:
+        raise ValueError(f"the stream kernel holds every head in one MMA tile and D as one power-of-two tile: "
+                         f"H <= 128 and D a power of two >= 32, got H = {H}, D = {D}")
     R = key_rows.shape[1]
     C = out.shape[2]
     cfg = dict(STREAM_CONFIG if config is None else config)
