@@ -36,7 +36,7 @@ def _stream_entry(name, candidates, prefill=False, config=STREAM_CONFIG):
     return KernelSpec(
         name, "v4serve.ops.v41_index_stream_triton:_v41_scores_stream_kernel",
         types=dict(_POINTERS, w_ptr="*i32", cand_ptr="*i32", out_ptr="*bf16", H="i32", R="i32", C="i32",
-                   tiles_per_program="i32", **dict.fromkeys(strides, "i32")),
+                   **dict.fromkeys(strides, "i32")),
         aligned=("q_ptr", "w_ptr", "k_ptr", "rows_ptr", "n_visible_ptr", "cand_ptr", "out_ptr", "H", "R", "C",
                  *(s for s in strides if s not in ("stride_k", "stride_wb", "stride_ws"))),
         constexprs=dict(**({} if prefill else {"stride_nb": 1}), D=128, BLOCK_H=32, CAND_BLOCK=8,

@@ -6,9 +6,10 @@ contract: v41_index.py, the rounding steps and their bits: v41_index_triton.py).
     score[t] = bf16(sum_h p[t, h])                   the head sum runs along the accumulator's columns
                                                      (in-thread adds, then 2 shuffles in a quad)
 
-Grid (programs per query row, S, B). A program owns one query and `tiles_per_program` consecutive
-tiles of BLOCK_T output columns (slots); it loads q^T [D, BLOCK_H] and w once, then streams its
-tiles. Each tile is a chain of dependent loads:
+Grid (P programs per query row, S, B). A program owns one query and every P-th tile of BLOCK_T
+output columns (slots) from its first (strided, so that a candidate list's empty tail, skipped, is
+shared by all P programs); it loads q^T [D, BLOCK_H] and w once, then streams its tiles. Each tile is
+a chain of dependent loads:
 
     candidate mode:  block ids (cand[b, s, c // 8]) -> key_rows[b, col] -> the key row's words
     full mode:                                          key_rows[b, c]   -> the key row's words
@@ -100,14 +101,14 @@ def _head_sum(logits, w, PACKED_MATH: tl.constexpr):
 
 
 @triton.jit
-def _block_ids(cand_at, tile, c_end, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr, CANDIDATES: tl.constexpr):
-    """Stage 1 of a tile: the block id of each slot (candidate mode: a load; -1 past c_end), or in full
-    mode the column itself (no load)."""
+def _block_ids(cand_at, tile, C, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr, CANDIDATES: tl.constexpr):
+    """Stage 1 of a tile: the block id of each slot (candidate mode: a load; -1 past C, so a tile past the
+    program's last one loads nothing), or in full mode the column itself (no load)."""
     c = tile * BLOCK_T + tl.arange(0, BLOCK_T)
     if CANDIDATES:
-        ids = tl.load(cand_at + c // CAND_BLOCK, mask=c < c_end, other=-1)
+        ids = tl.load(cand_at + c // CAND_BLOCK, mask=c < C, other=-1)
     else:
-        ids = tl.where(c < c_end, c, -1)
+        ids = tl.where(c < C, c, -1)
     return ids
 
 
@@ -157,7 +158,7 @@ def _key_data(k_ptr, rows, ids, seq_row0, stride_k, D: tl.constexpr, BLOCK_T: tl
 
 
 @triton.jit
-def _score_tile(data, scales, rows, q_t, w, out_at, tile, c_end, D: tl.constexpr, BLOCK_T: tl.constexpr,
+def _score_tile(data, scales, rows, q_t, w, out_at, tile, C, D: tl.constexpr, BLOCK_T: tl.constexpr,
                 PACKED: tl.constexpr, PACKED_MATH: tl.constexpr):
     """Decode (PACKED), one MMA keys [BLOCK_T, D] x q^T [D, BLOCK_H], weighted relu, head sum, store."""
     if PACKED:
@@ -169,13 +170,13 @@ def _score_tile(data, scales, rows, q_t, w, out_at, tile, c_end, D: tl.constexpr
         keys = data
     score = _head_sum(tl.dot(keys, q_t), w, PACKED_MATH)
     c = tile * BLOCK_T + tl.arange(0, BLOCK_T)
-    tl.store(out_at + c, tl.where(rows >= 0, score, float("-inf")).to(tl.bfloat16), mask=c < c_end)
+    tl.store(out_at + c, tl.where(rows >= 0, score, float("-inf")).to(tl.bfloat16), mask=c < C)
 
 
 @triton.jit
 def _v41_scores_stream_kernel(
     q_ptr, w_ptr, k_ptr, rows_ptr, n_visible_ptr, cand_ptr, out_ptr,
-    H, R, C, tiles_per_program,
+    H, R, C,
     stride_qb, stride_qs, stride_qh, stride_wb, stride_ws, stride_k, stride_rb, stride_nb,
     stride_cb, stride_cs, stride_ob, stride_os,
     D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr,
@@ -186,17 +187,17 @@ def _v41_scores_stream_kernel(
         gdc_wait()
     s = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
-    tile0 = tl.program_id(0) * tiles_per_program
-    c_end = tl.minimum(C, (tile0 + tiles_per_program) * BLOCK_T)  # this program's slots end here
+    first = tl.program_id(0)  # this program's tiles: first, first + step, first + 2 step, ...
+    step = tl.num_programs(0)  # (strided: a candidate list's empty tail is spread over the programs)
     n_visible = tl.load(n_visible_ptr + b * stride_nb + s)
     rows_at = rows_ptr + b * stride_rb
     cand_at = cand_ptr + b * stride_cb + s * stride_cs
     out_at = out_ptr + b * stride_ob + s * stride_os
     seq_row0 = b * R  # PREDECODED: the sequence's first decoded row
     # the first tiles' chains, each stage issued as soon as the one it needs is
-    ids2 = _block_ids(cand_at, tile0 + 2, c_end, BLOCK_T, CAND_BLOCK, CANDIDATES)
-    ids1 = _block_ids(cand_at, tile0 + 1, c_end, BLOCK_T, CAND_BLOCK, CANDIDATES)
-    ids0 = _block_ids(cand_at, tile0, c_end, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    ids2 = _block_ids(cand_at, first + 2 * step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    ids1 = _block_ids(cand_at, first + step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    ids0 = _block_ids(cand_at, first, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
     # q^T and w beside the first loads (used only by the first MMA)
     heads = tl.arange(0, BLOCK_H)
     d = tl.arange(0, D)
@@ -211,13 +212,13 @@ def _v41_scores_stream_kernel(
     rows1 = _key_rows(rows_at, ids1, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
     data0, scales0 = _key_data(k_ptr, rows0, ids0, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES, PACKED,
                                PREDECODED)
-    for i in range(tl.cdiv(c_end - tile0 * BLOCK_T, BLOCK_T)):
-        tile = tile0 + i
+    for i in range(tl.cdiv(tl.cdiv(C, BLOCK_T) - first, step)):
+        tile = first + i * step
         # the next tiles' loads first: their results are first used one iteration from now
         data1, scales1 = _key_data(k_ptr, rows1, ids1, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES,
                                    PACKED, PREDECODED)
         rows2 = _key_rows(rows_at, ids2, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
-        ids3 = _block_ids(cand_at, tile + 3, c_end, BLOCK_T, CAND_BLOCK, CANDIDATES)
+        ids3 = _block_ids(cand_at, tile + 3 * step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
         if CANDIDATES:
             if SKIP_EMPTY:  # a tile of empty slots (a short list's -1 tail): -inf without the math
                 busy = tl.max(rows0, 0) >= 0
@@ -226,10 +227,10 @@ def _v41_scores_stream_kernel(
         else:  # full mode: the tile has a live column iff it starts below n_visible
             busy = tile * BLOCK_T < n_visible
         if busy:
-            _score_tile(data0, scales0, rows0, q_t, w, out_at, tile, c_end, D, BLOCK_T, PACKED, PACKED_MATH)
+            _score_tile(data0, scales0, rows0, q_t, w, out_at, tile, C, D, BLOCK_T, PACKED, PACKED_MATH)
         else:
             c = tile * BLOCK_T + tl.arange(0, BLOCK_T)
-            tl.store(out_at + c, tl.full([BLOCK_T], float("-inf"), tl.float32).to(tl.bfloat16), mask=c < c_end)
+            tl.store(out_at + c, tl.full([BLOCK_T], float("-inf"), tl.float32).to(tl.bfloat16), mask=c < C)
         data0, scales0, rows0 = data1, scales1, rows1
         rows1, ids1 = rows2, ids2
         ids2 = ids3
@@ -250,14 +251,16 @@ def _weight_words(weights: torch.Tensor) -> torch.Tensor:
     return w.view(torch.int32)
 
 
-def tiles_per_program(tiles: int, programs_per_row_max: int, config: dict, device: torch.device) -> int:
-    """Tiles a program streams: config["TILES"] if given, else enough that about PROGRAMS_PER_SM
-    programs run per SM (one tile each when there are fewer tiles than that)."""
+def programs_per_row(tiles_per_row: int, rows: int, config: dict, device: torch.device) -> int:
+    """Programs that share one query's tiles (each takes every n-th tile): tiles_per_row / config["TILES"]
+    if given, else about PROGRAMS_PER_SM programs per SM over all rows (one tile each when there are
+    fewer tiles than that)."""
     if "TILES" in config:
-        return max(1, min(config["TILES"], programs_per_row_max))
+        return triton.cdiv(tiles_per_row, config["TILES"])
     if not compiled_on_cuda(device):
-        return 1
-    return max(1, min(triton.cdiv(tiles, config["PROGRAMS_PER_SM"] * _sm_count(device)), programs_per_row_max))
+        return tiles_per_row
+    target = config["PROGRAMS_PER_SM"] * _sm_count(device)
+    return max(1, min(tiles_per_row, round(target / rows)))
 
 
 def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks, cand_block, out,
@@ -282,16 +285,16 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
             pool, flat, keys, flat.numel(), pool.stride(0), D=D, BLOCK_R=DECODE_ROWS, num_warps=4)
         pool, packed = keys, False
     tiles_per_row = triton.cdiv(C, block_t)
-    per_program = tiles_per_program(tiles_per_row * S * B, tiles_per_row, cfg, q.device)
+    programs = programs_per_row(tiles_per_row, S * B, cfg, q.device)
     cfg.pop("TILES", None)
     cfg.pop("PROGRAMS_PER_SM", None)
     w = _weight_words(weights)
     cand = cand_blocks if candidates else key_rows  # an unused pointer in full mode
     if skip_empty is None:
         skip_empty = candidates and S > 1  # prefill chunks: short lists leave whole tiles empty
-    grid = (triton.cdiv(tiles_per_row, per_program), S, B)
+    grid = (programs, S, B)
     _v41_scores_stream_kernel[grid](
-        q, w, pool, key_rows, n_visible, cand, out, H, R, C, per_program,
+        q, w, pool, key_rows, n_visible, cand, out, H, R, C,
         q.stride(0), q.stride(1), q.stride(2), w.stride(0), w.stride(1), pool.stride(0), key_rows.stride(0),
         n_visible.stride(0), cand.stride(0), cand.stride(1) if candidates else 0, out.stride(0), out.stride(1),
         D=D, BLOCK_H=max(16, triton.next_power_of_2(H + H % 2)), BLOCK_T=block_t, CAND_BLOCK=cand_block,
