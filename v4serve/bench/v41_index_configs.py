@@ -28,20 +28,20 @@ STREAM = "stream"
 STREAM_CANDIDATES = [
     None,
     ("rows", None),  # session 10's production (ROWS_CONFIG; 128 columns past 4096 programs)
+    (STREAM, dict(BLOCK_T=64, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)),  # twice the tiles, ~40% more issue
     (STREAM, dict(BLOCK_T=64, TILES=1, num_warps=4, num_stages=1)),
-    (STREAM, dict(BLOCK_T=64, PROGRAMS_PER_SM=1, num_warps=4, num_stages=1)),
-    (STREAM, dict(BLOCK_T=64, PROGRAMS_PER_SM=4, num_warps=4, num_stages=1)),
+    (STREAM, dict(BLOCK_T=128, PROGRAMS_PER_SM=1, num_warps=4, num_stages=1)),
+    (STREAM, dict(BLOCK_T=128, PROGRAMS_PER_SM=4, num_warps=4, num_stages=1)),
+    (STREAM, dict(BLOCK_T=128, TILES=1, num_warps=4, num_stages=1)),
     (STREAM, dict(BLOCK_T=128, PROGRAMS_PER_SM=2, num_warps=8, num_stages=1)),  # two warpgroups a tile
-    (STREAM, dict(BLOCK_T=128, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)),  # two m64 MMAs a warpgroup
-    (STREAM, dict(BLOCK_T=128, TILES=1, num_warps=8, num_stages=1)),
     None,
 ]
 # Candidate prefill: also the keys decoded once per step (bf16 gathers), with both kernels.
 CAND_PREFILL_CANDIDATES = STREAM_CANDIDATES[:-1] + [
     ("rows_predecoded", None),  # session 10's production for candidate prefill
     ("stream_predecoded", None),
-    ("stream_predecoded", dict(BLOCK_T=64, PROGRAMS_PER_SM=4, num_warps=4, num_stages=1)),
-    (STREAM, dict(BLOCK_T=64, PROGRAMS_PER_SM=8, num_warps=4, num_stages=1)),
+    ("stream_predecoded", dict(BLOCK_T=64, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)),
+    (STREAM, dict(BLOCK_T=128, PROGRAMS_PER_SM=8, num_warps=4, num_stages=1)),
     None,
 ]
 SHAPES = {

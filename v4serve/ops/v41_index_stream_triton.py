@@ -48,10 +48,13 @@ from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
 from v4serve.ops.fp4_words_triton import decode_fp4_words, to_pair_order
 from v4serve.ops.v41_index_triton import _v41_decode_keys_kernel
 
-# Production: 64 slots per tile (wgmma m64n32: one warpgroup), about two programs per SM, each
-# streaming its share of the tiles (a decode step's 256-2048 tiles: 1-8 tiles a program).
+# Production: 128 slots per tile on one warpgroup (two wgmma m64n32 row blocks), about two programs
+# per SM, each streaming its share of the tiles (a decode step's 128-1024 tiles: 1-4 tiles a program).
+# Per 64 slots the loop is ~430 SASS instructions at 128-slot tiles against ~550-610 at 64 (the
+# per-slot index / mask work runs on tensors replicated over the warpgroup: half the replication),
+# 148-152 registers (sm_90, Triton 3.6); 256-slot tiles need 255 registers and save nothing.
 # bench/v41_index_configs.py times other tile sizes, warps and programs per SM beside it.
-STREAM_CONFIG = dict(BLOCK_T=64, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)
+STREAM_CONFIG = dict(BLOCK_T=128, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)
 DECODE_ROWS = 32  # rows per program of the predecode kernel
 
 
