@@ -8,14 +8,14 @@ pointer 16-byte aligned, its row stride 17 words not), weights fp32. At the PR's
 column count (R, or 2048 candidate blocks x 8) is a multiple of 16, so the output strides are
 aligned; a decode step's one query per sequence makes the n_visible stride 1 (specialised). Each
 production launch: the tiles kernel (prefill: TILES_CONFIG on sm_90 / sm_100, TILES_CONFIG_MMA_SYNC
-elsewhere) and the streaming kernel (STREAM_CONFIG) in full-mode decode, candidate decode and a
-candidate prefill chunk. The rows kernel and the predecoded launches are benchmark variants only
+elsewhere) and the streaming kernel (STREAM_CONFIG on sm_90 / sm_100, STREAM_CONFIG_MMA_SYNC elsewhere)
+in full-mode decode, candidate decode and a candidate prefill chunk. The rows kernel and the predecoded launches are benchmark variants only
 (bench/v41_index_configs.py), not compiled here.
 Expectations: the key words and scale words are 4-byte loads (no load narrower than 4 bytes
 anywhere), tensor-core MMAs, no spills. Register bounds are not set yet (no measurement): 255, the
 hardware's maximum.
 """
-from v4serve.ops.v41_index_stream_triton import STREAM_CONFIG
+from v4serve.ops.v41_index_stream_triton import STREAM_CONFIG, STREAM_CONFIG_MMA_SYNC
 from v4serve.ops.v41_index_triton import TILES_CONFIG, TILES_CONFIG_MMA_SYNC
 
 from .spec import Expect, KernelSpec
@@ -27,7 +27,7 @@ _KEY_WORDS = Expect(kv_load_bytes=4, kv_lines=r"codes = tl\.load|scale_word = tl
 _LAUNCH = ("num_warps", "num_stages")
 
 
-def _stream_entry(name, candidates, prefill=False, config=STREAM_CONFIG):
+def _stream_entry(name, candidates, prefill=False, config=STREAM_CONFIG, archs=(90, 100)):
     """A streaming launch (v41_index_stream_triton.py), weights as int32 words of two bf16 heads. A
     decode step has one query per sequence (n_visible's stride 1, specialised); a candidate prefill
     chunk (S 128 at the PR shapes) skips tiles of empty slots (SKIP_EMPTY)."""
@@ -42,7 +42,7 @@ def _stream_entry(name, candidates, prefill=False, config=STREAM_CONFIG):
         constexprs=dict(**({} if prefill else {"stride_nb": 1}), D=128, BLOCK_H=32, CAND_BLOCK=8,
                         CANDIDATES=candidates, PACKED=True, PREDECODED=False, SKIP_EMPTY=prefill, PACKED_MATH=True,
                         PDL=False, BLOCK_T=config["BLOCK_T"]),
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        num_warps=config["num_warps"], num_stages=config["num_stages"], archs=archs,
         expect=Expect(kv_load_bytes=4, kv_lines=r"codes = tl\.load|scales = tl\.load", tensor_cores=True),
     )
 
@@ -64,7 +64,9 @@ def _tiles_entry(name, config, archs):
 V41_INDEX_KERNELS: tuple[KernelSpec, ...] = (
     _tiles_entry("v41_index.tiles", TILES_CONFIG, (90, 100)),  # tiles_config(): warpgroup MMAs
     _tiles_entry("v41_index.tiles_mma_sync", TILES_CONFIG_MMA_SYNC, (80, 120)),
-    _stream_entry("v41_index.stream_full", candidates=False),
-    _stream_entry("v41_index.stream_candidates", candidates=True),
-    _stream_entry("v41_index.stream_candidates_prefill", candidates=True, prefill=True),
+    # stream_config(): 128-slot tiles with warpgroup MMAs, 64 on mma.sync GPUs
+    *(_stream_entry(f"v41_index.stream_{kind}{suffix}", candidates=kind != "full", prefill=kind.endswith("prefill"),
+                    config=config, archs=archs)
+      for suffix, config, archs in (("", STREAM_CONFIG, (90, 100)), ("_mma_sync", STREAM_CONFIG_MMA_SYNC, (80, 120)))
+      for kind in ("full", "candidates", "candidates_prefill")),
 )

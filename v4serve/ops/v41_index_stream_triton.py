@@ -55,6 +55,8 @@ from v4serve.ops.v41_index_triton import _v41_decode_keys_kernel
 # 148-152 registers (sm_90, Triton 3.6); 256-slot tiles need 255 registers and save nothing.
 # bench/v41_index_configs.py times other tile sizes, warps and programs per SM beside it.
 STREAM_CONFIG = dict(BLOCK_T=128, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)
+# mma.sync GPUs (sm_80, sm_89, sm_120): 64-slot tiles (128 spilled 8 B on sm_120 under Triton 3.8 / 3.9).
+STREAM_CONFIG_MMA_SYNC = dict(BLOCK_T=64, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)
 DECODE_ROWS = 32  # rows per program of the predecode kernel
 
 
@@ -244,9 +246,16 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def stream_config(device: torch.device) -> dict:
+    """The production config for `device`: 128-slot tiles with warpgroup MMAs (sm_90, sm_100), else 64."""
+    if compiled_on_cuda(device) and torch.cuda.get_device_capability(device)[0] in (9, 10):
+        return STREAM_CONFIG
+    return STREAM_CONFIG_MMA_SYNC
+
+
 def _weight_words(weights: torch.Tensor) -> torch.Tensor:
-    """bf16 [B, S, H] -> int32 [B, S, ceil(H / 2)] words of two heads (a zero head appended when H is odd
-    or the rows are not word-aligned: a copy, never on the model's even-H contiguous weights)."""
+    """bf16 [B, S, H] -> int32 [B, S, ceil(H / 2)] words of two heads: a view of the model's even-H
+    contiguous weights; a copy (a zero head appended when H is odd) when the rows are not word-aligned."""
     w = weights.to(torch.bfloat16)
     H = w.shape[2]
     if H % 2 or w.stride(2) != 1 or w.stride(1) % 2 or w.stride(0) % 2 or w.data_ptr() % 4:
@@ -277,7 +286,7 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
                          f"H <= 128 and D a power of two >= 32, got H = {H}, D = {D}")
     R = key_rows.shape[1]
     C = out.shape[2]
-    cfg = dict(STREAM_CONFIG if config is None else config)
+    cfg = dict(stream_config(q.device) if config is None else config)
     block_t = cfg.pop("BLOCK_T")
     candidates = cand_blocks is not None
     predecoded = predecode and packed
