@@ -8,9 +8,9 @@ pointer 16-byte aligned, its row stride 17 words not), weights fp32. At the PR's
 column count (R, or 2048 candidate blocks x 8) is a multiple of 16, so the output strides are
 aligned; a decode step's one query per sequence makes the n_visible stride 1 (specialised). Each
 production launch: the tiles kernel (prefill: TILES_CONFIG on sm_90 / sm_100, TILES_CONFIG_MMA_SYNC
-elsewhere) and the streaming kernel (STREAM_CONFIG on sm_90 / sm_100, STREAM_CONFIG_MMA_SYNC elsewhere)
-in full-mode decode, candidate decode and a candidate prefill chunk. The rows kernel and the predecoded launches are benchmark variants only
-(bench/v41_index_configs.py), not compiled here.
+elsewhere) and the streaming kernel (STREAM_CONFIG on sm_90 / sm_100, STREAM_CONFIG_MMA_SYNC
+elsewhere) in full-mode decode, candidate decode and a candidate prefill chunk. The rows kernel and
+the predecoded launches are benchmark variants only (bench/v41_index_configs.py), not compiled here.
 Expectations: the key words and scale words are 4-byte loads (no load narrower than 4 bytes
 anywhere), tensor-core MMAs, no spills. Register bounds are not set yet (no measurement): 255, the
 hardware's maximum.
