@@ -255,21 +255,22 @@ class SpeculativeStepper:
                 drafts = []
         return drafts, None if probs is None or not drafts else probs[:len(drafts)]
 
-    def _full_drafts(self, plan: list[ScheduledChunk]) -> list[tuple[list[int], torch.Tensor | None]] | None:
-        """Each chunk's k drafts when every chunk is a decode chunk with room for all k (pages
+    def _full_drafts(self, plan: list[ScheduledChunk]) -> list[tuple[list[int], torch.Tensor | None, int]] | None:
+        """Each chunk's drafts padded to k, the draft probabilities of the real ones and how many
+        are real (the cap of the device's acceptance: fewer near max_tokens or when the draft gave
+        fewer), when every chunk is a decode chunk whose k + 1 positions fit max_model_len (pages
         reserved): the step the verify runner takes. None otherwise (the eager step)."""
         engine, out = self.engine, []
         for chunk in plan:
             r = chunk.request
-            if not self._is_decode(chunk):
+            if not self._is_decode(chunk) or engine.max_model_len - 1 - chunk.start < self.k:
                 return None
             drafts, probs = self._drafts.get(r.request_id, ([], None))
-            room = engine.max_model_len - 1 - chunk.start
-            if r.params.max_tokens is not None:
-                room = min(room, r.params.max_tokens - len(r.output_token_ids) - 1)
-            if len(drafts) < self.k or room < self.k:
-                return None
-            out.append((drafts[:self.k], None if probs is None else probs[:self.k]))
+            keep = self.k
+            if r.params.max_tokens is not None:  # a + 1 tokens emitted must fit max_tokens
+                keep = min(keep, r.params.max_tokens - len(r.output_token_ids) - 1)
+            real = drafts[:max(0, keep)]
+            out.append(([*real, *[0] * (self.k - len(real))], None if probs is None else probs[:len(real)], len(real)))
         try:
             for chunk in plan:
                 engine.cache.reserve(chunk.request.slot, chunk.end + self.k)
@@ -277,73 +278,68 @@ class SpeculativeStepper:
             return None
         return out
 
-    def _graph_step(self, plan: list[ScheduledChunk], drafted: list[tuple[list[int], torch.Tensor | None]]
+    def _graph_step(self, plan: list[ScheduledChunk], drafted: list[tuple[list[int], torch.Tensor | None, int]]
                     ) -> list[RequestOutput]:
-        """A step of decoding sequences only, each with k drafts (`engine/verify_runner.py`): the
+        """A step of decoding sequences only, drafts padded to k (`engine/verify_runner.py`): the
         verify graph, acceptance (on the device when every request is greedy), the commit + draft
-        graph, then one read of the results."""
+        graph, then one read of the packed results (the step's one synchronisation when greedy)."""
         engine, runner = self.engine, self.verify_runner
         self.device_steps += 1
         requests = [c.request for c in plan]
         for r in requests:
             self._drafts.pop(r.request_id, None)
-        slots = [r.slot for r in requests]
-        out = runner.verify([[r.token_at(c.start), *d] for c, r, (d, _) in zip(plan, requests, drafted)],
-                            [c.start for c in plan], slots)
+        caps = [n for _, _, n in drafted]
+        out = runner.verify([[r.token_at(c.start), *d] for c, r, (d, _, _) in zip(plan, requests, drafted)],
+                            [c.start for c in plan], [r.slot for r in requests], caps)
         if all(r.params.greedy for r in requests):
-            new_drafts = runner.commit_and_draft()  # queued behind the verify graph: no host value needed
-            host = torch.cat((out.best, out.accepted[:, None]), dim=1).tolist()
-            best = [row[:-1] for row in host]
-            accepted = [row[-1] for row in host]
-            emitted = [row[:a + 1] for row, a in zip(best, accepted)]
+            results = runner.commit_and_draft()  # queued behind the verify graph: no host value needed
+            rows = results.read()
+            emitted = [best[:a + 1] for best, a, _, _ in rows]
         else:
             best = out.best.tolist()
             emitted = []
-            for b, (r, (d, probs)) in enumerate(zip(requests, drafted)):
+            for b, (r, (d, probs, n)) in enumerate(zip(requests, drafted)):
                 if r.params.greedy:
-                    emitted.append(greedy_tokens(best[b], d))
+                    emitted.append(greedy_tokens(best[b], d[:n]))
                 else:
-                    emitted.append(accept_sampled(processed_probs(out.logits[b], r.params), d, probs,
+                    emitted.append(accept_sampled(processed_probs(out.logits[b], r.params), d[:n], probs,
                                                   generator_of(r, out.logits.device)))
-            accepted = [len(e) - 1 for e in emitted]
-            new_drafts = runner.commit_and_draft(accepted)
-        logprobs = out.best_logprob.tolist()
+            rows = runner.commit_and_draft([len(e) - 1 for e in emitted]).read()
 
         updated, items = [], []
-        for b, (chunk, r, tokens) in enumerate(zip(plan, requests, emitted)):
-            self.metrics.record(self.k, accepted[b])
+        for b, (chunk, r, tokens, (best, _, logprobs, new_drafts)) in enumerate(zip(plan, requests, emitted, rows)):
+            self.metrics.record(caps[b], len(tokens) - 1)
             if r.status is not Status.RUNNING:
                 continue
             r.num_computed = chunk.start + len(tokens)
             for j, token in enumerate(tokens):
                 row = out.logits[b, j]
-                logprob = logprobs[b][j] if token == best[b][j] else float(row[token] - torch.logsumexp(row, dim=-1))
+                logprob = logprobs[j] if token == best[j] else float(row[token] - torch.logsumexp(row, dim=-1))
                 engine._append_token(r, token, logprob, row)
                 if r.finish_reason is not None:
                     break
             updated.append(r)
             if r.status is Status.RUNNING:
-                items.append((b, r, chunk, len(tokens)))
-        self._propose_after_graph(items, new_drafts, out.streams)
+                items.append((b, r, chunk, len(tokens), new_drafts))
+        self._propose_after_graph(items, out.streams)
         return [request_output(r) for r in updated]
 
-    def _propose_after_graph(self, items, new_drafts: torch.Tensor | None, streams: torch.Tensor) -> None:
-        """Drafts for the sequences still running: the MTP graph's, or the drafter's (a scripted
-        or other host-side draft) from the verify step's committed positions."""
+    def _propose_after_graph(self, items, streams: torch.Tensor) -> None:
+        """Drafts for the sequences still running: the MTP graph's (already on the host), or the
+        drafter's (a scripted or other host-side draft) from the verify step's committed positions."""
         if not items:
             return
-        if new_drafts is not None and self.drafter is self.mtp:
-            rows = new_drafts[[b for b, *_ in items]].tolist()
-            proposals = [(d, None) for d in rows]
+        if self.drafter is self.mtp and self.mtp is not None:
+            proposals = [(new_drafts, None) for *_, new_drafts in items]
         else:
             size = streams.shape[0] // (self.k + 1)
             draft_items = []
-            for b, r, chunk, kept in items:
+            for b, r, chunk, kept, _ in items:
                 committed = torch.arange(kept, device=streams.device) * size + b
                 draft_items.append(DraftItem(r, chunk.start, r.all_token_ids[chunk.start + 1:chunk.start + kept + 1],
                                              streams.index_select(0, committed), wants_drafts=True))
             proposals = self.drafter.propose(draft_items, self.k)
-        for (_, r, _, _), proposal in zip(items, proposals):
+        for (_, r, *_), proposal in zip(items, proposals):
             self._drafts[r.request_id] = self._filtered(r, proposal)
 
     def _filtered(self, request: Request, proposal: tuple[list[int], torch.Tensor | None]):
