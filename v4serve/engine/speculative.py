@@ -222,7 +222,8 @@ class SpeculativeStepper:
             engine.cache.max_seqs, runner.graphs_wanted, runner.graph_sizes)
         # A bench-only hook (`bench/forced_draft.py`): (request, drafts) -> the drafts to use.
         self.draft_filter = None
-        self.device_steps = 0  # steps taken by the verify runner (the rest ran the eager path)
+        self.device_steps = 0  # steps taken by the verify runner
+        self.eager_steps = 0  # steps that ran the eager path (prefill chunks, max_model_len near)
 
     def set_num_speculative_tokens(self, k: int) -> None:
         """Draft k tokens per step from now on (the benchmark compares k on one engine): at most
@@ -355,7 +356,11 @@ class SpeculativeStepper:
         if not plan:
             return []
         drafted = self._full_drafts(plan)
-        outputs = self._graph_step(plan, drafted) if drafted is not None else self._eager_step(plan)
+        if drafted is not None:
+            outputs = self._graph_step(plan, drafted)
+        else:
+            self.eager_steps += 1
+            outputs = self._eager_step(plan)
         for request_id in [rid for rid in self._drafts if rid not in engine._requests]:  # aborted meanwhile
             del self._drafts[request_id]
         return outputs
