@@ -39,6 +39,9 @@ from v4serve.engine.decode_runner import batch_size_ladder
 from v4serve.engine.graph_capture import capture_graph, capture_ladder
 
 
+NO_LIMIT = 2**62  # the room of a sequence without max_tokens
+
+
 def verify_route_rows(n: int, size: int, groups: int) -> list[int]:
     """MoE routing row of each group-major token of a verify step of `size` rows, `n` live: live
     tokens route as themselves, a padding row's token as a live row's token of the same group."""
@@ -113,19 +116,21 @@ class VerifyRunner:
         self._route_rows = torch.arange(max_batch * self.groups, dtype=torch.int64, device=device)
         self._accepted = torch.zeros(max_batch, dtype=torch.int64, device=device)
         self._caps = torch.zeros(max_batch, dtype=torch.int64, device=device)
+        self._room = torch.zeros(max_batch, dtype=torch.int64, device=device)  # drafts max_tokens leaves room for
         self.columns = ResultColumns(k, draft_cache is not None)
         self._draft_slots = None if draft_cache is None else torch.full(
             (max_batch,), draft_cache.padding_slot, dtype=torch.int64, device=device)
-        # Host staging of a step's rows [tokens (k + 1) | start | slot | draft slot | cap | route
-        # rows (k + 1)], pinned so the copy is asynchronous, doubled: a step is written while the
+        # Host staging of a step's rows [tokens (k + 1) | start | slot | draft slot | cap | room |
+        # route rows (k + 1)], pinned so the copy is asynchronous, doubled: a step is written while the
         # previous one may still be copying. Results come back the same way.
         pinned = device.type == "cuda"
-        self._staging = [torch.zeros(max_batch, 2 * self.groups + 4, dtype=torch.int64, pin_memory=pinned)
+        self._staging = [torch.zeros(max_batch, 2 * self.groups + 5, dtype=torch.int64, pin_memory=pinned)
                          for _ in range(2)]
         self._accepted_staging = [torch.zeros(max_batch, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self._results_host = [torch.zeros(max_batch, self.columns.width, dtype=torch.float64, pin_memory=pinned)
                               for _ in range(2)]
         self._n = 0  # live rows of the step in flight
+        self._last: tuple[VerifyOutputs, torch.Tensor] | None = None  # the last step's outputs and results
         self._step = 0
         self._size = 0  # rows of the step in flight (the graph size it uses)
         self._outputs: VerifyOutputs | None = None
@@ -189,11 +194,14 @@ class VerifyRunner:
     # ------------------------------------------------------------------ a step
     @torch.inference_mode()
     def verify(self, tokens: list[list[int]], starts: list[int], slots: list[int],
-               caps: list[int] | None = None, draft_slots: list[int] | None = None) -> VerifyOutputs:
+               caps: list[int] | None = None, rooms: list[int] | None = None,
+               draft_slots: list[int] | None = None) -> VerifyOutputs:
         """Launch the verify half for n sequences: `tokens[b]` = [last token, k drafts] at positions
         starts[b] .. starts[b] + k of cache slot slots[b] (and `draft_slots[b]` of the draft's
         cache); the device's greedy acceptance keeps at most `caps[b]` drafts (None: k; drafts
-        past the cap are padding). Returns the outputs' first n rows; nothing waits for the GPU."""
+        past the cap are padding); `rooms[b]` (None: no limit) the drafts max_tokens leaves room
+        for, which a continuation's caps follow. Returns the outputs' first n rows; nothing waits
+        for the GPU."""
         n, k = len(slots), self.k
         if n > self.max_batch or any(len(t) != self.groups for t in tokens):
             raise ValueError(f"a verify step takes <= {self.max_batch} sequences of {self.groups} tokens each")
@@ -203,13 +211,15 @@ class VerifyRunner:
         size = next((s for s in self.ladder if s >= n and s in self._graphs), n)
         pad, g = size - n, self.groups
         draft_pad = self.draft_cache.padding_slot if self.draft_cache is not None else 0
-        rows = [[*t, s, slot, d, c] for t, s, slot, d, c in zip(tokens, starts, slots, draft_slots or slots, caps)]
-        rows += [[0] * g + [0, self.cache.padding_slot, draft_pad, 0]] * pad
+        rooms = [NO_LIMIT] * n if rooms is None else rooms
+        rows = [[*t, s, slot, d, c, room] for t, s, slot, d, c, room in zip(
+            tokens, starts, slots, draft_slots or slots, caps, rooms)]
+        rows += [[0] * g + [0, self.cache.padding_slot, draft_pad, 0, 0]] * pad
         staging = self._staging[self._step % 2]
         self._step += 1
-        staging[:size, :g + 4] = torch.tensor(rows, dtype=torch.int64)
+        staging[:size, :g + 5] = torch.tensor(rows, dtype=torch.int64)
         # the MoE routing row of each group-major token, laid out [b, group] here
-        staging[:size, g + 4:] = torch.tensor(verify_route_rows(n, size, g), dtype=torch.int64).view(g, size).t()
+        staging[:size, g + 5:] = torch.tensor(verify_route_rows(n, size, g), dtype=torch.int64).view(g, size).t()
         staged = staging[:size].to(self._tokens.device, non_blocking=True)
         self._tokens[:size].copy_(staged[:, :g])
         self._starts[:size].copy_(staged[:, g])
@@ -217,8 +227,37 @@ class VerifyRunner:
         if self._draft_slots is not None:
             self._draft_slots[:size].copy_(staged[:, g + 2])
         self._caps[:size].copy_(staged[:, g + 3])
-        self._route_rows[:size * g].view(g, size).copy_(staged[:, g + 4:].t())
+        self._room[:size].copy_(staged[:, g + 4])
+        self._route_rows[:size * g].view(g, size).copy_(staged[:, g + 5:].t())
         self._size, self._n = size, n
+        return self._replay_verify()
+
+    @torch.inference_mode()
+    def continue_verify(self, draft_filter=None) -> VerifyOutputs:
+        """Launch the verify half of the next step of the same sequences from the last step's
+        results on the device, without the host: each sequence's last token is the target's token
+        after its accepted drafts, its drafts the MTP draft's (through `draft_filter(drafts [n, k],
+        starts [n])` when given, on the device), its start moves by accepted + 1, its cap follows
+        its room. A sequence that ended meanwhile (stop, EOS, max_tokens) computes a row the host
+        drops."""
+        if self._last is None or not self.columns.drafts:
+            raise RuntimeError("continue_verify needs a finished step with MTP drafts")
+        (outputs, results), n, g = self._last, self._n, self.groups
+        accepted = self._accepted[:n]
+        drafts = results[:n, 2 * g + 1:].to(torch.int64)
+        starts = self._starts[:n] + accepted + 1
+        if draft_filter is not None:
+            drafts = draft_filter(drafts, starts)
+        self._tokens[:n, 1:].copy_(drafts)
+        self._tokens[:n, 0].copy_(outputs.best[:n].gather(1, accepted[:, None])[:, 0])
+        self._starts[:n].copy_(starts)
+        self._room[:n].sub_(accepted + 1)
+        self._caps[:n].copy_(self._room[:n].clamp(0, self.k))
+        self._step += 1
+        return self._replay_verify()
+
+    def _replay_verify(self) -> VerifyOutputs:
+        size, n = self._size, self._n
         if size in self._graphs:
             graph, outputs, _, _ = self._graphs[size]
             graph.replay()
@@ -249,6 +288,7 @@ class VerifyRunner:
             graph.replay()
         else:
             results = self._commit_and_draft(size, outputs)
+        self._last = (outputs, results)
         host = self._results_host[self._step % 2][:n]
         host.copy_(results[:n], non_blocking=True)
         done = None
