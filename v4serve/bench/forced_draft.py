@@ -61,7 +61,7 @@ class ForcedAcceptance:
         device, pinned = drafts.device, drafts.device.type == "cuda"
         for r in requests:
             if r.request_id not in self._on_device:
-                padded = torch.tensor(self.reference[r.request_id] + [0] * self.k, dtype=torch.int64)
+                padded = torch.tensor([*self.reference[r.request_id], *[0] * self.k], dtype=torch.int64)
                 self._on_device[r.request_id] = (padded.pin_memory() if pinned else padded).to(device, non_blocking=True)
         table = torch.nn.utils.rnn.pad_sequence([self._on_device[r.request_id] for r in requests], batch_first=True)
         rows = torch.tensor([[len(r.prompt_token_ids), accepted_schedule(self.mean_length, self._proposals.get(r.request_id, 0))]
