@@ -22,9 +22,12 @@ both graphs are queued back to back), or the host's answer after rejection sampl
 (`commit_and_draft(accepted)`). The second graph ends by packing what the host needs into one
 float64 row per sequence (`ResultColumns`: the target's tokens, the accepted count, their
 logprobs, the new drafts; token ids and fp32 logprobs are exact in float64), and the step reads
-that block with one copy into pinned memory: one device->host synchronisation per step. Rows written past the kept prefix need no undo (rings of
-W + k rows; see state_checkpoints.py). A step of n < S sequences replays the smallest graph with
-room, its extra rows on the cache's padding slot and routed in the MoE as live rows.
+that block with one copy into pinned memory: one device->host synchronisation per step. The next
+step of the same sequences can be launched from that block on the device before the host reads
+it (`continue_verify`: the engine's continuations). Rows written past the kept prefix need no
+undo (rings of W + k rows; see state_checkpoints.py). A step of n < S sequences replays the
+smallest graph with room, its extra rows on the cache's padding slot and routed in the MoE as live
+rows.
 """
 
 from __future__ import annotations
@@ -121,8 +124,8 @@ class VerifyRunner:
         self._draft_slots = None if draft_cache is None else torch.full(
             (max_batch,), draft_cache.padding_slot, dtype=torch.int64, device=device)
         # Host staging of a step's rows [tokens (k + 1) | start | slot | draft slot | cap | room |
-        # route rows (k + 1)], pinned so the copy is asynchronous, doubled: a step is written while the
-        # previous one may still be copying. Results come back the same way.
+        # route rows (k + 1)], pinned so the copy is asynchronous, doubled: a step is written while
+        # the previous one may still be copying. Results come back the same way.
         pinned = device.type == "cuda"
         self._staging = [torch.zeros(max_batch, 2 * self.groups + 5, dtype=torch.int64, pin_memory=pinned)
                          for _ in range(2)]
