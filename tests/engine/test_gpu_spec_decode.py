@@ -98,3 +98,25 @@ def test_gpu_verify_graphs_match_their_eager_run(k):
         runs[graphs] = (done, drafts, engine.spec.device_steps)
     assert runs[True][0] == runs[False][0] == plain
     assert runs[True][1] == runs[False][1] and runs[True][2] == runs[False][2] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_continuations_match_steps_read_first():
+    """Speculative steps launched from their predecessor's results on the device (continuations,
+    CUDA graphs, the forced draft filtered on the device) against the same run with every step read
+    before the next is launched: the same tokens (the plain engine's), the same acceptance."""
+    from v4serve.bench.forced_draft import ForcedAcceptance
+
+    common = dict(model="tiny", device="cuda", dtype="float32", max_num_seqs=4, progress=False)
+    plain = _run(Engine(EngineArgs(**common)))
+    engine = Engine(EngineArgs(**common, speculative_config={"method": "mtp", "num_speculative_tokens": 3}))
+    assert engine.spec.verify_runner.uses_cuda_graphs
+    metrics = {}
+    for overlap in (True, False):
+        engine.spec.overlap, before = overlap, engine.spec.continuations
+        engine.spec.metrics = type(engine.spec.metrics)()
+        engine.spec.draft_filter = ForcedAcceptance(plain, 3, 2.8, engine.config.vocab_size)
+        assert _run(engine) == plain
+        assert (engine.spec.continuations > before) == overlap
+        metrics[overlap] = engine.spec.metrics
+    assert metrics[True] == metrics[False] and metrics[True].num_accepted_tokens > 0

@@ -77,6 +77,7 @@ def test_mtp_greedy_equals_plain(plain, k):
     assert _run(engine) == plain
     m = engine.spec.metrics
     assert m.num_drafts > 0 and m.num_draft_tokens > 0 and len(m.accepted_per_position) == k
+    assert engine.spec.continuations > 0  # steps launched from their predecessor's results on the device
 
 
 def test_forced_correct_draft_accepts_everything(plain):

@@ -185,6 +185,7 @@ def test_device_mtp_drafts_equal_the_eager_drafters(monkeypatch):
     committed positions alone."""
     k = 3
     device = _spec_engine(k)
+    device.spec.overlap = False  # each call's drafts are then its own step's (no step left in flight)
     device_drafts = _drafts_per_step(device)
     assert device.spec.device_steps >= 3
     monkeypatch.setattr(type(device.spec), "_full_drafts", lambda self, plan: None)  # every step eager

@@ -131,9 +131,11 @@ def end_to_end(engine: Engine, c: int, k: int, lengths: list[float], output_len:
         spec.metrics = SpecDecodeMetrics()
         spec.draft_filter = ForcedAcceptance(reference, k, length, engine.config.vocab_size)
         outputs: dict[str, list[int]] = {}
+        device_steps, eager_steps = spec.device_steps, spec.eager_steps
         tpot = measure_tpot(engine, c, PROMPT_LEN, output_len, outputs=outputs)
         rows.append({"concurrency": c, "k": k, "forced_length": length, "tpot_ms": tpot["tpot_ms"],
                      "output_tok_s": tpot["output_tok_s"], "same_tokens": outputs == reference,
+                     "device_steps": spec.device_steps - device_steps, "eager_steps": spec.eager_steps - eager_steps,
                      **_counters(spec.metrics)})
     spec.draft_filter, spec.metrics = None, SpecDecodeMetrics()
     return rows

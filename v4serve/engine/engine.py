@@ -67,12 +67,12 @@ class Engine:
         self._in_flight: StepInFlight | None = None  # a launched decode step whose tokens are not yet read
         self.overlap_decode = args.overlap_decode
         self.decode_continuations = 0  # decode steps launched before their predecessor's tokens were read
-        # Speculative decoding (engine/speculative.py): its own step, eager, no decode overlap.
+        # Speculative decoding (engine/speculative.py): its own step and its own continuations.
         self.spec = None
         if self.runner.speculative is not None:
             from v4serve.engine.speculative import SpeculativeStepper
 
-            self.spec = SpeculativeStepper(self, self.runner.speculative)
+            self.spec = SpeculativeStepper(self, self.runner.speculative, overlap=args.overlap_decode)
             self.overlap_decode = False
 
     # The runner's parts, by the names the server, the benchmarks and the tests use.
@@ -163,7 +163,8 @@ class Engine:
             self.scheduler.finish(request)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or self._in_flight is not None
+        return (self.scheduler.has_unfinished() or self._in_flight is not None
+                or (self.spec is not None and self.spec.in_flight))
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:

@@ -3,12 +3,16 @@
 `SpeculativeConfig` is vLLM's `speculative_config` ({"method": "mtp", "num_speculative_tokens": k}).
 `SpeculativeStepper.step()` replaces the engine's step when it is set.
 
-A step in which every scheduled sequence decodes with k drafts (the steady state) runs on the
-device (`engine/verify_runner.py`, two CUDA graphs on CUDA): verify, acceptance (on the device when
-every request is greedy), rollback by restoring saved compressor states
-(`cache/state_checkpoints.py`; window rings of W + k rows need none) and the MTP draft, with one
-read of the results per step. Any other step (prefill chunks, drafts cut short near max_tokens /
-max_model_len, pages short) is the eager step below:
+A step in which every scheduled sequence decodes (the steady state) runs on the device
+(`engine/verify_runner.py`, two CUDA graphs on CUDA): verify, acceptance (on the device when
+every request is greedy, capped per sequence where fewer than k drafts may be kept: near
+max_tokens, or a draft that gave fewer; the drafts are padded to k), rollback by restoring saved
+compressor states (`cache/state_checkpoints.py`; window rings of W + k rows need none) and the MTP
+draft, with one read of the packed results per step. When every request is greedy, without
+logprobs, drafted by the MTP graph, and nothing waits, a step is left in flight and the next call
+launches its successor from its results on the device (a continuation, as the plain engine's
+decode steps do) before reading them: the host's bookkeeping then overlaps the GPU. Any other step
+(prefill chunks, a sequence within k of max_model_len, pages short) is the eager step below:
 
 1. Schedule as usual. A decode chunk (one token at position p, the sequence's last) is extended by
    the sequence's drafts d_1..d_k (fewer near max_model_len / max_tokens, none when pages run
@@ -43,6 +47,7 @@ from v4serve.engine.request import Request, Status
 from v4serve.engine.request_output import request_output
 from v4serve.engine.scheduler import ScheduledChunk
 from v4serve.engine.spec_decode import accept_greedy, accept_sampled, greedy_tokens, processed_probs
+from v4serve.engine.verify_runner import NO_LIMIT
 
 METHODS = ("mtp",)
 
@@ -203,8 +208,22 @@ class MTPDrafter:
         return picked
 
 
+@dataclass
+class GraphStepInFlight:
+    """A launched device step: its requests, each row's start, cap (None for a continuation: known
+    once the previous step is read), outputs, packed results on their way to the host, and the
+    host's emitted tokens when it accepted (rejection sampling)."""
+
+    requests: list[Request]
+    starts: list[int] | None
+    caps: list[int] | None
+    out: Any
+    results: Any
+    emitted: list[list[int]] | None = None
+
+
 class SpeculativeStepper:
-    def __init__(self, engine, config: SpeculativeConfig, drafter: Drafter | None = None):
+    def __init__(self, engine, config: SpeculativeConfig, drafter: Drafter | None = None, overlap: bool = True):
         if engine.config.v41 is not None:
             raise ValueError("speculative decoding: DeepSeek-V4.1's DSpark draft is not supported")
         from v4serve.engine.verify_runner import VerifyRunner
@@ -222,12 +241,18 @@ class SpeculativeStepper:
             engine.cache.max_seqs, runner.graphs_wanted, runner.graph_sizes)
         # A bench-only hook (`bench/forced_draft.py`): (request, drafts) -> the drafts to use.
         self.draft_filter = None
-        self.device_steps = 0  # steps taken by the verify runner (the rest ran the eager path)
+        self.device_steps = 0  # steps taken by the verify runner
+        self.eager_steps = 0  # steps that ran the eager path (prefill chunks, max_model_len near)
+        self.continuations = 0  # device steps launched from their predecessor's results on the device
+        self.overlap = overlap
+        self._in_flight: GraphStepInFlight | None = None
 
     def set_num_speculative_tokens(self, k: int) -> None:
         """Draft k tokens per step from now on (the benchmark compares k on one engine): at most
         the k the cache's window rings were built for. Drafts already made are cut to k."""
         room = self.engine.cache.ring_size - self.engine.cache.page_size
+        if self._in_flight is not None:
+            raise RuntimeError("set_num_speculative_tokens while a step is in flight")
         if not 1 <= k <= room:
             raise ValueError(f"num_speculative_tokens must be in [1, {room}] on this engine, got {k}")
         from v4serve.engine.verify_runner import VerifyRunner
@@ -255,21 +280,22 @@ class SpeculativeStepper:
                 drafts = []
         return drafts, None if probs is None or not drafts else probs[:len(drafts)]
 
-    def _full_drafts(self, plan: list[ScheduledChunk]) -> list[tuple[list[int], torch.Tensor | None]] | None:
-        """Each chunk's k drafts when every chunk is a decode chunk with room for all k (pages
+    def _full_drafts(self, plan: list[ScheduledChunk]) -> list[tuple[list[int], torch.Tensor | None, int]] | None:
+        """Each chunk's drafts padded to k, the draft probabilities of the real ones and how many
+        are real (the cap of the device's acceptance: fewer near max_tokens or when the draft gave
+        fewer), when every chunk is a decode chunk whose k + 1 positions fit max_model_len (pages
         reserved): the step the verify runner takes. None otherwise (the eager step)."""
         engine, out = self.engine, []
         for chunk in plan:
             r = chunk.request
-            if not self._is_decode(chunk):
+            if not self._is_decode(chunk) or engine.max_model_len - 1 - chunk.start < self.k:
                 return None
             drafts, probs = self._drafts.get(r.request_id, ([], None))
-            room = engine.max_model_len - 1 - chunk.start
-            if r.params.max_tokens is not None:
-                room = min(room, r.params.max_tokens - len(r.output_token_ids) - 1)
-            if len(drafts) < self.k or room < self.k:
-                return None
-            out.append((drafts[:self.k], None if probs is None else probs[:self.k]))
+            keep = self.k
+            if r.params.max_tokens is not None:  # a + 1 tokens emitted must fit max_tokens
+                keep = min(keep, r.params.max_tokens - len(r.output_token_ids) - 1)
+            real = drafts[:max(0, keep)]
+            out.append(([*real, *[0] * (self.k - len(real))], None if probs is None else probs[:len(real)], len(real)))
         try:
             for chunk in plan:
                 engine.cache.reserve(chunk.request.slot, chunk.end + self.k)
@@ -277,73 +303,122 @@ class SpeculativeStepper:
             return None
         return out
 
-    def _graph_step(self, plan: list[ScheduledChunk], drafted: list[tuple[list[int], torch.Tensor | None]]
-                    ) -> list[RequestOutput]:
-        """A step of decoding sequences only, each with k drafts (`engine/verify_runner.py`): the
-        verify graph, acceptance (on the device when every request is greedy), the commit + draft
-        graph, then one read of the results."""
-        engine, runner = self.engine, self.verify_runner
+    def _launch_graph_step(self, plan: list[ScheduledChunk], drafted: list[tuple[list[int], torch.Tensor | None, int]]
+                           ) -> GraphStepInFlight:
+        """A step of decoding sequences only, drafts padded to k (`engine/verify_runner.py`): the
+        verify graph, acceptance (on the device when every request is greedy: nothing waits for
+        the GPU), the commit + draft graph and the copy of its packed results to the host."""
+        runner = self.verify_runner
         self.device_steps += 1
         requests = [c.request for c in plan]
         for r in requests:
             self._drafts.pop(r.request_id, None)
-        slots = [r.slot for r in requests]
-        out = runner.verify([[r.token_at(c.start), *d] for c, r, (d, _) in zip(plan, requests, drafted)],
-                            [c.start for c in plan], slots)
+        caps = [n for _, _, n in drafted]
+        rooms = [NO_LIMIT if r.params.max_tokens is None else r.params.max_tokens - len(r.output_token_ids) - 1
+                 for r in requests]
+        out = runner.verify([[r.token_at(c.start), *d] for c, r, (d, _, _) in zip(plan, requests, drafted)],
+                            [c.start for c in plan], [r.slot for r in requests], caps, rooms)
         if all(r.params.greedy for r in requests):
-            new_drafts = runner.commit_and_draft()  # queued behind the verify graph: no host value needed
-            host = torch.cat((out.best, out.accepted[:, None]), dim=1).tolist()
-            best = [row[:-1] for row in host]
-            accepted = [row[-1] for row in host]
-            emitted = [row[:a + 1] for row, a in zip(best, accepted)]
-        else:
-            best = out.best.tolist()
-            emitted = []
-            for b, (r, (d, probs)) in enumerate(zip(requests, drafted)):
-                if r.params.greedy:
-                    emitted.append(greedy_tokens(best[b], d))
-                else:
-                    emitted.append(accept_sampled(processed_probs(out.logits[b], r.params), d, probs,
-                                                  generator_of(r, out.logits.device)))
-            accepted = [len(e) - 1 for e in emitted]
-            new_drafts = runner.commit_and_draft(accepted)
-        logprobs = out.best_logprob.tolist()
+            return GraphStepInFlight(requests, [c.start for c in plan], caps, out, runner.commit_and_draft())
+        best = out.best.tolist()  # rejection sampling on the host: read the target's rows first
+        emitted = []
+        for b, (r, (d, probs, n)) in enumerate(zip(requests, drafted)):
+            if r.params.greedy:
+                emitted.append(greedy_tokens(best[b], d[:n]))
+            else:
+                emitted.append(accept_sampled(processed_probs(out.logits[b], r.params), d[:n], probs,
+                                              generator_of(r, out.logits.device)))
+        results = runner.commit_and_draft([len(e) - 1 for e in emitted])
+        return GraphStepInFlight(requests, [c.start for c in plan], caps, out, results, emitted)
 
+    def _overlappable(self, step: GraphStepInFlight) -> bool:
+        """Whether the next step may be launched from this one's results on the device before the
+        host reads them: greedy everywhere (acceptance on the device), no logprobs (the next
+        replay overwrites the logits), the MTP graph's drafts (filtered on the device, if at all)."""
+        if not self.overlap or step.emitted is not None or self.mtp is None or self.drafter is not self.mtp:
+            return False
+        if self.draft_filter is not None and not hasattr(self.draft_filter, "on_device"):
+            return False
+        return all(r.params.logprobs is None for r in step.requests)
+
+    def _can_continue(self, step: GraphStepInFlight) -> bool:
+        """A continuation needs every running request in the step and still running, nothing
+        waiting, and room for the next k + 1 positions whatever this step accepts (pages reserved
+        for them)."""
+        scheduler, reach = self.engine.scheduler, 2 * self.k + 2  # the next step's last position + 1, at most
+        if scheduler.waiting or len(scheduler.running) != len(step.requests):
+            return False
+        # A continuation's rows start where their requests stand (its predecessor has been read).
+        starts = step.starts if step.starts is not None else [r.num_tokens - 1 for r in step.requests]
+        if any(r.status is not Status.RUNNING or start + reach > self.engine.max_model_len
+               for r, start in zip(step.requests, starts)):
+            return False
+        try:
+            for r, start in zip(step.requests, starts):
+                self.engine.cache.reserve(r.slot, start + reach)
+        except OutOfPages:
+            return False
+        return True
+
+    def _launch_continuation(self, step: GraphStepInFlight) -> GraphStepInFlight:
+        requests = step.requests
+        draft_filter = None
+        if self.draft_filter is not None:
+            draft_filter = lambda drafts, starts: self.draft_filter.on_device(requests, drafts, starts)  # noqa: E731
+        self.device_steps += 1
+        self.continuations += 1
+        out = self.verify_runner.continue_verify(draft_filter)
+        return GraphStepInFlight(requests, None, None, out, self.verify_runner.commit_and_draft())
+
+    def _finish(self, step: GraphStepInFlight) -> list[RequestOutput]:
+        """Read a launched step's results (its one synchronisation when greedy) and do its
+        bookkeeping; rows of requests that finished or were aborted since the launch are dropped.
+        A continuation's rows start where their requests stand now (the host's state then equals
+        the one the device assumed)."""
+        engine, rows = self.engine, step.results.read()
         updated, items = [], []
-        for b, (chunk, r, tokens) in enumerate(zip(plan, requests, emitted)):
-            self.metrics.record(self.k, accepted[b])
+        for b, (r, (best, accepted, logprobs, new_drafts)) in enumerate(zip(step.requests, rows)):
             if r.status is not Status.RUNNING:
                 continue
-            r.num_computed = chunk.start + len(tokens)
+            start = step.starts[b] if step.starts is not None else r.num_tokens - 1
+            tokens = best[:accepted + 1] if step.emitted is None else step.emitted[b]
+            cap = step.caps[b] if step.caps is not None else self._cap(r)
+            self.metrics.record(cap, len(tokens) - 1)
+            r.num_computed = start + len(tokens)
             for j, token in enumerate(tokens):
-                row = out.logits[b, j]
-                logprob = logprobs[b][j] if token == best[b][j] else float(row[token] - torch.logsumexp(row, dim=-1))
+                row = step.out.logits[b, j]
+                logprob = logprobs[j] if token == best[j] else float(row[token] - torch.logsumexp(row, dim=-1))
                 engine._append_token(r, token, logprob, row)
                 if r.finish_reason is not None:
                     break
             updated.append(r)
             if r.status is Status.RUNNING:
-                items.append((b, r, chunk, len(tokens)))
-        self._propose_after_graph(items, new_drafts, out.streams)
+                items.append((b, r, start, len(tokens), new_drafts))
+        self._propose_after_graph(items, step.out.streams)
         return [request_output(r) for r in updated]
 
-    def _propose_after_graph(self, items, new_drafts: torch.Tensor | None, streams: torch.Tensor) -> None:
-        """Drafts for the sequences still running: the MTP graph's, or the drafter's (a scripted
-        or other host-side draft) from the verify step's committed positions."""
+    def _cap(self, request: Request) -> int:
+        """The drafts a continuation's row of `request` could keep (its state before the row)."""
+        if request.params.max_tokens is None:
+            return self.k
+        return max(0, min(self.k, request.params.max_tokens - len(request.output_token_ids) - 1))
+
+    def _propose_after_graph(self, items, streams: torch.Tensor) -> None:
+        """Drafts for the sequences still running: the MTP graph's (already on the host), or the
+        drafter's (a scripted or other host-side draft) from the verify step's committed positions."""
         if not items:
             return
-        if new_drafts is not None and self.drafter is self.mtp:
-            rows = new_drafts[[b for b, *_ in items]].tolist()
-            proposals = [(d, None) for d in rows]
+        if self.drafter is self.mtp and self.mtp is not None:
+            proposals = [(new_drafts, None) for *_, new_drafts in items]
         else:
             size = streams.shape[0] // (self.k + 1)
             draft_items = []
-            for b, r, chunk, kept in items:
+            for b, r, start, kept, _ in items:
                 committed = torch.arange(kept, device=streams.device) * size + b
-                draft_items.append(DraftItem(r, chunk.start, r.all_token_ids[chunk.start + 1:chunk.start + kept + 1],
+                draft_items.append(DraftItem(r, start, r.all_token_ids[start + 1:start + kept + 1],
                                              streams.index_select(0, committed), wants_drafts=True))
             proposals = self.drafter.propose(draft_items, self.k)
-        for (_, r, _, _), proposal in zip(items, proposals):
+        for (_, r, *_), proposal in zip(items, proposals):
             self._drafts[r.request_id] = self._filtered(r, proposal)
 
     def _filtered(self, request: Request, proposal: tuple[list[int], torch.Tensor | None]):
@@ -352,17 +427,43 @@ class SpeculativeStepper:
         # The filtered drafts are deterministic (q = one-hot): what they replaced was drawn from q.
         return self.draft_filter(request, proposal[0]), None
 
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight is not None
+
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
+        """Like the plain engine's decode continuations: a greedy device step is left in flight;
+        the next call launches its successor from its results on the device (when nothing else
+        waits) before reading them, so the GPU has the next step queued during the bookkeeping."""
         engine = self.engine
+        previous, self._in_flight = self._in_flight, None
+        outputs: list[RequestOutput] = []
+        if previous is not None:
+            if self._can_continue(previous):
+                self._in_flight = self._launch_continuation(previous)
+                outputs = self._finish(previous)
+                self._drop_stale_drafts()
+                return outputs
+            outputs = self._finish(previous)
         plan = engine.scheduler.schedule()
-        if not plan:
-            return []
-        drafted = self._full_drafts(plan)
-        outputs = self._graph_step(plan, drafted) if drafted is not None else self._eager_step(plan)
-        for request_id in [rid for rid in self._drafts if rid not in engine._requests]:  # aborted meanwhile
-            del self._drafts[request_id]
+        if plan:
+            drafted = self._full_drafts(plan)
+            if drafted is not None:
+                launched = self._launch_graph_step(plan, drafted)
+                if self._overlappable(launched):
+                    self._in_flight = launched
+                else:
+                    outputs += self._finish(launched)
+            else:
+                self.eager_steps += 1
+                outputs += self._eager_step(plan)
+        self._drop_stale_drafts()
         return outputs
+
+    def _drop_stale_drafts(self) -> None:
+        for request_id in [rid for rid in self._drafts if rid not in self.engine._requests]:  # aborted meanwhile
+            del self._drafts[request_id]
 
     def _eager_step(self, plan: list[ScheduledChunk]) -> list[RequestOutput]:
         """A step that also prefills (or whose drafts fall short of k): one prefill-style target
