@@ -72,39 +72,71 @@ def _split8(t):
 
 
 @triton.jit
-def _pick_x(x_ptr, rows_ptr, pick, valid, stride_x, k0, K, HAS_ROWS: tl.constexpr, KW: tl.constexpr):
-    """The pick's activations of one K step as 8 fp32 [KW] tensors: x[row, k0 + 8i + q], q = 0..7."""
+def _x_column(x_row, q: tl.constexpr, mask):
+    return tl.load(x_row + q, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _bf16_pair(w):
+    """int32 holding two bf16 (element 2j low, 2j+1 high) -> the two as fp32 (exact: bits moved)."""
+    return (w << 16).to(tl.float32, bitcast=True), (w & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _pick_x(x_ptr, rows_ptr, pick, valid, stride_x, k0, K, HAS_ROWS: tl.constexpr, X_WORDS: tl.constexpr,
+            EVEN_K: tl.constexpr, KW: tl.constexpr):
+    """The pick's activations of one K step as 8 fp32 [1, KW] tensors: x[row, k0 + 8i + q], q = 0..7
+    (in the weight words' layout: each thread loads the activations of its own words). X_WORDS
+    (bf16 x, 8-byte aligned rows): two 8-byte loads a word, the bf16 bits moved into fp32s."""
     if HAS_ROWS:
         row = tl.load(rows_ptr + pick, mask=valid, other=0)
     else:
         row = pick.to(tl.int64)
-    offs = k0 + 8 * tl.arange(0, KW)[:, None] + tl.arange(0, 8)[None, :]
-    x = tl.load(x_ptr + row * stride_x + offs, mask=valid & (offs < K), other=0.0)
-    return _split8(x.to(tl.float32))
+    offs_x = k0 + 8 * tl.arange(0, KW)[None, :]
+    mask = valid if EVEN_K else valid & (offs_x < K)
+    if X_WORDS:
+        x_row = x_ptr.to(tl.pointer_type(tl.int64)) + row * (stride_x // 4) + offs_x // 4
+        lo = tl.load(x_row, mask=mask, other=0)
+        hi = tl.load(x_row + 1, mask=mask, other=0)
+        x0, x1 = _bf16_pair(lo.to(tl.int32))
+        x2, x3 = _bf16_pair((lo >> 32).to(tl.int32))
+        x4, x5 = _bf16_pair(hi.to(tl.int32))
+        x6, x7 = _bf16_pair((hi >> 32).to(tl.int32))
+        return x0, x1, x2, x3, x4, x5, x6, x7
+    x_row = x_ptr + row * stride_x + offs_x
+    return (_x_column(x_row, 0, mask), _x_column(x_row, 1, mask), _x_column(x_row, 2, mask),
+            _x_column(x_row, 3, mask), _x_column(x_row, 4, mask), _x_column(x_row, 5, mask),
+            _x_column(x_row, 6, mask), _x_column(x_row, 7, mask))
 
 
 @triton.jit
 def _block_sums(d, xs, KW: tl.constexpr, BLOCK_N: tl.constexpr):
     """[BLOCK_N, KW / 4]: per 32-element block, sum_k d[n, k] * x[k] (an FMA chain per word)."""
-    part = d[0] * xs[0][None, :]
-    part = tl.fma(d[1], xs[1][None, :], part)
-    part = tl.fma(d[2], xs[2][None, :], part)
-    part = tl.fma(d[3], xs[3][None, :], part)
-    part = tl.fma(d[4], xs[4][None, :], part)
-    part = tl.fma(d[5], xs[5][None, :], part)
-    part = tl.fma(d[6], xs[6][None, :], part)
-    part = tl.fma(d[7], xs[7][None, :], part)
+    part = d[0] * xs[0]
+    part = tl.fma(d[1], xs[1], part)
+    part = tl.fma(d[2], xs[2], part)
+    part = tl.fma(d[3], xs[3], part)
+    part = tl.fma(d[4], xs[4], part)
+    part = tl.fma(d[5], xs[5], part)
+    part = tl.fma(d[6], xs[6], part)
+    part = tl.fma(d[7], xs[7], part)
     return tl.sum(tl.reshape(part, (BLOCK_N, KW // 4, 4)), axis=2)
 
 
 @triton.jit
-def _load_step(w_rows, s_rows, up_w, up_s, k0, mask_n, k_words, K_SCALES, SWIGLU: tl.constexpr, KW: tl.constexpr):
+def _load_step(w_rows, s_rows, up_w, up_s, k0, mask_n, k_words, K_SCALES, SWIGLU: tl.constexpr,
+               EVEN_K: tl.constexpr, KW: tl.constexpr):
     """One K step's weight words [BLOCK_N, KW] and block scales [BLOCK_N, KW / 4] (fp32), and with
-    SWIGLU the up rows' (else the same tensors again); masked past K (the prefetch past the end)."""
+    SWIGLU the up rows' (else the same tensors again); masked past K unless EVEN_K (then the
+    caller keeps k0 inside K)."""
     offs_w = k0 // 8 + tl.arange(0, KW)
     offs_s = k0 // 32 + tl.arange(0, KW // 4)
-    w_mask = mask_n[:, None] & (offs_w[None, :] < k_words)
-    s_mask = mask_n[:, None] & (offs_s[None, :] < K_SCALES)
+    if EVEN_K:
+        w_mask = mask_n[:, None]
+        s_mask = mask_n[:, None]
+    else:
+        w_mask = mask_n[:, None] & (offs_w[None, :] < k_words)
+        s_mask = mask_n[:, None] & (offs_s[None, :] < K_SCALES)
     words = tl.load(w_rows + offs_w[None, :], mask=w_mask, other=0)
     scale = ue8m0_to_f32(tl.load(s_rows + offs_s[None, :], mask=s_mask, other=127).to(tl.int32))
     if SWIGLU:
@@ -135,8 +167,8 @@ def _store_pick(y_ptr, acc, acc_up, pick, valid, offs_n, mask_n, stride_y, limit
 def _mxfp4_gemv_kernel(
     x_ptr, w_ptr, s_ptr, rows_ptr, ends_ptr, y_ptr,
     N, K, K_SCALES, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, limit,
-    N_GROUPS: tl.constexpr, HAS_ROWS: tl.constexpr, DECODE_ASM: tl.constexpr, SWIGLU: tl.constexpr,
-    PICKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+    N_GROUPS: tl.constexpr, HAS_ROWS: tl.constexpr, X_WORDS: tl.constexpr, DECODE_ASM: tl.constexpr,
+    SWIGLU: tl.constexpr, EVEN_K: tl.constexpr, PICKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """stride_we / stride_wn in int32 words (the weight rows are read as words), the rest in elements."""
@@ -165,21 +197,23 @@ def _mxfp4_gemv_kernel(
     up2 = tl.zeros_like(acc0)
     up3 = tl.zeros_like(acc0)
     # a register double buffer: the next step's words and scales load while this step decodes
+    # (EVEN_K: the prefetch after the last step re-reads the last step instead of masking)
     words, scale, words_up, scale_up = _load_step(w_rows, s_rows, up_w, up_s, 0, mask_n, k_words, K_SCALES,
-                                                  SWIGLU, KW)
+                                                  SWIGLU, EVEN_K, KW)
     for k0 in range(0, K, BLOCK_K):
+        k_next = tl.minimum(k0 + BLOCK_K, K - BLOCK_K) if EVEN_K else k0 + BLOCK_K
         next_words, next_scale, next_words_up, next_scale_up = _load_step(
-            w_rows, s_rows, up_w, up_s, k0 + BLOCK_K, mask_n, k_words, K_SCALES, SWIGLU, KW)
+            w_rows, s_rows, up_w, up_s, k_next, mask_n, k_words, K_SCALES, SWIGLU, EVEN_K, KW)
         d = _decode(words, DECODE_ASM)
-        x0 = _pick_x(x_ptr, rows_ptr, first, n_valid > 0, stride_x, k0, K, HAS_ROWS, KW)
+        x0 = _pick_x(x_ptr, rows_ptr, first, n_valid > 0, stride_x, k0, K, HAS_ROWS, X_WORDS, EVEN_K, KW)
         acc0 = _accumulate(acc0, d, x0, scale, KW, BLOCK_N)
         if PICKS > 1:
-            x1 = _pick_x(x_ptr, rows_ptr, first + 1, n_valid > 1, stride_x, k0, K, HAS_ROWS, KW)
+            x1 = _pick_x(x_ptr, rows_ptr, first + 1, n_valid > 1, stride_x, k0, K, HAS_ROWS, X_WORDS, EVEN_K, KW)
             acc1 = _accumulate(acc1, d, x1, scale, KW, BLOCK_N)
         if PICKS > 2:
-            x2 = _pick_x(x_ptr, rows_ptr, first + 2, n_valid > 2, stride_x, k0, K, HAS_ROWS, KW)
+            x2 = _pick_x(x_ptr, rows_ptr, first + 2, n_valid > 2, stride_x, k0, K, HAS_ROWS, X_WORDS, EVEN_K, KW)
             acc2 = _accumulate(acc2, d, x2, scale, KW, BLOCK_N)
-            x3 = _pick_x(x_ptr, rows_ptr, first + 3, n_valid > 3, stride_x, k0, K, HAS_ROWS, KW)
+            x3 = _pick_x(x_ptr, rows_ptr, first + 3, n_valid > 3, stride_x, k0, K, HAS_ROWS, X_WORDS, EVEN_K, KW)
             acc3 = _accumulate(acc3, d, x3, scale, KW, BLOCK_N)
         if SWIGLU:
             d_up = _decode(words_up, DECODE_ASM)
@@ -224,6 +258,11 @@ def gemv_picks(n_picks: int, n_experts: int) -> int | None:
     return None
 
 
+def _x_words(x: torch.Tensor) -> bool:
+    """bf16 activations read as 8-byte words: 8-byte aligned base and rows."""
+    return x.dtype == torch.bfloat16 and x.data_ptr() % 8 == 0 and x.stride(0) % 4 == 0
+
+
 def mxfp4_gemv_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor | None,
                       ends: torch.Tensor, n_picks: int, picks: int, config: dict | None = None,
                       swiglu_limit: float | None = None, decode: str | None = None) -> torch.Tensor:
@@ -251,7 +290,8 @@ def mxfp4_gemv_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         x, weight, scale, rows if rows is not None else ends, ends, y, n, k, k // 32, x.stride(0),
         weight.stride(0) // 4, weight.stride(1) // 4, scale.stride(0), scale.stride(1), y.stride(0),
         float(swiglu_limit) if swiglu else 0.0,
-        N_GROUPS=e, HAS_ROWS=rows is not None, DECODE_ASM=decode == "asm", SWIGLU=swiglu, PICKS=picks,
+        N_GROUPS=e, HAS_ROWS=rows is not None, X_WORDS=_x_words(x), DECODE_ASM=decode == "asm", SWIGLU=swiglu, EVEN_K=k % cfg["BLOCK_K"] == 0,
+        PICKS=picks,
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_E=triton.next_power_of_2(e),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x),
     )
