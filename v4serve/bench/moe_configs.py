@@ -17,7 +17,7 @@ from v4serve.ops.moe_route import moe_route
 from v4serve.ops.moe_sort import moe_sort
 from v4serve.ops.mxfp4_gemv_triton import GEMV_CONFIG as GEMV
 from v4serve.ops.mxfp4_gemv_triton import GEMV_SWIGLU_CONFIG as GEMV_SWIGLU
-from v4serve.ops.mxfp4_gemv_triton import mxfp4_gemv_triton
+from v4serve.ops.mxfp4_gemv_triton import gemv_config, mxfp4_gemv_triton
 from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
 from v4serve.ops.mxfp4_grouped_matmul_triton import (
     MXFP4_DECODE_CONFIG as DECODE,
@@ -37,8 +37,9 @@ DECODE_VARIANTS = [
     ("production", None, None, True),
     ("tensor cores (session 10)", DECODE_SWIGLU, DECODE, True),
     ("gemv picks 1", dict(GEMV_SWIGLU, PICKS=1), dict(GEMV, PICKS=1), True),
-    ("gemv picks 2", dict(GEMV_SWIGLU, PICKS=2), dict(GEMV, PICKS=2), True),
-    ("gemv picks 4", dict(GEMV_SWIGLU, PICKS=4), dict(GEMV, PICKS=4), True),
+    ("gemv picks 2", dict(gemv_config(2, True), PICKS=2), dict(gemv_config(2, False), PICKS=2), True),
+    ("gemv picks 2, 64 rows", dict(GEMV_SWIGLU, PICKS=2), dict(GEMV, PICKS=2), True),
+    ("gemv picks 4", dict(gemv_config(4, True), PICKS=4), dict(gemv_config(4, False), PICKS=4), True),
     ("gemv bits decoder", dict(GEMV_SWIGLU, PICKS=1, DECODE="bits"), dict(GEMV, PICKS=1, DECODE="bits"), True),
     ("gemv n / 2", dict(GEMV_SWIGLU, PICKS=1, BLOCK_N=16), dict(GEMV, PICKS=1, BLOCK_N=32), True),
     ("gemv k128", dict(GEMV_SWIGLU, PICKS=1, BLOCK_K=128), dict(GEMV, PICKS=1, BLOCK_K=128), True),

@@ -3,14 +3,15 @@ own file so merges with other registry edits stay trivial; registry.py appends M
 
 Shapes: V4-Flash, 256 experts, bf16 activations: gate_up [256, 4096, 4096 / 2] with the SwiGLU
 epilogue (rows read from the sorted pick list) and down [256, 4096, 2048 / 2], at the tiles the
-wrapper uses (GEMV_SWIGLU_CONFIG / GEMV_CONFIG), for 1 pick a program (c1, c8) and 2 (c64), with
+wrapper uses (`gemv_config`), for 1 pick a program (c1, c8) and 2 (c64), with
 the PTX word decoder (production on CUDA; the integer one, a bench variant, compiles too: 80-250
 registers, no spills, under 3.6 / 3.8 / 3.9, not registered to keep CI's compile time). Weight words are 16-byte loads; the
 scale bytes and the activations are narrower loads (one byte per 32-element block; 16-byte rows of
 x: 8-byte words), so no kv_load_bytes check. No tensor cores (FFMA only). Registers measured under
-Triton 3.6 / 3.8 / 3.9: 1 pick 95-128, 2 picks 212-231 (bounds ~1.1x, capped at 255).
+Triton 3.6 / 3.8 / 3.9: 1 pick 95-128 (64 / 2 x 32 rows), 2 picks on 32 / 2 x 16 rows 96-128 (on
+64 rows it was 212-231).
 """
-from v4serve.ops.mxfp4_gemv_triton import GEMV_CONFIG, GEMV_SWIGLU_CONFIG
+from v4serve.ops.mxfp4_gemv_triton import gemv_config
 
 from .spec import Expect, KernelSpec
 
@@ -26,9 +27,10 @@ MXFP4_GEMV_KERNELS: tuple[KernelSpec, ...] = tuple(
                         SWIGLU=proj == "gate_up", EVEN_K=True, PICKS=picks, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
                         BLOCK_E=256),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        expect=Expect(max_regs=141 if picks == 1 else 255),
+        expect=Expect(max_regs=141),
     )
-    for proj, cfg in (("gate_up", GEMV_SWIGLU_CONFIG), ("down", GEMV_CONFIG))
+    for proj in ("gate_up", "down")
     for picks in (1, 2)
+    for cfg in (gemv_config(picks, proj == "gate_up"),)
     for decode in ("asm",)
 )

@@ -237,9 +237,20 @@ def _mxfp4_gemv_kernel(
 # K columns (their activations converted once for 4 rows). With SWIGLU a program reads 2 x BLOCK_N
 # rows (gate and up), so BLOCK_N is halved. At Flash decode (N 4096 / 2048 outputs, 6 experts) that
 # is 384 programs a matmul, ~3 an SM, each with 2 x 8 KB of weight loads a step.
+# With 2 or 4 picks the accumulators and activations double: 64 rows take ~220 registers (2 CTAs an
+# SM), 32 rows ~128 (4 CTAs), so the row tiles are halved (sm_90, Triton 3.6: 128 / 96 registers).
 GEMV_CONFIG = dict(BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3)
 GEMV_SWIGLU_CONFIG = dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3)
+GEMV_MULTI_CONFIG = dict(GEMV_CONFIG, BLOCK_N=32)
+GEMV_MULTI_SWIGLU_CONFIG = dict(GEMV_SWIGLU_CONFIG, BLOCK_N=16)
 PICKS_CHOICES = (1, 2, 4)
+
+
+def gemv_config(picks: int, swiglu: bool) -> dict:
+    """The production tiles for `picks` picks a program."""
+    if picks == 1:
+        return GEMV_SWIGLU_CONFIG if swiglu else GEMV_CONFIG
+    return GEMV_MULTI_SWIGLU_CONFIG if swiglu else GEMV_MULTI_CONFIG
 
 
 def gemv_picks(n_picks: int, n_experts: int) -> int | None:
@@ -267,7 +278,7 @@ def mxfp4_gemv_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
                       ends: torch.Tensor, n_picks: int, picks: int, config: dict | None = None,
                       swiglu_limit: float | None = None, decode: str | None = None) -> torch.Tensor:
     """`mxfp4_grouped_matmul_triton`'s contract with the GEMV kernel, `picks` (1, 2, 4) picks a
-    program; `config`: BLOCK_N, BLOCK_K, num_warps, num_stages (default GEMV_*CONFIG); `decode`
+    program; `config`: BLOCK_N, BLOCK_K, num_warps, num_stages (default `gemv_config`); `decode`
     "asm" (the PTX word decoder, compiled CUDA only) or "bits" (default: asm on compiled CUDA)."""
     if picks not in PICKS_CHOICES:
         raise ValueError(f"picks must be one of {PICKS_CHOICES}, got {picks}")
@@ -277,7 +288,7 @@ def mxfp4_gemv_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         raise ValueError("the GEMV kernel reads weight rows as 16-byte words: K % 32 == 0 and 16-byte aligned rows")
     swiglu = swiglu_limit is not None
     n = n_w // 2 if swiglu else n_w
-    cfg = config or (GEMV_SWIGLU_CONFIG if swiglu else GEMV_CONFIG)
+    cfg = config or gemv_config(picks, swiglu)
     decode = decode or ("asm" if compiled_on_cuda(x.device) else "bits")
     if decode not in ("asm", "bits"):
         raise ValueError(f"decode must be 'asm' or 'bits', got {decode!r}")
