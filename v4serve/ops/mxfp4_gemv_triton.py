@@ -27,10 +27,12 @@ Schedule. Programs (blocks of PICKS picks of one expert, BLOCK_N output columns)
 expert e form cdiv(size_e, PICKS) blocks (`group_block`: from `ends`, in registers, no host sync,
 CUDA-graph safe); the grid is (cdiv(M, PICKS) + min(E, M) when PICKS > 1, M when PICKS == 1) x
 cdiv(N, BLOCK_N). A program streams its BLOCK_N weight rows (with SWIGLU also the BLOCK_N up rows
-N + n) along K, BLOCK_K elements a step, the next step's words loaded before this step's decode
-(a register double buffer, on top of the `num_stages` software pipeline where Triton applies it),
+N + n) along K, BLOCK_K elements a step, the next step's words and scales loaded before this step's
+decode (a register double buffer: Triton does not software-pipeline loads that feed no dot),
 decodes each word once, and runs one FMA chain per pick (1..PICKS, a static unrolled set of
-accumulators, the decoded weights shared by all). The per-block accumulators [BLOCK_N, BLOCK_K/32]
+accumulators, the decoded weights shared by all). Each thread loads the activations of its own
+words (8-byte words of bf16 pairs, X_WORDS), so x needs no layout conversion; 4 rows a thread
+share them. The per-block accumulators [BLOCK_N, BLOCK_K/32]
 are summed across threads once at the end, then the SwiGLU epilogue (gate and up rounded to y's
 dtype first, as the unfused path stores them) or a plain store. The grid has thousands of
 programs at decode shapes (6 experts x 4096 rows / BLOCK_N), so no split-K.
