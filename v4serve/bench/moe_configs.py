@@ -43,6 +43,7 @@ DECODE_VARIANTS = [
     ("gemv bits decoder", dict(GEMV_SWIGLU, PICKS=1, DECODE="bits"), dict(GEMV, PICKS=1, DECODE="bits"), True),
     ("gemv n / 2", dict(GEMV_SWIGLU, PICKS=1, BLOCK_N=16), dict(GEMV, PICKS=1, BLOCK_N=32), True),
     ("gemv k128", dict(GEMV_SWIGLU, PICKS=1, BLOCK_K=128), dict(GEMV, PICKS=1, BLOCK_K=128), True),
+    ("gemv k512", dict(GEMV_SWIGLU, PICKS=1, BLOCK_K=512), dict(GEMV, PICKS=1, BLOCK_K=512), True),
     ("gemv 8 warps", dict(GEMV_SWIGLU, PICKS=1, num_warps=8), dict(GEMV, PICKS=1, num_warps=8), True),
     ("tensor cores, unfused swiglu", DECODE, DECODE, False),
     ("production", None, None, True),

@@ -238,11 +238,14 @@ def _mxfp4_gemv_kernel(
 # along K, so a warp spans 4 rows and 4 warps 16; BLOCK_N 64 gives each thread 4 rows of the same
 # K columns (their activations converted once for 4 rows). With SWIGLU a program reads 2 x BLOCK_N
 # rows (gate and up), so BLOCK_N is halved. At Flash decode (N 4096 / 2048 outputs, 6 experts) that
-# is 384 programs a matmul, ~3 an SM, each with 2 x 8 KB of weight loads a step.
+# is 384 programs a matmul, ~3 an SM, each with 8 KB of weight loads a step (two steps in flight).
+# num_stages 1: Triton does not pipeline these loads (no dot), the kernel's own double buffer does
+# (stages 3 compiles to the same SASS). BLOCK_K 512 (8 rows a thread, 4.5 instructions a weight
+# instead of 4.8, 165-181 registers) is a bench variant.
 # With 2 or 4 picks the accumulators and activations double: 64 rows take ~220 registers (2 CTAs an
 # SM), 32 rows ~128 (4 CTAs), so the row tiles are halved (sm_90, Triton 3.6: 128 / 96 registers).
-GEMV_CONFIG = dict(BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3)
-GEMV_SWIGLU_CONFIG = dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3)
+GEMV_CONFIG = dict(BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=1)
+GEMV_SWIGLU_CONFIG = dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=1)
 GEMV_MULTI_CONFIG = dict(GEMV_CONFIG, BLOCK_N=32)
 GEMV_MULTI_SWIGLU_CONFIG = dict(GEMV_SWIGLU_CONFIG, BLOCK_N=16)
 PICKS_CHOICES = (1, 2, 4)
