@@ -49,28 +49,11 @@ from v4serve.ops.mxfp4_decode_triton import GEMV_UNIT_INV, decode_word_asm, deco
 from v4serve.ops.quant_decode_triton import ue8m0_to_f32
 from v4serve.ops.swiglu_triton import clamped_swiglu_f32
 
-MAX_PICKS = 4  # accumulators per program (per weight row half with SWIGLU)
-
-
 @triton.jit
 def _decode(words, DECODE_ASM: tl.constexpr):
     if DECODE_ASM:
         return decode_word_asm(words)
     return decode_word_bits(words)
-
-
-@triton.jit
-def _split8(t):
-    """[KW, 8] -> the 8 columns as [KW] tensors, in column order."""
-    t = tl.reshape(t, (t.shape[0], 2, 2, 2))
-    a, b = tl.split(t)  # column parity 0 / 1
-    a0, a1 = tl.split(a)
-    b0, b1 = tl.split(b)
-    c0, c4 = tl.split(a0)
-    c2, c6 = tl.split(a1)
-    c1, c5 = tl.split(b0)
-    c3, c7 = tl.split(b1)
-    return c0, c1, c2, c3, c4, c5, c6, c7
 
 
 @triton.jit
@@ -85,30 +68,33 @@ def _bf16_pair(w):
 
 
 @triton.jit
-def _pick_x(x_ptr, rows_ptr, pick, valid, stride_x, k0, K, HAS_ROWS: tl.constexpr, X_WORDS: tl.constexpr,
-            EVEN_K: tl.constexpr, KW: tl.constexpr):
-    """The pick's activations of one K step as 8 fp32 [1, KW] tensors: x[row, k0 + 8i + q], q = 0..7
-    (in the weight words' layout: each thread loads the activations of its own words). X_WORDS
-    (bf16 x, 8-byte aligned rows): two 8-byte loads a word, the bf16 bits moved into fp32s."""
+def _pick_row(rows_ptr, pick, valid, HAS_ROWS: tl.constexpr):
+    """The pick's row of x (int64)."""
     if HAS_ROWS:
-        row = tl.load(rows_ptr + pick, mask=valid, other=0)
-    else:
-        row = pick.to(tl.int64)
+        return tl.load(rows_ptr + pick, mask=valid, other=0)
+    return pick.to(tl.int64)
+
+
+@triton.jit
+def _pick_x(x_ptr, row, valid, stride_x, k0, K, X_WORDS: tl.constexpr, EVEN_K: tl.constexpr, KW: tl.constexpr):
+    """The pick's activations of one K step as 8 fp32 [1, KW] tensors: x[row, k0 + 8i + q], q = 0..7,
+    in the weight words' layout (each thread loads the activations of its own words). X_WORDS: two
+    8-byte loads a word (bf16 x, 8-byte aligned rows), the bf16 bits moved into fp32s."""
     offs_x = k0 + 8 * tl.arange(0, KW)[None, :]
     mask = valid if EVEN_K else valid & (offs_x < K)
     if X_WORDS:
-        x_row = x_ptr.to(tl.pointer_type(tl.int64)) + row * (stride_x // 4) + offs_x // 4
-        lo = tl.load(x_row, mask=mask, other=0)
-        hi = tl.load(x_row + 1, mask=mask, other=0)
+        x_words = x_ptr.to(tl.pointer_type(tl.int64)) + row * (stride_x // 4) + offs_x // 4
+        lo = tl.load(x_words, mask=mask, other=0)
+        hi = tl.load(x_words + 1, mask=mask, other=0)
         x0, x1 = _bf16_pair(lo.to(tl.int32))
         x2, x3 = _bf16_pair((lo >> 32).to(tl.int32))
         x4, x5 = _bf16_pair(hi.to(tl.int32))
         x6, x7 = _bf16_pair((hi >> 32).to(tl.int32))
         return x0, x1, x2, x3, x4, x5, x6, x7
-    x_row = x_ptr + row * stride_x + offs_x
-    return (_x_column(x_row, 0, mask), _x_column(x_row, 1, mask), _x_column(x_row, 2, mask),
-            _x_column(x_row, 3, mask), _x_column(x_row, 4, mask), _x_column(x_row, 5, mask),
-            _x_column(x_row, 6, mask), _x_column(x_row, 7, mask))
+    x_at = x_ptr + row * stride_x + offs_x
+    return (_x_column(x_at, 0, mask), _x_column(x_at, 1, mask), _x_column(x_at, 2, mask),
+            _x_column(x_at, 3, mask), _x_column(x_at, 4, mask), _x_column(x_at, 5, mask),
+            _x_column(x_at, 6, mask), _x_column(x_at, 7, mask))
 
 
 @triton.jit
@@ -170,7 +156,8 @@ def _mxfp4_gemv_kernel(
     x_ptr, w_ptr, s_ptr, rows_ptr, ends_ptr, y_ptr,
     N, K, K_SCALES, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, limit,
     N_GROUPS: tl.constexpr, HAS_ROWS: tl.constexpr, X_WORDS: tl.constexpr, DECODE_ASM: tl.constexpr,
-    SWIGLU: tl.constexpr, EVEN_K: tl.constexpr, PICKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+    SWIGLU: tl.constexpr, EVEN_K: tl.constexpr, PICKS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """stride_we / stride_wn in int32 words (the weight rows are read as words), the rest in elements."""
@@ -190,6 +177,10 @@ def _mxfp4_gemv_kernel(
     up_w = N * stride_wn  # SWIGLU: the up rows N..2N-1
     up_s = N * stride_sn
     k_words = K // 8
+    row0 = _pick_row(rows_ptr, first, n_valid > 0, HAS_ROWS)
+    row1 = _pick_row(rows_ptr, first + 1, n_valid > 1, HAS_ROWS)
+    row2 = _pick_row(rows_ptr, first + 2, n_valid > 2, HAS_ROWS)
+    row3 = _pick_row(rows_ptr, first + 3, n_valid > 3, HAS_ROWS)
     acc0 = tl.zeros((BLOCK_N, KW // 4), dtype=tl.float32)
     acc1 = tl.zeros_like(acc0)
     acc2 = tl.zeros_like(acc0)
@@ -207,15 +198,15 @@ def _mxfp4_gemv_kernel(
         next_words, next_scale, next_words_up, next_scale_up = _load_step(
             w_rows, s_rows, up_w, up_s, k_next, mask_n, k_words, K_SCALES, SWIGLU, EVEN_K, KW)
         d = _decode(words, DECODE_ASM)
-        x0 = _pick_x(x_ptr, rows_ptr, first, n_valid > 0, stride_x, k0, K, HAS_ROWS, X_WORDS, EVEN_K, KW)
+        x0 = _pick_x(x_ptr, row0, n_valid > 0, stride_x, k0, K, X_WORDS, EVEN_K, KW)
         acc0 = _accumulate(acc0, d, x0, scale, KW, BLOCK_N)
         if PICKS > 1:
-            x1 = _pick_x(x_ptr, rows_ptr, first + 1, n_valid > 1, stride_x, k0, K, HAS_ROWS, X_WORDS, EVEN_K, KW)
+            x1 = _pick_x(x_ptr, row1, n_valid > 1, stride_x, k0, K, X_WORDS, EVEN_K, KW)
             acc1 = _accumulate(acc1, d, x1, scale, KW, BLOCK_N)
         if PICKS > 2:
-            x2 = _pick_x(x_ptr, rows_ptr, first + 2, n_valid > 2, stride_x, k0, K, HAS_ROWS, X_WORDS, EVEN_K, KW)
+            x2 = _pick_x(x_ptr, row2, n_valid > 2, stride_x, k0, K, X_WORDS, EVEN_K, KW)
             acc2 = _accumulate(acc2, d, x2, scale, KW, BLOCK_N)
-            x3 = _pick_x(x_ptr, rows_ptr, first + 3, n_valid > 3, stride_x, k0, K, HAS_ROWS, X_WORDS, EVEN_K, KW)
+            x3 = _pick_x(x_ptr, row3, n_valid > 3, stride_x, k0, K, X_WORDS, EVEN_K, KW)
             acc3 = _accumulate(acc3, d, x3, scale, KW, BLOCK_N)
         if SWIGLU:
             d_up = _decode(words_up, DECODE_ASM)
@@ -306,9 +297,9 @@ def mxfp4_gemv_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         x, weight, scale, rows if rows is not None else ends, ends, y, n, k, k // 32, x.stride(0),
         weight.stride(0) // 4, weight.stride(1) // 4, scale.stride(0), scale.stride(1), y.stride(0),
         float(swiglu_limit) if swiglu else 0.0,
-        N_GROUPS=e, HAS_ROWS=rows is not None, X_WORDS=_x_words(x), DECODE_ASM=decode == "asm", SWIGLU=swiglu, EVEN_K=k % cfg["BLOCK_K"] == 0,
-        PICKS=picks,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], BLOCK_E=triton.next_power_of_2(e),
+        N_GROUPS=e, HAS_ROWS=rows is not None, X_WORDS=_x_words(x), DECODE_ASM=decode == "asm", SWIGLU=swiglu,
+        EVEN_K=k % cfg["BLOCK_K"] == 0, PICKS=picks, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        BLOCK_E=triton.next_power_of_2(e),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x),
     )
     return y
