@@ -15,6 +15,10 @@ from v4serve.bench.shapes import MOE_TOP_K, mxfp4_moe_case
 from v4serve.ops.moe_combine import moe_combine
 from v4serve.ops.moe_route import moe_route
 from v4serve.ops.moe_sort import moe_sort
+from v4serve.ops.mxfp4_gemv_triton import GEMV_CONFIG as GEMV
+from v4serve.ops.mxfp4_gemv_triton import GEMV_SWIGLU_CONFIG as GEMV_SWIGLU
+from v4serve.ops.mxfp4_gemv_triton import gemv_config, mxfp4_gemv_triton
+from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
 from v4serve.ops.mxfp4_grouped_matmul_triton import (
     MXFP4_DECODE_CONFIG as DECODE,
     MXFP4_DECODE_SWIGLU_CONFIG as DECODE_SWIGLU,
@@ -25,19 +29,23 @@ from v4serve.ops.mxfp4_grouped_matmul_triton import (
 from v4serve.ops.swiglu import clamped_swiglu
 
 SWIGLU_LIMIT = 10.0
-# (label, gate_up tiles, down tiles, SwiGLU fused); None = production (`mxfp4_config`). The first
-# entry is the error reference, and it comes again last (the same variant twice shows the noise).
+# (label, gate_up tiles, down tiles, SwiGLU fused); None = production (the public op's choice:
+# `gemv_picks`, then `mxfp4_config`); a dict with PICKS = the GEMV kernel (mxfp4_gemv_triton.py)
+# with that many picks a program and those tiles (DECODE: "asm" / "bits"). The first entry is the
+# error reference, and it comes again last (the same variant twice shows the noise).
 DECODE_VARIANTS = [
     ("production", None, None, True),
-    ("decode bits", dict(DECODE_SWIGLU, DECODE="bits"), dict(DECODE, DECODE="bits"), True),
-    ("unfused swiglu", DECODE, DECODE, False),
-    ("stages 3", dict(DECODE_SWIGLU, num_stages=3), dict(DECODE, num_stages=3), True),
-    ("k256 stages 3", dict(DECODE_SWIGLU, BLOCK_K=256, num_stages=3), dict(DECODE, BLOCK_K=256, num_stages=3), True),
-    ("n x2, 8 warps", dict(DECODE_SWIGLU, BLOCK_N=64, num_warps=8), dict(DECODE, BLOCK_N=128, num_warps=8), True),
-    ("n / 2", dict(DECODE_SWIGLU, BLOCK_N=16), dict(DECODE, BLOCK_N=32), True),
-    ("weights as A", dict(DECODE_SWIGLU, W_AS_A=True), dict(DECODE, W_AS_A=True), True),
-    ("weights as A, n x2, 8 warps", dict(DECODE_SWIGLU, BLOCK_N=64, num_warps=8, W_AS_A=True),
-     dict(DECODE, BLOCK_N=128, num_warps=8, W_AS_A=True), True),
+    ("tensor cores (session 10)", DECODE_SWIGLU, DECODE, True),
+    ("gemv picks 1", dict(GEMV_SWIGLU, PICKS=1), dict(GEMV, PICKS=1), True),
+    ("gemv picks 2", dict(gemv_config(2, True), PICKS=2), dict(gemv_config(2, False), PICKS=2), True),
+    ("gemv picks 2, 64 rows", dict(GEMV_SWIGLU, PICKS=2), dict(GEMV, PICKS=2), True),
+    ("gemv picks 4", dict(gemv_config(4, True), PICKS=4), dict(gemv_config(4, False), PICKS=4), True),
+    ("gemv bits decoder", dict(GEMV_SWIGLU, PICKS=1, DECODE="bits"), dict(GEMV, PICKS=1, DECODE="bits"), True),
+    ("gemv n / 2", dict(GEMV_SWIGLU, PICKS=1, BLOCK_N=16), dict(GEMV, PICKS=1, BLOCK_N=32), True),
+    ("gemv k128", dict(GEMV_SWIGLU, PICKS=1, BLOCK_K=128), dict(GEMV, PICKS=1, BLOCK_K=128), True),
+    ("gemv k512", dict(GEMV_SWIGLU, PICKS=1, BLOCK_K=512), dict(GEMV, PICKS=1, BLOCK_K=512), True),
+    ("gemv 8 warps", dict(GEMV_SWIGLU, PICKS=1, num_warps=8), dict(GEMV, PICKS=1, num_warps=8), True),
+    ("tensor cores, unfused swiglu", DECODE, DECODE, False),
     ("production", None, None, True),
 ]
 PREFILL_VARIANTS = [
@@ -56,8 +64,17 @@ SHAPES = {"moe flash c1": ("flash", 1), "moe flash c8": ("flash", 8), "moe flash
           "moe flash prefill S2048": ("flash", 2048)}
 
 
+def _matmul(x, w, s, rows, ends, picks, cfg, swiglu_limit=None):
+    """One grouped matmul by the variant's kernel: None = production (the public op)."""
+    if cfg is None:
+        return mxfp4_grouped_matmul(x, w, s, rows, ends, swiglu_limit=swiglu_limit)
+    if "PICKS" in cfg:
+        return mxfp4_gemv_triton(x, w, s, rows, ends, picks, cfg["PICKS"], cfg, swiglu_limit, cfg.get("DECODE"))
+    return mxfp4_grouped_matmul_triton(x, w, s, rows, ends, picks, cfg, swiglu_limit)
+
+
 def layer(case, up_cfg, down_cfg, fused):
-    """The routed layer with the given tiles for the gate_up and down matmuls."""
+    """The routed layer with the given kernels / tiles for the gate_up and down matmuls."""
     x, logits, w13, s13, w2, s2 = case
     bias = torch.zeros(logits.shape[1], device=x.device)
 
@@ -66,11 +83,11 @@ def layer(case, up_cfg, down_cfg, fused):
         rows, ends, pos = moe_sort(experts, w13.shape[0])
         picks = rows.shape[0]
         if fused:
-            hidden = mxfp4_grouped_matmul_triton(x, w13, s13, rows, ends, picks, up_cfg, swiglu_limit=SWIGLU_LIMIT)
+            hidden = _matmul(x, w13, s13, rows, ends, picks, up_cfg, SWIGLU_LIMIT)
         else:
-            gate, up = mxfp4_grouped_matmul_triton(x, w13, s13, rows, ends, picks, up_cfg).chunk(2, dim=-1)
+            gate, up = _matmul(x, w13, s13, rows, ends, picks, up_cfg).chunk(2, dim=-1)
             hidden = clamped_swiglu(gate, up, SWIGLU_LIMIT)
-        y = mxfp4_grouped_matmul_triton(hidden, w2, s2, None, ends, picks, down_cfg)
+        y = _matmul(hidden, w2, s2, None, ends, picks, down_cfg)
         return moe_combine(y, pos, weights)
 
     return run

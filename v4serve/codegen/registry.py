@@ -29,6 +29,7 @@ from v4serve.ops.sparse_attn_triton import (
 
 from .spec import Expect, KernelSpec
 from .registry_kv_compact import KV_COMPACT_KERNELS
+from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS
 from .registry_packed_kv import INDEX_ALIGNED, INDEX_TYPES, PACKED_KV_KERNELS
 from .registry_v41_index import V41_INDEX_KERNELS
 
@@ -537,6 +538,8 @@ KERNELS: tuple[KernelSpec, ...] = (
     # ---- packed KV rows (issue 17): v4serve/codegen/registry_packed_kv.py ----
     *PACKED_KV_KERNELS,
     *KV_COMPACT_KERNELS,
+    # ---- MXFP4 MoE GEMV for few picks an expert: v4serve/codegen/registry_mxfp4_gemv.py ----
+    *MXFP4_GEMV_KERNELS,
     # ---- DeepSeek-V4.1 indexer over packed fp4 keys: v4serve/codegen/registry_v41_index.py ----
     *V41_INDEX_KERNELS,
     # ---- sampler: the structured-output token bitmask on fp32 logits (ops/token_bitmask_triton.py) ----

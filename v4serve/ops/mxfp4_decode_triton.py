@@ -98,3 +98,68 @@ def decode_asm(packed, scale):
         is_pure=True,
         pack=4,
     )
+
+
+# ---- word decoders for the GEMV kernel (mxfp4_gemv_triton.py): one int32 word = 4 packed bytes =
+# elements 0..7 (element q in nibble q), decoded to 8 fp32 values e2m1 * 2^-14 (the f16 placement:
+# sign at bit 15, magnitude bits at 11..9 is e2m1 * 2^-14 exactly, codes 0 and 0.5 landing on
+# zero and the subnormal 2^-15 as they should; fp32 holds it exactly). The scale is applied later,
+# once per 32-element partial sum.
+GEMV_UNIT_INV = tl.constexpr(2.0**14)  # the decoded values are e2m1 / GEMV_UNIT_INV
+_TWO_POW_112 = tl.constexpr(2.0**112)  # fp32 bit placement (e2m1 * 2^-126) -> e2m1 * 2^-14
+
+
+def _f16_pair_to_f32(dst_lo: str, dst_hi: str, src: str, selector: int) -> str:
+    """PTX: two bytes of `src` (each s<<7 | magnitude<<1) into the top bytes of an f16 pair
+    (prmt: selector 4 = a zero byte), widened to fp32 (exact; HADD2.F32 on sm_80+)."""
+    return (f"prmt.b32 p, {src}, zero, {selector:#x};\n"
+            "mov.b32 {h0, h1}, p;\n"
+            f"cvt.f32.f16 {dst_lo}, h0;\n"
+            f"cvt.f32.f16 {dst_hi}, h1;\n")
+
+
+# $0..$7: elements 0..7; $8: the word. lo / hi hold, per byte, its low / high nibble as
+# sign << 7 | magnitude << 1 (the top byte of that element's f16): 7 integer ops for 8 elements,
+# then 4 prmt and 8 cvt. Bytes 0, 1 of lo are elements 0, 2; bytes 2, 3 elements 4, 6; hi: 1, 3, 5, 7.
+_DECODE_WORD_F16 = tl.constexpr(
+    "{\n.reg .b32 t, u, lo, hi, p, zero;\n.reg .b16 h0, h1;\n"
+    "mov.b32 zero, 0;\n"
+    "shl.b32 t, $8, 4;\n"
+    "shl.b32 u, $8, 1;\n"
+    "and.b32 u, u, 0x0E0E0E0E;\n"
+    "lop3.b32 lo, t, 0x80808080, u, 0xEA;\n"  # (t & 0x80808080) | u
+    "shr.u32 t, $8, 3;\n"
+    "and.b32 t, t, 0x0E0E0E0E;\n"
+    "lop3.b32 hi, $8, 0x80808080, t, 0xEA;\n"
+    + _f16_pair_to_f32("$0", "$2", "lo", 0x1404) + _f16_pair_to_f32("$4", "$6", "lo", 0x3424)
+    + _f16_pair_to_f32("$1", "$3", "hi", 0x1404) + _f16_pair_to_f32("$5", "$7", "hi", 0x3424)
+    + "}"
+)
+
+
+@triton.jit
+def decode_word_asm(words):
+    """int32 words (8 packed e2m1 codes each) -> 8 fp32 tensors e2m1 * 2^-14, element q = nibble q
+    (compiled CUDA: inline PTX, ~1.4 integer ops + 1 conversion a weight)."""
+    return tl.inline_asm_elementwise(
+        asm=_DECODE_WORD_F16,
+        constraints="=r,=r,=r,=r,=r,=r,=r,=r,r",
+        args=[words],
+        dtype=(tl.float32,) * 8,
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def _nibble_bits(words, q: tl.constexpr):
+    """Nibble q of each word placed in an fp32 (sign bit 31, magnitude bits 24..22): e2m1 * 2^-126."""
+    nib = words >> (4 * q)
+    return (((nib & 0x8) << 28) | ((nib & 0x7) << 22)).to(tl.float32, bitcast=True) * _TWO_POW_112
+
+
+@triton.jit
+def decode_word_bits(words):
+    """decode_word_asm with integer ops and an exact multiply (any backend, the interpreter too)."""
+    return (_nibble_bits(words, 0), _nibble_bits(words, 1), _nibble_bits(words, 2), _nibble_bits(words, 3),
+            _nibble_bits(words, 4), _nibble_bits(words, 5), _nibble_bits(words, 6), _nibble_bits(words, 7))

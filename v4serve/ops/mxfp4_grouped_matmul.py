@@ -1,12 +1,17 @@
 """MXFP4 (W4A16) MoE grouped matmul: public entry point (math in mxfp4_grouped_matmul_reference.py,
 kernel in mxfp4_grouped_matmul_triton.py). Same contract as `grouped_matmul` with the expert
 weights kept packed, and optionally the experts' clamped SwiGLU applied to the two halves of the
-output (the fused gate_up projection); group sizes never leave the device on the Triton path."""
+output (the fused gate_up projection); group sizes never leave the device on the Triton path.
+
+Two Triton kernels: the GEMV (mxfp4_gemv_triton.py: each weight decoded once in registers, an FMA
+chain per pick) where experts average few picks (decode), the tensor-core one
+(mxfp4_grouped_matmul_triton.py) elsewhere; `gemv_picks` chooses from the shapes alone."""
 
 import torch
 
 from v4serve.ops._dispatch import use_triton
 from v4serve.ops.mxfp4_grouped_matmul_reference import mxfp4_grouped_matmul_reference
+from v4serve.ops.mxfp4_gemv_triton import gemv_picks, mxfp4_gemv_triton
 from v4serve.ops.mxfp4_grouped_matmul_triton import mxfp4_config, mxfp4_grouped_matmul_triton
 from v4serve.ops.swiglu_reference import clamped_swiglu_reference
 from v4serve.ops.weight_formats import check_mxfp4_weight
@@ -27,8 +32,8 @@ def mxfp4_grouped_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Ten
     `clamped_swiglu(gate, up, L)` of the two halves of x W^T (each rounded to x.dtype first), in
     one kernel on the Triton path.
 
-    `tile_experts` (default E): the expert count the Triton tile choice is made for
-    (`mxfp4_config`). A row of y depends only on its group's picks and on the tiles, so an
+    `tile_experts` (default E): the expert count the Triton kernel and tile choice is made for
+    (`gemv_picks`, `mxfp4_config`). A row of y depends only on its group's picks and on the tiles, so an
     `ExpertOffload`, whose weight tensor holds resident rows + slots instead of the layer's E
     experts, passes the layer's E to get the bits that the experts all resident would give.
     """
@@ -43,6 +48,10 @@ def mxfp4_grouped_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Ten
         raise ValueError(f"swiglu_limit needs weight rows [gate; up] (an even N), got N = {weight.shape[1]}")
     n_picks = x.shape[0] if rows is None else rows.shape[0]
     if use_triton(impl, x, weight, scale, ends):
+        picks = gemv_picks(n_picks, tile_experts or weight.shape[0])
+        if picks is not None:
+            return mxfp4_gemv_triton(x, weight.view(torch.uint8), scale, rows, ends, n_picks, picks,
+                                     swiglu_limit=swiglu_limit)
         config = None if tile_experts is None else mxfp4_config(n_picks, tile_experts, swiglu_limit is not None)
         return mxfp4_grouped_matmul_triton(x, weight.view(torch.uint8), scale, rows, ends, n_picks, config,
                                            swiglu_limit)
