@@ -169,3 +169,28 @@ def test_errors_name_the_bad_field():
     with pytest.raises(ValueError, match="pool must be uint8"):
         store_rows(torch.zeros(2, 592), torch.tensor([0]), torch.zeros(1, 512), "fp8_e8m0_b64_rope64")
     assert set(DIMS) == {n for n, f in ROW_FORMATS.items() if f.packed}
+
+
+def test_fp4_e4m3_unpack_kernel_every_code_times_every_scale():
+    """The fp4_e4m3_b16 unpack kernel (interpreted here) against the reference decode, on rows
+    holding every e2m1 code (both nibbles) under every finite e4m3 scale byte, and on packed rows."""
+    from v4serve.ops.kv_pack_reference import e2m1_values
+
+    f = row_format("fp4_e4m3_b16")
+    scale_codes = torch.arange(256, dtype=torch.int32)
+    scale_codes = scale_codes[(scale_codes & 0x7F) != 0x7F].to(torch.uint8)  # no NaN scales
+    n = scale_codes.numel()
+    rows = torch.zeros(n, f.row_bytes(32), dtype=torch.uint8)
+    nibbles = torch.arange(16, dtype=torch.uint8)
+    rows[:, :8] = nibbles[0::2] | (nibbles[1::2] << 4)  # block 0: codes 0..15, low nibble first
+    rows[:, 8:16] = nibbles.flip(0)[0::2] | (nibbles.flip(0)[1::2] << 4)  # block 1: 15..0
+    rows[:, 16] = scale_codes
+    rows[:, 17] = scale_codes.flip(0)
+    got = unpack_rows(rows, f, 32, torch.float32, impl="triton")
+    scales = torch.stack((scale_codes, scale_codes.flip(0)), 1).view(torch.float8_e4m3fn).float()
+    want = torch.cat((e2m1_values(nibbles), e2m1_values(nibbles.flip(0)))).view(1, 2, 16) * scales[:, :, None]
+    assert torch.equal(_bits(got), _bits(want.view(n, 32)))
+    x = _random_rows(20, 512, 4)
+    packed = pack_rows(x, f, impl="torch")
+    assert torch.equal(_bits(unpack_rows(packed, f, 512, torch.bfloat16, impl="triton")),
+                       _bits(unpack_rows(packed, f, 512, torch.bfloat16, impl="torch")))

@@ -6,7 +6,8 @@ kv_pack_reference.py, kernels in kv_pack_triton.py).
     store_rows(pool, rows, x, fmt)        pool[rows[i]] = pack_rows(x)[i] in place (rows[i] < 0: skipped)
 
 unpack_rows(pack_rows(x)) == apply_kv_format(x) bit for bit for bf16 x (fp32 x: the RoPE tail is
-stored in bf16). The ue8m0 formats run Triton on CUDA; fp4_e4m3_b16 is torch only.
+stored in bf16). The ue8m0 formats run Triton on CUDA; fp4_e4m3_b16 packs in torch only and
+unpacks in Triton too (kv_pack_fp4_e4m3_triton.py).
 """
 
 import torch
@@ -56,6 +57,10 @@ def unpack_rows(packed: torch.Tensor, fmt: "str | RowFormat", dim: int, dtype: t
     f = _packed_format(fmt)
     if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] < f.row_bytes(dim):
         raise ValueError(f"packed must be uint8 [N, >= {f.row_bytes(dim)}], got {packed.dtype} {tuple(packed.shape)}")
+    if f.name == "fp4_e4m3_b16" and use_triton(impl, packed):
+        from v4serve.ops.kv_pack_fp4_e4m3_triton import unpack_fp4_e4m3_rows_triton
+
+        return unpack_fp4_e4m3_rows_triton(packed, f, dim, dtype)
     # The Triton unpack decodes the fp8 formats; "auto" decodes fp4 rows (V4.1's index keys) in torch.
     if (f.value_bits == 8 or impl == "triton") and _triton_ok(impl, f, packed):
         from v4serve.ops.kv_pack_triton import unpack_rows_triton

@@ -1,0 +1,112 @@
+"""Triton device functions and the unpack kernel of fp4_e4m3_b16 rows (DeepSeek-V4.1's compressed
+KV; byte layout in v4serve/formats.py, math in kv_pack_reference.py), and `load_row_values`, which
+decodes a tile of rows of either packed family: the ue8m0 fp8 rows of kv_pack_triton.py or these.
+
+An fp4_e4m3_b16 row of D channels: bytes [0, D / 2) hold the e2m1 codes, two per byte (channel 2i
+in the low nibble, 2i + 1 in the high one; bit 3 = sign), bytes [D / 2, D / 2 + D / 16) one e4m3
+scale byte per block of 16 channels; the row is padded to 16 bytes (288 B at D = 512). A value is
+
+    e2m1(code) * e4m3(scale)            exact in fp32 and in bf16 (2 + 4 significant bits)
+
+decoded with integer bit operations (no table): the e2m1 magnitude index i = code & 7 becomes the
+fp32 with bits (i + 252) << 22 for i >= 2 (exponent i >> 1, mantissa bit i & 1: 1, 1.5, 2, 3, 4,
+6), 0.5 for i = 1 and 0 for i = 0, the sign bit moved from bit 3 to bit 31; the e4m3 scale byte as
+in kv_pack_triton (the fp16 with bits (c & 0x80) << 8 | (c & 0x7f) << 7, times 2^8). `load_fp4_e4m3`
+reads a [R, K] tile (K = the padded row width, channels >= D zero): the R rows' code bytes as
+[R, K / 2] (16-byte loads at 16-byte aligned row starts) and their scale bytes as [R, K / 16]
+(contiguous, 16-byte aligned at D = 512: two 16-byte loads per row).
+
+`_unpack_fp4_e4m3_rows_kernel`, grid (cdiv(N, UNPACK_ROWS),): 16 rows per program.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from v4serve.ops.kv_pack_triton import _e4m3_scaled, load_packed, packed_constexprs
+
+UNPACK_ROWS = 16
+
+
+@triton.jit
+def _e2m1_values(code):
+    """4-bit e2m1 codes (int32, 0..15) -> their fp32 values, signed zeros kept."""
+    i = code & 7
+    mag = tl.where(i >= 2, (i + 252) << 22, tl.where(i == 1, 126 << 23, 0))
+    return (mag | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def load_fp4_e4m3(row_ptrs, live, D, K: tl.constexpr, FP4_BLOCK: tl.constexpr, FP4_SCALE_OFF: tl.constexpr,
+                  OUT_DTYPE: tl.constexpr = tl.bfloat16):
+    """Channels [0, K) of the fp4_e4m3_b16 rows at row_ptrs (uint8* [R], 16-byte aligned; rows not
+    `live` and channels >= D read as 0) as OUT_DTYPE [R, K]."""
+    R: tl.constexpr = row_ptrs.shape[0]
+    G: tl.constexpr = K // FP4_BLOCK
+    base = tl.multiple_of(row_ptrs, 16)
+    b = tl.arange(0, K // 2)
+    codes = tl.load(base[:, None] + b[None, :], mask=live[:, None] & (b < D // 2)[None, :], other=0).to(tl.int32)
+    pairs = tl.join(_e2m1_values(codes & 0xF), _e2m1_values(codes >> 4))  # [R, K / 2, 2]: channel 2i, 2i + 1
+    g = tl.arange(0, G)
+    scale_bytes = tl.load(base[:, None] + FP4_SCALE_OFF + g[None, :], mask=live[:, None] & (g * FP4_BLOCK < D)[None, :],
+                          other=0)
+    scales = _e4m3_scaled(scale_bytes, tl.full(scale_bytes.shape, 127, tl.int32))  # [R, G]: the e4m3 values times 2^0
+    v = tl.reshape(pairs, (R, G, FP4_BLOCK)) * scales[:, :, None]
+    return tl.reshape(v.to(OUT_DTYPE), (R, K))
+
+
+@triton.jit
+def load_row_values(row_ptrs, live, D, K: tl.constexpr, FP4_E4M3: tl.constexpr, PK_NQ: tl.constexpr,
+                    PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr,
+                    PK_HAS_TAIL: tl.constexpr, OUT_DTYPE: tl.constexpr = tl.bfloat16, FP8_CVT: tl.constexpr = False):
+    """Whole rows (channels [0, K)) of either packed family, by the constexprs of `row_constexprs`."""
+    if FP4_E4M3:
+        return load_fp4_e4m3(row_ptrs, live, D, K, PK_BLOCK, PK_SCALE_OFF, OUT_DTYPE)
+    else:
+        return load_packed(row_ptrs, live, 0, D, K, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL,
+                           OUT_DTYPE, FP8_CVT)
+
+
+def row_constexprs(fmt, dim: int) -> dict:
+    """The constexprs of `load_row_values` for rows of `fmt` (ue8m0 fp8 or fp4_e4m3_b16) of `dim`."""
+    if fmt.name == "fp4_e4m3_b16":
+        if fmt.scales_offset(dim) % 16:
+            raise ValueError(f"{fmt.name} rows of {dim} channels: the scale bytes must start 16-byte aligned")
+        return dict(FP4_E4M3=True, PK_NQ=fmt.n_quant(dim), PK_BLOCK=fmt.block, PK_TAIL_OFF=0,
+                    PK_SCALE_OFF=fmt.scales_offset(dim), PK_HAS_TAIL=False)
+    if fmt.value_bits != 8:
+        raise ValueError(f"no Triton row decoder for {fmt.name}")
+    pk = packed_constexprs(fmt, dim)
+    return dict(FP4_E4M3=False, **{k: pk[k] for k in ("PK_NQ", "PK_BLOCK", "PK_TAIL_OFF", "PK_SCALE_OFF",
+                                                       "PK_HAS_TAIL")})
+
+
+def row_block_d(fmt, dim: int) -> int:
+    """The padded tile width K of `load_row_values` for rows of `dim` channels."""
+    return max(triton.next_power_of_2(dim), fmt.block, 16)
+
+
+@triton.jit
+def _unpack_fp4_e4m3_rows_kernel(packed_ptr, out_ptr, N, D, stride_p, stride_o, BLOCK_R: tl.constexpr,
+                                 BLOCK_D: tl.constexpr, FP4_BLOCK: tl.constexpr, FP4_SCALE_OFF: tl.constexpr):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = r < N
+    v = load_fp4_e4m3(packed_ptr + r.to(tl.int64) * stride_p, ok, D, BLOCK_D, FP4_BLOCK, FP4_SCALE_OFF,
+                      out_ptr.dtype.element_ty)
+    ch = tl.arange(0, BLOCK_D)
+    tl.store(out_ptr + r.to(tl.int64)[:, None] * stride_o + ch[None, :], v, mask=ok[:, None] & (ch < D)[None, :])
+
+
+def unpack_fp4_e4m3_rows_triton(packed: torch.Tensor, fmt, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 [N, >= row_bytes] fp4_e4m3_b16 rows (16-byte aligned) -> [N, dim] `dtype`."""
+    n = packed.shape[0]
+    out = torch.empty(n, dim, dtype=dtype, device=packed.device)
+    if n == 0:
+        return out
+    if packed.data_ptr() % 16 or packed.stride(0) % 16 or packed.stride(1) != 1:
+        raise ValueError("fp4_e4m3_b16 rows must be 16-byte aligned with contiguous bytes")
+    c = row_constexprs(fmt, dim)
+    _unpack_fp4_e4m3_rows_kernel[(triton.cdiv(n, UNPACK_ROWS),)](
+        packed, out, n, dim, packed.stride(0), out.stride(0), BLOCK_R=UNPACK_ROWS, BLOCK_D=row_block_d(fmt, dim),
+        FP4_BLOCK=c["PK_BLOCK"], FP4_SCALE_OFF=c["PK_SCALE_OFF"], num_warps=4)
+    return out
