@@ -1,5 +1,5 @@
 """Sparse attention over DeepSeek-V4.1's two packed row formats on the Triton route (interpreted on
-the CPU; tests/ops/test_v41_packed_attention.py's GPU test at the model's shapes): window rows
+the CPU; the GPU test below at the model's shapes): window rows
 fp8_e8m0_b32 and compressed rows fp4_e4m3_b16, each pool its own row stride, both views at a row
 offset. The route unpacks the rows a step reads (decode: each token's columns; prefill: each
 referenced row once) and runs the bf16 kernels, so its output must have the bits of the bf16
@@ -92,3 +92,21 @@ def test_per_column_unpack_of_two_formats():
     uw, uc = _decoded(pw, WIN, D), _decoded(pc, CMP, D)
     want = torch.where((c < 16)[None, :, None], uw[it.clamp(min=0).long()], uc[it.clamp(min=0).long().clamp(max=uc.shape[0] - 1)])
     assert torch.equal(rows.view(3, -1, D)[live].view(torch.int16), want[live].view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("B, M", [(1, 1), (8, 1), (64, 1), (1, 300)])
+def test_two_formats_route_at_the_model_shapes(B, M):
+    """V4.1-Flash attention (64 heads of 512, 128 window + 512 compressed columns) on the GPU: the
+    bits of the bf16 launch over the decoded pools; the reference's values within bf16 rounding."""
+    D, H, n_window, K = 512, 64, 128, 512
+    q, pw, pc, idx, sink, counts = (t.cuda() for t in _inputs(B, M, H, D, n_window, K, seed=B + M))
+    uw, uc = _decoded(pw, WIN, D), _decoded(pc, CMP, D)
+    got = sparse_attn_paged(q, pw, pc, idx, n_window, sink, D**-0.5, counts, row_format=WIN.name,
+                            cmp_row_format=CMP.name, unpack_bound=None if M == 1 else B * M * (n_window + K))
+    bf16 = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, D**-0.5, counts)
+    assert torch.equal(got.view(torch.int16), bf16.view(torch.int16))
+    ref = sparse_attn_paged(q, pw, pc, idx, n_window, sink, D**-0.5, counts, row_format=WIN.name,
+                            cmp_row_format=CMP.name, impl="torch")
+    assert rel_err(got, ref) < 1e-2
