@@ -11,7 +11,8 @@ Layouts: codes uint8 [N, head_dim] (the e4m3 bytes; rows a multiple of 16 bytes:
 and the 16-byte alignment of row stride and base, asserted by the wrapper, keep each row 16-byte
 loads); scales uint8 [N, head_dim / 32]; rows int64 [T * R] flat; out [T * R, head_dim] bf16 / fp32.
 `_engram_lookup_kernel`, grid (cdiv(T * R, BLOCK_ROWS),): BLOCK_ROWS table rows per program, their
-code bytes as 16-byte vectors, their few scale bytes as one contiguous load per row; e4m3 decoded
+code bytes as 16-byte vectors, their scale bytes as int32 words (head_dim a multiple of 128; byte
+loads below that, test models only); e4m3 decoded
 with integer bit operations and an exact power-of-two multiply (kv_pack_triton._e4m3_scaled).
 """
 
@@ -34,9 +35,15 @@ def _engram_lookup_kernel(codes_ptr, scales_ptr, rows_ptr, out_ptr, n_rows, head
     ch_ok = ch < head_dim
     G: tl.constexpr = BLOCK_D // SCALE_BLOCK
     codes = tl.load(codes_ptr + row[:, None] * stride_codes + ch[None, :], mask=ok[:, None] & ch_ok[None, :], other=0)
-    g = tl.arange(0, G)
-    scale_bytes = tl.load(scales_ptr + row[:, None] * stride_scales + g[None, :],
-                          mask=ok[:, None] & (g * SCALE_BLOCK < head_dim)[None, :], other=127)
+    if G % 4 == 0:  # the scale row as int32 words (4 scales a word; row stride a multiple of 4 bytes)
+        m = tl.arange(0, G // 4)
+        words = tl.load(scales_ptr.to(tl.pointer_type(tl.int32)) + row[:, None] * (stride_scales // 4) + m[None, :],
+                        mask=ok[:, None] & (m * 4 * SCALE_BLOCK < head_dim)[None, :], other=0x7F7F7F7F)
+        scale_bytes = tl.reshape((words[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :]) & 0xFF, (BLOCK_ROWS, G))
+    else:  # fewer than 4 scales a row (head_dim < 128: test models)
+        g = tl.arange(0, G)
+        scale_bytes = tl.load(scales_ptr + row[:, None] * stride_scales + g[None, :],
+                              mask=ok[:, None] & (g * SCALE_BLOCK < head_dim)[None, :], other=127)
     values = _e4m3_scaled(tl.reshape(codes, (BLOCK_ROWS, G, SCALE_BLOCK)), scale_bytes.to(tl.int32)[:, :, None])
     values = tl.reshape(values, (BLOCK_ROWS, BLOCK_D))
     tl.store(out_ptr + i.to(tl.int64)[:, None] * stride_out + ch[None, :], values.to(out_ptr.dtype.element_ty),
@@ -50,6 +57,8 @@ def engram_lookup_triton(table: torch.Tensor, table_scale: torch.Tensor, rows: t
     codes = table.view(torch.uint8)
     if codes.stride(1) != 1 or table_scale.stride(1) != 1 or codes.data_ptr() % 16 or codes.stride(0) % 16:
         raise ValueError("the Engram table must have contiguous, 16-byte aligned rows")
+    if (head_dim // scale_block) % 4 == 0 and (table_scale.data_ptr() % 4 or table_scale.stride(0) % 4):
+        raise ValueError("the Engram scale rows are read as int32 words: they must be 4-byte aligned")
     flat = rows.reshape(-1)
     out = torch.empty(flat.shape[0], head_dim, dtype=dtype, device=rows.device)
     if flat.shape[0]:

@@ -12,9 +12,10 @@ decoded with integer bit operations (no table): the e2m1 magnitude index i = cod
 fp32 with bits (i + 252) << 22 for i >= 2 (exponent i >> 1, mantissa bit i & 1: 1, 1.5, 2, 3, 4,
 6), 0.5 for i = 1 and 0 for i = 0, the sign bit moved from bit 3 to bit 31; the e4m3 scale byte as
 in kv_pack_triton (the fp16 with bits (c & 0x80) << 8 | (c & 0x7f) << 7, times 2^8). `load_fp4_e4m3`
-reads a [R, K] tile (K = the padded row width, channels >= D zero): the R rows' code bytes as
-[R, K / 2] (16-byte loads at 16-byte aligned row starts) and their scale bytes as [R, K / 16]
-(contiguous, 16-byte aligned at D = 512: two 16-byte loads per row).
+reads a [R, K] tile (K = the padded row width, channels >= D zero) as int32 words: each row's codes
+as K / 8 words (8 channels a word; 16-byte loads at 16-byte aligned rows) and its scale bytes as
+K / 64 words (4 blocks a word, the scales start 16-byte aligned: at D = 512 two 16-byte loads);
+nibbles and bytes are taken out of the words with shifts.
 
 `_unpack_fp4_e4m3_rows_kernel`, grid (cdiv(N, UNPACK_ROWS),): 16 rows per program.
 """
@@ -37,21 +38,25 @@ def _e2m1_values(code):
 
 
 @triton.jit
-def load_fp4_e4m3(row_ptrs, live, D, K: tl.constexpr, FP4_BLOCK: tl.constexpr, FP4_SCALE_OFF: tl.constexpr,
-                  OUT_DTYPE: tl.constexpr = tl.bfloat16):
-    """Channels [0, K) of the fp4_e4m3_b16 rows at row_ptrs (uint8* [R], 16-byte aligned; rows not
-    `live` and channels >= D read as 0) as OUT_DTYPE [R, K]."""
+def load_fp4_e4m3(row_ptrs, live, K: tl.constexpr, FP4_NQ: tl.constexpr, FP4_BLOCK: tl.constexpr,
+                  FP4_SCALE_OFF: tl.constexpr, OUT_DTYPE: tl.constexpr = tl.bfloat16):
+    """Channels [0, K) of the fp4_e4m3_b16 rows of FP4_NQ channels at row_ptrs (uint8* [R], 16-byte
+    aligned; rows not `live` and channels >= FP4_NQ read as 0) as OUT_DTYPE [R, K]. The row width is
+    a constexpr so that the word masks are constant along a row (16-byte vector loads)."""
     R: tl.constexpr = row_ptrs.shape[0]
     G: tl.constexpr = K // FP4_BLOCK
-    base = tl.multiple_of(row_ptrs, 16)
-    b = tl.arange(0, K // 2)
-    codes = tl.load(base[:, None] + b[None, :], mask=live[:, None] & (b < D // 2)[None, :], other=0).to(tl.int32)
-    pairs = tl.join(_e2m1_values(codes & 0xF), _e2m1_values(codes >> 4))  # [R, K / 2, 2]: channel 2i, 2i + 1
-    g = tl.arange(0, G)
-    scale_bytes = tl.load(base[:, None] + FP4_SCALE_OFF + g[None, :], mask=live[:, None] & (g * FP4_BLOCK < D)[None, :],
-                          other=0)
-    scales = _e4m3_scaled(scale_bytes, tl.full(scale_bytes.shape, 127, tl.int32))  # [R, G]: the e4m3 values times 2^0
-    v = tl.reshape(pairs, (R, G, FP4_BLOCK)) * scales[:, :, None]
+    words = tl.multiple_of(tl.multiple_of(row_ptrs, 16).to(tl.pointer_type(tl.int32)), 16)
+    # codes: word k holds channels 8k .. 8k + 7, channel 8k + j in bits [4j, 4j + 4) (little-endian bytes)
+    k = tl.arange(0, K // 8)
+    code_words = tl.load(words[:, None] + k[None, :], mask=live[:, None] & (k < FP4_NQ // 8)[None, :], other=0)
+    nibbles = (code_words[:, :, None] >> (4 * tl.arange(0, 8))[None, None, :]) & 0xF  # [R, K / 8, 8]
+    # scales: word m holds the scale bytes of blocks 4m .. 4m + 3, block 4m + j in bits [8j, 8j + 8)
+    m = tl.arange(0, G // 4)
+    scale_words = tl.load(words[:, None] + FP4_SCALE_OFF // 4 + m[None, :],
+                          mask=live[:, None] & (m * (4 * FP4_BLOCK) < FP4_NQ)[None, :], other=0)
+    scale_bytes = (scale_words[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :]) & 0xFF  # [R, G / 4, 4]
+    scales = _e4m3_scaled(tl.reshape(scale_bytes, (R, G)), tl.full((R, G), 127, tl.int32))  # the e4m3 values
+    v = tl.reshape(_e2m1_values(nibbles), (R, G, FP4_BLOCK)) * scales[:, :, None]
     return tl.reshape(v.to(OUT_DTYPE), (R, K))
 
 
@@ -61,7 +66,7 @@ def load_row_values(row_ptrs, live, D, K: tl.constexpr, FP4_E4M3: tl.constexpr, 
                     PK_HAS_TAIL: tl.constexpr, OUT_DTYPE: tl.constexpr = tl.bfloat16, FP8_CVT: tl.constexpr = False):
     """Whole rows (channels [0, K)) of either packed family, by the constexprs of `row_constexprs`."""
     if FP4_E4M3:
-        return load_fp4_e4m3(row_ptrs, live, D, K, PK_BLOCK, PK_SCALE_OFF, OUT_DTYPE)
+        return load_fp4_e4m3(row_ptrs, live, K, PK_NQ, PK_BLOCK, PK_SCALE_OFF, OUT_DTYPE)
     else:
         return load_packed(row_ptrs, live, 0, D, K, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL,
                            OUT_DTYPE, FP8_CVT)
@@ -82,16 +87,18 @@ def row_constexprs(fmt, dim: int) -> dict:
 
 
 def row_block_d(fmt, dim: int) -> int:
-    """The padded tile width K of `load_row_values` for rows of `dim` channels."""
-    return max(triton.next_power_of_2(dim), fmt.block, 16)
+    """The padded tile width K of `load_row_values` for rows of `dim` channels (fp4_e4m3_b16: at least
+    4 scale blocks, one int32 word of scales)."""
+    return max(triton.next_power_of_2(dim), fmt.block * (4 if fmt.name == "fp4_e4m3_b16" else 1), 16)
 
 
 @triton.jit
 def _unpack_fp4_e4m3_rows_kernel(packed_ptr, out_ptr, N, D, stride_p, stride_o, BLOCK_R: tl.constexpr,
-                                 BLOCK_D: tl.constexpr, FP4_BLOCK: tl.constexpr, FP4_SCALE_OFF: tl.constexpr):
+                                 BLOCK_D: tl.constexpr, FP4_NQ: tl.constexpr, FP4_BLOCK: tl.constexpr,
+                                 FP4_SCALE_OFF: tl.constexpr):
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = r < N
-    v = load_fp4_e4m3(packed_ptr + r.to(tl.int64) * stride_p, ok, D, BLOCK_D, FP4_BLOCK, FP4_SCALE_OFF,
+    v = load_fp4_e4m3(packed_ptr + r.to(tl.int64) * stride_p, ok, BLOCK_D, FP4_NQ, FP4_BLOCK, FP4_SCALE_OFF,
                       out_ptr.dtype.element_ty)
     ch = tl.arange(0, BLOCK_D)
     tl.store(out_ptr + r.to(tl.int64)[:, None] * stride_o + ch[None, :], v, mask=ok[:, None] & (ch < D)[None, :])
@@ -108,5 +115,5 @@ def unpack_fp4_e4m3_rows_triton(packed: torch.Tensor, fmt, dim: int, dtype: torc
     c = row_constexprs(fmt, dim)
     _unpack_fp4_e4m3_rows_kernel[(triton.cdiv(n, UNPACK_ROWS),)](
         packed, out, n, dim, packed.stride(0), out.stride(0), BLOCK_R=UNPACK_ROWS, BLOCK_D=row_block_d(fmt, dim),
-        FP4_BLOCK=c["PK_BLOCK"], FP4_SCALE_OFF=c["PK_SCALE_OFF"], num_warps=4)
+        FP4_NQ=c["PK_NQ"], FP4_BLOCK=c["PK_BLOCK"], FP4_SCALE_OFF=c["PK_SCALE_OFF"], num_warps=4)
     return out
