@@ -194,3 +194,25 @@ def test_fp4_e4m3_unpack_kernel_every_code_times_every_scale():
     packed = pack_rows(x, f, impl="torch")
     assert torch.equal(_bits(unpack_rows(packed, f, 512, torch.bfloat16, impl="triton")),
                        _bits(unpack_rows(packed, f, 512, torch.bfloat16, impl="torch")))
+
+
+def test_fp4_e4m3_pack_and_store_kernels_write_the_reference_bytes():
+    """The fp4_e4m3_b16 pack / store kernels (interpreted here) against the torch packer: rows with
+    zeros, signed zeros, tiny and huge-scale blocks, the e2m1 ties (x / s on 0.25, 0.75, ..., 5) and
+    bf16 and fp32 inputs; a store skips negative rows and leaves other rows' bytes alone."""
+    f = row_format("fp4_e4m3_b16")
+    x = _random_rows(40, 512, 9).float()
+    x[6, :16] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5.0,
+                              -6.0])  # scale 1: every tie of the grid
+    x[7] = x[7].clamp(-2000, 2000)
+    x = x.clamp(-2000, 2000)  # amax / 6 stays on e4m3's range (the reference stores NaN past it)
+    for values in (x, x.bfloat16()):
+        assert torch.equal(pack_rows(values, f, impl="triton"), pack_rows(values, f, impl="torch"))
+    pool = torch.full((50, f.row_bytes(512)), 0xAB, dtype=torch.uint8)
+    rows = torch.randperm(50)[:40]
+    rows[3] = -1
+    store_rows(pool, rows, x.bfloat16(), f, impl="triton")
+    want = torch.full_like(pool, 0xAB)
+    keep = rows >= 0
+    want[rows[keep]] = pack_rows(x.bfloat16()[keep], f, impl="torch")
+    assert torch.equal(pool, want)

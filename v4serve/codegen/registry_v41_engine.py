@@ -3,7 +3,7 @@ attention over two packed row formats, its Engram lookup), in their own file so 
 registry edits stay trivial; registry.py appends V41_ENGINE_KERNELS to KERNELS.
 
 Shapes: V4.1-Flash: window rows fp8_e8m0_b32 (528 B) and compressed rows fp4_e4m3_b16 (288 B) at
-D 512, unpacked to bf16; Engram tables of 256 e4m3 codes per row with 8 ue8m0 bytes. Expectations:
+D 512, unpacked to bf16 (and the compressed rows packed); Engram tables of 256 e4m3 codes per row with 8 ue8m0 bytes. Expectations:
 the code gathers stay 16-byte loads (fp4 rows: 256 code bytes, then 32 scale bytes at a 16-byte
 offset), no load narrower than 4 bytes, no spills. Register bounds not set (no measurement): 255.
 """
@@ -27,6 +27,15 @@ V41_ENGINE_KERNELS: tuple[KernelSpec, ...] = (
                         FP4_SCALE_OFF=_FP4.scales_offset(512)),
         num_warps=4, num_stages=1,
         expect=Expect(kv_load_bytes=16, kv_lines=r"code_words = tl\.load"),
+    ),
+    KernelSpec(  # the compressed rows' store (kv sources; one row per program)
+        "kv_pack.store_rows_fp4_e4m3", f"{_OPS}.kv_pack_fp4_e4m3_triton:_store_fp4_e4m3_rows_kernel",
+        types=dict(x_ptr="*bf16", rows_ptr="*i64", pool_ptr="*u8", D="i32", stride_x="i32", stride_pool="i32"),
+        aligned=("x_ptr", "rows_ptr", "pool_ptr", "D", "stride_x", "stride_pool"),
+        constexprs=dict(HAS_ROWS=True, BLOCK_D=512, FP4_NQ=512, FP4_BLOCK=_FP4.block,
+                        FP4_SCALE_OFF=_FP4.scales_offset(512), FP4_ROW_BYTES=_FP4.row_bytes(512)),
+        num_warps=2, num_stages=1,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"y = tl\.load"),
     ),
     KernelSpec(  # LOOKUP_CONFIG
         "engram.lookup", f"{_OPS}.engram_lookup_triton:_engram_lookup_kernel",

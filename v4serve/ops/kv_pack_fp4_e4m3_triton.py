@@ -17,14 +17,26 @@ as K / 8 words (8 channels a word; 16-byte loads at 16-byte aligned rows) and it
 K / 64 words (4 blocks a word, the scales start 16-byte aligned: at D = 512 two 16-byte loads);
 nibbles and bytes are taken out of the words with shifts.
 
-`_unpack_fp4_e4m3_rows_kernel`, grid (cdiv(N, UNPACK_ROWS),): 16 rows per program.
+Pack (`pack_fp4_e4m3_row`, one row in registers as fp32), per block of 16 channels, exactly as
+kv_pack_reference.py: s = e4m3(max(amax, 6 * 2^-9) / 6) (IEEE division, then rounded to the e4m3
+grid, ties to even), y = e2m1(clamp(x / s, -6, 6)) (IEEE division; the e2m1 grid, ties to even),
+the codes and the scale byte from the rounded values' bits (kv_pack_triton's _e2m1_code /
+_e4m3_code), padding zero. (A block with amax / 6 above e4m3's 448 has no e4m3 scale; the
+reference then stores NaN, this kernel the next grid value: never met by normalised KV rows.)
+
+`_unpack_fp4_e4m3_rows_kernel`, grid (cdiv(N, UNPACK_ROWS),): 16 rows per program;
+`_store_fp4_e4m3_rows_kernel`, grid (N,): one row per program (skipped when rows[i] < 0).
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from v4serve.ops.kv_pack_triton import _e4m3_scaled, load_packed, packed_constexprs
+from v4serve.ops.kv_pack_triton import _e2m1_code, _e4m3_code, _e4m3_scaled, load_packed, packed_constexprs
+from v4serve.ops.kv_quant_triton import _round_to_grid
+
+E2M1_MAX = tl.constexpr(6.0)
+SCALE_FLOOR = tl.constexpr(6.0 * 2.0**-9)  # kv_quant_reference.FP4_E4M3_SCALE_FLOOR: the smallest scale, e4m3's 2^-9
 
 UNPACK_ROWS = 16
 
@@ -117,3 +129,52 @@ def unpack_fp4_e4m3_rows_triton(packed: torch.Tensor, fmt, dim: int, dtype: torc
         packed, out, n, dim, packed.stride(0), out.stride(0), BLOCK_R=UNPACK_ROWS, BLOCK_D=row_block_d(fmt, dim),
         FP4_NQ=c["PK_NQ"], FP4_BLOCK=c["PK_BLOCK"], FP4_SCALE_OFF=c["PK_SCALE_OFF"], num_warps=4)
     return out
+
+
+@triton.jit
+def pack_fp4_e4m3_row(dst, y, BLOCK_D: tl.constexpr, FP4_NQ: tl.constexpr, FP4_BLOCK: tl.constexpr,
+                      FP4_SCALE_OFF: tl.constexpr, FP4_ROW_BYTES: tl.constexpr):
+    """Quantize and pack one row y (fp32 [BLOCK_D], channels >= FP4_NQ ignored) to the bytes at dst."""
+    G: tl.constexpr = BLOCK_D // FP4_BLOCK
+    g = tl.arange(0, G)
+    ch = g[:, None] * FP4_BLOCK + tl.arange(0, FP4_BLOCK)[None, :]
+    yb = tl.where(ch < FP4_NQ, tl.reshape(y, (G, FP4_BLOCK)), 0.0)
+    ratio = tl.math.div_rn(tl.maximum(tl.max(tl.abs(yb), 1), SCALE_FLOOR), E2M1_MAX)
+    scale = _round_to_grid(ratio, 3, -6)  # the e4m3 grid (subnormals included), ties to even
+    v = tl.minimum(tl.maximum(tl.math.div_rn(yb, scale[:, None]), -E2M1_MAX), E2M1_MAX)
+    code = _e2m1_code(_round_to_grid(v, 1, 0))
+    lo, hi = tl.split(tl.reshape(code, (G, FP4_BLOCK // 2, 2)))
+    pairs = g[:, None] * (FP4_BLOCK // 2) + tl.arange(0, FP4_BLOCK // 2)[None, :]
+    tl.store(dst + pairs, (lo | (hi << 4)).to(tl.uint8), mask=pairs < FP4_NQ // 2)
+    tl.store(dst + FP4_SCALE_OFF + g, _e4m3_code(scale).to(tl.uint8), mask=g < FP4_NQ // FP4_BLOCK)
+    PAD: tl.constexpr = 16
+    pad = FP4_SCALE_OFF + FP4_NQ // FP4_BLOCK + tl.arange(0, PAD)
+    tl.store(dst + pad, tl.zeros([PAD], tl.uint8), mask=pad < FP4_ROW_BYTES)
+
+
+@triton.jit
+def _store_fp4_e4m3_rows_kernel(x_ptr, rows_ptr, pool_ptr, D, stride_x, stride_pool, HAS_ROWS: tl.constexpr,
+                                BLOCK_D: tl.constexpr, FP4_NQ: tl.constexpr, FP4_BLOCK: tl.constexpr,
+                                FP4_SCALE_OFF: tl.constexpr, FP4_ROW_BYTES: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64)
+    row = i
+    if HAS_ROWS:
+        row = tl.load(rows_ptr + i).to(tl.int64)
+    if row >= 0:
+        ch = tl.arange(0, BLOCK_D)
+        y = tl.load(x_ptr + i * stride_x + ch, mask=ch < D, other=0.0).to(tl.float32)
+        pack_fp4_e4m3_row(pool_ptr + row * stride_pool, y, BLOCK_D, FP4_NQ, FP4_BLOCK, FP4_SCALE_OFF, FP4_ROW_BYTES)
+
+
+def store_fp4_e4m3_rows_triton(pool: torch.Tensor, rows: torch.Tensor | None, x: torch.Tensor, fmt) -> None:
+    """pool[rows[i]] = pack(x[i]) for fp4_e4m3_b16 (rows None: pool[i]); rows[i] < 0 skipped."""
+    n, D = x.shape
+    if n == 0:
+        return
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    c = row_constexprs(fmt, D)
+    _store_fp4_e4m3_rows_kernel[(n,)](
+        x, x if rows is None else rows.contiguous(), pool, D, x.stride(0), pool.stride(0), HAS_ROWS=rows is not None,
+        BLOCK_D=row_block_d(fmt, D), FP4_NQ=c["PK_NQ"], FP4_BLOCK=c["PK_BLOCK"], FP4_SCALE_OFF=c["PK_SCALE_OFF"],
+        FP4_ROW_BYTES=fmt.row_bytes(D), num_warps=max(1, min(4, triton.next_power_of_2(D) // 256)))
