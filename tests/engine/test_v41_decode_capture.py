@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from capture_guard import NoCaptureBreakingOps
@@ -26,7 +27,16 @@ def _written_tensors(cache) -> list[torch.Tensor]:
     return [*(p.data for p in cache._pools), *(s.stacked for s in cache._states), cache.token_history]
 
 
-def test_v41_decode_step_is_capture_safe_and_matches_the_unguarded_step():
+@pytest.mark.parametrize("selection", ["torch", "device"])
+def test_v41_decode_step_is_capture_safe_and_matches_the_unguarded_step(selection, monkeypatch):
+    """selection "device": the indexer's CUDA path (`IndexerV41._select_on_device`: scores over the
+    packed key pool as lists of candidate blocks, device-side top-k), its scores in torch."""
+    if selection == "device":
+        from v4serve.model import csa2
+        from v4serve.ops.v41_index import v41_index_scores
+
+        monkeypatch.setattr(csa2, "use_triton", lambda impl, *tensors: True)
+        monkeypatch.setattr(csa2, "v41_index_scores", lambda *a, impl, **kw: v41_index_scores(*a, impl="torch", **kw))
     engine = Engine(EngineArgs(model=str(GOLDEN), device="cpu", max_num_seqs=4, kernels="torch",
                                kv_cache_dtype="auto", progress=False, max_model_len=128,
                                enable_prefix_caching=False))
