@@ -52,6 +52,17 @@ def test_two_formats_route_is_the_bf16_launch_over_the_decoded_pools(B, M):
     assert rel_err(got, ref) < 1e-2
 
 
+def test_compaction_route_at_decode_is_the_bf16_launch_too():
+    """The sweep's alternative decode route (every referenced row unpacked once, bound from the shapes)."""
+    from v4serve.ops.sparse_attn_triton import sparse_attn_two_formats_triton
+
+    D, H, n_window, K = 128, 16, 16, 24
+    q, pw, pc, idx, sink, counts = _inputs(3, 1, H, D, n_window, K, seed=5)
+    got = sparse_attn_two_formats_triton(q, pw, pc, idx, n_window, sink, 0.1, counts, WIN, CMP, route="compact")
+    bf16 = sparse_attn_paged_triton(q, _decoded(pw, WIN, D), _decoded(pc, CMP, D), idx, n_window, sink, 0.1, counts)
+    assert torch.equal(got.view(torch.int16), bf16.view(torch.int16))
+
+
 @pytest.mark.parametrize("max_rows", [None, 9])
 def test_compaction_of_two_formats_matches_the_reference(max_rows):
     """Every used row unpacked once, in pool order, each in its pool's format; a bound under the used

@@ -486,12 +486,14 @@ def _prefill_over_unpacked_rows(q, win_pool, cmp_pool, cols, n_window, sink, sca
 
 
 def sparse_attn_two_formats_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, win_format,
-                                   cmp_format, unpack_bound=None):
+                                   cmp_format, unpack_bound=None, route=None):
     """Attention over window rows and compressed rows in two packed formats (DeepSeek-V4.1:
     fp8_e8m0_b32 and fp4_e4m3_b16, each pool its own row stride): the rows a step reads are
     unpacked to bf16 first, then the bf16 kernels run. Decode (M == 1) unpacks each token's
-    columns (sparse_attn_unpacked_decode.py: T * C rows, sized by the shapes); prefill unpacks every
-    referenced row once (kv_compact.py, at most `unpack_bound` rows). No host sync either way."""
+    columns (route "columns", sparse_attn_unpacked_decode.py: T * C rows, sized by the shapes);
+    prefill unpacks every referenced row once (route "compact", kv_compact.py, at most
+    `unpack_bound` rows). No host sync either way. `route` None: by M as above (a sweep's
+    candidates name one: bench/v41_attn_configs.py)."""
     B, M, H, D = q.shape
     if q.dtype != torch.bfloat16:
         raise ValueError(f"the Triton kernels take bf16 q, got {q.dtype}")
@@ -502,7 +504,7 @@ def sparse_attn_two_formats_triton(q, win_pool, cmp_pool, idx, n_window, sink, s
     if it.stride(1) != 1:
         it = it.contiguous()
     flat_counts = None if counts is None else counts.reshape(B * M)
-    if M == 1:
+    if (route or ("columns" if M == 1 else "compact")) == "columns":
         win = win_pool if win_pool.shape[0] else cmp_pool  # an empty pool's columns are holes: never read
         cmp = cmp_pool if cmp_pool.shape[0] else win_pool
         rows, cols = unpack_columns(win, cmp, it, it if counts is None else flat_counts, n_window, D,
