@@ -13,24 +13,17 @@
 #          Flash cut to 4 layers in CUDA graphs = resident tokens; ~2-3 min, run it first)
 # Files under $OUT (at most 8 come back): e2e_<stage>.log, e2e_<stage>.json.
 set -uo pipefail
-OUT=${OUT:-/tmp/v4serve-gpu}
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD:$PWD/.gpu_deps${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-PY=${PYTHON:-python3}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
 STAGES=("$@")
 [[ ${#STAGES[@]} -eq 0 ]] && STAGES=(flash pro pro-offload)
 BENCH="$PY -m v4serve.bench.engine --max-model-len 8448 --max-num-batched-tokens 2048 --ttft-prompt-lens 2048 8192"
 # 2200 KV pages (32 sequences of 8448 tokens; auto offload keeps exactly this free) rather than 85% of
 # whatever is free: the rest stays for prefill activations and the decode graphs.
 BENCH="$BENCH --ttft-repeats 2 --no-profile --num-kv-pages 2200"
-env_line() {
-  { git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; free -g | head -2; } 2>&1
-}
 for stage in "${STAGES[@]}"; do
   t0=$SECONDS
   log="$OUT/e2e_${stage}.log"
-  env_line > "$log"
+  gpu_env_line > "$log"
   case "$stage" in
     tests)
       timeout ${TESTS_LIMIT:-300} $PY -m pytest -m gpu -q -s -p no:cacheprovider tests/ops/test_expert_cache_ops.py \

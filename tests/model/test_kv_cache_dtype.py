@@ -74,7 +74,7 @@ def test_reference_is_the_deprecated_name_of_auto(caches):
     with pytest.warns(DeprecationWarning, match="kv_format"):
         llm = LLM("tiny", device="cpu", kv_format="reference", hf_overrides=GEOMETRY, progress=False)
     assert llm.engine.runner.cache_format.name == "auto"
-    out = llm.generate(prompt_token_ids=[PROMPT], sampling_params=SamplingParams(temperature=0, max_tokens=1))
+    llm.generate(prompt_token_ids=[PROMPT], sampling_params=SamplingParams(temperature=0, max_tokens=1))
     assert torch.equal(_window_rows(llm.engine.cache, 3), _window_rows(caches[1], 3))
 
 

@@ -162,3 +162,17 @@ def test_offload_with_the_triton_moe_kernels_is_bit_identical(checkpoint):
         off.overlap = True
     _assert_same(_run(llm, prompts, tokens=2), expected)
     assert any(off.multi_chunk_steps > 0 for off in offloads)
+
+
+def test_memory_summary_counts_weights_on_a_device_named_with_or_without_an_index():
+    """The V4.1 bench printed 0 GiB of device weights and every weight as an Engram table: tensors
+    on "cuda:0" were compared with the engine's torch.device("cuda"). The same mismatch on the CPU:
+    tensors live on "cpu", the device is named "cpu:0"."""
+    from v4serve.engine.offload import memory_summary
+
+    model = torch.nn.Linear(2048, 4096, bias=False)  # 32 MiB: 0.03 GiB as the summary rounds
+    expected = round(2048 * 4096 * 4 / 2**30, 2)
+    assert expected > 0
+    for device in (torch.device("cpu"), torch.device("cpu", 0)):
+        m = memory_summary(model, 0, device)
+        assert m["device_weights"] == expected and m["engram_tables"] == 0, (device, m)

@@ -66,7 +66,7 @@ def test_attention_over_packed_rows_is_the_bf16_kernel_over_unpacked_rows(name):
         ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts)  # production bf16 tiles
         assert _same_bits(out, ref), f"{name}: packed vs bf16 rows: rel err {rel_err(out, ref):.3g}"
         return
-    tiles = decode_config(B, idx.shape[-1], packed=True)
+    tiles = decode_config(B, idx.shape[-1], packed=True, device=q.device)
     ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts, tile_config=dict(tiles))
     assert rel_err(out, ref) < 5e-4, f"{name}: packed vs bf16 rows at {tiles}: rel err {rel_err(out, ref):.3g}"
     torch_ref = sparse_attn_paged(q.float(), uw.float(), uc.float(), idx, n_window, sink, scale, counts,
@@ -94,7 +94,7 @@ def test_packed_decode_is_the_bf16_kernel_when_scores_are_exact(name):
     assert torch.equal(unpack_rows(pw, KV_FORMAT, q.shape[-1], impl="torch"), uw)
     scale = 1 / 64  # a power of two: the scaled scores stay exact
     out = sparse_attn_paged(q, pw, pc, idx, n_window, sink, scale, counts, row_format=KV_FORMAT, impl="triton")
-    tiles = decode_config(q.shape[0], idx.shape[-1], packed=True)
+    tiles = decode_config(q.shape[0], idx.shape[-1], packed=True, device=q.device)
     ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts, tile_config=dict(tiles))
     assert ref.abs().amax() > 0
     diff, mag = (out.float() - ref.float()).abs(), ref.float().abs()
@@ -104,10 +104,43 @@ def test_packed_decode_is_the_bf16_kernel_when_scores_are_exact(name):
         f"{name}: packed vs bf16 rows at {tiles}: rel err {rel_err(out, ref):.3g}, {differing:.2%} of outputs differ")
 
 
+# kernel_configs' candidates over packed rows (not production): SCALES_AFTER (S from fp16 codes
+# per scale block, the block scales applied to the partial scores; split-K and two-pass) and
+# PREFETCH (the two-pass values pass loads the next step's bytes one step ahead; B >= 2 only).
+VARIANTS = [(name, variant) for name in DECODE_SHAPES for variant in ("SCALES_AFTER", "PREFETCH")
+            if variant != "PREFETCH" or "B1" not in name]
+
+
+@pytest.mark.parametrize("name,variant", VARIANTS)
+def test_packed_decode_variants_are_the_bf16_kernel_over_unpacked_rows(name, variant):
+    """A variant at the production tiles: against the same tiles over the unpacked bf16 rows within
+    fp32 summation order (SCALES_AFTER sums S's blocks in another order), against the torch
+    reference within bf16 rounding, and on integer-valued q and rows (S exact in any order) within
+    one bf16 ulp, nearly all bit for bit, as the production kernels."""
+    _, (q, idx, n_window, sink, scale, counts), (pw, pc), (uw, uc) = _packed_case(name)
+    tiles = decode_config(q.shape[0], idx.shape[-1], packed=True, device=q.device)
+    fmt = row_format(KV_FORMAT)
+    out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, scale, counts, row_format=fmt,
+                                   tile_config=dict(tiles, **{variant: True}))
+    ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts, tile_config=dict(tiles))
+    assert not out.isnan().any() and ref.abs().amax() > 0
+    assert rel_err(out, ref) < 5e-4, f"{name}: rel err {rel_err(out, ref):.3g}"
+    torch_ref = sparse_attn_paged(q.float(), uw.float(), uc.float(), idx, n_window, sink, scale, counts,
+                                  impl="torch")
+    assert rel_err(out, torch_ref) < 1e-2
+    q, uw, uc = _integer_valued(q, uw, uc)
+    pw, pc = pack_rows(uw, KV_FORMAT), pack_rows(uc, KV_FORMAT)
+    out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 1 / 64, counts, row_format=fmt,
+                                   tile_config=dict(tiles, **{variant: True}))
+    ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 1 / 64, counts, tile_config=dict(tiles))
+    diff, mag = (out.float() - ref.float()).abs(), ref.float().abs()
+    assert (diff <= torch.maximum(mag * 2.0**-7, mag.amax() * 1e-6)).all() and float((diff > 0).float().mean()) < 1e-3
+
+
 @pytest.mark.parametrize("name", DECODE_SHAPES)
 def test_hardware_e4m3_conversion_has_the_bits_of_the_integer_one(name):
     _, (q, idx, n_window, sink, scale, counts), (pw, pc), _ = _packed_case(name)
-    tiles = decode_config(q.shape[0], idx.shape[-1], packed=True)
+    tiles = decode_config(q.shape[0], idx.shape[-1], packed=True, device=q.device)
     fmt = row_format(KV_FORMAT)
     out = {cvt: sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, scale, counts, row_format=fmt,
                                          tile_config=dict(tiles, FP8_CVT=cvt)) for cvt in (True, False)}

@@ -14,7 +14,7 @@ import torch
 
 from v4serve.bench.v41_index_case import CAND_BLOCK, CAND_BLOCKS, ROW_FORMAT, v41_index_case, v41_index_shapes
 from v4serve.ops.kv_pack import pack_rows, unpack_rows
-from v4serve.ops.v41_index import candidate_blocks, select_candidates, select_sorted, v41_index_scores
+from v4serve.ops.v41_index import candidate_blocks, select_candidates, select_sorted
 from v4serve.ops.v41_index_reference import candidate_mask, index_scores_v41
 
 from v41_index_cases import _grid_values, head_sum_bound
@@ -85,6 +85,45 @@ def test_predecoded_candidates_equal_in_kernel_decoding(name):
     """The keys decoded once (bf16 rows) give the scores of decoding them per query, bit for bit."""
     case = v41_index_case(*SHAPES[name][1], device="cuda", seed=4)
     assert torch.equal(case.run(kernel="rows"), case.run(kernel="rows_predecoded"))
+
+
+@pytest.mark.parametrize("name", ["full decode B1 ctx131072 r1 staged1M", "cand decode B4 ctx131072 NC16384",
+                                  "cand prefill n128 start8064 NC16384"])
+def test_every_swept_variant_gives_the_production_bits_on_exact_inputs(name):
+    """The sweep's launches (bench/v41_index_configs.py: rows kernel, stream tiles / warps / tiles per
+    program, predecoded keys) against production, where every summation order gives the same bits."""
+    from v4serve.bench.v41_index_configs import CAND_PREFILL_CANDIDATES, _launch
+
+    case = _exact_inputs(v41_index_case(*SHAPES[name][1], device="cuda"), torch.Generator().manual_seed(5))
+    want = case.run()
+    for kernel, config in [c for c in CAND_PREFILL_CANDIDATES if c is not None]:
+        if kernel.endswith("predecoded") and case.cand_blocks is None:
+            continue
+        assert torch.equal(_launch(case, kernel, config), want), (name, kernel, config)
+
+
+@pytest.mark.parametrize("name", ["full decode B1 ctx32768 r2 staged1M", "cand decode B4 ctx131072 NC16384",
+                                  "cand prefill n128 start130944 NC16384"])
+def test_products_are_rounded_once_each_with_two_weighted_heads(name):
+    """Model-like q and keys, two heads weighted per query: the score is the sum of two bf16 products,
+    the same fp32 sum in any order, so it must equal the reference bit for bit (a logit or product
+    left unrounded, e.g. a bf16 multiply contracted into the sum, would differ)."""
+    g = torch.Generator().manual_seed(6)
+    case = v41_index_case(*SHAPES[name][1], device="cuda", seed=6)
+    B, S, H, _ = case.q.shape
+    two = (torch.rand(B, S, H, generator=g).argsort(-1) < 2).cuda()
+    case.w = torch.where(two, torch.randn(B, S, H, generator=g).cuda().bfloat16(), 0.0).bfloat16()
+    got = case.run().float()
+    blocks, case.cand_blocks = case.cand_blocks, None
+    for b in range(B):
+        sub = _sample(S, H, case.key_rows.shape[1], g)
+        want, _ = _reference_full(case, b, sub)
+        if blocks is not None:  # the candidates' columns of the full-mode reference
+            listed = blocks[b, sub].long().repeat_interleave(CAND_BLOCK, -1)
+            cols = listed * CAND_BLOCK + torch.arange(listed.shape[-1], device="cuda") % CAND_BLOCK
+            R = want.shape[-1]
+            want = torch.where((listed >= 0) & (cols < R), want.gather(1, cols.clamp(0, R - 1)), float("-inf"))
+        assert torch.equal(got[b, sub], want), name
 
 
 @pytest.mark.parametrize("name", [n for n in SHAPES if n.startswith("cand")])

@@ -12,9 +12,11 @@ from v41_index_cases import head_sum_bound, index_inputs
 
 TILES_TEST = dict(BLOCK_S=16, BLOCK_T=16, num_warps=4, num_stages=1)
 ROWS_TEST = dict(BLOCK_T=32, num_warps=4, num_stages=1)
+STREAM_TEST = dict(BLOCK_T=16, TILES=2, num_warps=4, num_stages=1)  # 16 slots a tile, 2 tiles a program
 VARIANTS = {  # kernel, config
     "tiles": ("tiles", TILES_TEST),
     "rows": ("rows", ROWS_TEST),
+    "stream": ("stream", STREAM_TEST),
 }
 
 
@@ -34,7 +36,8 @@ def _triton(*args, kernel, config=None, **kw):
     return v41_index_scores_triton(*args, kernel=kernel, config=config, **kw)
 
 
-@pytest.mark.parametrize("variant,packed", [("tiles", True), ("rows", True), ("tiles", False), ("rows", False)])
+@pytest.mark.parametrize("variant,packed", [("tiles", True), ("rows", True), ("stream", True), ("tiles", False),
+                                            ("rows", False), ("stream", False)])
 def test_full_mode_gives_the_reference_bits_when_every_sum_is_exact(variant, packed):
     B, S, H, D, R = 2, 11, 3, 64, 37
     q, w, pool, keys, rows = index_inputs(B, S, H, D, R, 50, exact=True, seed=1)
@@ -48,7 +51,7 @@ def test_full_mode_gives_the_reference_bits_when_every_sum_is_exact(variant, pac
     assert torch.isneginf(got[0, 0]).all()
 
 
-@pytest.mark.parametrize("kernel", ["tiles", "rows"])
+@pytest.mark.parametrize("kernel", ["tiles", "rows", "stream"])
 def test_full_mode_within_the_head_sum_bound_on_model_like_inputs(kernel):
     B, S, H, D, R = 1, 17, 8, 128, 23
     q, w, pool, keys, rows = index_inputs(B, S, H, D, R, 40, exact=False, seed=3)
@@ -61,6 +64,16 @@ def test_full_mode_within_the_head_sum_bound_on_model_like_inputs(kernel):
     bound = ulp + head_sum_bound(q, w, keys, rows, n_visible)
     assert ((got - want).abs()[finite] <= bound[finite]).all()
     assert (got == want)[finite].float().mean() > 0.9
+
+
+def test_stream_kernel_reads_two_scale_words_per_row_at_256_channels():
+    """D = 256: 32 code words and 2 scale words a row (code word i's scale in word 32 + i // 16). Model-
+    like keys (8 different group scales a row) and two heads (a sum of two terms: any order, same bits)."""
+    B, S, H, D, R = 1, 2, 2, 256, 21
+    q, w, pool, keys, rows = index_inputs(B, S, H, D, R, 30, exact=False, seed=11)
+    n_visible = torch.tensor([[R, 9]], dtype=torch.int32)
+    got = _triton(q, w, pool, rows, n_visible, True, kernel="stream", config=STREAM_TEST)
+    assert torch.equal(got.float(), _reference(q, w, keys, rows, n_visible))
 
 
 def test_decode_form_and_the_dispatch():
@@ -93,7 +106,8 @@ def test_candidate_mode_scores_the_candidates_columns(packed):
     n_visible = torch.randint(1, R + 1, (B, S), generator=g).to(torch.int32)
     cands = _cand_blocks(B, S, 4, 6, g)
     cands[0, 0] = -1  # an empty list: the kernel writes -inf without reading a key
-    for impl, kernel in (("torch", "auto"), ("triton", "rows"), ("triton", "rows_predecoded")):
+    for impl, kernel in (("torch", "auto"), ("triton", "rows"), ("triton", "rows_predecoded"), ("triton", "stream"),
+                         ("triton", "stream_predecoded")):
         got = v41_index_scores(q, w, pool if packed else keys, rows, n_visible,
                                row_format="fp4_e8m0_b32" if packed else None, cand_blocks=cands, impl=impl,
                                kernel=kernel)
@@ -102,6 +116,34 @@ def test_candidate_mode_scores_the_candidates_columns(packed):
         listed = cands.long().repeat_interleave(block, -1) >= 0
         want = torch.where(listed & (cols < R), full.gather(2, cols.clamp(0, R - 1)), float("-inf"))
         assert torch.equal(got.float(), want), (impl, kernel)
+
+
+@pytest.mark.parametrize("kernel", ["stream", "stream_predecoded"])
+def test_streamed_candidate_tiles_skip_empty_tiles_and_rounds_every_product(kernel):
+    """Several tiles per program (the loop's prefetch stages), whole tiles of empty slots (skipped),
+    an odd head count (weights padded to words), and two weighted heads per query: the score is then
+    the sum of two products, the same fp32 sum in any order, so the logit and product roundings show
+    in the bits on model-like inputs (a product left unrounded would round twice)."""
+    B, S, H, D, R, block = 2, 3, 5, 64, 61, 8
+    q, w, pool, keys, rows = index_inputs(B, S, H, D, R, 80, exact=False, seed=9)
+    g = torch.Generator().manual_seed(10)
+    two_heads = torch.rand(B, S, H, generator=g).argsort(-1) < 2
+    w = torch.where(two_heads, torch.randn(B, S, H, generator=g).bfloat16(), torch.zeros((), dtype=torch.bfloat16))
+    n_visible = torch.randint(1, R + 1, (B, S), generator=g).to(torch.int32)
+    cands = torch.nn.functional.pad(_cand_blocks(B, S, 8, 8, g), (0, 4), value=-1)  # >= 2 empty tiles a query
+    from v4serve.ops.v41_index_triton import _key_pool_words
+    from v4serve.ops.v41_index_stream_triton import v41_stream_scores
+
+    out = torch.empty(B, S, 12 * block, dtype=torch.bfloat16)
+    got = v41_stream_scores(q, w, _key_pool_words(pool, True, D), rows, n_visible, True, cands, block, out,
+                            dict(BLOCK_T=16, TILES=3, num_warps=4, num_stages=1),
+                            predecode=kernel == "stream_predecoded", skip_empty=True)
+    full = _reference(q, w, keys, rows, n_visible)
+    cols = cands.long().repeat_interleave(block, -1) * block + torch.arange(12 * block) % block
+    listed = cands.long().repeat_interleave(block, -1) >= 0
+    want = torch.where(listed & (cols < R), full.gather(2, cols.clamp(0, R - 1)), float("-inf"))
+    assert torch.equal(got.float(), want)
+    assert torch.isfinite(want).any() and torch.isneginf(want[..., -32:]).all()
 
 
 def test_candidate_blocks_lists_the_reference_mask():

@@ -4,7 +4,6 @@ scripted completions the tool-call tests expect. The session fixtures are in con
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal

@@ -14,7 +14,6 @@ import threading
 import time
 
 import httpx
-import pytest
 
 from server_harness import SERVER_MAX_SEQS_PER_REQUEST
 

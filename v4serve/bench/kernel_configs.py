@@ -16,10 +16,11 @@ from v4serve.ops.indexer_triton import index_scores_triton
 from v4serve.ops.kv_pack import pack_rows, unpack_rows
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_LARGE,
+    DECODE_CONFIG_LARGE_PACKED,
     DECODE_CONFIG_SMALL,
     DECODE_CONFIG_SMALL_PACKED,
-    DECODE_CONFIG_SMALL_PACKED_SLICED,
     DECODE_CONFIG_TWO_PASS,
+    DECODE_CONFIG_TWO_PASS_PACKED,
     PREFILL_CONFIG,
     sparse_attn_paged_triton,
 )
@@ -59,31 +60,32 @@ DECODE_CANDIDATES = [
 
 
 # Over packed fp8 rows (issue 17), B1 (split-K) and B8 (two-pass) apart. "bf16 rows" times the
-# production bf16 launch over the same values unpacked (the bar the packed rows must meet);
-# FP8_CVT False is the integer e4m3 decode of session 9, True the hardware conversion (sm_89+).
+# production bf16 launch over the same values unpacked (the bar the packed rows must meet, within
+# 5%). Session 10's sweep (docs/performance.md) measured the sliced and integer-decode variants,
+# 4 warps at B1 and the unpack route; these are the next candidates. SCALES_AFTER: S from fp16
+# codes per 64-channel block with the block scales applied to the partial scores
+# (sparse_attn_tiles.scores_scales_after). Compiled and left out (sm_90, Triton 3.6): split-K at
+# 16 warps (488 B spilled) and at 32 heads (432 B spilled).
 PACKED_DECODE_B1_CANDIDATES = [
-    None,  # whole tile, 8 warps, 1 stage, FP8_CVT where supported
+    None,  # split-K, whole [32, 512] tile dequantized once, 16 heads, 8 warps, 1 stage
     "bf16 rows",
-    dict(DECODE_CONFIG_SMALL_PACKED_SLICED, FP8_CVT=False),  # session 9's production
-    dict(DECODE_CONFIG_SMALL_PACKED_SLICED, FP8_CVT=True),  # its slices, hardware decode
-    dict(DECODE_CONFIG_SMALL_PACKED, FP8_CVT=False),  # the whole tile, integer decode
-    dict(DECODE_CONFIG_SMALL_PACKED, num_warps=4),  # the bf16 production tiles
-    dict(DECODE_CONFIG_SMALL_PACKED, num_stages=2),  # codes through a cp.async stage
-    dict(KERNEL="unpack"),  # each column unpacked into a scratch pool, then the bf16 launch
+    dict(DECODE_CONFIG_SMALL_PACKED, SCALES_AFTER=True),  # S waits on no dequantized tile
+    dict(DECODE_CONFIG_SMALL_PACKED, BLOCK_T=16, COLS_PER_SPLIT=16),  # twice the splits, half the codes each
+    dict(DECODE_CONFIG_SMALL_PACKED, BLOCK_H=64),  # each tile dequantized by 1 program, not 4 (wgmma)
+    dict(DECODE_CONFIG_LARGE_PACKED, num_stages=2),  # half the splits, the second tile prefetched
+    DECODE_CONFIG_TWO_PASS_PACKED,  # the B >= 2 kernels: each tile dequantized once for all 64 heads
     "bf16 rows",
     None,
 ]
 PACKED_DECODE_B8_CANDIDATES = [
-    None,  # two-pass, rope tail slice apart, FP8_CVT where supported
+    None,  # two-pass, scores as one whole-tile dot over 8 warps (sm_90)
     "bf16 rows",
-    dict(DECODE_CONFIG_TWO_PASS, FP8_CVT=False, TAIL_APART=False),  # session 9's production
-    dict(DECODE_CONFIG_TWO_PASS, FP8_CVT=False),  # tail apart only
-    dict(DECODE_CONFIG_TWO_PASS, TAIL_APART=False),  # hardware decode only
-    _two_pass(block_k=64, score_warps=8, score_stages=4, value_stages=3),  # scores over 8 warps
-    _two_pass(block_k=64, score_warps=8, score_stages=1, value_stages=3, WHOLE_TILE=True),  # scores: one dot
-    _two_pass(block_k=64, score_stages=4, value_stages=3, value_warps=8),  # values over 8 warps
-    _two_pass(block_k=64, score_stages=4, value_stages=3, block_dv=64),  # values: one scale block a program
-    dict(KERNEL="unpack"),  # each column unpacked into a scratch pool, then the bf16 launch
+    DECODE_CONFIG_TWO_PASS,  # the K loop over 64-wide slices, 4 warps 4 stages (production before)
+    dict(DECODE_CONFIG_TWO_PASS_PACKED, SCALES_AFTER=True),  # fp16 codes, scales on the partial scores
+    dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES=dict(num_warps=16, num_stages=1)),  # a quarter of the codes a thread
+    dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_T=32),  # twice the scores programs, half the rows each
+    dict(DECODE_CONFIG_TWO_PASS_PACKED, PREFETCH=True),  # values: next step's bytes loaded one step ahead
+    dict(DECODE_CONFIG_TWO_PASS_PACKED, PREFETCH=True, SCORES=dict(num_warps=16, num_stages=1)),
     "bf16 rows",
     None,
 ]
@@ -146,7 +148,8 @@ def _label(cfg) -> str:
         return cfg
     short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
                  BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh", FP8_CVT="cvt", TAIL_APART="tail_apart",
-                 WHOLE_TILE="whole_tile", BLOCK_Q="q", BLOCKS_PER_SPLIT="split", DECODE_FIRST="decode_first")
+                 WHOLE_TILE="whole_tile", SCALES_AFTER="scales_after", PREFETCH="prefetch", BLOCK_Q="q",
+                 BLOCKS_PER_SPLIT="split", DECODE_FIRST="decode_first")
     if cfg.get("KERNEL") == "unpack":
         return "unpack columns, then the production bf16 launch (unpack)"
     launch = lambda v: f"{v['num_warps']}w{v['num_stages']}s" if isinstance(v, dict) else v  # noqa: E731
@@ -196,6 +199,34 @@ def _packed_run(case):
     return run
 
 
+def _pass_times(label, case):
+    """The two passes of the B >= 2 launch timed apart (CUDA-graph medians), bf16 rows against packed
+    rows, each at its production tiles: which pass holds the packed rows' extra time."""
+    import torch
+
+    from v4serve.ops._dispatch import fp8_conversion_supported, pdl_supported
+    from v4serve.ops.kv_pack_triton import packed_constexprs
+    from v4serve.ops.sparse_attn_triton import LOG2E, decode_config
+    from v4serve.ops.sparse_attn_two_pass import two_pass_scores, two_pass_values
+
+    q, win, cmp, idx, n_window, sink, scale, counts = case.args()
+    fmt, D = row_format(PACKED_FORMAT), q.shape[-1]
+    pw, pc = pack_rows(win, fmt), pack_rows(cmp, fmt)
+    T = q.shape[0] * q.shape[1]
+    qt, it, ct, sink = q.reshape(T, -1, D), idx.reshape(T, -1), counts.reshape(T), sink.float()
+    out, pdl = torch.empty_like(qt), pdl_supported(q.device)
+    packed = dict(PACKED=True, **packed_constexprs(fmt, D), PK_FP8_CVT=fp8_conversion_supported(q.device))
+    times, qk = [], scale * LOG2E
+    for w, c, pk in ((unpack_rows(pw, fmt, D), unpack_rows(pc, fmt, D), {}), (pw, pc, packed)):
+        cfg = decode_config(T, it.shape[1], bool(pk), q.device)
+        scores = lambda: two_pass_scores(qt, w, c, it, ct, sink, n_window, qk, True, pdl, cfg, pk)  # noqa: E731
+        p, m, l = scores()
+        values = lambda: two_pass_values(w, c, it, ct, sink, p, m, l, out, n_window, True, pdl, cfg, pk)  # noqa: E731
+        times += [do_bench_cudagraph(f, rep=30, return_mode="median") * 1e3 for f in (scores, values)]
+    print(f"{label:20s} passes: scores {times[0]:.2f} (bf16 rows) / {times[2]:.2f} (packed) µs, "
+          f"values {times[1]:.2f} / {times[3]:.2f} µs", flush=True)
+
+
 def _compact_run(case):
     """The renumbered columns (what every launch config must reproduce) of the case's compaction."""
     from v4serve.ops.kv_compact_triton import unpack_referenced_rows_triton
@@ -226,7 +257,10 @@ def main() -> int:
     for name, args in PACKED_DECODE_SHAPES.items():
         if only in name:
             candidates = PACKED_DECODE_B1_CANDIDATES if args[1] == 1 else PACKED_DECODE_B8_CANDIDATES
-            _sweep(name, _packed_run(sparse_decode_case(*args, "cuda")), candidates)
+            case = sparse_decode_case(*args, "cuda")
+            _sweep(name, _packed_run(case), candidates)
+            if args[1] > 1:
+                _pass_times(name, case)
     for name, args in KV_COMPACT_SHAPES.items():
         if only in name:
             _sweep(name, _compact_run(sparse_prefill_case(*args, "cuda")), KV_COMPACT_CANDIDATES)

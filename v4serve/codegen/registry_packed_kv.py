@@ -14,7 +14,8 @@ from v4serve.ops.indexer_triton import DECODE_CONFIG as INDEX_DECODE_CONFIG
 from v4serve.ops.indexer_triton import PREFILL_CONFIG as INDEX_PREFILL_CONFIG
 from v4serve.ops.indexer_triton import PREFILL_CONFIG_Q2 as INDEX_PREFILL_CONFIG_Q2
 from v4serve.ops.kv_pack_triton import packed_constexprs, store_warps
-from v4serve.ops.sparse_attn_triton import DECODE_CONFIG_SMALL_PACKED, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIGS_PACKED
+from v4serve.ops.sparse_attn_triton import (
+    DECODE_CONFIG_SMALL_PACKED, DECODE_CONFIG_TWO_PASS, DECODE_CONFIG_TWO_PASS_PACKED, PREFILL_CONFIGS_PACKED)
 
 from .spec import Expect, KernelSpec
 
@@ -63,6 +64,7 @@ _ATTN_TYPES = dict(
 _ATTN_ALIGNED = ("q_ptr", "win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "sink_ptr", "out_ptr", "part_ptr", "m_ptr",
                  "l_ptr", "ticket_ptr", "H", "D", "C", "n_window", "cols_per_split", *_STRIDES)
 _TP = DECODE_CONFIG_TWO_PASS
+_TPP = DECODE_CONFIG_TWO_PASS_PACKED
 _DEC = DECODE_CONFIG_SMALL_PACKED
 # The hardware e4m3 conversion (load_packed's FP8_CVT) where production uses it: sm_89 and newer.
 _CVT = {arch: arch >= 89 for arch in (80, 90, 100, 120)}
@@ -104,22 +106,24 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),
     *(
-        KernelSpec(  # TAIL_APART where the launcher sets it (two_pass_tail_apart: sm_90 / sm_100)
+        KernelSpec(  # sm_90 / sm_100: DECODE_CONFIG_TWO_PASS_PACKED, the whole tile at once (WHOLE_TILE ignores
+            # TAIL_APART; the launcher passes two_pass_tail_apart: True there); sm_120: the K loop of
+            # DECODE_CONFIG_TWO_PASS (the whole tile needs 128 KB of shared memory), TAIL_APART False
             f"sparse_attn.two_pass_scores_fp8kv_pdl{suffix}", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",
             types=_SCORES_TYPES, aligned=tuple(k for k in _SCORES_TYPES if k != "qk_scale_log2"),
-            constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_K=_TP["BLOCK_K"],
-                            PDL=True, PACKED=True, PK_FP8_CVT=True, TAIL_APART=tail_apart, WHOLE_TILE=False,
-                            BLOCK_D=512, **_LOAD_PK),
-            archs=archs, **_TP["SCORES"],
+            constexprs=dict(HAS_COUNTS=True, BLOCK_H=cfg["BLOCK_H"], BLOCK_T=cfg["BLOCK_T"],
+                            BLOCK_K=cfg["BLOCK_K"], PDL=True, PACKED=True, PK_FP8_CVT=True, TAIL_APART=tail_apart,
+                            WHOLE_TILE=cfg.get("WHOLE_TILE", False), BLOCK_D=512, SCALES_AFTER=False, **_LOAD_PK),
+            archs=archs, **cfg["SCORES"],
             expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
         )
-        for suffix, archs, tail_apart in (("", (90, 100), True), ("_sm120", (120,), False))
+        for suffix, archs, tail_apart, cfg in (("", (90, 100), True, _TPP), ("_sm120", (120,), False, _TP))
     ),
     KernelSpec(
         "sparse_attn.two_pass_values_fp8kv_pdl", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
         types=_VALUES_TYPES, aligned=tuple(_VALUES_TYPES),
         constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
-                        BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, **_LOAD_PK),
+                        BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, PREFETCH=False, **_LOAD_PK),
         archs=(90, 100, 120), **_TP["VALUES"],
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),

@@ -19,15 +19,11 @@ synchronisation.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from v4serve.cache import PagedKVCache
+from v4serve.engine.graph_capture import capture_graph, capture_ladder
 from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
-
-
-logger = logging.getLogger(__name__)
 
 
 def batch_size_ladder(max_batch: int, sizes: tuple[int, ...] | None = None) -> list[int]:
@@ -69,13 +65,8 @@ class DecodeRunner:
         pinned = device.type == "cuda"
         self._staging = [torch.zeros(4, max_batch, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self._step = 0
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        if use_cuda_graphs:
-            try:
-                self._capture()
-            except RuntimeError as e:  # an op that cannot be captured: decode stays correct, only slower
-                self._graphs.clear()
-                logger.warning("CUDA-graph capture failed, decoding eagerly: %s", e)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = (
+            capture_ladder(self.ladder, self._capture_size, "decode steps") if use_cuda_graphs else {})
 
     @property
     def uses_cuda_graphs(self) -> bool:
@@ -86,16 +77,8 @@ class DecodeRunner:
                                               route_rows=self._route_rows[:n] if n > 1 else None)
         return self.model(batch, self.cache)
 
-    @torch.inference_mode()
-    def _capture(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
-        for n in reversed(self.ladder):  # largest first: smaller graphs reuse its memory
-            self._forward(n)  # warm up: Triton compiles, allocator settles (padding slot only)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                logits = self._forward(n)
-            self._graphs[n] = (graph, logits)
+    def _capture_size(self, n: int, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        return capture_graph(lambda: self._forward(n), pool)
 
     @torch.inference_mode()
     def run(self, token_ids: list[int] | torch.Tensor, positions: list[int], slots: list[int]) -> torch.Tensor:

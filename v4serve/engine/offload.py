@@ -61,8 +61,10 @@ def memory_summary(model: torch.nn.Module, kv_total_bytes: int, device: torch.de
 
     offloads = offloads_of(model)
     tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.device.type != "meta"]
-    params = sum(t.numel() * t.element_size() for t in tensors if t.device == device)
-    tables = sum(t.numel() * t.element_size() for t in tensors if t.device != device)  # V4.1's Engram tables
+    # By device type: `device` may be given as "cuda" and the tensors live on "cuda:0".
+    on_device = [t.device.type == device.type for t in tensors]
+    params = sum(t.numel() * t.element_size() for t, here in zip(tensors, on_device) if here)
+    tables = sum(t.numel() * t.element_size() for t, here in zip(tensors, on_device) if not here)  # V4.1's Engram tables
     resident = sum(o.device_bytes()[0] for o in offloads)
     slots = sum(o.device_bytes()[1] for o in offloads)
     gib = 2**30

@@ -25,7 +25,6 @@ room, its extra rows on the cache's padding slot and routed in the MoE as live r
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -33,8 +32,7 @@ import torch
 from v4serve.cache import PagedKVCache
 from v4serve.cache.state_checkpoints import StateCheckpoints
 from v4serve.engine.decode_runner import batch_size_ladder
-
-logger = logging.getLogger(__name__)
+from v4serve.engine.graph_capture import capture_graph, capture_ladder
 
 
 def verify_route_rows(n: int, size: int, groups: int) -> list[int]:
@@ -86,15 +84,10 @@ class VerifyRunner:
                          for _ in range(2)]
         self._accepted_staging = [torch.zeros(max_batch, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self._step = 0
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, VerifyOutputs, torch.cuda.CUDAGraph, torch.Tensor | None]] = {}
         self._size = 0  # rows of the step in flight (the graph size it uses)
         self._outputs: VerifyOutputs | None = None
-        if use_cuda_graphs:
-            try:
-                self._capture()
-            except RuntimeError as e:  # an op that cannot be captured: steps stay correct, only slower
-                self._graphs.clear()
-                logger.warning("CUDA-graph capture of speculative steps failed, running them eagerly: %s", e)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, VerifyOutputs, torch.cuda.CUDAGraph, torch.Tensor | None]] = (
+            capture_ladder(self.ladder, self._capture_size, "speculative steps") if use_cuda_graphs else {})
 
     @property
     def uses_cuda_graphs(self) -> bool:
@@ -140,22 +133,12 @@ class VerifyRunner:
             drafts.append(draft)
         return torch.stack(drafts, dim=1)
 
-    @torch.inference_mode()
-    def _capture(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
-        for size in reversed(self.ladder):  # largest first: smaller graphs reuse its memory
-            self._verify(size)  # warm up: Triton compiles, allocator settles (padding slot only)
-            torch.cuda.synchronize()
-            verify = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(verify, pool=pool):
-                outputs = self._verify(size)
-            verify.replay()  # a capture runs nothing: the second half's warm-up reads real outputs
-            self._commit_and_draft(size, outputs)
-            torch.cuda.synchronize()
-            after = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(after, pool=pool):
-                drafts = self._commit_and_draft(size, outputs)
-            self._graphs[size] = (verify, outputs, after, drafts)
+    def _capture_size(self, size: int, pool):
+        """(verify graph, its outputs, commit + draft graph, its drafts) for `size` rows."""
+        verify, outputs = capture_graph(lambda: self._verify(size), pool)
+        verify.replay()  # a capture runs nothing: the second half's warm-up reads real outputs
+        after, drafts = capture_graph(lambda: self._commit_and_draft(size, outputs), pool)
+        return verify, outputs, after, drafts
 
     # ------------------------------------------------------------------ a step
     @torch.inference_mode()

@@ -71,9 +71,15 @@ def _e4m3_byte(mag, negative):
 
 
 @triton.jit
-def _act_quant_groups(xg):
-    """The official activation quantization of xg [R, GROUP] (fp32, one group per row):
-    (|q| on the e4m3 grid as fp32, its sign, the group scales s [R]); the value is q * s."""
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
+                      GROUP: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Program (row, g): e4m3 codes of x[row, g * BLOCK_G:][:BLOCK_G] and the scales of its
+    BLOCK_G // GROUP groups (fp32 arithmetic on exponent bits, see the module docstring)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
+    mask = offs < K
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    xg = tl.reshape(x, (BLOCK_G // GROUP, GROUP))
     amax = tl.maximum(tl.max(tl.abs(xg), 1), 1e-4)
     ratio = (amax * (1.0 / 448.0)).to(tl.int32, bitcast=True)
     exp = ((ratio >> 23) & 0xFF) - 127 + ((ratio & 0x7FFFFF) != 0).to(tl.int32)  # ceil(log2(ratio))
@@ -85,18 +91,7 @@ def _act_quant_groups(xg):
     up = ((130 - e) << 23).to(tl.float32, bitcast=True)  # 2^(3-e): one quantum becomes 1
     down = ((124 + e) << 23).to(tl.float32, bitcast=True)
     r = ((a * up + 12582912.0) - 12582912.0) * down  # round half to even at the quantum
-    return r, t.to(tl.int32, bitcast=True) < 0, s  # the sign bit of t: -0 -> 0x80, as torch's cast
-
-
-@triton.jit
-def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
-                      GROUP: tl.constexpr, BLOCK_G: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
-    mask = offs < K
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    r, negative, s = _act_quant_groups(tl.reshape(x, (BLOCK_G // GROUP, GROUP)))
-    byte = _e4m3_byte(r, negative)
+    byte = _e4m3_byte(r, t.to(tl.int32, bitcast=True) < 0)  # the sign bit of t: -0 -> 0x80, as torch's cast
     tl.store(q_ptr + row * stride_q + offs, tl.reshape(byte, (BLOCK_G,)), mask=mask)
     groups = tl.program_id(1) * (BLOCK_G // GROUP) + tl.arange(0, BLOCK_G // GROUP)
     tl.store(s_ptr + row * stride_s + groups, s, mask=groups * GROUP < K)

@@ -1,8 +1,6 @@
 """mHC coefficients of a sublayer: public entry point (math in hc_coefficients_reference.py, kernel
 in hc_coefficients_triton.py)."""
 
-import torch
-
 from v4serve.ops._dispatch import use_triton
 from v4serve.ops.hc_coefficients_reference import hc_coefficients_reference
 from v4serve.ops.hc_coefficients_triton import hc_coefficients_triton

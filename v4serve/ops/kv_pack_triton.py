@@ -24,6 +24,11 @@ as [R, G, SUB] with SUB = min(K, PK_BLOCK) contiguous bytes per (row, group), so
 or more 16-byte loads at 16-byte aligned row strides; the scale bytes are read as the int32 words
 that hold them (4-byte loads).
 
+Codes without their scales (`load_codes_fp16`, `load_block_scale`): for kernels that apply the
+block scales after a dot (sparse_attn_tiles.scores_scales_after): the codes of one scale block as
+fp16 (decode(c) through the hardware conversion, or decode(c) * 2^-8 from the integer fp16
+construction above: exact either way) and the block's 2^(b - 127) per row, from its int32 word.
+
 Grids: `_store_rows_kernel` (N,): one program per row (skipped when rows[i] < 0);
 `_unpack_rows_kernel` (cdiv(N, 16),): 16 rows per program.
 """
@@ -122,10 +127,23 @@ def load_packed(row_ptrs, live, d0, D, K: tl.constexpr, PK_NQ: tl.constexpr, PK_
     """Channels [d0, d0 + K) of the fp8 rows at row_ptrs (uint8* [R]; rows not `live` and channels
     >= D read as 0) as OUT_DTYPE [R, K] (bf16 or fp32). d0 is a multiple of min(K, PK_BLOCK).
     FP8_CVT: decode the codes with the hardware e4m3 conversion (sm_89+; the same values).
+    load_packed_bytes then dequantize_packed: a loop can issue the next tile's loads first."""
+    codes, words, tail = load_packed_bytes(row_ptrs, live, d0, D, K, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
+                                           PK_HAS_TAIL)
+    return dequantize_packed(codes, words, tail, d0, D, K, PK_NQ, PK_BLOCK, PK_HAS_TAIL, OUT_DTYPE, FP8_CVT)
 
-    The values are cast to OUT_DTYPE per element, before the [R, G, SUB] -> [R, K] reshape. A tile
-    of several groups loads the bf16 tail once as [R, SUB] and broadcasts it over the groups (as a
-    masked [R, G, SUB] tensor it would cost a whole bf16 tile of registers and pipeline buffers)."""
+
+@triton.jit
+def load_packed_bytes(row_ptrs, live, d0, D, K: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr,
+                      PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr):
+    """load_packed's loads: (codes uint8 [R, G, SUB], the int32 words holding each group's scale byte
+    [R, G], the bf16 tail: [R, G, SUB] when G == 1, else [R, SUB] broadcast over the groups later;
+    without a tail, the codes again, unused). G groups of SUB = K / G channels, SUB = min(K, PK_BLOCK):
+    each (row, group) is one or more 16-byte loads at 16-byte aligned row strides; the scale bytes
+    come from the aligned int32 word holding them (PK_SCALE_OFF is a multiple of 4 and the row pads
+    the last word), so no load is narrower than 4 bytes. A tile of several groups loads the bf16
+    tail once as [R, SUB] (as a masked [R, G, SUB] tensor it would cost a whole bf16 tile of
+    registers and pipeline buffers)."""
     G: tl.constexpr = (K + PK_BLOCK - 1) // PK_BLOCK
     SUB: tl.constexpr = K // G
     TAIL: tl.constexpr = (PK_SCALE_OFF - PK_TAIL_OFF) // 2  # bf16 tail channels: [PK_NQ, PK_NQ + TAIL)
@@ -134,14 +152,37 @@ def load_packed(row_ptrs, live, d0, D, K: tl.constexpr, PK_NQ: tl.constexpr, PK_
     tl.static_assert(not PK_HAS_TAIL or (PK_NQ % SUB == 0 and (G == 1 or TAIL <= SUB)))
     g = tl.arange(0, G)
     ch = d0 + g[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [G, SUB]
-    is_q = ch < PK_NQ
     base = tl.multiple_of(row_ptrs, 16)[:, None, None]
-    codes = tl.load(base + ch[None, :, :], mask=live[:, None, None] & is_q[None, :, :], other=0)
+    codes = tl.load(base + ch[None, :, :], mask=live[:, None, None] & (ch < PK_NQ)[None, :, :], other=0)
     group = (d0 + g * SUB) // PK_BLOCK
-    # The scale bytes come from the aligned int32 word holding them (PK_SCALE_OFF is a multiple of
-    # 4 and the row pads the last word), so no load is narrower than 4 bytes.
     words = (row_ptrs + PK_SCALE_OFF).to(tl.pointer_type(tl.int32))
     sw = tl.load(words[:, None] + (group // 4)[None, :], mask=live[:, None], other=0x7F7F7F7F)
+    tail = codes
+    if PK_HAS_TAIL:
+        if G == 1:
+            in_tail = (ch >= PK_NQ) & (ch < D)
+            tail_ptr = (base + PK_TAIL_OFF).to(tl.pointer_type(tl.bfloat16))
+            tail = tl.load(tail_ptr + (ch - PK_NQ)[None, :, :], mask=live[:, None, None] & in_tail[None, :, :],
+                           other=0.0)
+        else:
+            lane = tl.arange(0, SUB)
+            lane_ok = (lane < TAIL) & (PK_NQ + lane < D) & (d0 + K > PK_NQ)
+            tail_ptr = (tl.multiple_of(row_ptrs, 16) + PK_TAIL_OFF).to(tl.pointer_type(tl.bfloat16))
+            tail = tl.load(tail_ptr[:, None] + lane[None, :], mask=live[:, None] & lane_ok[None, :], other=0.0)
+    return codes, sw, tail
+
+
+@triton.jit
+def dequantize_packed(codes, sw, tail, d0, D, K: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr,
+                      PK_HAS_TAIL: tl.constexpr, OUT_DTYPE: tl.constexpr = tl.bfloat16,
+                      FP8_CVT: tl.constexpr = False):
+    """The [R, K] OUT_DTYPE tile of load_packed_bytes' (codes, sw, tail). The values are cast to
+    OUT_DTYPE per element, before the [R, G, SUB] -> [R, K] reshape."""
+    G: tl.constexpr = (K + PK_BLOCK - 1) // PK_BLOCK
+    SUB: tl.constexpr = K // G
+    g = tl.arange(0, G)
+    ch = d0 + g[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [G, SUB]
+    group = (d0 + g * SUB) // PK_BLOCK
     sb = (sw >> (8 * (group % 4))[None, :]) & 0xFF
     if FP8_CVT:
         v = _e4m3_scaled_cvt(codes, sb[:, :, None]).to(OUT_DTYPE)
@@ -150,17 +191,43 @@ def load_packed(row_ptrs, live, d0, D, K: tl.constexpr, PK_NQ: tl.constexpr, PK_
     if PK_HAS_TAIL:
         in_tail = (ch >= PK_NQ) & (ch < D)
         if G == 1:
-            tail_ptr = (base + PK_TAIL_OFF).to(tl.pointer_type(tl.bfloat16))
-            tail = tl.load(tail_ptr + (ch - PK_NQ)[None, :, :], mask=live[:, None, None] & in_tail[None, :, :],
-                           other=0.0)
             v = tl.where(in_tail[None, :, :], tail.to(OUT_DTYPE), v)
         else:
-            lane = tl.arange(0, SUB)
-            lane_ok = (lane < TAIL) & (PK_NQ + lane < D) & (d0 + K > PK_NQ)
-            tail_ptr = (tl.multiple_of(row_ptrs, 16) + PK_TAIL_OFF).to(tl.pointer_type(tl.bfloat16))
-            tail = tl.load(tail_ptr[:, None] + lane[None, :], mask=live[:, None] & lane_ok[None, :], other=0.0)
             v = tl.where(in_tail[None, :, :], tail.to(OUT_DTYPE)[:, None, :], v)
-    return tl.reshape(v, (row_ptrs.shape[0], K))
+    return tl.reshape(v, (codes.shape[0], K))
+
+
+@triton.jit
+def load_codes_fp16(row_ptrs, live, d0, K: tl.constexpr, FP8_CVT: tl.constexpr = False):
+    """The e4m3 codes of channels [d0, d0 + K) (quantized channels only, d0 a multiple of 16) of
+    the rows at row_ptrs as fp16 [R, K] *without* their block scale (rows not `live` read as 0):
+    FP8_CVT, decode(c) through the hardware conversion (one F2FP per two codes, sm_89+); else the
+    fp16 with bits (c & 0x80) << 8 | (c & 0x7f) << 7, which is decode(c) * 2^-8. Both exact (every
+    e4m3 value, subnormals included, is a normal fp16 or 0); code_unit(FP8_CVT) * value = decode(c).
+    For kernels that apply the scales after a dot (load_packed applies them to the tile)."""
+    base = tl.multiple_of(row_ptrs, 16)
+    codes = tl.load(base[:, None] + (d0 + tl.arange(0, K))[None, :], mask=live[:, None], other=0)
+    if FP8_CVT:
+        return codes.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    c = codes.to(tl.int16)
+    return (((c & 0x80) << 8) | ((c & 0x7F) << 7)).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def code_unit(FP8_CVT: tl.constexpr):
+    """What load_codes_fp16's values are multiplied by to give decode(c): 1, or 2^8 (integer path)."""
+    if FP8_CVT:
+        return 1.0
+    return 256.0
+
+
+@triton.jit
+def load_block_scale(row_ptrs, live, group, PK_SCALE_OFF: tl.constexpr):
+    """2^(b - 127) in fp32 [R], b the ue8m0 byte of scale block `group` of each row at row_ptrs,
+    read from the aligned int32 word holding it (a 4-byte load); 1 for rows not `live`."""
+    words = (row_ptrs + PK_SCALE_OFF).to(tl.pointer_type(tl.int32))
+    w = tl.load(words + group // 4, mask=live, other=0x7F7F7F7F)
+    return _pow2(((w >> (8 * (group % 4))) & 0xFF) - 127)
 
 
 @triton.jit

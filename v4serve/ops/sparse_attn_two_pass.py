@@ -36,6 +36,13 @@ Numerics: the split-K kernel rounds P to bf16 relative to the running max, this 
 the tile's max (both in (0, 1]); the accumulation is fp32 in both. A token whose columns are all
 holes gets exactly 0, as in the split-K kernel.
 
+Over packed rows (issue 17) the scores pass can take its whole tile at once (WHOLE_TILE: one
+round of loads, dequantized together, S as one dot; production on sm_90 / sm_100, where its 128
+KB of shared memory fit) or dot fp16 codes per scale block and scale the partial scores
+(SCALES_AFTER, sparse_attn_tiles.scores_scales_after); the values pass can load the next step's
+bytes into registers one step ahead (PREFETCH, _packed_values_prefetched). The last two are
+variants the tile sweep times (bench/kernel_configs.py).
+
 Measured on the H200 (docs/performance.md item 16): decode B8 r4 / r128 / r0 9.75 / 8.22 / 6.71
 µs against split-K's 15.2 / 11.4 / 7.3; split-K stays for single-token steps.
 """
@@ -46,8 +53,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda
-from v4serve.ops.kv_pack_triton import load_packed
-from v4serve.ops.sparse_attn_tiles import column_bound, load_rows, row_pointers
+from v4serve.ops.kv_pack_triton import dequantize_packed, load_packed, load_packed_bytes
+from v4serve.ops.sparse_attn_tiles import column_bound, load_rows, row_pointers, scores_scales_after
 
 _PK_PARAMS = ("PK_NQ", "PK_BLOCK", "PK_TAIL_OFF", "PK_SCALE_OFF", "PK_HAS_TAIL", "PK_FP8_CVT")
 
@@ -99,7 +106,7 @@ def _scores_kernel(
     PDL: tl.constexpr = False, PACKED: tl.constexpr = False, PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1,
     PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0, PK_HAS_TAIL: tl.constexpr = False,
     PK_FP8_CVT: tl.constexpr = False, TAIL_APART: tl.constexpr = True, WHOLE_TILE: tl.constexpr = False,
-    BLOCK_D: tl.constexpr = 0,
+    BLOCK_D: tl.constexpr = 0, SCALES_AFTER: tl.constexpr = False,
 ):
     tok = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
@@ -114,7 +121,10 @@ def _scores_kernel(
         live = rows >= 0
         row_ptrs = row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)
         q_rows = q_ptr + tok * stride_qt + heads * stride_qh
-        if WHOLE_TILE:
+        if PACKED and SCALES_AFTER:
+            s = scores_scales_after(q_rows, head_ok, row_ptrs, live, D, BLOCK_H, BLOCK_T, BLOCK_D, PK_NQ, PK_BLOCK,
+                                    PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
+        elif WHOLE_TILE:
             # The whole [BLOCK_T, BLOCK_D] tile gathered in one round of loads, S as one dot.
             dims = tl.arange(0, BLOCK_D)
             q = tl.load(q_rows[:, None] + dims[None, :], mask=head_ok[:, None] & (dims < D)[None, :], other=0.0)
@@ -159,6 +169,54 @@ def _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows, m_j, m, n_live, n_window
 
 
 @triton.jit
+def _packed_values_prefetched(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, rows_a, rows_b, m_a, m_b,
+                              n_window, stride_pool, stride_it, stride_pt, stride_ph, stride_mj, heads, head_ok, d0, D,
+                              BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DV: tl.constexpr,
+                              PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
+                              PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr):
+    """The values loop over packed rows (PREFETCH) with the bytes of the next two tiles (codes, scale
+    words, rope tail: kv_pack_triton.load_packed_bytes) loaded into registers one step ahead, so a
+    step dequantizes bytes already there while the next step's gathers fly (the bf16 loop gets this
+    from the pipeliner's cp.async stages; a load that feeds arithmetic before the dot does not).
+    rows_a / rows_b, m_a / m_b: pool rows and maxima of tiles 0 and 1. Returns sum_j f_j p_j kv_j."""
+    lanes = tl.arange(0, BLOCK_T)
+    codes_a, sw_a, tail_a = load_packed_bytes(
+        row_pointers(win_ptr, cmp_ptr, rows_a, lanes, n_window, stride_pool), rows_a >= 0, d0, D, BLOCK_DV, PK_NQ,
+        PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL)
+    codes_b, sw_b, tail_b = load_packed_bytes(
+        row_pointers(win_ptr, cmp_ptr, rows_b, BLOCK_T + lanes, n_window, stride_pool), rows_b >= 0, d0, D, BLOCK_DV,
+        PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    for j in range(0, n_live, 2):
+        kv_a = dequantize_packed(codes_a, sw_a, tail_a, d0, D, BLOCK_DV, PK_NQ, PK_BLOCK, PK_HAS_TAIL, tl.bfloat16,
+                                 PK_FP8_CVT)
+        kv_b = dequantize_packed(codes_b, sw_b, tail_b, d0, D, BLOCK_DV, PK_NQ, PK_BLOCK, PK_HAS_TAIL, tl.bfloat16,
+                                 PK_FP8_CVT)
+        f_a = tl.where(j < n_live, tl.exp2(m_a - m), 0.0)
+        f_b = tl.where(j + 1 < n_live, tl.exp2(m_b - m), 0.0)
+        # the next step's bytes and maxima (the idx row is in L1: the kernel read it whole)
+        cols_a = (j + 2) * BLOCK_T + lanes
+        cols_b = (j + 3) * BLOCK_T + lanes
+        rows_a = load_rows(idx_ptr, tok, stride_it, cols_a, hi)
+        rows_b = load_rows(idx_ptr, tok, stride_it, cols_b, hi)
+        codes_a, sw_a, tail_a = load_packed_bytes(
+            row_pointers(win_ptr, cmp_ptr, rows_a, cols_a, n_window, stride_pool), rows_a >= 0, d0, D, BLOCK_DV, PK_NQ,
+            PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL)
+        codes_b, sw_b, tail_b = load_packed_bytes(
+            row_pointers(win_ptr, cmp_ptr, rows_b, cols_b, n_window, stride_pool), rows_b >= 0, d0, D, BLOCK_DV, PK_NQ,
+            PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL)
+        p_rows = p_ptr + tok * stride_pt + heads[:, None] * stride_ph
+        p_a = tl.load(p_rows + (j * BLOCK_T + lanes)[None, :], mask=head_ok[:, None] & (j < n_live), other=0.0)
+        p_b = tl.load(p_rows + ((j + 1) * BLOCK_T + lanes)[None, :], mask=head_ok[:, None] & (j + 1 < n_live),
+                      other=0.0)
+        m_a = tl.load(m_row + (j + 2) * stride_mj, mask=head_ok & (j + 2 < n_live), other=0.0)
+        m_b = tl.load(m_row + (j + 3) * stride_mj, mask=head_ok & (j + 3 < n_live), other=0.0)
+        acc += tl.dot(p_a, kv_a) * f_a[:, None]
+        acc += tl.dot(p_b, kv_b) * f_b[:, None]
+    return acc
+
+
+@triton.jit
 def _values_kernel(
     win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr, out_ptr,
     H, D, C, n_window,
@@ -166,7 +224,7 @@ def _values_kernel(
     HAS_COUNTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_J: tl.constexpr, EVEN_D: tl.constexpr, PDL: tl.constexpr = False, PACKED: tl.constexpr = False,
     PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
-    PK_HAS_TAIL: tl.constexpr = False, PK_FP8_CVT: tl.constexpr = False,
+    PK_HAS_TAIL: tl.constexpr = False, PK_FP8_CVT: tl.constexpr = False, PREFETCH: tl.constexpr = False,
 ):
     tok = tl.program_id(0).to(tl.int64)
     d0 = tl.program_id(1) * BLOCK_DV
@@ -204,21 +262,32 @@ def _values_kernel(
     next_m_a = tl.load(m_row, mask=head_ok & (n_live > 0), other=0.0)
     next_m_b = tl.load(m_row + stride_mj, mask=head_ok & (n_live > 1), other=0.0)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
-    for j in range(0, n_live, 2):
-        rows_a, rows_b, m_a, m_b = next_rows_a, next_rows_b, next_m_a, next_m_b
-        next_rows_a = load_rows(idx_ptr, tok, stride_it, (j + 2) * BLOCK_T + lanes, hi)
-        next_rows_b = load_rows(idx_ptr, tok, stride_it, (j + 3) * BLOCK_T + lanes, hi)
-        next_m_a = tl.load(m_row + (j + 2) * stride_mj, mask=head_ok & (j + 2 < n_live), other=0.0)
-        next_m_b = tl.load(m_row + (j + 3) * stride_mj, mask=head_ok & (j + 3 < n_live), other=0.0)
-        acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows_a, m_a, m, n_live, n_window, stride_pool,
-                            stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T, d0, D, BLOCK_DV,
-                            PACKED, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
-        acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j + 1, rows_b, m_b, m, n_live, n_window, stride_pool,
-                            stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T, d0, D, BLOCK_DV,
-                            PACKED, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
+    if PACKED and PREFETCH:
+        acc = _packed_values_prefetched(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, next_rows_a,
+                                        next_rows_b, next_m_a, next_m_b, n_window, stride_pool, stride_it, stride_pt,
+                                        stride_ph, stride_mj, heads, head_ok, d0, D, BLOCK_H, BLOCK_T, BLOCK_DV,
+                                        PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
+    else:
+        for j in range(0, n_live, 2):
+            rows_a, rows_b, m_a, m_b = next_rows_a, next_rows_b, next_m_a, next_m_b
+            next_rows_a = load_rows(idx_ptr, tok, stride_it, (j + 2) * BLOCK_T + lanes, hi)
+            next_rows_b = load_rows(idx_ptr, tok, stride_it, (j + 3) * BLOCK_T + lanes, hi)
+            next_m_a = tl.load(m_row + (j + 2) * stride_mj, mask=head_ok & (j + 2 < n_live), other=0.0)
+            next_m_b = tl.load(m_row + (j + 3) * stride_mj, mask=head_ok & (j + 3 < n_live), other=0.0)
+            acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows_a, m_a, m, n_live, n_window, stride_pool,
+                                stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T, d0, D, BLOCK_DV,
+                                PACKED, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
+            acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j + 1, rows_b, m_b, m, n_live, n_window, stride_pool,
+                                stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T, d0, D, BLOCK_DV,
+                                PACKED, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
     out = acc / denom[:, None]
     tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
+
+
+def _launch_pk(pk) -> dict:
+    """PACKED and the PK_* constexprs the two kernels take, from packed_constexprs' dict (or None)."""
+    return {k: v for k, v in (pk or {}).items() if k == "PACKED" or k in _PK_PARAMS}
 
 
 def two_pass_tail_apart(device: torch.device) -> bool:
@@ -235,36 +304,56 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
     values pass's heads per program; default BLOCK_H), TAIL_APART (packed rows: the rope tail slice
     gathered before the code slices; default two_pass_tail_apart(device)), WHOLE_TILE (the scores
     pass gathers its whole tile at once and computes S as one dot instead of the K loop; default
-    False), and the launch options of each pass as
+    False), SCALES_AFTER (packed rows: the scores pass dots fp16 codes per scale block and scales
+    the partial scores, sparse_attn_tiles.scores_scales_after; default False), PREFETCH (packed rows:
+    the values pass loads the next step's bytes into registers one step ahead; default False), and
+    the launch options of each pass as
     SCORES / VALUES = dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
     (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
-    pk = {k: v for k, v in (pk or {}).items() if k == "PACKED" or k in _PK_PARAMS}
+    p, m, l = two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_counts, pdl, cfg, pk)
+    return two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, cfg, pk)
+
+
+def two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_counts, pdl, cfg, pk):
+    """The scores pass alone (sparse_attn_two_pass's arguments): p [T, H, n_tiles * BLOCK_T] bf16,
+    m and l [T, n_tiles, H] fp32."""
+    pk = _launch_pk(pk)
     T, H, D = qt.shape
     C = it.shape[1]
-    block_t, block_h, block_hv = cfg["BLOCK_T"], cfg["BLOCK_H"], cfg.get("VALUE_BLOCK_H", cfg["BLOCK_H"])
+    block_t, block_h = cfg["BLOCK_T"], cfg["BLOCK_H"]
     block_d = max(16, triton.next_power_of_2(D))
-    block_dv = min(cfg["BLOCK_DV"], block_d)
     n_tiles = max(1, triton.cdiv(C, block_t))
-    n_hblocks = triton.cdiv(H, block_h)
     p = torch.empty(T, H, n_tiles * block_t, dtype=torch.bfloat16, device=qt.device)
     m = torch.empty(T, n_tiles, H, dtype=torch.float32, device=qt.device)
     l = torch.empty_like(m)
-    _scores_kernel[(T, n_tiles, n_hblocks)](
+    _scores_kernel[(T, n_tiles, triton.cdiv(H, block_h))](
         qt, win, cmp, it, ct, sink, p, m, l,
         H, D, C, n_window, qk_scale_log2,
         qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1),
         HAS_COUNTS=has_counts, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=min(cfg["BLOCK_K"], block_d), PDL=pdl,
         TAIL_APART=cfg.get("TAIL_APART", two_pass_tail_apart(qt.device)), WHOLE_TILE=cfg.get("WHOLE_TILE", False),
-        BLOCK_D=block_d,
+        BLOCK_D=block_d, SCALES_AFTER=bool(pk) and cfg.get("SCALES_AFTER", False),
         **cfg["SCORES"], **pk,
     )
+    return p, m, l
+
+
+def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, cfg, pk):
+    """The values pass alone over the scores pass's p, m, l: writes and returns out [T, H, D]."""
+    pk = _launch_pk(pk)
+    T, H, D = out.shape
+    C = it.shape[1]
+    block_t, block_hv = cfg["BLOCK_T"], cfg.get("VALUE_BLOCK_H", cfg["BLOCK_H"])
+    block_dv = min(cfg["BLOCK_DV"], max(16, triton.next_power_of_2(D)))
+    n_tiles = m.shape[1]
     _values_kernel[(T, triton.cdiv(D, block_dv), triton.cdiv(H, block_hv))](
         win, cmp, it, ct, sink, p, m, l, out,
         H, D, C, n_window,
         win.stride(0), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1), out.stride(0),
         out.stride(1),
         HAS_COUNTS=has_counts, BLOCK_H=block_hv, BLOCK_T=block_t, BLOCK_DV=block_dv,
-        BLOCK_J=triton.next_power_of_2(n_tiles), EVEN_D=D % block_dv == 0, **cfg["VALUES"], **pk,
+        BLOCK_J=triton.next_power_of_2(n_tiles), EVEN_D=D % block_dv == 0,
+        PREFETCH=bool(pk) and cfg.get("PREFETCH", False), **cfg["VALUES"], **pk,
         **(dict(PDL=True, launch_pdl=True) if pdl else {}),
     )
     return out

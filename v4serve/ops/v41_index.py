@@ -67,7 +67,8 @@ def v41_index_scores(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tenso
     key_rows [B, R] int32 pool row of each compressed row of the sequence (-1: a hole);
     n_visible [B, S] int32. Full mode: C = R, column t. Candidate mode: cand_blocks [B, S, NB]
     int32 block ids (-1: none), C = NB * cand_block. `kernel` picks the Triton kernel (tests and
-    benchmarks): "tiles", "rows" or "auto".
+    benchmarks): "auto" (tiles for a full-mode prefill, stream otherwise), "tiles", "stream",
+    "stream_predecoded", "rows" or "rows_predecoded" (v41_index_triton.v41_index_scores_triton).
     """
     fmt = None if row_format is None else _row_format(row_format)
     if fmt is not None and not fmt.packed:

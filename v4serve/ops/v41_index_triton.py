@@ -22,7 +22,9 @@ times 2^126, times the scale 2^(b - 127) (fp32 bits b << 23). Both multiplies ar
 two; the kernel needs a non-flush-to-zero multiply, which Triton emits), and so is the bf16 cast:
 the MMA sees the bits torch's unpack gives.
 
-Two kernels, one contract:
+Kernels, one contract (production: the tiles kernel for prefill in full mode, the streaming kernel of
+v41_index_stream_triton.py for decode and candidate mode; the rows kernel is session 10's decode /
+candidate kernel, kept as a `kernel="rows"` variant that bench/v41_index_configs.py times beside it):
 * `_v41_scores_tiles_kernel` (full mode, many queries of one sequence: prefill): a program owns
   BLOCK_T key rows and BLOCK_S queries, decodes its keys once into shared memory, then for each
   head h = 0 .. H-1 runs one MMA q_h [BLOCK_S, D] x keys^T [D, BLOCK_T] (q_h streamed in by
@@ -67,11 +69,10 @@ TILES_CONFIG_MMA_SYNC = dict(BLOCK_S=64, BLOCK_T=128, num_warps=8, num_stages=3)
 ROWS_CONFIG = dict(BLOCK_T=64, num_warps=4, num_stages=1)
 ROWS_CONFIG_MANY = dict(BLOCK_T=128, num_warps=4, num_stages=1)
 ROWS_MANY_PROGRAMS = 4096
-# Candidate mode with every key scored for >= PREDECODE_REUSE queries on average (a prefill chunk):
-# decode the sequence's rows once into a bf16 buffer (2 x 128 B per row, L2-resident at 128k rows)
-# and gather those with 16-byte loads, instead of decoding each key once per query (the decode is
-# ~2/3 of the rows kernel's instructions).
-PREDECODE_REUSE = 8
+# "rows_predecoded" / "stream_predecoded" (variants): a candidate-mode prefill chunk decodes the
+# sequence's rows once into a bf16 buffer (2 x 128 B per row, L2-resident at 128k rows) and gathers
+# those with 16-byte loads instead of decoding each key once per query (session 10's production for
+# candidate prefill, when the rows kernel's decode was ~2/3 of its instructions).
 DECODE_ROWS = 32
 ROWS_CONFIG_PREDECODED = dict(BLOCK_T=128, num_warps=8, num_stages=1)  # 4 warps spilled on sm_120 (3.8)
 
@@ -239,9 +240,11 @@ def _key_pool_words(k_pool: torch.Tensor, packed: bool, D: int) -> torch.Tensor:
 def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: bool, cand_blocks=None,
                             cand_block: int = 8, kernel: str = "auto", config: dict | None = None) -> torch.Tensor:
     """bf16 [B, S, C] scores (C = R in full mode, NB * cand_block in candidate mode). `kernel`:
-    "tiles" (full mode, many queries per sequence), "rows", "rows_predecoded" (packed keys decoded
-    once into a bf16 buffer, then "rows"), or "auto" (tiles for full mode with S >= 16; candidate
-    mode predecoded when S * C >= PREDECODE_REUSE * R; else rows)."""
+    "tiles" (full mode, many queries per sequence), "stream" (v41_index_stream_triton.py: one query
+    per program row, keys as the MMA's rows, loads a tile ahead), "stream_predecoded" (packed keys
+    decoded once into bf16 rows, then "stream"), "rows" / "rows_predecoded" (the session-10 kernel:
+    heads as the MMA's rows, one tile a program), or "auto" (tiles for full mode with S >= 16, else
+    stream)."""
     B, S, H, D = q.shape
     R = key_rows.shape[1]
     candidates = cand_blocks is not None
@@ -251,13 +254,18 @@ def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: boo
         return out
     if q.stride(3) != 1:
         q = q.contiguous()
-    weights = weights.to(torch.bfloat16).float()  # bf16 values, read as 4-byte words
     pool = _key_pool_words(k_pool, packed, D)
     key_rows, n_visible = key_rows.contiguous(), n_visible.contiguous()
-    if kernel == "auto":
-        kernel = "tiles" if not candidates and S >= 16 else "rows"
-        if candidates and packed and S * C >= PREDECODE_REUSE * R:
-            kernel = "rows_predecoded"
+    if candidates:
+        cand_blocks = cand_blocks.contiguous()
+    if kernel == "auto":  # the streaming kernel decodes each packed key per query (~24 instructions a word)
+        kernel = "tiles" if not candidates and S >= 16 else "stream"
+    if kernel in ("stream", "stream_predecoded"):
+        from v4serve.ops.v41_index_stream_triton import v41_stream_scores
+
+        return v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks, cand_block, out,
+                                 config, predecode=kernel == "stream_predecoded")
+    weights = weights.to(torch.bfloat16).float()  # bf16 values, read as 4-byte words
     if kernel == "rows_predecoded":  # decode the sequence's keys once, then gather bf16 rows
         if packed:
             flat, words = key_rows.flatten(), pool
@@ -285,7 +293,7 @@ def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: boo
         many = triton.cdiv(C, ROWS_CONFIG["BLOCK_T"]) * S * B >= ROWS_MANY_PROGRAMS
         config = ROWS_CONFIG_MANY if many else ROWS_CONFIG
     cfg = dict(config)
-    cand = cand_blocks.contiguous() if candidates else key_rows  # unused pointer in full mode
+    cand = cand_blocks if candidates else key_rows  # unused pointer in full mode
     grid = (triton.cdiv(C, cfg["BLOCK_T"]), S, B)
     _v41_scores_rows_kernel[grid](
         q, weights, pool, key_rows, n_visible, cand, out, H, R, C, *common,

@@ -1,0 +1,316 @@
+"""The V4.1 indexer's streaming kernel: decode steps and candidate mode (math: v41_index_reference.py,
+contract: v41_index.py, the rounding steps and their bits: v41_index_triton.py).
+
+    l[t, h]  = bf16(k[t] . q[h])                    one MMA per tile, keys as its rows (M), heads as N
+    p[t, h]  = bf16(relu(l[t, h]) * w[h])
+    score[t] = bf16(sum_h p[t, h])                   the head sum runs along the accumulator's columns
+                                                     (in-thread adds, then 2 shuffles in a quad)
+
+Grid (P programs per query row, S, B). A program owns one query and every P-th tile of BLOCK_T
+output columns (slots) from its first (strided, so that a candidate list's empty tail, skipped, is
+shared by all P programs); it loads q^T [D, BLOCK_H] and w once, then streams its tiles. Each tile is
+a chain of dependent loads:
+
+    candidate mode:  block ids (cand[b, s, c // 8]) -> key_rows[b, col] -> the key row's words
+    full mode:                                          key_rows[b, c]   -> the key row's words
+
+and the loop keeps every stage a tile ahead of the next: while tile i is decoded and scored, the
+words of tile i + 1, the key_rows entries of tile i + 2 and the block ids of tile i + 3 are in
+flight (each load's result is first touched one iteration after it was issued, so a program pays
+the chain's latency once, not once per tile). A slot is live when its block is listed, its
+column is below n_visible and below R, and its key row is not a hole; only live slots read key
+words (masked loads move nothing); the rest score -inf.
+
+Keys (PACKED): `fp4_e8m0_b32` rows of int32 words (D = 128: 16 code words, 1 scale word; layout
+in v41_index_triton.py), decoded exactly to bf16 by fp4_words_triton.decode_fp4_words, two channels
+per packed bf16 multiply, in that function's pair column order; q^T's rows are put in the same
+order once per program (to_pair_order), so the dot sums the same products. Otherwise bf16 rows
+[N, D] gathered with 16-byte loads: key_rows[b, col] of a bf16 pool, or (PREDECODED) row
+b * R + col of the sequence's keys decoded once per step (`_v41_decode_keys_kernel`; there the
+key_rows entry only says whether the row is a hole, so the gather does not wait for it).
+
+Weights: bf16 [B, S, H] read as int32 words (two heads a word, H even), split into fp32 with a
+shift and a mask (exact): no fp32 copy is made on the host (one launch fewer in a decode step).
+
+Bits: the logits and products are the reference's bits (v41_index_triton.py); the head sum is
+fp32 in the reduction's order: equal to the reference where the sum is exact, within one bf16 ulp
++ 2 (H - 1) 2^-24 sum_h |p| elsewhere (the same bound as the other kernels).
+"""
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
+from v4serve.ops.fp4_words_triton import decode_fp4_words, to_pair_order
+from v4serve.ops.v41_index_triton import _v41_decode_keys_kernel
+
+# Production: 128 slots per tile on one warpgroup (two wgmma m64n32 row blocks), about two programs
+# per SM, each streaming its share of the tiles (a decode step's 128-1024 tiles: 1-4 tiles a program).
+# Per 64 slots the loop is ~430 SASS instructions at 128-slot tiles against ~550-610 at 64 (the
+# per-slot index / mask work runs on tensors replicated over the warpgroup: half the replication),
+# 148-152 registers (sm_90, Triton 3.6); 256-slot tiles need 255 registers and save nothing.
+# bench/v41_index_configs.py times other tile sizes, warps and programs per SM beside it.
+STREAM_CONFIG = dict(BLOCK_T=128, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)
+# mma.sync GPUs (sm_80, sm_89, sm_120): 64-slot tiles (128 spilled 8 B on sm_120 under Triton 3.8 / 3.9).
+STREAM_CONFIG_MMA_SYNC = dict(BLOCK_T=64, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)
+DECODE_ROWS = 32  # rows per program of the predecode kernel
+
+
+@triton.jit
+def _bf16_pairs_to_fp32(words):
+    """int32 [N] words of two bf16 values each (element 2i in the low half) -> fp32 [2N], exactly."""
+    lo = (words << 16).to(tl.float32, bitcast=True)
+    hi = (words & -65536).to(tl.float32, bitcast=True)
+    return tl.reshape(tl.join(lo, hi), (2 * words.shape[0],))
+
+
+# Two heads of one key a call (pack=2): $2, $3 the logits (fp32), $4 the two bf16 weights, $0, $1 the
+# rounded products as fp32. cvt packs bf16(l) two to a register (upper half from the first operand),
+# max applies relu (of the rounded logit: the same value), the fma with a -0 addend is the product
+# rounded once (exact product of two bf16; "rn" so that ptxas may not contract it into the sum), and
+# shifting / masking the halves gives each product as an fp32.
+_PRODUCTS_ASM = tl.constexpr(
+    "{\n.reg .b32 t, zero, neg_zero, lo;\n"
+    "mov.b32 zero, 0;\n"
+    "mov.b32 neg_zero, 0x80008000;\n"
+    "cvt.rn.bf16x2.f32 t, $3, $2;\n"
+    "max.bf16x2 t, t, zero;\n"
+    "fma.rn.bf16x2 t, t, $4, neg_zero;\n"
+    "shl.b32 lo, t, 16;\n"
+    "mov.b32 $0, lo;\n"
+    "and.b32 t, t, 0xffff0000;\n"
+    "mov.b32 $1, t;\n}"
+)
+
+
+@triton.jit
+def _head_sum(logits, w, PACKED_MATH: tl.constexpr):
+    """fp32 [BLOCK_T] sum_h bf16(relu(bf16(logits[:, h])) * w[h]) (w bf16 [BLOCK_H]), the reference's
+    roundings. PACKED_MATH (compiled CUDA): two heads an instruction (_PRODUCTS_ASM); else in fp32
+    (relu before the rounding: the same value, rounding is monotonic; the fp32 product of two bf16
+    values is exact, so rounding it once is the bf16 product). Not bf16 arithmetic in Triton: PTX
+    lets ptxas contract a bf16 multiply without a rounding modifier into the fp32 sum (FFMA, one
+    rounding fewer), which it did on sm_90."""
+    if PACKED_MATH:
+        p = tl.inline_asm_elementwise(_PRODUCTS_ASM, "=f,=f,f,f,r",
+                                      [logits, tl.broadcast_to(w[None, :], logits.shape)],
+                                      dtype=tl.float32, is_pure=True, pack=2)
+    else:
+        relu = tl.maximum(logits, 0.0).to(tl.bfloat16).to(tl.float32)
+        p = (relu * w.to(tl.float32)[None, :]).to(tl.bfloat16).to(tl.float32)
+    return tl.sum(p, 1)
+
+
+@triton.jit
+def _block_ids(cand_at, tile, C, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr, CANDIDATES: tl.constexpr):
+    """Stage 1 of a tile: the block id of each slot (candidate mode: a load; -1 past C, so a tile past the
+    program's last one loads nothing), or in full mode the column itself (no load)."""
+    c = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    if CANDIDATES:
+        ids = tl.load(cand_at + c // CAND_BLOCK, mask=c < C, other=-1)
+    else:
+        ids = tl.where(c < C, c, -1)
+    return ids
+
+
+@triton.jit
+def _columns(ids, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr, CANDIDATES: tl.constexpr):
+    """The key column of each slot from its stage-1 ids (negative where nothing is listed)."""
+    if CANDIDATES:
+        col = tl.where(ids >= 0, ids * CAND_BLOCK + tl.arange(0, BLOCK_T) % CAND_BLOCK, -1)
+    else:
+        col = ids
+    return col
+
+
+@triton.jit
+def _key_rows(rows_at, ids, n_visible, R, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr,
+              CANDIDATES: tl.constexpr):
+    """Stage 2: key_rows[b, col] of the live columns, -1 for every slot that is not live (not listed,
+    at or past n_visible or R, or a hole): `rows >= 0` is the slot's liveness from here on."""
+    col = _columns(ids, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    return tl.load(rows_at + col, mask=(col >= 0) & (col < n_visible) & (col < R), other=-1)
+
+
+@triton.jit
+def _key_data(k_ptr, rows, ids, seq_row0, stride_k, D: tl.constexpr, BLOCK_T: tl.constexpr,
+              CAND_BLOCK: tl.constexpr, CANDIDATES: tl.constexpr, PACKED: tl.constexpr, PREDECODED: tl.constexpr):
+    """Stage 3: the tile's key data, zeros where not live. PACKED: (code words int32 [BLOCK_T, D / 8],
+    scale word int32 [BLOCK_T]); else (bf16 keys [BLOCK_T, D], the rows again as a placeholder)."""
+    live = rows >= 0
+    if PACKED:
+        NW: tl.constexpr = D // 8
+        row_at = k_ptr + rows.to(tl.int64) * stride_k
+        wc = tl.arange(0, NW)
+        codes = tl.load(row_at[:, None] + wc[None, :], mask=live[:, None], other=0)
+        if NW <= 16:  # one scale word a row (D <= 128): [BLOCK_T]
+            scales = tl.load(row_at + NW, mask=live, other=0)
+        else:  # code word i's scale word NW + i // 16: [BLOCK_T, NW]
+            scales = tl.load(row_at[:, None] + (NW + wc // 16)[None, :], mask=live[:, None], other=0)
+        return codes, scales
+    else:
+        if PREDECODED:  # the sequence's decoded rows: the address needs the column, not key_rows
+            row = seq_row0 + _columns(ids, BLOCK_T, CAND_BLOCK, CANDIDATES).to(tl.int64)
+        else:
+            row = rows.to(tl.int64)
+        d = tl.arange(0, D)
+        keys = tl.load(k_ptr + row[:, None] * stride_k + d[None, :], mask=live[:, None], other=0.0)
+        return keys, rows
+
+
+@triton.jit
+def _score_tile(data, scales, rows, q_t, w, out_at, tile, C, D: tl.constexpr, BLOCK_T: tl.constexpr,
+                PACKED: tl.constexpr, PACKED_MATH: tl.constexpr):
+    """Decode (PACKED), one MMA keys [BLOCK_T, D] x q^T [D, BLOCK_H], weighted relu, head sum, store."""
+    if PACKED:
+        if D <= 128:
+            keys = decode_fp4_words(data, tl.broadcast_to(scales[:, None], data.shape), D)
+        else:
+            keys = decode_fp4_words(data, scales, D)
+    else:
+        keys = data
+    score = _head_sum(tl.dot(keys, q_t), w, PACKED_MATH)
+    c = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+    tl.store(out_at + c, tl.where(rows >= 0, score, float("-inf")).to(tl.bfloat16), mask=c < C)
+
+
+@triton.jit
+def _v41_scores_stream_kernel(
+    q_ptr, w_ptr, k_ptr, rows_ptr, n_visible_ptr, cand_ptr, out_ptr,
+    H, R, C,
+    stride_qb, stride_qs, stride_qh, stride_wb, stride_ws, stride_k, stride_rb, stride_nb,
+    stride_cb, stride_cs, stride_ob, stride_os,
+    D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr,
+    CANDIDATES: tl.constexpr, PACKED: tl.constexpr, PREDECODED: tl.constexpr, SKIP_EMPTY: tl.constexpr,
+    PACKED_MATH: tl.constexpr, PDL: tl.constexpr = False,
+):
+    if PDL:
+        gdc_wait()
+    s = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    first = tl.program_id(0)  # this program's tiles: first, first + step, first + 2 step, ...
+    step = tl.num_programs(0)  # (strided: a candidate list's empty tail is spread over the programs)
+    n_visible = tl.load(n_visible_ptr + b * stride_nb + s)
+    rows_at = rows_ptr + b * stride_rb
+    cand_at = cand_ptr + b * stride_cb + s * stride_cs
+    out_at = out_ptr + b * stride_ob + s * stride_os
+    seq_row0 = b * R  # PREDECODED: the sequence's first decoded row
+    # the first tiles' chains, each stage issued as soon as the one it needs is
+    ids2 = _block_ids(cand_at, first + 2 * step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    ids1 = _block_ids(cand_at, first + step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    ids0 = _block_ids(cand_at, first, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    # q^T and w beside the first loads (used only by the first MMA)
+    heads = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, D)
+    q_t = tl.load(q_ptr + b * stride_qb + s * stride_qs + heads[None, :] * stride_qh + d[:, None],
+                  mask=(heads < H)[None, :], other=0.0)  # [D, BLOCK_H]
+    if PACKED:
+        q_t = to_pair_order(q_t, D)
+    pairs = tl.arange(0, BLOCK_H // 2)
+    w = _bf16_pairs_to_fp32(tl.load(w_ptr + b * stride_wb + s * stride_ws + pairs, mask=2 * pairs < H, other=0))
+    w = w.to(tl.bfloat16)  # exact
+    rows0 = _key_rows(rows_at, ids0, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    rows1 = _key_rows(rows_at, ids1, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    data0, scales0 = _key_data(k_ptr, rows0, ids0, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES, PACKED,
+                               PREDECODED)
+    for i in range(tl.cdiv(tl.cdiv(C, BLOCK_T) - first, step)):
+        tile = first + i * step
+        # the next tiles' loads first: their results are first used one iteration from now
+        data1, scales1 = _key_data(k_ptr, rows1, ids1, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES,
+                                   PACKED, PREDECODED)
+        rows2 = _key_rows(rows_at, ids2, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
+        ids3 = _block_ids(cand_at, tile + 3 * step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
+        if CANDIDATES:
+            if SKIP_EMPTY:  # a tile of empty slots (a short list's -1 tail): -inf without the math
+                busy = tl.max(rows0, 0) >= 0
+            else:
+                busy = True
+        else:  # full mode: the tile has a live column iff it starts below n_visible
+            busy = tile * BLOCK_T < n_visible
+        if busy:
+            _score_tile(data0, scales0, rows0, q_t, w, out_at, tile, C, D, BLOCK_T, PACKED, PACKED_MATH)
+        else:
+            c = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+            tl.store(out_at + c, tl.full([BLOCK_T], float("-inf"), tl.float32).to(tl.bfloat16), mask=c < C)
+        data0, scales0, rows0 = data1, scales1, rows1
+        rows1, ids1 = rows2, ids2
+        ids2 = ids3
+
+
+@functools.lru_cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def stream_config(device: torch.device) -> dict:
+    """The production config for `device`: 128-slot tiles with warpgroup MMAs (sm_90, sm_100), else 64."""
+    if compiled_on_cuda(device) and torch.cuda.get_device_capability(device)[0] in (9, 10):
+        return STREAM_CONFIG
+    return STREAM_CONFIG_MMA_SYNC
+
+
+def _weight_words(weights: torch.Tensor) -> torch.Tensor:
+    """bf16 [B, S, H] -> int32 [B, S, ceil(H / 2)] words of two heads: a view of the model's even-H
+    contiguous weights; a copy (a zero head appended when H is odd) when the rows are not word-aligned."""
+    w = weights.to(torch.bfloat16)
+    H = w.shape[2]
+    if H % 2 or w.stride(2) != 1 or w.stride(1) % 2 or w.stride(0) % 2 or w.data_ptr() % 4:
+        w = torch.nn.functional.pad(w, (0, H % 2)).contiguous()
+    return w.view(torch.int32)
+
+
+def programs_per_row(tiles_per_row: int, rows: int, config: dict, device: torch.device) -> int:
+    """Programs that share one query's tiles (each takes every n-th tile): tiles_per_row / config["TILES"]
+    if given, else about PROGRAMS_PER_SM programs per SM over all rows (one tile each when there are
+    fewer tiles than that)."""
+    if "TILES" in config:
+        return triton.cdiv(tiles_per_row, config["TILES"])
+    if not compiled_on_cuda(device):
+        return tiles_per_row
+    target = config["PROGRAMS_PER_SM"] * _sm_count(device)
+    return max(1, min(tiles_per_row, round(target / rows)))
+
+
+def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks, cand_block, out,
+                      config=None, predecode=False, skip_empty=None):
+    """Fill `out` bf16 [B, S, C] with the scores (the arguments as v41_index_scores_triton takes them:
+    `pool` int32 words [N, 17] when packed, else bf16 [N, D]). predecode: packed keys decoded once per
+    step into bf16 rows first (a prefill chunk, where each key serves many queries)."""
+    B, S, H, D = q.shape
+    if H > 128 or D & (D - 1) or D < 32:
+        raise ValueError(f"the stream kernel holds every head in one MMA tile and D as one power-of-two tile: "
+                         f"H <= 128 and D a power of two >= 32, got H = {H}, D = {D}")
+    R = key_rows.shape[1]
+    C = out.shape[2]
+    cfg = dict(stream_config(q.device) if config is None else config)
+    block_t = cfg.pop("BLOCK_T")
+    candidates = cand_blocks is not None
+    predecoded = predecode and packed
+    if predecoded:
+        flat = key_rows.flatten()
+        keys = torch.empty(flat.numel(), D, dtype=torch.bfloat16, device=q.device)
+        _v41_decode_keys_kernel[(triton.cdiv(flat.numel(), DECODE_ROWS),)](
+            pool, flat, keys, flat.numel(), pool.stride(0), D=D, BLOCK_R=DECODE_ROWS, num_warps=4)
+        pool, packed = keys, False
+    tiles_per_row = triton.cdiv(C, block_t)
+    programs = programs_per_row(tiles_per_row, S * B, cfg, q.device)
+    cfg.pop("TILES", None)
+    cfg.pop("PROGRAMS_PER_SM", None)
+    w = _weight_words(weights)
+    cand = cand_blocks if candidates else key_rows  # an unused pointer in full mode
+    if skip_empty is None:
+        skip_empty = candidates and S > 1  # prefill chunks: short lists leave whole tiles empty
+    grid = (programs, S, B)
+    _v41_scores_stream_kernel[grid](
+        q, w, pool, key_rows, n_visible, cand, out, H, R, C,
+        q.stride(0), q.stride(1), q.stride(2), w.stride(0), w.stride(1), pool.stride(0), key_rows.stride(0),
+        n_visible.stride(0), cand.stride(0), cand.stride(1) if candidates else 0, out.stride(0), out.stride(1),
+        D=D, BLOCK_H=max(16, triton.next_power_of_2(H + H % 2)), BLOCK_T=block_t, CAND_BLOCK=cand_block,
+        CANDIDATES=candidates, PACKED=packed, PREDECODED=predecoded, SKIP_EMPTY=skip_empty,
+        PACKED_MATH=compiled_on_cuda(q.device), **cfg, **pdl_launch(q),
+    )
+    return out
