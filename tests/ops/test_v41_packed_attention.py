@@ -43,8 +43,9 @@ def test_two_formats_route_is_the_bf16_launch_over_the_decoded_pools(B, M):
     D, H, n_window, K = 128, 16, 16, 24
     q, pw, pc, idx, sink, counts = _inputs(B, M, H, D, n_window, K, seed=B * 10 + M)
     uw, uc = _decoded(pw, WIN, D), _decoded(pc, CMP, D)
+    bound = None if M == 1 else B * M * (n_window + K)
     got = sparse_attn_paged(q, pw, pc, idx, n_window, sink, 0.1, counts, row_format=WIN.name,
-                            cmp_row_format=CMP.name, impl="triton", unpack_bound=None if M == 1 else B * M * (n_window + K))
+                            cmp_row_format=CMP.name, impl="triton", unpack_bound=bound)
     bf16 = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 0.1, counts)
     assert torch.equal(got.view(torch.int16), bf16.view(torch.int16)) and bf16.abs().amax() > 0
     ref = sparse_attn_paged(q, pw, pc, idx, n_window, sink, 0.1, counts, row_format=WIN.name,
@@ -99,9 +100,11 @@ def test_per_column_unpack_of_two_formats():
     rows, cols = unpack_columns(pw, pc, it, ct, 16, D, True, WIN, CMP)
     c = torch.arange(it.shape[1])
     live = (it >= 0) & (c[None, :] < 16 + ct[:, None])
-    assert torch.equal(cols >= 0, live) and torch.equal(cols[live], (torch.arange(3)[:, None] * it.shape[1] + c)[live].int())
+    slots = (torch.arange(3)[:, None] * it.shape[1] + c)[live].int()
+    assert torch.equal(cols >= 0, live) and torch.equal(cols[live], slots)
     uw, uc = _decoded(pw, WIN, D), _decoded(pc, CMP, D)
-    want = torch.where((c < 16)[None, :, None], uw[it.clamp(min=0).long()], uc[it.clamp(min=0).long().clamp(max=uc.shape[0] - 1)])
+    rows_named = it.clamp(min=0).long()
+    want = torch.where((c < 16)[None, :, None], uw[rows_named], uc[rows_named.clamp(max=uc.shape[0] - 1)])
     assert torch.equal(rows.view(3, -1, D)[live].view(torch.int16), want[live].view(torch.int16))
 
 

@@ -3,7 +3,8 @@ attention over two packed row formats, its Engram lookup), in their own file so 
 registry edits stay trivial; registry.py appends V41_ENGINE_KERNELS to KERNELS.
 
 Shapes: V4.1-Flash: window rows fp8_e8m0_b32 (528 B) and compressed rows fp4_e4m3_b16 (288 B) at
-D 512, unpacked to bf16 (and the compressed rows packed); Engram tables of 256 e4m3 codes per row with 8 ue8m0 bytes. Expectations:
+D 512, unpacked to bf16 (and the compressed rows packed); Engram tables of 256 e4m3 codes per row
+with 8 ue8m0 bytes. Expectations:
 the code gathers stay 16-byte loads (fp4 rows: 256 code bytes, then 32 scale bytes at a 16-byte
 offset), no load narrower than 4 bytes, no spills. Register bounds not set (no measurement): 255.
 """

@@ -59,7 +59,8 @@ class Engram(UsesKernels, nn.Module):
     def forward(self, streams: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """streams [T, n, D], rows [T, R] -> streams with the gated n-gram value added."""
         e = self.lookup(rows, self.q_weight.dtype)
-        kv = self.wkv(act_quant(e, self.impl))  # an FP8Linear of a quantized model rounds the same way again: idempotent
+        # an FP8Linear of a quantized model rounds the same way again: idempotent
+        kv = self.wkv(act_quant(e, self.impl))
         keys, value = kv[:, : self.hc_mult * self.dim].view(-1, self.hc_mult, self.dim), kv[:, self.hc_mult * self.dim:]
         q = _rms(streams) * self.q_weight.float()
         k = _rms(keys) * self.k_weight.float()

@@ -40,7 +40,8 @@ def unpack_referenced_rows_reference(win_pool: torch.Tensor, cmp_pool: torch.Ten
     if kept.numel():  # each pool's rows in its own format (pool order: the window rows come first)
         is_win = kept < n_w
         win_rows, cmp_rows = kept[is_win], kept[~is_win] - n_w
-        for start, pool, rows, f in ((0, win_pool, win_rows, fmt), (win_rows.numel(), cmp_pool, cmp_rows, cmp_fmt or fmt)):
+        parts = ((0, win_pool, win_rows, fmt), (win_rows.numel(), cmp_pool, cmp_rows, cmp_fmt or fmt))
+        for start, pool, rows, f in parts:
             if rows.numel():
                 out[start: start + rows.numel()] = unpack_rows_reference(pool[rows], f, dim, dtype)
     return out, renumbered
