@@ -65,6 +65,7 @@ def test_engram_update_matches_golden_block_input(config, index, layer):
 
     g, w = load_golden(), load_file(str(GOLDEN / "weights.safetensors"))
     m = Engram(config, config.v41.engram_num_embeddings[index]).to(torch.bfloat16)
+    m.table = m.table.to(torch.float8_e4m3fn)  # `.to(dtype)` casts float8 buffers too; the table holds e4m3 codes
     p = f"layers.{layer}.engram."
     with torch.no_grad():
         m.table.copy_(w[p + "embed.weight"])

@@ -124,3 +124,34 @@ def test_flash_preset_on_the_gpu(kernels):
     del llm, a, b
     gc.collect()
     torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_flash_preset_decodes_in_cuda_graphs_as_eagerly():
+    """The V4.1-Flash preset cut to 4 layers (window, Engram + window, kv source, reuse) decodes in
+    CUDA graphs (Engram rows read from pinned host memory by the lookup kernel, selection and
+    attention over the packed rows on the device) and gives the eager run's tokens and logprobs:
+    4 sequences at max_num_seqs 4, so both runs decode every step at batch 4 (the same kernels)."""
+    import gc
+
+    from v4serve import LLM, SamplingParams
+
+    prompts = [list(range(10, 10 + n)) for n in (300, 17, 1000, 129)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=0)
+    runs = {}
+    for graphs in (True, False):
+        llm = LLM("deepseek-v4.1-flash", hf_overrides={"num_hidden_layers": 4, "engram_vocab_size": 1 << 18},
+                  max_model_len=4096, max_num_seqs=4, num_kv_pages=256, cuda_graphs=graphs, progress=False)
+        assert llm.engine.decode_runner.uses_cuda_graphs == graphs
+        engram = llm.engine.runner.model.model.layers[1].engram
+        assert engram.table.device.type == "cpu" and engram.table.is_pinned()
+        runs[graphs] = llm.generate(prompt_token_ids=prompts, sampling_params=params)
+        del llm, engram
+        gc.collect()
+        torch.cuda.empty_cache()
+    for a, b in zip(runs[True], runs[False]):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids and len(a.outputs[0].token_ids) == 24
+        la = [next(iter(p.values())).logprob for p in a.outputs[0].logprobs]
+        lb = [next(iter(p.values())).logprob for p in b.outputs[0].logprobs]
+        assert max(abs(x - y) for x, y in zip(la, lb)) < 1e-3

@@ -169,3 +169,50 @@ def test_errors_name_the_bad_field():
     with pytest.raises(ValueError, match="pool must be uint8"):
         store_rows(torch.zeros(2, 592), torch.tensor([0]), torch.zeros(1, 512), "fp8_e8m0_b64_rope64")
     assert set(DIMS) == {n for n, f in ROW_FORMATS.items() if f.packed}
+
+
+def test_fp4_e4m3_unpack_kernel_every_code_times_every_scale():
+    """The fp4_e4m3_b16 unpack kernel (interpreted here) against the reference decode, on rows
+    holding every e2m1 code (both nibbles) under every finite e4m3 scale byte, and on packed rows."""
+    from v4serve.ops.kv_pack_reference import e2m1_values
+
+    f = row_format("fp4_e4m3_b16")
+    scale_codes = torch.arange(256, dtype=torch.int32)
+    scale_codes = scale_codes[(scale_codes & 0x7F) != 0x7F].to(torch.uint8)  # no NaN scales
+    n = scale_codes.numel()
+    rows = torch.zeros(n, f.row_bytes(32), dtype=torch.uint8)
+    nibbles = torch.arange(16, dtype=torch.uint8)
+    rows[:, :8] = nibbles[0::2] | (nibbles[1::2] << 4)  # block 0: codes 0..15, low nibble first
+    rows[:, 8:16] = nibbles.flip(0)[0::2] | (nibbles.flip(0)[1::2] << 4)  # block 1: 15..0
+    rows[:, 16] = scale_codes
+    rows[:, 17] = scale_codes.flip(0)
+    got = unpack_rows(rows, f, 32, torch.float32, impl="triton")
+    scales = torch.stack((scale_codes, scale_codes.flip(0)), 1).view(torch.float8_e4m3fn).float()
+    want = torch.cat((e2m1_values(nibbles), e2m1_values(nibbles.flip(0)))).view(1, 2, 16) * scales[:, :, None]
+    assert torch.equal(_bits(got), _bits(want.view(n, 32)))
+    x = _random_rows(20, 512, 4)
+    packed = pack_rows(x, f, impl="torch")
+    assert torch.equal(_bits(unpack_rows(packed, f, 512, torch.bfloat16, impl="triton")),
+                       _bits(unpack_rows(packed, f, 512, torch.bfloat16, impl="torch")))
+
+
+def test_fp4_e4m3_pack_and_store_kernels_write_the_reference_bytes():
+    """The fp4_e4m3_b16 pack / store kernels (interpreted here) against the torch packer: rows with
+    zeros, signed zeros, tiny and huge-scale blocks, the e2m1 ties (x / s on 0.25, 0.75, ..., 5) and
+    bf16 and fp32 inputs; a store skips negative rows and leaves other rows' bytes alone."""
+    f = row_format("fp4_e4m3_b16")
+    x = _random_rows(40, 512, 9).float()
+    x[6, :16] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5.0,
+                              -6.0])  # scale 1: every tie of the grid
+    x[7] = x[7].clamp(-2000, 2000)
+    x = x.clamp(-2000, 2000)  # amax / 6 stays on e4m3's range (the reference stores NaN past it)
+    for values in (x, x.bfloat16()):
+        assert torch.equal(pack_rows(values, f, impl="triton"), pack_rows(values, f, impl="torch"))
+    pool = torch.full((50, f.row_bytes(512)), 0xAB, dtype=torch.uint8)
+    rows = torch.randperm(50)[:40]
+    rows[3] = -1
+    store_rows(pool, rows, x.bfloat16(), f, impl="triton")
+    want = torch.full_like(pool, 0xAB)
+    keep = rows >= 0
+    want[rows[keep]] = pack_rows(x.bfloat16()[keep], f, impl="torch")
+    assert torch.equal(pool, want)

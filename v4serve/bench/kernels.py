@@ -183,6 +183,12 @@ def build(kind, args, device, seed=0):
         return _build_mxfp4_moe(*args, device=device, seed=seed)
     if kind == "v41_index":
         return build_v41_index(*args, device=device, seed=seed)
+    if kind in ("decode_v41kv", "prefill_v41kv", "engram_lookup"):
+        from v4serve.bench.v41_attn_case import build_engram_lookup, build_v41_attn
+
+        if kind == "engram_lookup":
+            return build_engram_lookup(*args, device=device, seed=seed)
+        return build_v41_attn(kind, args, device, seed)
     if kind == "indexer":
         q, w, k_pool, key_rows, n_visible = indexer_case(*args, device=device, seed=seed)
         B, S, H, Dk = q.shape
@@ -255,7 +261,7 @@ def run(names, cold: bool, device="cuda", log=sys.stderr):
         kind = shapes[n][0]
         yield dict(
             shape=n, us=round(us, 2),
-            cold_us=round(time_cold(kind, shapes[n][1], device, set_bytes), 2) if cold and not kind.startswith(("prefill", "expert")) else None,
+            cold_us=round(time_cold(kind, shapes[n][1], device, set_bytes), 2) if cold and not kind.startswith(("prefill", "expert", "engram")) else None,
             bytes=nbytes, flops=flops, tbps=round(nbytes / us / 1e6, 3), tflops=round(flops / us / 1e6, 1),
             floor_frac=round(floor_us / us, 3), pr_h100_us=PR_NEW38_US.get(n),
             speedup_vs_pr=round(PR_NEW38_US[n] / us, 2) if n in PR_NEW38_US else None,

@@ -295,4 +295,7 @@ def all_shapes():
             shapes[name.replace("sparse prefill", "kv compact")] = ("kv_compact", args)
     shapes.update(quant_weight_shapes())
     shapes.update(v41_index_shapes())  # DeepSeek-V4.1 indexer over packed fp4 keys (bench/v41_index_case.py)
+    from v4serve.bench.v41_attn_case import v41_attn_shapes  # (imports this module)
+
+    shapes.update(v41_attn_shapes())  # DeepSeek-V4.1 attention over its two packed formats; Engram lookup
     return shapes

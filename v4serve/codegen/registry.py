@@ -31,6 +31,7 @@ from .spec import Expect, KernelSpec
 from .registry_kv_compact import KV_COMPACT_KERNELS
 from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS
 from .registry_packed_kv import INDEX_ALIGNED, INDEX_TYPES, PACKED_KV_KERNELS
+from .registry_v41_engine import V41_ENGINE_KERNELS
 from .registry_v41_index import V41_INDEX_KERNELS
 
 _CANARY = "v4serve.codegen.samples"
@@ -542,6 +543,8 @@ KERNELS: tuple[KernelSpec, ...] = (
     *MXFP4_GEMV_KERNELS,
     # ---- DeepSeek-V4.1 indexer over packed fp4 keys: v4serve/codegen/registry_v41_index.py ----
     *V41_INDEX_KERNELS,
+    # ---- DeepSeek-V4.1 engine path: two-format attention unpack, Engram lookup (registry_v41_engine.py) ----
+    *V41_ENGINE_KERNELS,
     # ---- sampler: the structured-output token bitmask on fp32 logits (ops/token_bitmask_triton.py) ----
     KernelSpec(  # TOKEN_BITMASK_CONFIG
         "sampler.token_bitmask", f"{_OPS}.token_bitmask_triton:_token_bitmask_kernel",

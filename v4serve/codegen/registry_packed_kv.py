@@ -37,6 +37,25 @@ INDEX_ALIGNED = ("q_ptr", "w_ptr", "k_ptr", "rows_ptr", "n_visible_ptr", "out_pt
                   "stride_qs", "stride_qh", "stride_wb", "stride_ws")
 
 
+def unpack_columns_spec(name: str, window_format: str, compressed_format: str) -> KernelSpec:
+    """The per-column unpack (ops/sparse_attn_unpacked_decode.py) over pools of these row formats at D 512."""
+    from v4serve.ops.kv_compact_triton import pool_constexprs
+
+    formats = {**pool_constexprs("W_", row_format(window_format), 512),
+               **pool_constexprs("C_", row_format(compressed_format), 512)}
+    return KernelSpec(
+        name, f"{_OPS}.sparse_attn_unpacked_decode:_unpack_columns_kernel",
+        types=dict(win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", rows_ptr="*bf16",
+                   cols_ptr="*i32", C="i32", D="i32", n_window="i32", stride_win="i32", stride_cmp="i32",
+                   stride_it="i32", stride_rows="i32", stride_ct="i32"),
+        aligned=("win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "rows_ptr", "cols_ptr", "C", "D", "n_window",
+                 "stride_win", "stride_cmp", "stride_it", "stride_rows", "stride_ct"),
+        constexprs=dict(HAS_COUNTS=True, BLOCK_C=16, BLOCK_D=512, FP8_CVT=True, **formats), num_warps=4,
+        archs=(90, 100, 120),
+        expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES + r"|code_words = tl\.load"),
+    )
+
+
 _ATTN_TYPES = dict(
     q_ptr="*bf16", win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
     out_ptr="*bf16", ticket_ptr="*i32", H="i32", D="i32", C="i32", n_window="i32", cols_per_split="i32",
@@ -108,17 +127,9 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         archs=(90, 100, 120), **_TP["VALUES"],
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),
-    KernelSpec(  # the comparison route KERNEL="unpack": each token's columns unpacked, then the bf16 launch
-        "sparse_attn.unpack_columns_fp8kv", f"{_OPS}.sparse_attn_unpacked_decode:_unpack_columns_kernel",
-        types=dict(win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", rows_ptr="*bf16",
-                   cols_ptr="*i32", C="i32", D="i32", n_window="i32", stride_pool="i32", stride_it="i32",
-                   stride_rows="i32", stride_ct="i32"),
-        aligned=("win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "rows_ptr", "cols_ptr", "C", "D", "n_window",
-                 "stride_pool", "stride_it", "stride_rows", "stride_ct"),
-        constexprs=dict(HAS_COUNTS=True, BLOCK_C=16, BLOCK_D=512, PK_FP8_CVT=True, **_LOAD_PK), num_warps=4,
-        archs=(90, 100, 120),
-        expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES),
-    ),
+    # each token's columns unpacked, then the bf16 launch: V4's comparison route KERNEL="unpack" (fp8kv),
+    # V4.1's production decode over its two formats (v41kv; its entries: registry_v41_engine.py)
+    unpack_columns_spec("sparse_attn.unpack_columns_fp8kv", "fp8_e8m0_b64_rope64", "fp8_e8m0_b64_rope64"),
     # ---- indexer scores over packed fp4 keys: 17-word rows, 4-byte aligned only (stride_k 17 words);
     # prefill and decode tiles, and the decode-first variant's key decoder ----
     *(

@@ -107,6 +107,9 @@ class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
             self.mtp = nn.ModuleList(MTPLayer(config, mtp_layer_plan(self.plan, i))
                                      for i in range(config.num_nextn_predict_layers))
         self._rope: RopeTables | None = None  # fp32 frequency tables, built on the weights' device
+        # V4.1's fp32 head (plan.fp32_head): the head weight in fp32, made once by `fuse_projections`
+        # (converting the vocab x hidden weight on every step would move ~4x its bytes again per step).
+        self.register_buffer("lm_head_fp32", None, persistent=False)
         self.ngrams: NgramHasher | None = None  # Engram's hashing, set by `set_token_map`
 
     @property
@@ -128,6 +131,8 @@ class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
         for layer in [*self.model.layers, *getattr(self, "mtp", ())]:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
+        if self.plan.fp32_head:
+            self.lm_head_fp32 = self.lm_head.weight.detach().float()
 
     def rope(self) -> RopeTables:
         device = self.lm_head.weight.device
@@ -168,7 +173,10 @@ class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
         else:  # V4.1: the last block's ffn pre collapses the streams
             h = self.model.norm(hc_collapse(streams, last_pre, impl=self.impl))
         if self.plan.fp32_head:
-            return F.linear(h.float(), self.lm_head.weight.float())
+            weight = self.lm_head_fp32
+            if weight is None or weight.device != h.device:
+                weight = self.lm_head.weight.float()
+            return F.linear(h.float(), weight)
         return self.lm_head(h).float()
 
     @torch.inference_mode()

@@ -10,9 +10,10 @@ R = (max_ngram - 1) * heads), with e = concat_i dequant(table[r_i]) [R * head_di
 
 rms = RMSNorm without weight (eps = rms_norm_eps), fp32 math. The table is e4m3 codes
 `table [rows, head_dim]` with one ue8m0 scale per 32 channels, stored as its exponent byte
-`table_scale [rows, head_dim / 32]` uint8 (2^(b - 127)): rows are dequantized when looked up,
-where the table lives, so it can stay in host memory (V4.1-Flash's two are ~183 GiB); only the
-step's T * R rows move to the device.
+`table_scale [rows, head_dim / 32]` uint8 (2^(b - 127)). The table can stay in host memory
+(V4.1-Flash's two are ~183 GiB), pinned when the model runs on CUDA: the lookup kernel
+(ops/engram_lookup.py) reads the step's T * R rows there over the host link, with the row ids on
+the device (no host sync, so a decode step with Engram is captured in a CUDA graph).
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ import torch
 from torch import nn
 
 from v4serve.config import ModelConfig
+from v4serve.model.kernels import UsesKernels
 from v4serve.model.v41_quant import act_quant
-
-SCALE_BLOCK = 32  # table channels per ue8m0 scale
+from v4serve.ops.engram_lookup import engram_lookup
+from v4serve.ops.engram_lookup_reference import SCALE_BLOCK
 ENGRAM_TABLE_BUFFERS = ("table", "table_scale")
 
 
-class Engram(nn.Module):
+class Engram(UsesKernels, nn.Module):
     def __init__(self, config: ModelConfig, num_embeddings: int):
         super().__init__()
         v = config.v41
@@ -50,18 +52,15 @@ class Engram(nn.Module):
         self.k_weight = nn.Parameter(torch.ones(n, d))
 
     def lookup(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """rows int64 [T, R] -> dequantized embeddings [T, R * head_dim]: the rows' codes and scale
-        bytes gathered where the table lives, moved to `rows.device`, dequantized there."""
-        flat = rows.to(self.table.device).flatten()
-        codes = self.table[flat].to(rows.device)
-        exponents = self.table_scale[flat].to(rows.device)
-        scale = torch.exp2(exponents.float() - 127).repeat_interleave(SCALE_BLOCK, dim=1)
-        return (codes.float() * scale).to(dtype).view(rows.shape[0], -1)
+        """rows int64 [T, R] -> dequantized embeddings [T, R * head_dim] on `rows.device`, read where
+        the table lives (ops/engram_lookup.py)."""
+        return engram_lookup(self.table, self.table_scale, rows, dtype, impl=self.impl)
 
     def forward(self, streams: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """streams [T, n, D], rows [T, R] -> streams with the gated n-gram value added."""
         e = self.lookup(rows, self.q_weight.dtype)
-        kv = self.wkv(act_quant(e))  # an FP8Linear of a quantized model rounds the same way again: idempotent
+        # an FP8Linear of a quantized model rounds the same way again: idempotent
+        kv = self.wkv(act_quant(e, self.impl))
         keys, value = kv[:, : self.hc_mult * self.dim].view(-1, self.hc_mult, self.dim), kv[:, self.hc_mult * self.dim:]
         q = _rms(streams) * self.q_weight.float()
         k = _rms(keys) * self.k_weight.float()
@@ -76,14 +75,15 @@ def _rms(x: torch.Tensor, eps: float = 1e-20) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def engram_tables_in_host_memory(net: torch.nn.Module):
+def engram_tables_in_host_memory(net: torch.nn.Module, pinned: bool = False):
     """Inside: the model's Engram tables are out of it (so `to_empty` does not allocate them on the
     device); after: they are back, allocated in host memory, uninitialised (V4.1-Flash's two are
-    ~183 GiB; a step looks up T * R rows there and moves only those, `Engram.lookup`)."""
+    ~183 GiB; a step looks up T * R rows there, `Engram.lookup`). `pinned` (a model on CUDA):
+    page-locked, so the lookup kernel reads them in place."""
     held = [(m, name, m._buffers.pop(name)) for m in net.modules() if isinstance(m, Engram)
             for name in ENGRAM_TABLE_BUFFERS]
     try:
         yield
     finally:
         for module, name, meta in held:
-            module.register_buffer(name, torch.empty(meta.shape, dtype=meta.dtype, device="cpu"))
+            module.register_buffer(name, torch.empty(meta.shape, dtype=meta.dtype, device="cpu", pin_memory=pinned))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,6 +137,11 @@ class EngramHashTables:
         return cls(tuple(v.engram_layer_ids), torch.stack(mults), primes_t, offsets,
                    int(token_map[v.engram_pad_token_id]), n)
 
+    def to(self, device: torch.device | str) -> "EngramHashTables":
+        """The tables on `device` (a step hashes there: no host-to-device copy inside a captured step)."""
+        return dataclasses.replace(self, multipliers=self.multipliers.to(device), primes=self.primes.to(device),
+                                   offsets=self.offsets.to(device))
+
     def hash(self, history: torch.Tensor, layer_index: int) -> torch.Tensor:
         """history int64 [T, N]: compressed ids of each token (column 0) and of the N-1 before it
         (column k = k places back, pad id before the start) -> table rows int64 [T, (N-1)*heads]."""
@@ -164,7 +170,7 @@ class NgramHasher:
     Engram table."""
 
     def __init__(self, tables: EngramHashTables, token_map: torch.Tensor, device: torch.device | str):
-        self.tables = tables
+        self.tables = tables.to(device)
         self.token_map = token_map.to(device)
         self.history_len = tables.max_ngram - 1
 

@@ -104,7 +104,7 @@ def build_model(
             for tensor in EXPERT_TENSORS:  # now held by the offload, not allocated as parameters
                 del module._parameters[tensor]
             module.offload = offloads[name]
-        with engram_tables_in_host_memory(net):
+        with engram_tables_in_host_memory(net, pinned=torch.device(device).type == "cuda"):
             net.to_empty(device=device)
         if scan is None:
             init_random_weights(net, config, seed=PRESET_SEED, shards=shards)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from v4serve.ops.kv_quant_reference import fp8_e4m3_ue8m0_round_trip
+from v4serve.ops.kv_quant import apply_kv_format
 
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 ACT_BLOCK = 32
@@ -45,9 +45,10 @@ def dequant_mxfp4(packed: torch.Tensor, scale: torch.Tensor, block: int = 32,
     return (values * scale.float().repeat_interleave(block, 1)).to(dtype)
 
 
-def act_quant(x: torch.Tensor) -> torch.Tensor:
-    """What an FP8 GEMM sees of its input x [..., K]: e4m3 / ue8m0 per 32 channels, in x.dtype."""
-    return fp8_e4m3_ue8m0_round_trip(x, ACT_BLOCK)
+def act_quant(x: torch.Tensor, impl: str = "auto") -> torch.Tensor:
+    """What an FP8 GEMM sees of its input x [..., K]: e4m3 / ue8m0 per 32 channels, in x.dtype (the
+    `fp8_e8m0_b32` round trip: the Triton kernel of ops/kv_quant.py on CUDA, the same bits)."""
+    return apply_kv_format(x, "fp8_e8m0_b32", impl=impl)
 
 
 def quantize_linear_inputs(module: torch.nn.Module) -> torch.nn.Module:

@@ -103,7 +103,7 @@ def build_v41_model(path: str | Path, config: ModelConfig, device: torch.device 
     for name, p in net.named_parameters():
         if p.is_floating_point() and name not in keep32:
             p.data = p.data.to(dtype)
-    with engram_tables_in_host_memory(net):
+    with engram_tables_in_host_memory(net, pinned=torch.device(device).type == "cuda"):
         net.to_empty(device=device)
     with torch.no_grad():
         for name, b in net.named_buffers():

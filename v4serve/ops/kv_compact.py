@@ -40,9 +40,10 @@ def shape_bound(n_pool_rows: int, cols: torch.Tensor) -> int:
 
 def unpack_referenced_rows(win_pool: torch.Tensor, cmp_pool: torch.Tensor, cols: torch.Tensor, n_window: int,
                            fmt: RowFormat, dim: int, dtype: torch.dtype = torch.bfloat16,
-                           counts: torch.Tensor | None = None, max_rows: int | None = None, impl: str = "auto"
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """win_pool, cmp_pool uint8 [N_w | N_c, >= row_bytes] packed rows; cols int32 [T, C] (the first
+                           counts: torch.Tensor | None = None, max_rows: int | None = None, impl: str = "auto",
+                           cmp_fmt: RowFormat | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """win_pool, cmp_pool uint8 [N_w | N_c, >= row_bytes] packed rows (window rows in `fmt`,
+    compressed rows in `cmp_fmt`, None: `fmt` too; DeepSeek-V4.1 stores two); cols int32 [T, C] (the first
     n_window columns name win_pool rows, the rest cmp_pool rows; -1 = hole); counts int32 [T]
     (optional live compressed columns per token) ->
     (rows [R, dim] `dtype`: the used rows unpacked in pool order, then R - U unwritten rows;
@@ -56,5 +57,7 @@ def unpack_referenced_rows(win_pool: torch.Tensor, cmp_pool: torch.Tensor, cols:
     if use_triton(impl, win_pool, cmp_pool, cols):
         from v4serve.ops.kv_compact_triton import unpack_referenced_rows_triton
 
-        return unpack_referenced_rows_triton(win_pool, cmp_pool, cols, n_window, fmt, dim, dtype, counts, max_rows)
-    return unpack_referenced_rows_reference(win_pool, cmp_pool, cols, n_window, fmt, dim, dtype, counts, max_rows)
+        return unpack_referenced_rows_triton(win_pool, cmp_pool, cols, n_window, fmt, dim, dtype, counts, max_rows,
+                                             cmp_fmt=cmp_fmt)
+    return unpack_referenced_rows_reference(win_pool, cmp_pool, cols, n_window, fmt, dim, dtype, counts, max_rows,
+                                            cmp_fmt)

@@ -22,7 +22,8 @@ def live_column_mask(cols: torch.Tensor, n_window: int, counts: torch.Tensor | N
 
 def unpack_referenced_rows_reference(win_pool: torch.Tensor, cmp_pool: torch.Tensor, cols: torch.Tensor,
                                      n_window: int, fmt: RowFormat, dim: int, dtype: torch.dtype,
-                                     counts: torch.Tensor | None, max_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+                                     counts: torch.Tensor | None, max_rows: int, cmp_fmt: RowFormat | None = None
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
     n_w, n_c = win_pool.shape[0], cmp_pool.shape[0]
     live = live_column_mask(cols, n_window, counts)
     is_window = torch.arange(cols.shape[1], device=cols.device) < n_window
@@ -36,8 +37,11 @@ def unpack_referenced_rows_reference(win_pool: torch.Tensor, cmp_pool: torch.Ten
     renumbered = torch.where(live, slot[torch.where(live, g, 0)], -1).to(torch.int32)
     out = torch.zeros(max_rows, dim, dtype=dtype, device=cols.device)
     kept = rows[:max_rows]
-    if kept.numel():
-        width = min(win_pool.shape[1] if n_w else cmp_pool.shape[1], cmp_pool.shape[1] if n_c else win_pool.shape[1])
-        both = torch.cat([win_pool[:, :width], cmp_pool[:, :width]])
-        out[: kept.numel()] = unpack_rows_reference(both[kept], fmt, dim, dtype)
+    if kept.numel():  # each pool's rows in its own format (pool order: the window rows come first)
+        is_win = kept < n_w
+        win_rows, cmp_rows = kept[is_win], kept[~is_win] - n_w
+        parts = ((0, win_pool, win_rows, fmt), (win_rows.numel(), cmp_pool, cmp_rows, cmp_fmt or fmt))
+        for start, pool, rows, f in parts:
+            if rows.numel():
+                out[start: start + rows.numel()] = unpack_rows_reference(pool[rows], f, dim, dtype)
     return out, renumbered

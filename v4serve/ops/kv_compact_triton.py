@@ -1,7 +1,9 @@
 """Triton kernels of the row compaction (math: kv_compact.py), with no host sync.
 
-Layouts. win_pool / cmp_pool uint8 [N_w | N_c, >= row_bytes] packed fp8 rows (ue8m0 formats,
-byte layout in kv_pack_triton.py), 16-byte aligned rows sharing one row stride; cols int32 [T, C]
+Layouts. win_pool / cmp_pool uint8 [N_w | N_c, >= row_bytes] packed rows, each pool in its own
+format and row stride (V4: both fp8_e8m0_b64_rope64; V4.1: fp8_e8m0_b32 window rows and
+fp4_e4m3_b16 compressed rows; decoders in kv_pack_triton.py / kv_pack_fp4_e4m3_triton.py), rows
+16-byte aligned; cols int32 [T, C]
 (unit stride along C; the first n_window columns name win_pool rows, the rest cmp_pool rows;
 -1 = hole); counts [T] int32 (optional: columns >= n_window + counts[t] are dead). Rows are numbered across both pools,
 g = col (window column) or N_w + col (compressed column), so the tables below have N_w + N_c
@@ -15,12 +17,14 @@ Launches (all sizes from shapes known on the host: CUDA-graph capturable):
                                       1), grid (cdiv(T * C, BLOCK_E),)
 3. `torch.cumsum(used, dtype=int32)`: ends [N_w + N_c]; a used row's slot is ends[g] - 1 (the only
                                       global dependency)
-4. `_unpack_and_renumber_kernel`:     one launch, two kinds of program. The first
-                                      cdiv(N_w + N_c, BLOCK_R) programs each look at BLOCK_R rows
-                                      (row g is used where ends[g] != ends[g - 1]) and unpack the
-                                      used ones (slot < R) into rows[slot] (16-byte loads of codes,
-                                      scale bytes read as int32 words: kv_pack_triton.load_packed);
-                                      the rest rewrite BLOCK_E columns each: slot or -1.
+4. `_unpack_and_renumber_kernel`:     one launch, three kinds of program. The first
+                                      cdiv(N_w, BLOCK_R) programs each look at BLOCK_R window rows,
+                                      the next cdiv(N_c, BLOCK_R) at BLOCK_R compressed rows (row g
+                                      is used where ends[g] != ends[g - 1]) and unpack the used ones
+                                      (slot < R) into rows[slot] in their pool's format (16-byte
+                                      loads of codes; scale bytes as int32 words or 16-byte loads:
+                                      kv_pack_fp4_e4m3_triton.load_row_values); the rest rewrite
+                                      BLOCK_E columns each: slot or -1.
 Columns are read as int32 words over the flattened [T, C] table (t = e // C), once in 2 and once in
 4; the flag and slot tables are small and stay in L2.
 """
@@ -29,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from v4serve.ops.kv_pack_triton import load_packed, packed_constexprs
+from v4serve.ops.kv_pack_fp4_e4m3_triton import load_row_values, row_block_d, row_constexprs
 
 BLOCK_R = 16  # pool rows per unpack program (as kv_pack_triton's unpack kernel)
 # Production launch (not timed yet; bench/kernel_configs.py 'kv compact' sweeps the alternatives):
@@ -66,24 +70,22 @@ def _flag_used_rows_kernel(cols_ptr, counts_ptr, used_ptr, T, C, n_window, n_win
 
 
 @triton.jit
-def _unpack_used_rows(block, win_ptr, cmp_ptr, ends_ptr, rows_ptr, n_win_rows, n_pool_rows, max_rows, D,
-                      stride_pool, stride_rows, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-                      PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
-                      PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr):
-    """Pool rows [block * BLOCK_R, +BLOCK_R): each used one (slot < max_rows) unpacked into rows[slot]."""
-    g = block.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    inside = g < n_pool_rows
+def _unpack_used_rows(block, pool_ptr, n_rows, g0, ends_ptr, rows_ptr, max_rows, D, stride_pool, stride_rows,
+                      BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, FP4_E4M3: tl.constexpr, PK_NQ: tl.constexpr,
+                      PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr,
+                      PK_HAS_TAIL: tl.constexpr):
+    """Rows [block * BLOCK_R, +BLOCK_R) of one pool (its rows are g0 + r across both pools): each
+    used one (slot < max_rows) unpacked into rows[slot]."""
+    r = block.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    inside = r < n_rows
+    g = g0 + r
     end = tl.load(ends_ptr + g, mask=inside, other=0)
     used = end != tl.load(ends_ptr + g - 1, mask=inside & (g > 0), other=0)  # used[g] = ends[g] - ends[g - 1]
     slot = end.to(tl.int64) - 1
     take = inside & used & (slot < max_rows)
     if tl.max(take.to(tl.int32), 0) > 0:
-        # NOTE: the hint keeps the gather at 16-byte loads (Triton >= 3.8 loses the alignment of a select).
-        in_window = g < n_win_rows
-        base = tl.multiple_of(tl.where(in_window, win_ptr, cmp_ptr), 16)
-        src = base + tl.where(in_window, g, g - n_win_rows) * stride_pool
-        v = load_packed(src, take, 0, D, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL,
-                        rows_ptr.dtype.element_ty)
+        v = load_row_values(pool_ptr + r * stride_pool, take, D, BLOCK_D, FP4_E4M3, PK_NQ,
+                            PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, rows_ptr.dtype.element_ty)
         ch = tl.arange(0, BLOCK_D)
         tl.store(rows_ptr + slot[:, None] * stride_rows + ch[None, :], v, mask=take[:, None] & (ch < D)[None, :])
 
@@ -101,30 +103,40 @@ def _renumber_columns(block, cols_ptr, counts_ptr, ends_ptr, out_cols_ptr, T, C,
 @triton.jit
 def _unpack_and_renumber_kernel(
     win_ptr, cmp_ptr, ends_ptr, rows_ptr, cols_ptr, counts_ptr, out_cols_ptr,
-    n_win_rows, n_pool_rows, max_rows, T, C, n_window, D, stride_pool, stride_rows, stride_ct,
-    unpack_programs,
+    n_win_rows, n_cmp_rows, max_rows, T, C, n_window, D, stride_win, stride_cmp, stride_rows, stride_ct,
+    win_programs, cmp_programs,
     HAS_COUNTS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
-    PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr,
-    PK_HAS_TAIL: tl.constexpr,
+    W_FP4_E4M3: tl.constexpr, W_NQ: tl.constexpr, W_BLOCK: tl.constexpr, W_TAIL_OFF: tl.constexpr,
+    W_SCALE_OFF: tl.constexpr, W_HAS_TAIL: tl.constexpr,
+    C_FP4_E4M3: tl.constexpr, C_NQ: tl.constexpr, C_BLOCK: tl.constexpr, C_TAIL_OFF: tl.constexpr,
+    C_SCALE_OFF: tl.constexpr, C_HAS_TAIL: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    if pid < unpack_programs:
-        _unpack_used_rows(pid, win_ptr, cmp_ptr, ends_ptr, rows_ptr, n_win_rows, n_pool_rows, max_rows, D,
-                          stride_pool, stride_rows, BLOCK_R, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF,
-                          PK_SCALE_OFF, PK_HAS_TAIL)
+    if pid < win_programs:
+        _unpack_used_rows(pid, win_ptr, n_win_rows, 0, ends_ptr, rows_ptr, max_rows, D, stride_win, stride_rows,
+                          BLOCK_R, BLOCK_D, W_FP4_E4M3, W_NQ, W_BLOCK, W_TAIL_OFF, W_SCALE_OFF, W_HAS_TAIL)
+    elif pid < win_programs + cmp_programs:
+        _unpack_used_rows(pid - win_programs, cmp_ptr, n_cmp_rows, n_win_rows, ends_ptr, rows_ptr, max_rows, D,
+                          stride_cmp, stride_rows, BLOCK_R, BLOCK_D, C_FP4_E4M3, C_NQ, C_BLOCK, C_TAIL_OFF,
+                          C_SCALE_OFF, C_HAS_TAIL)
     else:
-        _renumber_columns(pid - unpack_programs, cols_ptr, counts_ptr, ends_ptr, out_cols_ptr, T, C, n_window,
-                          n_win_rows, max_rows, stride_ct, HAS_COUNTS, BLOCK_E)
+        _renumber_columns(pid - win_programs - cmp_programs, cols_ptr, counts_ptr, ends_ptr, out_cols_ptr, T, C,
+                          n_window, n_win_rows, max_rows, stride_ct, HAS_COUNTS, BLOCK_E)
+
+
+def pool_constexprs(prefix: str, fmt, dim: int) -> dict:
+    """`row_constexprs` of one pool's format under the kernel's names (prefix "W_" / "C_")."""
+    return {prefix + k.removeprefix("PK_"): v for k, v in row_constexprs(fmt, dim).items()}
 
 
 def unpack_referenced_rows_triton(win_pool, cmp_pool, cols, n_window, fmt, dim, dtype, counts, max_rows,
-                                  launch=None):
+                                  launch=None, cmp_fmt=None):
     """Launch the compaction (see the module docstring); max_rows >= 1; launch: entries replacing
-    COMPACT_CONFIG's (a sweep's candidates)."""
+    COMPACT_CONFIG's (a sweep's candidates); cmp_fmt: the compressed rows' format (None: fmt)."""
     cfg = dict(COMPACT_CONFIG, **(launch or {}))
     block_e = cfg["BLOCK_E"]
-    if fmt.value_bits != 8:
-        raise ValueError(f"the compaction kernels unpack fp8 rows, not {fmt.name}")
+    cmp_fmt = fmt if cmp_fmt is None else cmp_fmt
+    formats = pool_constexprs("W_", fmt, dim) | pool_constexprs("C_", cmp_fmt, dim)  # refuses what it cannot decode
     T, C = cols.shape
     n_w, n_c = win_pool.shape[0], cmp_pool.shape[0]
     if T * C >= 2**31 - block_e or n_w + n_c >= 2**31:
@@ -135,8 +147,6 @@ def unpack_referenced_rows_triton(win_pool, cmp_pool, cols, n_window, fmt, dim, 
         cols = cols.contiguous()
     win = win_pool if n_w else cmp_pool  # an empty pool still needs a valid pointer (never read)
     cmp = cmp_pool if n_c else win
-    if win.stride(0) != cmp.stride(0):
-        raise ValueError(f"win_pool and cmp_pool must share a row stride, got {win.stride(0)} and {cmp.stride(0)}")
     used = torch.zeros(n_w + n_c, dtype=torch.int32, device=device)
     rows = torch.empty(max_rows, dim, dtype=dtype, device=device)
     renumbered = torch.empty(T, C, dtype=torch.int32, device=device)
@@ -149,14 +159,12 @@ def unpack_referenced_rows_triton(win_pool, cmp_pool, cols, n_window, fmt, dim, 
         cols, ct, used, T, C, n_window, n_w, cols.stride(0), HAS_COUNTS=has_counts, BLOCK_E=block_e,
         SKIP_SEEN=cfg["SKIP_SEEN"], num_warps=4)
     ends = torch.cumsum(used, 0, dtype=torch.int32)
-    pk = packed_constexprs(fmt, dim)
-    pk.pop("PK_FP4"), pk.pop("PK_PAYLOAD"), pk.pop("PK_ROW_BYTES")
-    unpack_programs = triton.cdiv(n_w + n_c, BLOCK_R)
-    _unpack_and_renumber_kernel[(unpack_programs + col_programs,)](
+    win_programs, cmp_programs = triton.cdiv(n_w, BLOCK_R), triton.cdiv(n_c, BLOCK_R)
+    _unpack_and_renumber_kernel[(win_programs + cmp_programs + col_programs,)](
         win, cmp, ends, rows, cols, ct, renumbered,
-        n_w, n_w + n_c, max_rows, T, C, n_window, dim, win.stride(0), rows.stride(0), cols.stride(0),
-        unpack_programs,
-        HAS_COUNTS=has_counts, BLOCK_R=BLOCK_R, BLOCK_D=max(triton.next_power_of_2(dim), fmt.block), BLOCK_E=block_e,
-        num_warps=4, **pk,
+        n_w, n_c, max_rows, T, C, n_window, dim, win.stride(0), cmp.stride(0), rows.stride(0), cols.stride(0),
+        win_programs, cmp_programs,
+        HAS_COUNTS=has_counts, BLOCK_R=BLOCK_R, BLOCK_D=max(row_block_d(fmt, dim), row_block_d(cmp_fmt, dim)),
+        BLOCK_E=block_e, num_warps=4, **formats,
     )
     return rows, renumbered

@@ -6,7 +6,8 @@ kv_pack_reference.py, kernels in kv_pack_triton.py).
     store_rows(pool, rows, x, fmt)        pool[rows[i]] = pack_rows(x)[i] in place (rows[i] < 0: skipped)
 
 unpack_rows(pack_rows(x)) == apply_kv_format(x) bit for bit for bf16 x (fp32 x: the RoPE tail is
-stored in bf16). The ue8m0 formats run Triton on CUDA; fp4_e4m3_b16 is torch only.
+stored in bf16). Every format runs Triton on CUDA (ue8m0: kv_pack_triton.py; fp4_e4m3_b16:
+kv_pack_fp4_e4m3_triton.py).
 """
 
 import torch
@@ -25,6 +26,10 @@ def _packed_format(fmt: "str | RowFormat") -> RowFormat:
     return f
 
 
+def _fp4_e4m3_triton(impl: str, f: RowFormat, *tensors: torch.Tensor) -> bool:
+    return f.name == "fp4_e4m3_b16" and use_triton(impl, *tensors)
+
+
 def _triton_ok(impl: str, f: RowFormat, *tensors: torch.Tensor) -> bool:
     if not use_triton(impl, *tensors):
         return False
@@ -41,6 +46,12 @@ def pack_rows(x: torch.Tensor, fmt: "str | RowFormat", impl: str = "auto") -> to
     if x.dim() != 2:
         raise ValueError(f"x must be [N, dim], got shape {tuple(x.shape)}")
     f.n_quant(x.shape[1])
+    if _fp4_e4m3_triton(impl, f, x):
+        from v4serve.ops.kv_pack_fp4_e4m3_triton import store_fp4_e4m3_rows_triton
+
+        out = torch.zeros(x.shape[0], f.row_bytes(x.shape[1]), dtype=torch.uint8, device=x.device)
+        store_fp4_e4m3_rows_triton(out, None, x, f)
+        return out
     if _triton_ok(impl, f, x):
         from v4serve.ops.kv_pack_triton import store_rows_triton
 
@@ -56,6 +67,10 @@ def unpack_rows(packed: torch.Tensor, fmt: "str | RowFormat", dim: int, dtype: t
     f = _packed_format(fmt)
     if packed.dtype != torch.uint8 or packed.dim() != 2 or packed.shape[1] < f.row_bytes(dim):
         raise ValueError(f"packed must be uint8 [N, >= {f.row_bytes(dim)}], got {packed.dtype} {tuple(packed.shape)}")
+    if _fp4_e4m3_triton(impl, f, packed):
+        from v4serve.ops.kv_pack_fp4_e4m3_triton import unpack_fp4_e4m3_rows_triton
+
+        return unpack_fp4_e4m3_rows_triton(packed, f, dim, dtype)
     # The Triton unpack decodes the fp8 formats; "auto" decodes fp4 rows (V4.1's index keys) in torch.
     if (f.value_bits == 8 or impl == "triton") and _triton_ok(impl, f, packed):
         from v4serve.ops.kv_pack_triton import unpack_rows_triton
@@ -79,6 +94,11 @@ def store_rows(pool: torch.Tensor, rows: torch.Tensor, x: torch.Tensor, fmt: "st
     if x.dim() != 2 or rows.shape != (x.shape[0],):
         raise ValueError(f"x must be [N, dim] and rows [N], got {tuple(x.shape)} and {tuple(rows.shape)}")
     check_pool("pool", pool, f, x.shape[1])
+    if _fp4_e4m3_triton(impl, f, pool, rows, x):
+        from v4serve.ops.kv_pack_fp4_e4m3_triton import store_fp4_e4m3_rows_triton
+
+        store_fp4_e4m3_rows_triton(pool, rows, x, f)
+        return
     if _triton_ok(impl, f, pool, rows, x):
         from v4serve.ops.kv_pack_triton import store_rows_triton
 

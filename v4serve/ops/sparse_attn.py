@@ -10,6 +10,8 @@ Packed pools: with `row_format` (a packed RowFormat of v4serve/formats.py, e.g.
 kernels gather the packed rows and dequantize them in registers; prefill unpacks each row it
 references once, on the device (kv_compact.py), then runs the bf16 kernels (the reference
 unpacks, then runs the bf16 math): the result equals attention over unpack_rows(pool) in bf16.
+DeepSeek-V4.1's two formats (`cmp_row_format`: fp8_e8m0_b32 window rows, fp4_e4m3_b16 compressed
+rows) run the same unpack-then-bf16 route for decode too (sparse_attn_two_formats_triton).
 """
 
 import torch
@@ -18,7 +20,7 @@ from v4serve.formats import row_format as _row_format
 from v4serve.ops._dispatch import use_triton
 from v4serve.ops.kv_pack import check_pool
 from v4serve.ops.sparse_attn_reference import sparse_attn_paged_reference
-from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
+from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton, sparse_attn_two_formats_triton
 
 
 def _check_args(q, win_pool, cmp_pool, idx, n_window, sink, counts, fmt=None):
@@ -63,8 +65,9 @@ def sparse_attn_paged(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=
     if not (isinstance(cmp_row_format, str) and cmp_row_format == "same"):
         cmp_fmt = None if cmp_row_format is None else _row_format(cmp_row_format)
         cmp_fmt = cmp_fmt if cmp_fmt is not None and cmp_fmt.packed else None
-        if cmp_fmt != fmt:  # V4.1: window and compressed rows in two formats (torch reference only)
-            return _mixed_formats(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, fmt, cmp_fmt, impl)
+        if cmp_fmt != fmt:  # V4.1: window and compressed rows in two formats
+            return _mixed_formats(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, fmt, cmp_fmt, impl,
+                                  unpack_bound)
     _check_args(q, win_pool, cmp_pool, idx, n_window, sink, counts, fmt)
     if fmt is not None:
         if use_triton(impl, q, win_pool, cmp_pool, idx) and (q.dtype == torch.bfloat16 or impl == "triton"):
@@ -81,17 +84,18 @@ def sparse_attn_paged(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=
     return sparse_attn_paged_reference(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts)
 
 
-def _mixed_formats(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, fmt, cmp_fmt, impl):
-    """Window rows in `fmt`, compressed rows in `cmp_fmt` (either None: plain rows of D values)."""
+def _mixed_formats(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, fmt, cmp_fmt, impl, unpack_bound):
+    """Window rows in `fmt`, compressed rows in `cmp_fmt` (either None: plain rows of D values).
+    Two packed formats (DeepSeek-V4.1) run the Triton route of sparse_attn_two_formats_triton."""
     B, M, H, D = q.shape
     for name, pool, f in (("win_pool", win_pool, fmt), ("cmp_pool", cmp_pool, cmp_fmt)):
         if f is not None:
             check_pool(name, pool, f, D)
         elif pool.dim() != 2 or pool.shape[1] != D:
             raise ValueError(f"{name} must be [N, {D}], got shape {tuple(pool.shape)}")
-    if impl == "triton":  # "auto" runs the reference, on the GPU too
-        raise NotImplementedError(
-            f"sparse attention over window rows in {getattr(fmt, 'name', 'values')} and compressed rows in "
-            f"{getattr(cmp_fmt, 'name', 'values')} has no Triton kernel yet (DeepSeek-V4.1's packed cache)"
-        )
+    if fmt is not None and cmp_fmt is not None and use_triton(impl, q, win_pool, cmp_pool, idx):
+        return sparse_attn_two_formats_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, fmt, cmp_fmt,
+                                              unpack_bound)
+    if impl == "triton":
+        raise NotImplementedError("sparse attention over one packed pool and one plain pool has no Triton kernel")
     return sparse_attn_paged_reference(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, fmt, cmp_fmt)

@@ -467,7 +467,8 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     if kernel == "unpack":  # packed rows: each token's columns unpacked, then the bf16 launch (a comparison)
         if not pk:
             raise ValueError("tile config KERNEL 'unpack' reads packed rows (row_format)")
-        rows, cols = unpack_columns(win, cmp, it, ct, n_window, D, pk, counts is not None)
+        rows, cols = unpack_columns(win, cmp, it, ct, n_window, D, counts is not None, row_format,
+                                    fp8_cvt=pk["PK_FP8_CVT"])
         return sparse_attn_paged_triton(q, rows, rows, cols.reshape(B, M, C), n_window, sink, scale, counts,
                                         tile_config=cfg.get("INNER"))
     if kernel == "two_pass":
@@ -536,6 +537,37 @@ def _prefill_over_unpacked_rows(q, win_pool, cmp_pool, cols, n_window, sink, sca
                                               impl="triton")
     return sparse_attn_paged_triton(q, rows, rows, renumbered.reshape(*q.shape[:2], -1),
                                     n_window, sink, scale, counts)  # one pool for both
+
+
+def sparse_attn_two_formats_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, win_format,
+                                   cmp_format, unpack_bound=None, route=None):
+    """Attention over window rows and compressed rows in two packed formats (DeepSeek-V4.1:
+    fp8_e8m0_b32 and fp4_e4m3_b16, each pool its own row stride): the rows a step reads are
+    unpacked to bf16 first, then the bf16 kernels run. Decode (M == 1) unpacks each token's
+    columns (route "columns", sparse_attn_unpacked_decode.py: T * C rows, sized by the shapes);
+    prefill unpacks every referenced row once (route "compact", kv_compact.py, at most
+    `unpack_bound` rows). No host sync either way. `route` None: by M as above (a sweep's
+    candidates name one: bench/v41_attn_configs.py)."""
+    B, M, H, D = q.shape
+    if q.dtype != torch.bfloat16:
+        raise ValueError(f"the Triton kernels take bf16 q, got {q.dtype}")
+    check_16_byte_aligned("win_pool", win_pool)
+    check_16_byte_aligned("cmp_pool", cmp_pool)
+    C = idx.shape[2]
+    it = idx.reshape(B * M, C)
+    if it.stride(1) != 1:
+        it = it.contiguous()
+    flat_counts = None if counts is None else counts.reshape(B * M)
+    if (route or ("columns" if M == 1 else "compact")) == "columns":
+        win = win_pool if win_pool.shape[0] else cmp_pool  # an empty pool's columns are holes: never read
+        cmp = cmp_pool if cmp_pool.shape[0] else win_pool
+        rows, cols = unpack_columns(win, cmp, it, it if counts is None else flat_counts, n_window, D,
+                                    counts is not None, win_format, cmp_format,
+                                    fp8_cvt=fp8_conversion_supported(q.device))
+    else:
+        rows, cols = unpack_referenced_rows(win_pool, cmp_pool, it, n_window, win_format, D, counts=flat_counts,
+                                            max_rows=unpack_bound, impl="triton", cmp_fmt=cmp_format)
+    return sparse_attn_paged_triton(q, rows, rows, cols.reshape(B, M, C), n_window, sink, scale, counts)
 
 
 def _partials(T, n_splits, H, D, device):
