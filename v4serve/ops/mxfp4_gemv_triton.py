@@ -254,14 +254,13 @@ def gemv_picks(n_picks: int, n_experts: int) -> int | None:
     routing in expectation; never read from the routing: no host sync), or None when the
     tensor-core kernel should run. With P picks a program decodes its weights once and runs P FMA
     chains; an expert with more picks takes more programs (its weights re-read, mostly from L2).
-    Up to E/4 picks (c <= 10 tokens at top-6 of 256) nearly every expert has one pick: P = 1; up
-    to 2E (c64: 1.5 a touched expert on average, a few with 3-5): P = 2; up to 4E: P = 4."""
+    Up to E/4 picks (c <= 10 tokens at top-6 of 256) nearly every expert has one pick: P = 1.
+    Above that the tensor-core kernel runs, as measured on the H200 (session 11, Flash layer):
+    P = 1 at c1 / c8 46.5 / 258 µs against 93 / 467 for the tensor-core kernel, but P = 2 at c64
+    (1.5 E picks) 2204 µs against 2033, and a c8 speculative verify (192 picks, 0.75 E) 0.25 ms a
+    layer slower with P = 2. P = 2 and 4 stay selectable (bench/moe_configs.py)."""
     if 4 * n_picks <= n_experts:
         return 1
-    if n_picks <= 2 * n_experts:
-        return 2
-    if n_picks <= 4 * n_experts:
-        return 4
     return None
 
 
