@@ -25,6 +25,7 @@ concurrencies only.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -99,7 +100,7 @@ def step_costs(engine: Engine, concurrencies: list[int], ks: list[int]) -> list[
         plain = DecodeRunner(engine.model, engine.cache, c, use_cuda_graphs=on_gpu, graph_sizes=(c,))
         plain.run(last[:c], starts[:c], slots[:c])
         rows.append({"concurrency": c, "k": [],
-                     "plain_ms": replay_ms(_graph_or_eager(plain._graphs, c, 0, lambda: plain._forward(c)))})
+                     "plain_ms": replay_ms(_graph_or_eager(plain._graphs, c, 0, functools.partial(plain._forward, c)))})
         del plain
     for k in ks:
         spec.set_num_speculative_tokens(k)
