@@ -74,6 +74,19 @@ def test_gemv_matches_the_reference(m, n, k, block, act_block, scale_fmt, split_
     torch.testing.assert_close(got_b.float(), want_b, rtol=2**-7, atol=1e-6 * want_b.abs().max().item())
 
 
+@pytest.mark.parametrize("k", [384, 400])  # whole K steps (prefetches clamped to the split) or a partial last step
+def test_prefetch_depth_changes_no_bit(k):
+    from v4serve.ops.fp8_gemv_triton import GEMV_CONFIG
+
+    weight, scale = _weights(40, k, (128, 128), seed=k)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(5))
+    want = fp8_linear(x, weight, scale, act_block=128, impl="torch")
+    outs = [fp8_gemv_triton(x, weight, scale, (128, 128), 128, config=dict(GEMV_CONFIG, PREFETCH=p), split_k=2,
+                            cvt="bits") for p in (1, 2)]
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[1], want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
+
+
 def test_gemv_reads_strided_rows_of_x():
     weight, scale = _weights(24, 64, (32, 32))
     wide = torch.randn(3, 100, generator=torch.Generator().manual_seed(1))

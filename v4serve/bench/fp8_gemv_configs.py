@@ -1,25 +1,25 @@
 """Tile sweep of the FP8 GEMV (ops/fp8_gemv_triton.py), run by `python -m v4serve.bench.kernel_configs
 'fp8 gemv'`: at the Flash projections with M 1 and 8, the production tensor-core kernel ("mma"),
 the GEMV at its default tiles and split, and variants of rows a program (BLOCK_N), K step,
-warps and the K split (a multiple of the default). Errors are relative to the "mma" output.
+prefetch depth, warps and the K split (a multiple of the default). Errors are relative to the "mma" output.
 """
 
 from triton.testing import do_bench_cudagraph
 
 from v4serve.bench.shapes import FP8_PROJECTIONS, fp8_linear_case
-from v4serve.ops.fp8_gemv_triton import fp8_gemv_triton, gemv_config, gemv_split_k
+from v4serve.ops.fp8_gemv_triton import GEMV_CONFIG, fp8_gemv_triton, gemv_split_k
 from v4serve.ops.fp8_linear import fp8_linear
 
 
-def _gemv(block_n, block_k=128, warps=4, split=None):
-    return dict(BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=1), split
+def _gemv(block_n, block_k=128, warps=4, split=None, prefetch=2):
+    return dict(BLOCK_N=block_n, BLOCK_K=block_k, PREFETCH=prefetch, num_warps=warps, num_stages=1), split
 
 
 # "mma" first (the error reference) and last (the run's noise); (config, split) pairs: None = default
 CANDIDATES = [
     "mma",
     (None, None),
-    _gemv(64), _gemv(32), _gemv(128),
+    _gemv(64), _gemv(64, prefetch=1), _gemv(32), _gemv(32, prefetch=1), _gemv(128),
     _gemv(64, block_k=256), _gemv(32, block_k=256),
     _gemv(64, warps=8),
     _gemv(64, split="x2"), _gemv(64, split="/2"), _gemv(32, split="/2"),
@@ -34,7 +34,8 @@ def _label(cand) -> str:
     cfg, split = cand
     if cfg is None:
         return "gemv, default tiles and split"
-    return f"gemv n={cfg['BLOCK_N']} k={cfg['BLOCK_K']} w={cfg['num_warps']} split={split or 'default'}"
+    return (f"gemv n={cfg['BLOCK_N']} k={cfg['BLOCK_K']} prefetch={cfg['PREFETCH']} w={cfg['num_warps']} "
+            f"split={split or 'default'}")
 
 
 def _run(x, weight, scale, cand):
@@ -43,10 +44,10 @@ def _run(x, weight, scale, cand):
     cfg, split = cand
     split_k = None
     if isinstance(split, str):  # relative to the wrapper's choice, at this config's tile count
-        tiles = -(-weight.shape[0] // (cfg or gemv_config(x.shape[0]))["BLOCK_N"])
-        steps = -(-weight.shape[1] // (cfg or gemv_config(x.shape[0]))["BLOCK_K"])
+        tiles = -(-weight.shape[0] // (cfg or GEMV_CONFIG)["BLOCK_N"])
+        steps = -(-weight.shape[1] // (cfg or GEMV_CONFIG)["BLOCK_K"])
         base = gemv_split_k(tiles, steps, x.device)
-        split_k = min(steps, 2 * base) if split == "x2" else max(1, base // 2)
+        split_k = min(steps, 2 * base) if split == "x2" else max(1, base // 2)  # (x2 of 1: 2 splits)
     return fp8_gemv_triton(x, weight, scale, (128, 128), 128, config=cfg, split_k=split_k)
 
 

@@ -41,10 +41,10 @@ Otherwise (the interpreter, sm_80) `e4m3_bits_to_f32` on each byte: integer ops,
 Schedule. Program (n tile, split): BLOCK_N weight rows, K range [split * k_per_split, ...) in steps
 of BLOCK_K. Tiles BLOCK_N 64 x BLOCK_K 128 over 4 warps: 8 threads of 16 bytes span a 128-byte row
 step, a warp 4 rows, 4 warps 16, so each thread holds 4 rows of the same 16 columns: the activations
-it converts serve 4 weight rows. The next step's words and scales load before this step converts
-(a register double buffer; Triton pipelines only loads that feed a dot). ROWS = M (1..8) runs one
-static set of accumulators [BLOCK_N, BLOCK_K / 16] per row, the converted weights shared by all.
-split-K only when the N tiles alone cannot fill the GPU (wq_a / wkv / shared_w1: 8-32 tiles).
+it converts serve 4 weight rows. The words and scales of PREFETCH (2) steps ahead load before this
+step converts (a register ring; Triton pipelines only loads that feed a dot). ROWS = M (1..8) runs
+one static set of accumulators [BLOCK_N, BLOCK_K / 16] per row, the converted weights shared by
+all. split-K only when the N tiles are fewer than the SMs (Flash: every projection but wq_b).
 No host syncs (CUDA-graph safe).
 """
 
@@ -61,6 +61,7 @@ from v4serve.ops.quant_decode_triton import e4m3_bits_to_f32
 
 MAX_ROWS = 8
 CHUNK = 16  # elements (bytes) of one thread's load: one partial sum
+_CHUNK = tl.constexpr(CHUNK)
 
 # $0..$3: elements 0..3 (bytes 0..3 of the word $4) as fp32. cvt.rn.f16x2.e4m3x2 takes the low
 # byte of its 16-bit source to the low f16 of its result.
@@ -107,7 +108,7 @@ def _load_weights(w_rows, ws_ptr, ws_rows, k0, mask_n, K, stride_ws, BK: tl.cons
                   SHARED_ROW_SCALE: tl.constexpr, KW: tl.constexpr, BLOCK_N: tl.constexpr):
     """One K step: weight words [BLOCK_N, KW] (int32) and the chunks' weight scales [BLOCK_N or 1, KW / 4]."""
     offs_w = k0 // 4 + tl.arange(0, KW)
-    offs_c = k0 + CHUNK * tl.arange(0, KW // 4)  # first element of each chunk
+    offs_c = k0 + _CHUNK * tl.arange(0, KW // 4)  # first element of each chunk
     if EVEN_K:
         words = tl.load(w_rows + offs_w[None, :], mask=mask_n[:, None], other=0)
     else:
@@ -155,7 +156,7 @@ def _row_step(acc, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, m, k0, K, stride_x, strid
     part = tl.fma(d3, a3, part)
     part = tl.sum(tl.reshape(part, (BLOCK_N, KW // 4, 4)), axis=2)
     if ACT_FP8:
-        offs_c = k0 + CHUNK * tl.arange(0, KW // 4)
+        offs_c = k0 + _CHUNK * tl.arange(0, KW // 4)
         s_a = tl.load(xs_ptr + m * stride_xs + offs_c // AB, mask=offs_c < K, other=0.0)
         return tl.fma(part, s_w * s_a[None, :], acc)
     return tl.fma(part, s_w, acc)
@@ -171,12 +172,12 @@ def _fp8_gemv_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, N, K, k_per_split, stride_x, stride_xs, stride_w, stride_ws,
     stride_os, stride_om,
     BN: tl.constexpr, BK: tl.constexpr, AB: tl.constexpr, ACT_FP8: tl.constexpr, CVT_ASM: tl.constexpr,
-    ROWS: tl.constexpr, SHARED_ROW_SCALE: tl.constexpr, EVEN_K: tl.constexpr,
+    ROWS: tl.constexpr, SHARED_ROW_SCALE: tl.constexpr, EVEN_K: tl.constexpr, PREFETCH: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (n tile, split). x_ptr: activation codes (ACT_FP8, read as int32 words; stride_x in
     bytes, a multiple of 4) or x; w_ptr: the weight bytes (stride_w in int32 words); out_ptr: y
-    (one split) or the fp32 partials [split, M, N]; k_per_split a multiple of BLOCK_K."""
+    (one split) or the fp32 partials [split, M, N]; k_per_split a multiple of BLOCK_K; PREFETCH 1 or 2."""
     if PDL:
         gdc_wait()
     KW: tl.constexpr = BLOCK_K // 4
@@ -200,11 +201,18 @@ def _fp8_gemv_kernel(
     acc5 = tl.zeros_like(acc0)
     acc6 = tl.zeros_like(acc0)
     acc7 = tl.zeros_like(acc0)
-    # the register double buffer (EVEN_K: the prefetch after the last step re-reads it, unmasked)
+    # a register ring of PREFETCH steps ahead (EVEN_K: prefetches past the range re-read its last
+    # step, unmasked; otherwise past K they are masked)
     words, s_w = _load_weights(w_rows, ws_ptr, ws_rows, k_begin, mask_n, K, stride_ws, BK, EVEN_K,
                                SHARED_ROW_SCALE, KW, BLOCK_N)
+    if PREFETCH > 1:
+        k_second = tl.minimum(k_begin + BLOCK_K, k_end - BLOCK_K) if EVEN_K else k_begin + BLOCK_K
+        second_words, second_s_w = _load_weights(w_rows, ws_ptr, ws_rows, k_second, mask_n, K, stride_ws, BK,
+                                                 EVEN_K, SHARED_ROW_SCALE, KW, BLOCK_N)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        k_next = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K) if EVEN_K else k0 + BLOCK_K
+        k_next = k0 + PREFETCH * BLOCK_K
+        if EVEN_K:
+            k_next = tl.minimum(k_next, k_end - BLOCK_K)
         next_words, next_s_w = _load_weights(w_rows, ws_ptr, ws_rows, k_next, mask_n, K, stride_ws, BK, EVEN_K,
                                              SHARED_ROW_SCALE, KW, BLOCK_N)
         d0, d1, d2, d3 = _e4m3_word(words, CVT_ASM)
@@ -231,7 +239,11 @@ def _fp8_gemv_kernel(
         if ROWS > 7:
             acc7 = _row_step(acc7, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 7, k0, K, stride_x, stride_xs, AB,
                              ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
-        words, s_w = next_words, next_s_w
+        if PREFETCH > 1:
+            words, s_w = second_words, second_s_w
+            second_words, second_s_w = next_words, next_s_w
+        else:
+            words, s_w = next_words, next_s_w
     _store_row(out_ptr, acc0, 0, offs_n, mask_n, stride_om)
     if ROWS > 1:
         _store_row(out_ptr, acc1, 1, offs_n, mask_n, stride_om)
@@ -249,17 +261,17 @@ def _fp8_gemv_kernel(
         _store_row(out_ptr, acc7, 7, offs_n, mask_n, stride_om)
 
 
-# Tiles (see the module docstring): 64 rows x 128 bytes a step over 4 warps, 4 rows a thread. With
-# more rows of x the accumulators grow (ROWS x 4 x BLOCK_K / 128 per thread), so from 4 rows on the
-# tile is halved. num_stages 1: no dot, the kernel's own double buffer keeps a step in flight.
-GEMV_CONFIG = dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=1)
-GEMV_MULTI_ROW_CONFIG = dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=1)
-# split-K until the grid has this many programs per SM (wq_a 1024 x 4096 at 64 rows: 16 tiles x 16 splits)
-GEMV_PROGRAMS_PER_SM = 2
-
-
-def gemv_config(m: int) -> dict:
-    return GEMV_CONFIG if m <= 2 else GEMV_MULTI_ROW_CONFIG
+# Tiles (see the module docstring): 64 rows x 128 bytes a step over 4 warps, 4 rows a thread, for
+# every M: each row of x converted per thread serves 4 weight rows (SASS of the sm_90 loop, Triton
+# 3.6, per weight byte: 4.5 instructions at M1 (3.9 with PREFETCH 1: the ring costs 34 MOVs a
+# step), 6.2 at M2, 9.8 at M4, 16.9 at M8 (183 registers); 32 rows: 12.4 at M4, 21.6 at M8).
+# num_stages 1: no dot; the kernel's own register ring keeps PREFETCH steps (8 KB each) in flight
+# per program (Triton pipelines only loads that feed a dot).
+GEMV_CONFIG = dict(BLOCK_N=64, BLOCK_K=128, PREFETCH=2, num_warps=4, num_stages=1)
+# split-K only when the N tiles are fewer than the SMs (wq_a / wkv / shared_w1 / wo_b / shared_w2 at
+# 64 rows: 8-64 tiles), then up to this many programs per SM (wq_a: 16 tiles x 32 one-step splits;
+# wo_b: 64 x 8 splits of 8 steps). wq_b (512 tiles) runs without the sum kernel's launch.
+GEMV_PROGRAMS_PER_SM = 4
 
 
 @functools.lru_cache
@@ -268,18 +280,21 @@ def _sm_count(index: int) -> int:
 
 
 def gemv_split_k(n_tiles: int, k_steps: int, device: torch.device) -> int:
-    """K splits so that n_tiles x splits fills the GPU (1 in the interpreter)."""
+    """K splits: 1 when the N tiles fill every SM (or in the interpreter), else enough to reach
+    GEMV_PROGRAMS_PER_SM programs an SM."""
     if not compiled_on_cuda(device):
         return 1
-    want = GEMV_PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return max(1, min(k_steps, triton.cdiv(want, n_tiles)))
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    if n_tiles >= sms:
+        return 1
+    return max(1, min(k_steps, triton.cdiv(GEMV_PROGRAMS_PER_SM * sms, n_tiles)))
 
 
 def fp8_gemv_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
                     act_block: int | None, config: dict | None = None, split_k: int | None = None,
                     cvt: str | None = None) -> torch.Tensor:
     """y [M, N] for x [M, K], M <= MAX_ROWS (fp8_linear_triton's contract). `config` (BLOCK_N,
-    BLOCK_K, num_warps, num_stages) and `split_k` override the defaults (tests, benchmarks); `cvt`
+    BLOCK_K, PREFETCH (1 or 2 steps), num_warps, num_stages) and `split_k` override the defaults (tests, benchmarks); `cvt`
     "asm" (hardware e4m3 conversion, sm_89+ compiled CUDA) or "bits" (default: asm where supported)."""
     m, k = x.shape
     n = weight.shape[0]
@@ -294,7 +309,7 @@ def fp8_gemv_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     if bk & (bk - 1) or group < CHUNK or (act_block is not None and act_block & (act_block - 1)):
         raise ValueError(f"the FP8 GEMV needs power-of-two blocks along K of at least {CHUNK}, got "
                          f"block={list(block)}, act_block={act_block}")
-    cfg = config or gemv_config(m)
+    cfg = config or GEMV_CONFIG
     cvt = cvt or ("asm" if fp8_conversion_supported(x.device) else "bits")
     if cvt not in ("asm", "bits"):
         raise ValueError(f"cvt must be 'asm' or 'bits', got {cvt!r}")
@@ -318,7 +333,7 @@ def fp8_gemv_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
         a, a_scale, weight.view(torch.uint8), scale, out, n, k, k_per_split, stride_a, a_scale.stride(0),
         weight.stride(0) // 4, scale.stride(0), out.stride(0) if splits > 1 else 0, out.stride(-2),
         BN=bn, BK=bk, AB=act_block or 1, ACT_FP8=act_block is not None, CVT_ASM=cvt == "asm", ROWS=m,
-        SHARED_ROW_SCALE=bn % cfg["BLOCK_N"] == 0, EVEN_K=k % block_k == 0,
+        SHARED_ROW_SCALE=bn % cfg["BLOCK_N"] == 0, EVEN_K=k % block_k == 0, PREFETCH=cfg.get("PREFETCH", 2),
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
     if splits > 1:
         _split_k_sum_kernel[(triton.cdiv(m * n, SPLIT_K_SUM_BLOCK),)](
