@@ -75,7 +75,7 @@ def test_gemv_matches_the_reference(m, n, k, block, act_block, scale_fmt, split_
 
 
 @pytest.mark.parametrize("k", [384, 400])  # whole K steps (prefetches clamped to the split) or a partial last step
-def test_prefetch_depth_changes_no_bit(k):
+def test_prefetch_depth_changes_no_bit_and_wide_steps_agree(k):
     from v4serve.ops.fp8_gemv_triton import GEMV_CONFIG
 
     weight, scale = _weights(40, k, (128, 128), seed=k)
@@ -85,6 +85,10 @@ def test_prefetch_depth_changes_no_bit(k):
                             cvt="bits") for p in (1, 2)]
     assert torch.equal(outs[0], outs[1])
     torch.testing.assert_close(outs[1], want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
+    # the sweep's 256-byte K steps: other accumulator columns, so only the fp32 order differs
+    wide = fp8_gemv_triton(x, weight, scale, (128, 128), 128, config=dict(GEMV_CONFIG, BLOCK_N=32, BLOCK_K=256,
+                                                                          PREFETCH=1), split_k=2, cvt="bits")
+    torch.testing.assert_close(wide, want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
 
 
 def test_gemv_reads_strided_rows_of_x():
