@@ -15,11 +15,12 @@ A[m, k] = q[m, k] * s_a[m, k // AB] (q e4m3 codes, s_a ue8m0 powers of two, comp
 (weight-only), a thread's 16 consecutive k never straddle a G block (G >= 16, both powers of two),
 so per (row m, weight row n, 16-element chunk c):
 
-    part[m, n, c] = sum_{k in chunk c} a[m, k] * w[n, k]           (an FMA chain of 16, fp32)
+    part[m, n, c] = sum_{k in chunk c} a[m, k] * w[n, k]   (an FMA chain of 4 per word, 4 words added; fp32)
     acc[m, n, c] += part[m, n, c] * (s_w[n // BN, k_c // BK] * s_a[m, k_c // AB])   (one FMA)
     y[m, n]       = sum_c acc[m, n, c] (once, at the end; with split-K, then over the splits)
 
-a = q (act mode: e4m3 x e4m3 products have 8 significant bits: exact in fp32) or x in fp32. The
+a = q (act mode: e4m3 x e4m3 products have 8 significant bits) or x in fp32 (weight-only: bf16 x
+e4m3, 12 bits): every product is exact in fp32. The
 scales multiply partial sums, as the production kernel's POST_SCALE and the reference fp8_gemm's
 per-block promotion do, so with power-of-two scales y differs from the reference only in the order
 of the fp32 sums (fp32 weight scales, V4-Flash-Base: the same products, rounded once more).
@@ -55,7 +56,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from v4serve.ops._dispatch import fp8_conversion_supported, pdl_launch, compiled_on_cuda
+from v4serve.ops._dispatch import compiled_on_cuda, fp8_conversion_supported, pdl_launch
 from v4serve.ops.fp8_linear_triton import SPLIT_K_SUM_BLOCK, _split_k_sum_kernel, act_quant_triton
 from v4serve.ops.quant_decode_triton import e4m3_bits_to_f32
 
