@@ -20,10 +20,10 @@ so per (row m, weight row n, 16-element chunk c):
     y[m, n]       = sum_c acc[m, n, c] (once, at the end; with split-K, then over the splits)
 
 a = q (act mode: e4m3 x e4m3 products have 8 significant bits) or x in fp32 (weight-only: bf16 x
-e4m3, 12 bits): every product is exact in fp32. The
-scales multiply partial sums, as the production kernel's POST_SCALE and the reference fp8_gemm's
-per-block promotion do, so with power-of-two scales y differs from the reference only in the order
-of the fp32 sums (fp32 weight scales, V4-Flash-Base: the same products, rounded once more).
+e4m3, 12 bits): every product is exact in fp32. The scales multiply partial sums, as the
+production kernel's POST_SCALE and the reference fp8_gemm's per-block promotion do, so with
+power-of-two scales y differs from the reference only in the order of the fp32 sums (fp32 weight
+scales, V4-Flash-Base: the same products, rounded once more).
 
 Byte layouts. weight e4m3 [N, K] row-major, read as int32 words [N, K / 4]: byte j of word i is
 element 4i + j. A row's K step is BLOCK_K / 4 words; each thread loads 4 consecutive words (one
