@@ -75,15 +75,15 @@ def test_gemv_matches_the_reference(m, n, k, block, act_block, scale_fmt, split_
 
 
 @pytest.mark.parametrize("k", [384, 400])  # whole K steps (prefetches clamped to the split) or a partial last step
-def test_prefetch_depth_changes_no_bit_and_wide_steps_agree(k):
+def test_prefetch_depth_and_x_ahead_change_no_bit_and_wide_steps_agree(k):
     from v4serve.ops.fp8_gemv_triton import GEMV_CONFIG
 
     weight, scale = _weights(40, k, (128, 128), seed=k)
-    x = torch.randn(2, k, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(5))
     want = fp8_linear(x, weight, scale, act_block=128, impl="torch")
-    outs = [fp8_gemv_triton(x, weight, scale, (128, 128), 128, config=dict(GEMV_CONFIG, PREFETCH=p), split_k=2,
-                            cvt="bits") for p in (1, 2)]
-    assert torch.equal(outs[0], outs[1])
+    outs = [fp8_gemv_triton(x, weight, scale, (128, 128), 128, config=dict(GEMV_CONFIG, PREFETCH=p, X_AHEAD=ahead),
+                            split_k=2, cvt="bits") for p in (1, 2) for ahead in (True, False)]
+    assert all(torch.equal(outs[0], out) for out in outs[1:])  # where the loads sit changes no bit
     torch.testing.assert_close(outs[1], want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
     # the sweep's 256-byte K steps: other accumulator columns, so only the fp32 order differs
     wide = fp8_gemv_triton(x, weight, scale, (128, 128), 128, config=dict(GEMV_CONFIG, BLOCK_N=32, BLOCK_K=256,

@@ -1,7 +1,7 @@
 """Tile sweep of the FP8 GEMV (ops/fp8_gemv_triton.py), run by `python -m v4serve.bench.kernel_configs
 'fp8 gemv'`: at the Flash projections with M 1 and 8, the production tensor-core kernel ("mma"),
 the GEMV at its default tiles and split, and variants of rows a program (BLOCK_N), K step,
-prefetch depth, warps and the K split (a multiple of the default). Errors are relative to the "mma" output.
+prefetch depth, row 0's codes in the ring or not (X_AHEAD, M1), warps and the K split (a multiple of the default). Errors are relative to the "mma" output.
 """
 
 from triton.testing import do_bench_cudagraph
@@ -11,15 +11,16 @@ from v4serve.ops.fp8_gemv_triton import GEMV_CONFIG, fp8_gemv_triton, gemv_split
 from v4serve.ops.fp8_linear import fp8_linear
 
 
-def _gemv(block_n, block_k=128, warps=4, split=None, prefetch=2):
-    return dict(BLOCK_N=block_n, BLOCK_K=block_k, PREFETCH=prefetch, num_warps=warps, num_stages=1), split
+def _gemv(block_n, block_k=128, warps=4, split=None, prefetch=2, x_ahead=True):
+    return dict(BLOCK_N=block_n, BLOCK_K=block_k, PREFETCH=prefetch, X_AHEAD=x_ahead, num_warps=warps,
+                num_stages=1), split
 
 
 # "mma" first (the error reference) and last (the run's noise); (config, split) pairs: None = default
 CANDIDATES = [
     "mma",
     (None, None),
-    _gemv(64, prefetch=1), _gemv(32), _gemv(32, prefetch=1), _gemv(128),
+    _gemv(64, x_ahead=False), _gemv(64, prefetch=1), _gemv(32), _gemv(32, prefetch=1), _gemv(128),
     # 256-byte K steps: as many bytes in flight per program with PREFETCH 1, no ring MOVs
     # (sm_90 SASS: 3.7 / 3.9 instructions a weight byte at 64 / 32 rows, against 4.5 for the default)
     _gemv(64, block_k=256, prefetch=1), _gemv(32, block_k=256, prefetch=1), _gemv(32, block_k=256),
@@ -36,8 +37,8 @@ def _label(cand) -> str:
     cfg, split = cand
     if cfg is None:
         return "gemv, default tiles and split"
-    return (f"gemv n={cfg['BLOCK_N']} k={cfg['BLOCK_K']} prefetch={cfg['PREFETCH']} w={cfg['num_warps']} "
-            f"split={split or 'default'}")
+    return (f"gemv n={cfg['BLOCK_N']} k={cfg['BLOCK_K']} prefetch={cfg['PREFETCH']} x_ahead={cfg['X_AHEAD']} "
+            f"w={cfg['num_warps']} split={split or 'default'}")
 
 
 def _run(x, weight, scale, cand):

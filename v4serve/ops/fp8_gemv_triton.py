@@ -43,7 +43,8 @@ Schedule. Program (n tile, split): BLOCK_N weight rows, K range [split * k_per_s
 of BLOCK_K. Tiles BLOCK_N 64 x BLOCK_K 128 over 4 warps: 8 threads of 16 bytes span a 128-byte row
 step, a warp 4 rows, 4 warps 16, so each thread holds 4 rows of the same 16 columns: the activations
 it converts serve 4 weight rows. The words and scales of PREFETCH (2) steps ahead load before this
-step converts (a register ring; Triton pipelines only loads that feed a dot). ROWS = M (1..8) runs
+step converts (a register ring; Triton pipelines only loads that feed a dot; at M = 1 the row's
+activation codes too: X_AHEAD). ROWS = M (1..8) runs
 one static set of accumulators [BLOCK_N, BLOCK_K / 16] per row, the converted weights shared by
 all. split-K only when the N tiles are fewer than the SMs (Flash: every projection but wq_b).
 No host syncs (CUDA-graph safe).
@@ -123,20 +124,25 @@ def _load_weights(w_rows, ws_ptr, ws_rows, k0, mask_n, K, stride_ws, BK: tl.cons
 
 
 @triton.jit
-def _row_x(x_ptr, m, k0, K, stride_x, ACT_FP8: tl.constexpr, CVT_ASM: tl.constexpr, EVEN_K: tl.constexpr,
-           KW: tl.constexpr):
-    """Row m's activations of one K step as 4 fp32 [1, KW]: a[m, k0 + 4i + j], j = 0..3 (the weight
-    words' layout). ACT_FP8: the e4m3 codes read as int32 words and converted like the weights."""
+def _x_codes(x_ptr, xs_ptr, m, k0, K, stride_x, stride_xs, AB: tl.constexpr, EVEN_K: tl.constexpr, KW: tl.constexpr):
+    """Row m's activation codes of one K step as int32 words [KW] (the weight words' layout) and
+    the chunks' activation scales [KW / 4]."""
+    offs_w = k0 // 4 + tl.arange(0, KW)
+    row = x_ptr.to(tl.pointer_type(tl.int32)) + m * (stride_x // 4)
+    if EVEN_K:
+        words = tl.load(row + offs_w)
+    else:
+        words = tl.load(row + offs_w, mask=offs_w < K // 4, other=0)
+    offs_c = k0 + _CHUNK * tl.arange(0, KW // 4)
+    s_a = tl.load(xs_ptr + m * stride_xs + offs_c // AB, mask=offs_c < K, other=0.0)
+    return words, s_a
+
+
+@triton.jit
+def _x_values(x_ptr, m, k0, K, stride_x, KW: tl.constexpr):
+    """Weight-only: row m of x for one K step as 4 fp32 [1, KW]: x[m, k0 + 4i + j], j = 0..3."""
     offs_w = k0 // 4 + tl.arange(0, KW)
     mask = offs_w < K // 4
-    if ACT_FP8:
-        row = x_ptr.to(tl.pointer_type(tl.int32)) + m * (stride_x // 4)
-        if EVEN_K:
-            words = tl.load(row + offs_w)
-        else:
-            words = tl.load(row + offs_w, mask=mask, other=0)
-        a0, a1, a2, a3 = _e4m3_word(words[None, :], CVT_ASM)
-        return a0, a1, a2, a3
     at = x_ptr + m * stride_x + 4 * offs_w
     a0 = tl.load(at, mask=mask, other=0.0).to(tl.float32)[None, :]
     a1 = tl.load(at + 1, mask=mask, other=0.0).to(tl.float32)[None, :]
@@ -146,19 +152,38 @@ def _row_x(x_ptr, m, k0, K, stride_x, ACT_FP8: tl.constexpr, CVT_ASM: tl.constex
 
 
 @triton.jit
-def _row_step(acc, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, m, k0, K, stride_x, stride_xs, AB: tl.constexpr,
-              ACT_FP8: tl.constexpr, CVT_ASM: tl.constexpr, EVEN_K: tl.constexpr, KW: tl.constexpr,
-              BLOCK_N: tl.constexpr):
-    """acc [BLOCK_N, KW / 4] += per chunk (sum of 16 a * w) * s_w * s_a for row m."""
-    a0, a1, a2, a3 = _row_x(x_ptr, m, k0, K, stride_x, ACT_FP8, CVT_ASM, EVEN_K, KW)
+def _load_step(w_rows, ws_ptr, ws_rows, x_ptr, xs_ptr, k0, mask_n, K, stride_ws, stride_x, stride_xs,
+               BK: tl.constexpr, AB: tl.constexpr, EVEN_K: tl.constexpr, SHARED_ROW_SCALE: tl.constexpr,
+               X_AHEAD: tl.constexpr, KW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One ring slot: the step's weight words and scales, and with X_AHEAD row 0's activation codes
+    and scales (else the weight tensors again, unused)."""
+    words, s_w = _load_weights(w_rows, ws_ptr, ws_rows, k0, mask_n, K, stride_ws, BK, EVEN_K, SHARED_ROW_SCALE,
+                               KW, BLOCK_N)
+    if X_AHEAD:
+        x_words, s_a = _x_codes(x_ptr, xs_ptr, 0, k0, K, stride_x, stride_xs, AB, EVEN_K, KW)
+    else:
+        x_words, s_a = words, s_w
+    return words, s_w, x_words, s_a
+
+
+@triton.jit
+def _row_step(acc, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, m, k0, K, stride_x, stride_xs, x_words, s_a,
+              PRELOADED: tl.constexpr, AB: tl.constexpr, ACT_FP8: tl.constexpr, CVT_ASM: tl.constexpr,
+              EVEN_K: tl.constexpr, KW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """acc [BLOCK_N, KW / 4] += per chunk (sum of 16 a * w) * s_w (* s_a) for row m; PRELOADED: row
+    m's codes and scales are x_words / s_a (the ring's), else they are loaded here."""
+    if ACT_FP8:
+        if not PRELOADED:
+            x_words, s_a = _x_codes(x_ptr, xs_ptr, m, k0, K, stride_x, stride_xs, AB, EVEN_K, KW)
+        a0, a1, a2, a3 = _e4m3_word(x_words[None, :], CVT_ASM)
+    else:
+        a0, a1, a2, a3 = _x_values(x_ptr, m, k0, K, stride_x, KW)
     part = d0 * a0
     part = tl.fma(d1, a1, part)
     part = tl.fma(d2, a2, part)
     part = tl.fma(d3, a3, part)
     part = tl.sum(tl.reshape(part, (BLOCK_N, KW // 4, 4)), axis=2)
     if ACT_FP8:
-        offs_c = k0 + _CHUNK * tl.arange(0, KW // 4)
-        s_a = tl.load(xs_ptr + m * stride_xs + offs_c // AB, mask=offs_c < K, other=0.0)
         return tl.fma(part, s_w * s_a[None, :], acc)
     return tl.fma(part, s_w, acc)
 
@@ -174,11 +199,13 @@ def _fp8_gemv_kernel(
     stride_os, stride_om,
     BN: tl.constexpr, BK: tl.constexpr, AB: tl.constexpr, ACT_FP8: tl.constexpr, CVT_ASM: tl.constexpr,
     ROWS: tl.constexpr, SHARED_ROW_SCALE: tl.constexpr, EVEN_K: tl.constexpr, PREFETCH: tl.constexpr,
+    X_AHEAD: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (n tile, split). x_ptr: activation codes (ACT_FP8, read as int32 words; stride_x in
     bytes, a multiple of 4) or x; w_ptr: the weight bytes (stride_w in int32 words); out_ptr: y
-    (one split) or the fp32 partials [split, M, N]; k_per_split a multiple of BLOCK_K; PREFETCH 1 or 2."""
+    (one split) or the fp32 partials [split, M, N]; k_per_split a multiple of BLOCK_K; PREFETCH 1 or 2;
+    X_AHEAD (act mode): row 0's codes and scales ride in the ring with the weights."""
     if PDL:
         gdc_wait()
     KW: tl.constexpr = BLOCK_K // 4
@@ -204,47 +231,49 @@ def _fp8_gemv_kernel(
     acc7 = tl.zeros_like(acc0)
     # a register ring of PREFETCH steps ahead (EVEN_K: prefetches past the range re-read its last
     # step, unmasked; otherwise past K they are masked)
-    words, s_w = _load_weights(w_rows, ws_ptr, ws_rows, k_begin, mask_n, K, stride_ws, BK, EVEN_K,
-                               SHARED_ROW_SCALE, KW, BLOCK_N)
+    words, s_w, x_words, s_a = _load_step(w_rows, ws_ptr, ws_rows, x_ptr, xs_ptr, k_begin, mask_n, K, stride_ws,
+                                          stride_x, stride_xs, BK, AB, EVEN_K, SHARED_ROW_SCALE, X_AHEAD, KW, BLOCK_N)
     if PREFETCH > 1:
         k_second = tl.minimum(k_begin + BLOCK_K, k_end - BLOCK_K) if EVEN_K else k_begin + BLOCK_K
-        second_words, second_s_w = _load_weights(w_rows, ws_ptr, ws_rows, k_second, mask_n, K, stride_ws, BK,
-                                                 EVEN_K, SHARED_ROW_SCALE, KW, BLOCK_N)
+        words_2, s_w_2, x_words_2, s_a_2 = _load_step(w_rows, ws_ptr, ws_rows, x_ptr, xs_ptr, k_second, mask_n, K,
+                                                      stride_ws, stride_x, stride_xs, BK, AB, EVEN_K,
+                                                      SHARED_ROW_SCALE, X_AHEAD, KW, BLOCK_N)
     for k0 in range(k_begin, k_end, BLOCK_K):
         k_next = k0 + PREFETCH * BLOCK_K
         if EVEN_K:
             k_next = tl.minimum(k_next, k_end - BLOCK_K)
-        next_words, next_s_w = _load_weights(w_rows, ws_ptr, ws_rows, k_next, mask_n, K, stride_ws, BK, EVEN_K,
-                                             SHARED_ROW_SCALE, KW, BLOCK_N)
+        words_n, s_w_n, x_words_n, s_a_n = _load_step(w_rows, ws_ptr, ws_rows, x_ptr, xs_ptr, k_next, mask_n, K,
+                                                      stride_ws, stride_x, stride_xs, BK, AB, EVEN_K,
+                                                      SHARED_ROW_SCALE, X_AHEAD, KW, BLOCK_N)
         d0, d1, d2, d3 = _e4m3_word(words, CVT_ASM)
-        acc0 = _row_step(acc0, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 0, k0, K, stride_x, stride_xs, AB, ACT_FP8,
-                         CVT_ASM, EVEN_K, KW, BLOCK_N)
+        acc0 = _row_step(acc0, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 0, k0, K, stride_x, stride_xs, x_words, s_a,
+                         X_AHEAD, AB, ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
         if ROWS > 1:
-            acc1 = _row_step(acc1, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 1, k0, K, stride_x, stride_xs, AB,
-                             ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
+            acc1 = _row_step(acc1, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 1, k0, K, stride_x, stride_xs, x_words,
+                             s_a, False, AB, ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
         if ROWS > 2:
-            acc2 = _row_step(acc2, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 2, k0, K, stride_x, stride_xs, AB,
-                             ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
+            acc2 = _row_step(acc2, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 2, k0, K, stride_x, stride_xs, x_words,
+                             s_a, False, AB, ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
         if ROWS > 3:
-            acc3 = _row_step(acc3, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 3, k0, K, stride_x, stride_xs, AB,
-                             ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
+            acc3 = _row_step(acc3, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 3, k0, K, stride_x, stride_xs, x_words,
+                             s_a, False, AB, ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
         if ROWS > 4:
-            acc4 = _row_step(acc4, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 4, k0, K, stride_x, stride_xs, AB,
-                             ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
+            acc4 = _row_step(acc4, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 4, k0, K, stride_x, stride_xs, x_words,
+                             s_a, False, AB, ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
         if ROWS > 5:
-            acc5 = _row_step(acc5, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 5, k0, K, stride_x, stride_xs, AB,
-                             ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
+            acc5 = _row_step(acc5, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 5, k0, K, stride_x, stride_xs, x_words,
+                             s_a, False, AB, ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
         if ROWS > 6:
-            acc6 = _row_step(acc6, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 6, k0, K, stride_x, stride_xs, AB,
-                             ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
+            acc6 = _row_step(acc6, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 6, k0, K, stride_x, stride_xs, x_words,
+                             s_a, False, AB, ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
         if ROWS > 7:
-            acc7 = _row_step(acc7, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 7, k0, K, stride_x, stride_xs, AB,
-                             ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
+            acc7 = _row_step(acc7, d0, d1, d2, d3, s_w, x_ptr, xs_ptr, 7, k0, K, stride_x, stride_xs, x_words,
+                             s_a, False, AB, ACT_FP8, CVT_ASM, EVEN_K, KW, BLOCK_N)
         if PREFETCH > 1:
-            words, s_w = second_words, second_s_w
-            second_words, second_s_w = next_words, next_s_w
+            words, s_w, x_words, s_a = words_2, s_w_2, x_words_2, s_a_2
+            words_2, s_w_2, x_words_2, s_a_2 = words_n, s_w_n, x_words_n, s_a_n
         else:
-            words, s_w = next_words, next_s_w
+            words, s_w, x_words, s_a = words_n, s_w_n, x_words_n, s_a_n
     _store_row(out_ptr, acc0, 0, offs_n, mask_n, stride_om)
     if ROWS > 1:
         _store_row(out_ptr, acc1, 1, offs_n, mask_n, stride_om)
@@ -264,11 +293,12 @@ def _fp8_gemv_kernel(
 
 # Tiles (see the module docstring): 64 rows x 128 bytes a step over 4 warps, 4 rows a thread, for
 # every M: each row of x converted per thread serves 4 weight rows (SASS of the sm_90 loop, Triton
-# 3.6, per weight byte: 4.5 instructions at M1 (3.9 with PREFETCH 1: the ring costs 34 MOVs a
-# step), 6.2 at M2, 9.8 at M4, 16.9 at M8 (183 registers); 32 rows: 12.4 at M4, 21.6 at M8).
-# num_stages 1: no dot; the kernel's own register ring keeps PREFETCH steps (8 KB each) in flight
-# per program (Triton pipelines only loads that feed a dot).
-GEMV_CONFIG = dict(BLOCK_N=64, BLOCK_K=128, PREFETCH=2, num_warps=4, num_stages=1)
+# 3.6, per weight byte: 4.4 instructions at M1 (282 a step, 102 registers; 3.9 with PREFETCH 1:
+# the ring costs 34-43 MOVs a step), 6.2 at M2, 9.8 at M4, 16.9 at M8 (183 registers); 32 rows:
+# 12.4 at M4, 21.6 at M8). num_stages 1: no dot; the kernel's own register ring keeps PREFETCH
+# steps (8 KB each) in flight per program (Triton pipelines only loads that feed a dot); at M1
+# (X_AHEAD) row 0's codes and scales ride in the ring too, so no L2 round trip per step is exposed.
+GEMV_CONFIG = dict(BLOCK_N=64, BLOCK_K=128, PREFETCH=2, X_AHEAD=True, num_warps=4, num_stages=1)
 # split-K only when the N tiles are fewer than the SMs (wq_a / wkv / shared_w1 / wo_b / shared_w2 at
 # 64 rows: 8-64 tiles), then up to this many programs per SM (wq_a: 16 tiles x 32 one-step splits;
 # wo_b: 64 x 8 splits of 8 steps). wq_b (512 tiles) runs without the sum kernel's launch.
@@ -335,6 +365,7 @@ def fp8_gemv_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
         weight.stride(0) // 4, scale.stride(0), out.stride(0) if splits > 1 else 0, out.stride(-2),
         BN=bn, BK=bk, AB=act_block or 1, ACT_FP8=act_block is not None, CVT_ASM=cvt == "asm", ROWS=m,
         SHARED_ROW_SCALE=bn % cfg["BLOCK_N"] == 0, EVEN_K=k % block_k == 0, PREFETCH=cfg.get("PREFETCH", 2),
+        X_AHEAD=act_block is not None and m == 1 and cfg.get("X_AHEAD", True),
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
     if splits > 1:
         _split_k_sum_kernel[(triton.cdiv(m * n, SPLIT_K_SUM_BLOCK),)](
