@@ -41,10 +41,9 @@ def test_integer_decoder_matches_the_e4m3_cast_on_every_byte():
 
 
 def _weights(n, k, block, scale_fmt="ue8m0", seed=0, device="cpu"):
-    gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=gen) * torch.logspace(-2, 1, n)[:, None]
-    weight, scale = quantize_fp8_blocks(w, block, scale_fmt)
-    return weight.to(device), scale.to(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    w = torch.randn(n, k, generator=gen, device=device) * torch.logspace(-2, 1, n, device=device)[:, None]
+    return quantize_fp8_blocks(w, block, scale_fmt)
 
 
 # m, n, k, block, act_block, scale_fmt, split_k (None: the wrapper's choice)
@@ -129,7 +128,7 @@ _GPU_SHAPES = [(f"flash {p}", *nk) for p, nk in _FLASH.items()] + [(f"pro {p}", 
 
 def _gpu_case(n, k, m, block, scale_fmt, seed):
     weight, scale = _weights(n, k, block, scale_fmt, seed=seed, device="cuda")
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).bfloat16().cuda()
+    x = torch.randn(m, k, generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda").bfloat16()
     return x, weight, scale
 
 
