@@ -208,6 +208,11 @@ class MTPDrafter:
         return picked
 
 
+def _tokens_left(request: Request) -> int:
+    """Tokens `request` may still emit under max_tokens (set)."""
+    return request.params.max_tokens - len(request.output_token_ids)
+
+
 @dataclass
 class GraphStepInFlight:
     """A launched device step: its requests, each row's start, cap (None for a continuation: known
@@ -270,9 +275,8 @@ class SpeculativeStepper:
     def _drafts_for(self, chunk: ScheduledChunk) -> tuple[list[int], torch.Tensor | None]:
         r = chunk.request
         drafts, probs = self._drafts.pop(r.request_id, ([], None))
-        room = min(self.engine.max_model_len - 1 - chunk.start,  # positions fed stay < max_model_len
-                   r.params.max_tokens - len(r.output_token_ids) - 1 if r.params.max_tokens is not None else self.k)
-        drafts = drafts[:max(0, min(room, self.k))]
+        # positions fed stay < max_model_len
+        drafts = drafts[:max(0, min(self.engine.max_model_len - 1 - chunk.start, self._keepable(r)))]
         if drafts:
             try:
                 self.engine.cache.reserve(r.slot, chunk.end + len(drafts))
@@ -291,10 +295,7 @@ class SpeculativeStepper:
             if not self._is_decode(chunk) or engine.max_model_len - 1 - chunk.start < self.k:
                 return None
             drafts, probs = self._drafts.get(r.request_id, ([], None))
-            keep = self.k
-            if r.params.max_tokens is not None:  # a + 1 tokens emitted must fit max_tokens
-                keep = min(keep, r.params.max_tokens - len(r.output_token_ids) - 1)
-            real = drafts[:max(0, keep)]
+            real = drafts[:self._keepable(r)]
             out.append(([*real, *[0] * (self.k - len(real))], None if probs is None else probs[:len(real)], len(real)))
         try:
             for chunk in plan:
@@ -314,8 +315,7 @@ class SpeculativeStepper:
         for r in requests:
             self._drafts.pop(r.request_id, None)
         caps = [n for _, _, n in drafted]
-        rooms = [NO_LIMIT if r.params.max_tokens is None else r.params.max_tokens - len(r.output_token_ids) - 1
-                 for r in requests]
+        rooms = [NO_LIMIT if r.params.max_tokens is None else _tokens_left(r) - 1 for r in requests]
         out = runner.verify([[r.token_at(c.start), *d] for c, r, (d, _, _) in zip(plan, requests, drafted)],
                             [c.start for c in plan], [r.slot for r in requests], caps, rooms)
         if all(r.params.greedy for r in requests):
@@ -382,7 +382,7 @@ class SpeculativeStepper:
                 continue
             start = step.starts[b] if step.starts is not None else r.num_tokens - 1
             tokens = best[:accepted + 1] if step.emitted is None else step.emitted[b]
-            cap = step.caps[b] if step.caps is not None else self._cap(r)
+            cap = step.caps[b] if step.caps is not None else self._keepable(r)
             self.metrics.record(cap, len(tokens) - 1)
             r.num_computed = start + len(tokens)
             for j, token in enumerate(tokens):
@@ -397,11 +397,12 @@ class SpeculativeStepper:
         self._propose_after_graph(items, step.out.streams)
         return [request_output(r) for r in updated]
 
-    def _cap(self, request: Request) -> int:
-        """The drafts a continuation's row of `request` could keep (its state before the row)."""
+    def _keepable(self, request: Request) -> int:
+        """The drafts a step of `request` may keep: k, fewer where the a + 1 tokens a step emits
+        must fit max_tokens (a continuation's rows: the request's state before the row)."""
         if request.params.max_tokens is None:
             return self.k
-        return max(0, min(self.k, request.params.max_tokens - len(request.output_token_ids) - 1))
+        return max(0, min(self.k, _tokens_left(request) - 1))
 
     def _propose_after_graph(self, items, streams: torch.Tensor) -> None:
         """Drafts for the sequences still running: the MTP graph's (already on the host), or the
