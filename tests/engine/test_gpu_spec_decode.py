@@ -1,10 +1,11 @@
-"""Speculative decoding on the GPU (not yet run on a GPU when written): float32 activations, so
-that the verify rows (prefill kernels) and plain decode steps (decode kernels, CUDA graphs) agree
-on every argmax; a forced-correct draft and a partly-correct one, k = 1..4, both cache dtypes. In
+"""Speculative decoding on the GPU: float32 activations, so that the verify rows and plain decode
+steps (each in its CUDA graphs) agree on every argmax that is not a tie; a forced-correct draft and a partly-correct one, k = 1..4, both cache dtypes. In
 bf16 the two kernel families round differently and greedy tokens may part at near-ties, as in any
 engine whose verify and decode paths differ."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ pytestmark = pytest.mark.gpu
 
 PROMPTS = [list(range(10, 10 + n)) for n in (5, 70, 33)]
 PARAMS = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)] * 3
+TIE = 1e-4  # logprob gap under which two tokens are a tie for fp32 sums taken in another order
 
 
 class _Draft:
@@ -37,15 +39,35 @@ class _Draft:
         return out
 
 
-def _run(engine):
-    for i, (p, s) in enumerate(zip(PROMPTS, PARAMS)):
+def _run(engine, logprobs=None):
+    """request id -> generated tokens (with `logprobs`: also request id -> per-token top logprobs)."""
+    params = [dataclasses.replace(s, logprobs=logprobs) for s in PARAMS] if logprobs else PARAMS
+    for i, (p, s) in enumerate(zip(PROMPTS, params)):
         engine.add_request(str(i), p, s)
-    done = {}
+    done, tops = {}, {}
     while engine.has_unfinished():
         for o in engine.step():
             if o.finished:
                 done[o.request_id] = o.outputs[0].token_ids
-    return done
+                tops[o.request_id] = o.outputs[0].logprobs
+    return (done, tops) if logprobs else done
+
+
+def _assert_same_or_parted_at_a_tie(got, plain, tops) -> bool:
+    """Every sequence equals the plain run's, or first parts from it where the plain run's two best
+    tokens were within TIE of each other and took the other one of the two (after that the
+    continuations differ, so nothing more can be compared). True if every sequence is equal."""
+    equal = True
+    for rid, want in plain.items():
+        j = next((n for n, (a, b) in enumerate(zip(got[rid], want)) if a != b), None)
+        if j is None:
+            assert got[rid] == want, rid
+            continue
+        equal = False
+        best = sorted(tops[rid][j].items(), key=lambda kv: -kv[1].logprob)[:2]
+        assert {t for t, _ in best} == {want[j], got[rid][j]}, (rid, j, best, got[rid][j])
+        assert best[0][1].logprob - best[1][1].logprob < TIE, (rid, j, best)
+    return equal
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -57,20 +79,23 @@ def test_gpu_speculative_greedy_equals_plain(kv_cache_dtype, k):
     # query rows) and a plain step (c rows): seen on the H200 at k = 4 (tokens parted mid-run; the
     # CPU, one kernel family, matches). index_topk 64 keeps every compressed row of these prompts
     # (<= 94 tokens / 4), so the packed run checks the speculative path, not the order of fp32 sums.
+    # Even so, in session 12 k = 4 packed in CUDA graphs took the runner-up at a request's last token,
+    # where the plain run's two best logprobs were 4.2e-5 apart (a random model's flat logits): a tie,
+    # which the assertion allows (and only that).
     overrides = ({"head_dim": 192, "qk_rope_head_dim": 64, "index_head_dim": 128, "index_topk": 64}
                  if kv_cache_dtype == "auto" else None)
     common = dict(model="tiny", device="cuda", dtype="float32", max_num_seqs=4, kv_cache_dtype=kv_cache_dtype,
                   hf_overrides=overrides, progress=False)
-    plain = _run(Engine(EngineArgs(**common)))
+    plain, tops = _run(Engine(EngineArgs(**common)), logprobs=2)
     for wrong in (False, True):
         engine = Engine(EngineArgs(**common, speculative_config={"method": "mtp", "num_speculative_tokens": k}))
         engine.spec.drafter = _Draft(plain, wrong)
-        assert _run(engine) == plain
+        equal = _assert_same_or_parted_at_a_tie(_run(engine), plain, tops)
         assert engine.spec.verify_runner.uses_cuda_graphs and engine.spec.device_steps > 0
         m = engine.spec.metrics
         if wrong:
             assert 0 < m.num_accepted_tokens < m.num_draft_tokens, m
-        else:
+        elif equal:  # after a tie the plain run's tokens are no longer right drafts
             assert m.num_accepted_tokens == m.num_draft_tokens > 0, m
 
 

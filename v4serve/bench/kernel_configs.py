@@ -271,9 +271,6 @@ def main() -> int:
         if only in name:
             _sweep(name, _indexer_run(args, keys), INDEXER_DECODE_CANDIDATES if args[1] == 1 else INDEXER_PREFILL_CANDIDATES)
     moe_configs.sweep(only)  # the MXFP4 MoE layer ("moe flash c1", ...)
-    from v4serve.bench import fp8_gemv_configs
-
-    fp8_gemv_configs.sweep(only)  # the FP8 GEMV against the tensor-core kernel ("fp8 gemv flash wq_a M1", ...)
     from v4serve.bench import v41_attn_configs
 
     v41_attn_configs.sweep(only)  # V4.1's decode attention routes over two packed formats ("two-format decode B1")

@@ -69,14 +69,13 @@ def _sparse_work(case):
 
 
 # ---- quantized weights: FP8 linear, MXFP4 MoE layer ----
-def _build_fp8_linear(n, k, m, act_block, kernel="auto", *, device, seed):
+def _build_fp8_linear(n, k, m, act_block, *, device, seed):
     """Floor: the weight bytes (+ scales, x in, y out) at HBM speed, or the MMA time (fp8 when the
-    activations are quantized, bf16 for weight-only), whichever is longer. `kernel`: fp8_linear's
-    kernel choice ("gemv": the M <= 8 GEMV, floor as for the tensor-core kernel)."""
+    activations are quantized, bf16 for weight-only), whichever is longer."""
     x, weight, scale = fp8_linear_case(n, k, m, device=device, seed=seed)
     nbytes = weight.numel() + scale.numel() * 4 + x.numel() * 2 + m * n * 2
     peak = H200_FP8_TFLOPS if act_block else H200_TFLOPS
-    return ((lambda: fp8_linear(x, weight, scale, (128, 128), act_block=act_block, kernel=kernel)), nbytes,
+    return ((lambda: fp8_linear(x, weight, scale, (128, 128), act_block=act_block)), nbytes,
             2 * m * n * k, nbytes, peak)
 
 

@@ -244,8 +244,6 @@ def quant_weight_shapes():
                 shapes[f"fp8 linear {model} {proj} M{m}"] = ("fp8_linear", (n, k, m, 128))
             for m in (1, 2048):  # weight-only numerics (bf16 MMA on dequantized tiles)
                 shapes[f"fp8 linear w8a16 {model} {proj} M{m}"] = ("fp8_linear", (n, k, m, None))
-            for m in (1, 8):  # the same official numerics through the GEMV (ops/fp8_gemv_triton.py)
-                shapes[f"fp8 linear gemv {model} {proj} M{m}"] = ("fp8_linear", (n, k, m, 128, "gemv"))
     for model in MOE_GEOMETRY:
         for c in (1, 8, 64):
             shapes[f"mxfp4 moe {model} c{c}"] = ("mxfp4_moe", (model, c))

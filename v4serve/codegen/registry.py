@@ -28,7 +28,6 @@ from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_SMALL, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG_WS, PREFILL_CONFIGS)
 
 from .spec import Expect, KernelSpec
-from .registry_fp8_gemv import FP8_GEMV_KERNELS
 from .registry_kv_compact import KV_COMPACT_KERNELS
 from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS
 from .registry_packed_kv import INDEX_ALIGNED, INDEX_TYPES, PACKED_KV_KERNELS
@@ -542,8 +541,6 @@ KERNELS: tuple[KernelSpec, ...] = (
     *KV_COMPACT_KERNELS,
     # ---- MXFP4 MoE GEMV for few picks an expert: v4serve/codegen/registry_mxfp4_gemv.py ----
     *MXFP4_GEMV_KERNELS,
-    # ---- FP8 block-scaled linear GEMV at M <= 8: v4serve/codegen/registry_fp8_gemv.py ----
-    *FP8_GEMV_KERNELS,
     # ---- DeepSeek-V4.1 indexer over packed fp4 keys: v4serve/codegen/registry_v41_index.py ----
     *V41_INDEX_KERNELS,
     # ---- DeepSeek-V4.1 engine path: two-format attention unpack, Engram lookup (registry_v41_engine.py) ----

@@ -1,16 +1,16 @@
 """FP8 block-scaled linear: public entry points (math in fp8_linear_reference.py, kernels in
 fp8_linear_triton.py).
 
-    fp8_linear(x, weight, scale, block=(128, 128), act_block=None, impl="auto", kernel="auto") -> y [..., N]
+    fp8_linear(x, weight, scale, block=(128, 128), act_block=None, impl="auto") -> y [..., N]
 
 x [..., K] (bf16 / fp16 / fp32, unit stride along K); weight float8_e4m3fn [N, K]; scale float32
 [ceil(N / bn), ceil(K / bk)] (ue8m0 checkpoints: powers of two; V4-Flash-Base: any fp32).
 act_block None: weight-only numerics y = x @ (w * s)^T (fp32 accumulation, rounded to x.dtype once);
 act_block 128 (V4) / 32 (V4.1): the official numerics, x quantized to e4m3 per act_block channels
 with ue8m0 scales first (`act_quant`).
-kernel (the Triton path): "mma" the tile kernels of fp8_linear_triton.py (tensor cores); "gemv" the
-M <= 8 GEMV of fp8_gemv_triton.py (no tensor cores, same numerics up to the fp32 summation order);
-"auto" = "mma" (production until the GEMV is measured on the GPU).
+The Triton path runs the tile kernels of fp8_linear_triton.py at every M (tensor cores; decode tiles
+at small M). A GEMV without tensor cores for M <= 8 was built and measured in session 12 and lost or
+tied at every projection (docs/performance.md "Session 12"), so it was removed.
 
 Not used: torch._scaled_mm / torch.nn.functional.scaled_mm. PyTorch's blockwise recipe (1x128
 activation scales x 128x128 weight scales, cuBLASLt) covers only the V4 / V4-Pro act_block=128 path,
@@ -23,11 +23,8 @@ import torch
 
 from v4serve.ops._dispatch import use_triton
 from v4serve.ops.fp8_linear_reference import act_quant_reference, fp8_linear_reference
-from v4serve.ops.fp8_gemv_triton import fp8_gemv_triton
 from v4serve.ops.fp8_linear_triton import act_quant_triton, fp8_linear_triton
 from v4serve.ops.weight_formats import check_fp8_weight
-
-KERNELS = ("auto", "mma", "gemv")
 
 
 def _check(x, weight, scale, block, act_block):
@@ -41,15 +38,12 @@ def _check(x, weight, scale, block, act_block):
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block=(128, 128),
-               act_block: int | None = None, impl: str = "auto", kernel: str = "auto") -> torch.Tensor:
+               act_block: int | None = None, impl: str = "auto") -> torch.Tensor:
     """y [..., N] = A @ (weight * scale)^T, A = x or its e4m3 / ue8m0 quantization per act_block."""
     block = tuple(block)
     _check(x, weight, scale, block, act_block)
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if use_triton(impl, x, weight, scale):
-        run = fp8_gemv_triton if kernel == "gemv" else fp8_linear_triton
-        y = run(x.reshape(-1, x.shape[-1]), weight, scale, block, act_block)
+        y = fp8_linear_triton(x.reshape(-1, x.shape[-1]), weight, scale, block, act_block)
         return y.reshape(*x.shape[:-1], weight.shape[0])
     return fp8_linear_reference(x, weight, scale, block, act_block)
 
