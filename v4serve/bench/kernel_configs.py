@@ -271,6 +271,9 @@ def main() -> int:
         if only in name:
             _sweep(name, _indexer_run(args, keys), INDEXER_DECODE_CANDIDATES if args[1] == 1 else INDEXER_PREFILL_CANDIDATES)
     moe_configs.sweep(only)  # the MXFP4 MoE layer ("moe flash c1", ...)
+    from v4serve.bench import fp8_decode_configs
+
+    fp8_decode_configs.sweep(only)  # FP8 linear decode variants ("fp8 decode flash wq_a M1", ...)
     from v4serve.bench import v41_attn_configs
 
     v41_attn_configs.sweep(only)  # V4.1's decode attention routes over two packed formats ("two-format decode B1")

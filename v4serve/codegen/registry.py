@@ -28,6 +28,7 @@ from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_SMALL, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG_WS, PREFILL_CONFIGS)
 
 from .spec import Expect, KernelSpec
+from .registry_fp8_decode import FP8_DECODE_KERNELS
 from .registry_kv_compact import KV_COMPACT_KERNELS
 from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS
 from .registry_packed_kv import INDEX_ALIGNED, INDEX_TYPES, PACKED_KV_KERNELS
@@ -449,11 +450,11 @@ KERNELS: tuple[KernelSpec, ...] = (
     # w8a8 with fp8 dots, FP8_PREFILL_DEQUANT_CONFIG for weight-only and for sm_80). ----
     *(
         KernelSpec(  # ACT_QUANT_CONFIG: V4 (per 128 channels) and V4.1 (per 32)
-            f"quant.act_quant_b{group}", f"{_OPS}.fp8_linear_triton:_act_quant_kernel",
+            f"quant.act_quant_b{group}", f"{_OPS}.fp8_act_quant_triton:_act_quant_kernel",
             types=dict(x_ptr="*bf16", q_ptr="*u8", s_ptr="*fp32", K="i32", stride_x="i32", stride_q="i32",
                        stride_s="i32"),
             aligned=("x_ptr", "q_ptr", "s_ptr", "K", "stride_x", "stride_q"),
-            constexprs=dict(GROUP=group, BLOCK_G=1024), num_warps=4, num_stages=3,
+            constexprs=dict(GROUP=group, BLOCK_G=1024, PDL=False), num_warps=4, num_stages=3,
             expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=40),
         )
         for group in (128, 32)
@@ -486,9 +487,9 @@ KERNELS: tuple[KernelSpec, ...] = (
                     else _FP8_PREFILL_DEQUANT if mode == "w8a16" else _FP8_PREFILL_SM80 if sm80 else _FP8_PREFILL]
     ),
     KernelSpec(  # SPLIT_K_SUM_BLOCK; wq_a decode at 17 splits
-        "fp8_linear.split_k_sum", f"{_OPS}.fp8_linear_triton:_split_k_sum_kernel",
+        "fp8_linear.split_k_sum", f"{_OPS}.fp8_linear_decode_triton:_split_k_sum_kernel",
         types=dict(part_ptr="*fp32", y_ptr="*bf16", MN="i32"), aligned=("part_ptr", "y_ptr", "MN"),
-        constexprs=dict(PDL=False, SPLIT_K=17, BLOCK=1024), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, TRIGGER=False, SPLIT_K=17, BLOCK=1024), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, max_regs=64),
     ),
     *(
@@ -541,6 +542,8 @@ KERNELS: tuple[KernelSpec, ...] = (
     *KV_COMPACT_KERNELS,
     # ---- MXFP4 MoE GEMV for few picks an expert: v4serve/codegen/registry_mxfp4_gemv.py ----
     *MXFP4_GEMV_KERNELS,
+    # ---- FP8 linear, weights-first decode kernel: v4serve/codegen/registry_fp8_decode.py ----
+    *FP8_DECODE_KERNELS,
     # ---- DeepSeek-V4.1 indexer over packed fp4 keys: v4serve/codegen/registry_v41_index.py ----
     *V41_INDEX_KERNELS,
     # ---- DeepSeek-V4.1 engine path: two-format attention unpack, Engram lookup (registry_v41_engine.py) ----
