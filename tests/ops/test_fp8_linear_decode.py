@@ -77,10 +77,16 @@ def test_plan_splits_into_power_of_two_steps_and_keeps_long_programs_on_the_tile
     assert (splits, steps, cfg["QUANT_A"]) == (2, 4, True)
 
 
-def test_quant_a_refuses_x_it_cannot_read_as_words():
-    x, weight, scale = _case(1, 64, 256, (128, 128))
-    with pytest.raises(ValueError, match="int32 words"):
-        _ahead(x.float(), weight, scale, (128, 128), 128, 1)
+def test_x_it_cannot_read_as_words_is_quantized_by_act_quant_first():
+    x, weight, scale = _case(2, 64, 258, (128, 128))
+    assert decode_ahead_plan(2, 64, 258, (128, 128), 128, True, x.device, x_words=False)[0]["QUANT_A"] is False
+    wide = torch.cat([x[:, :1], x, x[:, :1]], 1)  # [2, 260]: x at a 2-byte offset
+    odd_stride = torch.cat([x, x[:, :1]], 1)[:, :258]  # row stride 259 elements
+    for z in (x, x.float(), wide[:, 1:259], odd_stride):  # words; fp32; 2-byte offset; odd row stride
+        assert torch.equal(z.bfloat16(), x)
+        want = fp8_linear(z, weight, scale, act_block=128, impl="torch").float()
+        got = _ahead(z, weight, scale, (128, 128), 128, 1).float()
+        torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-6 * want.abs().max().item())
 
 
 # GPU: the Flash projections at M 1 and 8, every variant; CUDA-graph replays (the counters must

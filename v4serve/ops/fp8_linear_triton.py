@@ -195,17 +195,19 @@ def _split_k(n_tiles: int, k_steps: int, device: torch.device) -> int:
 
 
 def decode_ahead_plan(m: int, n: int, k: int, block: tuple[int, int], act_block: int | None, fp8_hw: bool,
-                      device: torch.device, config: dict | None = None,
-                      split_k: int | None = None) -> tuple[dict, int, int] | None:
+                      device: torch.device, config: dict | None = None, split_k: int | None = None,
+                      x_words: bool = True) -> tuple[dict, int, int] | None:
     """(config, splits, steps a program) of the weights-first decode kernel for this shape, or None
     where the tile kernels run it: weight-only numerics, no FP8 on the GPU, more rows than its
     BLOCK_M, or more K steps a program (at the split that fills the GPU) than MAX_STEPS.
-    `config`: FP8_AHEAD_CONFIG's keys to change (tests, benchmarks)."""
+    `config`: FP8_AHEAD_CONFIG's keys to change (tests, benchmarks). The activations are quantized
+    in the kernel (QUANT_A) only where a step is one activation group and x can be read as int32
+    words (`x_words`: bf16, even K and row stride, 4-byte aligned); act_quant runs first otherwise."""
     cfg = dict(FP8_AHEAD_CONFIG, **(config or {}))
     if act_block is None or not fp8_hw or m > cfg["BLOCK_M"]:
         return None
     cfg["BLOCK_K"] = min(cfg["BLOCK_K"], act_block, block[1])
-    cfg["QUANT_A"] = cfg["QUANT_A"] and cfg["BLOCK_K"] == act_block
+    cfg["QUANT_A"] = cfg["QUANT_A"] and cfg["BLOCK_K"] == act_block and x_words
     splits, steps = ahead_steps(k, cfg["BLOCK_K"], triton.cdiv(n, cfg["BLOCK_N"]), _programs_wanted(device), split_k)
     return (cfg, splits, steps) if steps <= cfg["MAX_STEPS"] else None
 
@@ -229,7 +231,8 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     kernel = "auto" if config is None else config.get("KERNEL", "tiles")
     config = None if config is None else {key: v for key, v in config.items() if key != "KERNEL"}
     if decode and m and n and kernel in ("auto", "ahead"):
-        plan = decode_ahead_plan(m, n, k, block, act_block, fp8_hw, x.device, config, split_k)
+        x_words = x.dtype == torch.bfloat16 and k % 2 == 0 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
+        plan = decode_ahead_plan(m, n, k, block, act_block, fp8_hw, x.device, config, split_k, x_words)
         if plan is not None:
             return fp8_linear_decode_ahead(x, weight, scale, block, act_block, *plan, pdl_launch(x), arrivals)
     if kernel == "ahead":
