@@ -34,12 +34,16 @@ SHAPES = {f"fp8 decode flash {proj} M{m}": (n, k, m) for proj, (n, k) in FP8_PRO
 LONG_K = ("wq_b", "wo_b")  # more than 4 steps a program at the default split
 
 
-def sweep(only: str) -> None:
+def _median_us(fn) -> float:
+    return do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
+
+
+def sweep(only: str, device: str = "cuda", timer=_median_us) -> None:
     for name, (n, k, m) in SHAPES.items():
         if only not in name:
             continue
-        x, weight, scale = fp8_linear_case(n, k, m, device="cuda")
-        arrivals = torch.zeros(n, dtype=torch.int32, device="cuda")  # SUM_LAST's counters, kept like a module's
+        x, weight, scale = fp8_linear_case(n, k, m, device=device)
+        arrivals = torch.zeros(n, dtype=torch.int32, device=device)  # SUM_LAST's counters, kept like a module's
 
         def run(cfg, split):
             split_k = -(-k // 128 // 4) if split == "steps 4" else None
@@ -52,7 +56,7 @@ def sweep(only: str) -> None:
             try:
                 out = run(cfg, split).float()
                 err = float((out - ref).norm() / ref.norm())
-                us = do_bench_cudagraph(lambda: run(cfg, split), rep=20, return_mode="median") * 1e3
+                us = timer(lambda: run(cfg, split))
                 print(f"{name:30s} #{i:<2d} {us:8.2f} µs  err {err:.1e}  {label}", flush=True)
             except Exception as e:  # a variant that does not compile is reported, not fatal
                 print(f"{name:30s} #{i:<2d}   failed  {type(e).__name__}: {str(e)[:80]}  {label}", flush=True)
