@@ -56,6 +56,9 @@ def test_variants_give_the_same_bits(m, n, k, block, act_block, split_k):
     for _ in range(2):
         assert torch.equal(_ahead(x, weight, scale, block, act_block, split_k, arrivals, SUM_LAST=True), base)
         assert not arrivals.any()
+        # counters handed in: the last program sums (SUM_LAST unless the config says otherwise)
+        assert torch.equal(_ahead(x, weight, scale, block, act_block, split_k, arrivals), base)
+        assert not arrivals.any()
 
 
 def test_plan_splits_into_power_of_two_steps_and_keeps_long_programs_on_the_tiles():
@@ -120,4 +123,7 @@ def test_gpu_flash_projections_every_variant(name, m):
         out.zero_()
         graph.replay()
         assert torch.equal(out, base)
+    assert not arrivals.any()
+    # the public entry with counters kept by the caller: the same bits as production's second launch
+    assert torch.equal(fp8_linear(x, weight, scale, act_block=128, impl="triton", arrivals=arrivals), prod)
     assert not arrivals.any()

@@ -8,7 +8,7 @@ a variant (the linear's every launch), median µs, error relative to the first c
   ahead ...   the weights-first kernel (ops/fp8_linear_decode_triton.py) with FP8_AHEAD_CONFIG's keys
               changed: codes (QUANT_A False: act_quant launched first with an early trigger, so the
               weights stream during it), sum_last (the last program of a tile sums the partials: one
-              launch; its counters kept across calls as a module would keep them), steps 4 (wq_b and
+              launch; its counters kept across calls as a module would keep them: `fp8_linear(..., arrivals=)`), steps 4 (wq_b and
               wo_b, 8 and 16 steps a program at the default split, split into 4-step programs).
 """
 
@@ -47,7 +47,9 @@ def sweep(only: str, device: str = "cuda", timer=_median_us) -> None:
 
         def run(cfg, split):
             split_k = -(-k // 128 // 4) if split == "steps 4" else None
-            return fp8_linear_triton(x, weight, scale, (128, 128), 128, config=cfg, split_k=split_k, arrivals=arrivals)
+            sum_last = cfg is not None and cfg.get("SUM_LAST", False)
+            return fp8_linear_triton(x, weight, scale, (128, 128), 128, config=cfg, split_k=split_k,
+                                     arrivals=arrivals if sum_last else None)
 
         ref = run(None, None).float()
         for i, (label, cfg, split) in enumerate(CANDIDATES):

@@ -219,8 +219,9 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     benchmarks): a tile config (optionally KERNEL="tiles") runs the tile kernels; KERNEL="ahead" plus
     FP8_AHEAD_CONFIG keys to change runs the weights-first decode kernel where it applies
     (`decode_ahead_plan`); None: production's choice. `fp8_hw=False`
-    forces the path of GPUs without fp8 (sm_80: codes decoded from bytes). `arrivals`: the
-    weights-first kernel's split counters when its config sets SUM_LAST (fp8_linear_decode_triton)."""
+    forces the path of GPUs without fp8 (sm_80: codes decoded from bytes). `arrivals`: split
+    counters the caller keeps (int32 zeros [>= N / 64], left at zero): the weights-first kernel
+    sums its partials in the last program (SUM_LAST, unless the config says otherwise)."""
     m, k = x.shape
     n = weight.shape[0]
     bn, bk = block
@@ -232,7 +233,8 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     config = None if config is None else {key: v for key, v in config.items() if key != "KERNEL"}
     if decode and m and n and kernel in ("auto", "ahead"):
         x_words = x.dtype == torch.bfloat16 and k % 2 == 0 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
-        plan = decode_ahead_plan(m, n, k, block, act_block, fp8_hw, x.device, config, split_k, x_words)
+        ahead_cfg = dict(SUM_LAST=arrivals is not None, **(config or {}))
+        plan = decode_ahead_plan(m, n, k, block, act_block, fp8_hw, x.device, ahead_cfg, split_k, x_words)
         if plan is not None:
             return fp8_linear_decode_ahead(x, weight, scale, block, act_block, *plan, pdl_launch(x), arrivals)
     if kernel == "ahead":
