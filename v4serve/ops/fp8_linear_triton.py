@@ -233,7 +233,7 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     config = None if config is None else {key: v for key, v in config.items() if key != "KERNEL"}
     if decode and m and n and kernel in ("auto", "ahead"):
         x_words = x.dtype == torch.bfloat16 and k % 2 == 0 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
-        ahead_cfg = dict(SUM_LAST=arrivals is not None, **(config or {}))
+        ahead_cfg = {"SUM_LAST": arrivals is not None, **(config or {})}
         plan = decode_ahead_plan(m, n, k, block, act_block, fp8_hw, x.device, ahead_cfg, split_k, x_words)
         if plan is not None:
             return fp8_linear_decode_ahead(x, weight, scale, block, act_block, *plan, pdl_launch(x), arrivals)
