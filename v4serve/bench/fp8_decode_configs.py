@@ -16,22 +16,28 @@ import torch
 from triton.testing import do_bench_cudagraph
 
 from v4serve.bench.shapes import FP8_PROJECTIONS, fp8_linear_case
-from v4serve.ops.fp8_linear_triton import fp8_linear_triton
+from v4serve.ops.fp8_linear_decode_triton import ahead_steps
+from v4serve.ops.fp8_linear_triton import _programs_wanted, fp8_linear_triton
 
-# (label, config, split_k); "production" first (the error reference) and last (the run's noise).
-# "steps 4": the K range split so that a program holds at most 4 steps (wq_b 2 splits, wo_b 16);
-# only where the default split leaves more (the other projections already run that way).
+# (label, config, split, where): "production" first (the error reference) and last (the run's noise).
+# split "half": half the default splits (about one program a SM, twice the steps each, half the
+# partials to sum); "steps 4": the K range split into 4-step programs (wq_b 2 splits, wo_b 16).
+# where: "all"; "short" (the projections production runs on the weights-first kernel, at most 4
+# steps a program); "2 steps" (at most 2 at the default split: wq_a, wkv); "long" (wq_b, wo_b:
+# 8 and 16 steps a program at the default split, so the tile kernels in production).
 CANDIDATES = [
-    ("production", None, None),
-    ("tiles", dict(KERNEL="tiles"), None),
-    ("ahead codes", dict(KERNEL="ahead", QUANT_A=False), None),
-    ("ahead sum_last", dict(KERNEL="ahead", SUM_LAST=True), None),
-    ("ahead steps 4", dict(KERNEL="ahead"), "steps 4"),
-    ("production", None, None),
+    ("production", None, None, "all"),
+    ("tiles", dict(KERNEL="tiles"), None, "short"),
+    ("ahead codes", dict(KERNEL="ahead", QUANT_A=False), None, "short"),
+    ("ahead sum_last", dict(KERNEL="ahead", SUM_LAST=True), None, "short"),
+    ("ahead half split", dict(KERNEL="ahead"), "half", "2 steps"),
+    ("ahead sum block 128", dict(KERNEL="ahead", SUM_BLOCK=128), None, "short"),
+    ("ahead steps 4", dict(KERNEL="ahead"), "steps 4", "long"),
+    ("ahead steps 4 sum_last", dict(KERNEL="ahead", SUM_LAST=True), "steps 4", "long"),
+    ("production", None, None, "all"),
 ]
 SHAPES = {f"fp8 decode flash {proj} M{m}": (n, k, m) for proj, (n, k) in FP8_PROJECTIONS["flash"].items()
           for m in (1, 8) if m == 1 or proj == "wq_a"}
-LONG_K = ("wq_b", "wo_b")  # more than 4 steps a program at the default split
 
 
 def _median_us(fn) -> float:
@@ -45,15 +51,18 @@ def sweep(only: str, device: str = "cuda", timer=_median_us) -> None:
         x, weight, scale = fp8_linear_case(n, k, m, device=device)
         arrivals = torch.zeros(n, dtype=torch.int32, device=device)  # SUM_LAST's counters, kept like a module's
 
+        default_splits, default_steps = ahead_steps(k, 128, -(-n // 64), _programs_wanted(x.device), None)
+        kinds = {"all", "long"} if default_steps > 4 else {"all", "short"} | ({"2 steps"} if default_steps <= 2 else set())
+
         def run(cfg, split):
-            split_k = -(-k // 128 // 4) if split == "steps 4" else None
+            split_k = -(-k // 128 // 4) if split == "steps 4" else max(1, default_splits // 2) if split == "half" else None
             sum_last = cfg is not None and cfg.get("SUM_LAST", False)
             return fp8_linear_triton(x, weight, scale, (128, 128), 128, config=cfg, split_k=split_k,
                                      arrivals=arrivals if sum_last else None)
 
         ref = run(None, None).float()
-        for i, (label, cfg, split) in enumerate(CANDIDATES):
-            if split == "steps 4" and not any(p in name for p in LONG_K):
+        for i, (label, cfg, split, where) in enumerate(CANDIDATES):
+            if where not in kinds:
                 continue
             try:
                 out = run(cfg, split).float()

@@ -42,9 +42,10 @@ from v4serve.ops.fp8_act_quant_triton import act_quant_triton, quantize_groups
 
 # 16 rows (every decode M up to 16 in one pass over the weights), 64 weight rows (one N tile
 # inside one 128-row scale block), 128-channel steps; at most MAX_STEPS steps a program, all held
-# in registers (4 steps: 32 KB of weights, 64 registers a thread at 4 warps).
+# in registers (4 steps: 32 KB of weights, 64 registers a thread at 4 warps); SUM_BLOCK outputs a
+# program of the split-K sum kernel.
 FP8_AHEAD_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, MAX_STEPS=4, QUANT_A=True, SUM_LAST=False,
-                        num_warps=4, num_stages=1)
+                        SUM_BLOCK=1024, num_warps=4, num_stages=1)
 SPLIT_K_SUM_BLOCK = 1024
 
 
@@ -132,11 +133,14 @@ def _split_k_sum_kernel(part_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.co
     tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def split_k_sum(part: torch.Tensor, y: torch.Tensor, pdl: dict, trigger: bool = False) -> None:
-    """y [M, N] = the in-order sum of the contiguous fp32 partials [SPLITS, M, N], rounded once."""
+def split_k_sum(part: torch.Tensor, y: torch.Tensor, pdl: dict, trigger: bool = False,
+                block: int = SPLIT_K_SUM_BLOCK) -> None:
+    """y [M, N] = the in-order sum of the contiguous fp32 partials [SPLITS, M, N], rounded once;
+    `block` outputs a program (4 a thread up to 1024: 16-byte loads)."""
     mn = y.numel()
-    _split_k_sum_kernel[(triton.cdiv(mn, SPLIT_K_SUM_BLOCK),)](
-        part, y, mn, SPLIT_K=part.shape[0], BLOCK=SPLIT_K_SUM_BLOCK, **pdl, **(dict(TRIGGER=True) if trigger and pdl else {}))
+    _split_k_sum_kernel[(triton.cdiv(mn, block),)](
+        part, y, mn, SPLIT_K=part.shape[0], BLOCK=block, num_warps=max(1, min(4, block // 128)),
+        **pdl, **(dict(TRIGGER=True) if trigger and pdl else {}))
 
 
 def ahead_steps(k: int, block_k: int, n_tiles: int, programs_wanted: int, split_k: int | None) -> tuple[int, int]:
@@ -180,5 +184,5 @@ def fp8_linear_decode_ahead(x: torch.Tensor, weight: torch.Tensor, scale: torch.
         SPLITS=splits, ROWS=triton.next_power_of_2(m), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
     if splits > 1 and not sum_last:
-        split_k_sum(part, y, pdl, trigger=True)
+        split_k_sum(part, y, pdl, trigger=True, block=cfg["SUM_BLOCK"])
     return y
