@@ -20,7 +20,10 @@ each waiting for its predecessor's bytes spends ~2 µs a link. This kernel short
   4. The split-K partials: one split writes y; several write fp32 partials [SPLITS, M, N] that the
      separate in-order sum kernel adds (fp8_linear_triton.py), or, with SUM_LAST, the last program
      of each N tile to arrive (an atomic counter per tile in a caller-kept int32 buffer, left at
-     zero) adds them in split order: the same bits as the sum kernel, one launch less.
+     zero) adds them in split order: the same bits as the sum kernel, one launch less. (Session 10
+     measured a last-arriving sum ~1 µs slower than the sum kernel, but its benchmark made fresh
+     zeroed counters on every call: a memset launch inside the timed graph. `fp8_linear(...,
+     arrivals=)` takes counters the caller keeps; the `fp8 decode` sweep times it that way.)
 
 Math: y[m, n] = sum_s sum_{k in step s} q[m, k] w[n, k] * s_a[m, s] * s_w[n // BN, k0_s // BK],
 with q the e4m3 activation codes, s_a their ue8m0 scales, w the e4m3 weight codes and s_w the fp32
