@@ -127,3 +127,15 @@ def test_gpu_flash_projections_every_variant(name, m):
     # the public entry with counters kept by the caller: the same bits as production's second launch
     assert torch.equal(fp8_linear(x, weight, scale, act_block=128, impl="triton", arrivals=arrivals), prod)
     assert not arrivals.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 8])
+def test_gpu_v41_blocks(m):
+    """32-channel groups and steps (V4.1): production picks the weights-first kernel at this shape."""
+    x, weight, scale = _case(m, 256, 1024, (32, 32), seed=m, device="cuda")
+    assert decode_ahead_plan(m, 256, 1024, (32, 32), 32, True, x.device) is not None
+    want = fp8_linear(x, weight, scale, (32, 32), act_block=32, impl="torch").float()
+    got = fp8_linear(x, weight, scale, (32, 32), act_block=32, impl="triton").float()
+    torch.testing.assert_close(got, want, rtol=2**-6, atol=1e-3 * want.abs().max().item())
