@@ -50,3 +50,13 @@ def test_bench_engine_prefix_mode_without_caching_finds_nothing_cached(capsys):
     result = _prefix_run(capsys, "--no-enable-prefix-caching")
     assert not result["prefix_caching"] and result["chunk_grid"] is None
     assert result["warm_cached_tokens"] == [0, 0, 0]
+
+
+def test_kernel_growth_lists_the_kernels_a_verify_step_adds_time_to_first():
+    from v4serve.bench.spec_decode import kernel_growth
+
+    plain = {"moe": (2.0, 50.0), "attn": (1.0, 10.0), "head": (1.0, 30.0)}
+    verify = {"moe": (2.0, 190.0), "attn": (1.0, 14.0), "head": (1.0, 30.0), "accept": (1.0, 3.0)}
+    rows = kernel_growth(plain, verify, top=3)
+    assert [r[0] for r in rows] == ["moe", "attn", "accept"]
+    assert rows[0] == ("moe", 2.0, 50.0, 2.0, 190.0) and rows[2] == ("accept", 0.0, 0.0, 1.0, 3.0)

@@ -329,6 +329,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--spec-lengths", type=float, nargs="+", default=[2.0, 2.8, 3.5],
                         help="mean acceptance lengths forced end to end")
     parser.add_argument("--spec-e2e-k", type=int, default=3, help="drafts per step of the end-to-end runs")
+    parser.add_argument("--spec-profile", action="store_true",
+                        help="with --spec-verify: the kernels whose time grows most from a plain step to a verify step")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="GPUs (one process each, NCCL); rank 0 is measured")
     parser.add_argument("--enable-expert-parallel", action="store_true", help="routed experts split by expert")
