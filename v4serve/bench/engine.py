@@ -414,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.spec_verify:
         from v4serve.bench.spec_decode import run_spec_rows
 
+        if args.routing == ["zipf"]:  # a verify step's tokens share experts as often as skewed routing makes them
+            apply_zipf_routing(engine.model, engine.config, args.zipf_exponent)
+        result["routing"] = {"mode": args.routing[0], "zipf_exponent": args.zipf_exponent if args.routing == ["zipf"] else 0.0}
         result["speculative"] = run_spec_rows(engine, args)
         print(json.dumps(result))
         return 0
