@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from v4serve.ops.fp32_head import fp32_head
+from v4serve.ops.fp32_head_triton import fp32_head_triton
 
 
 def _exact(x, w):
@@ -46,10 +47,10 @@ def test_bad_inputs_name_the_field():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("m", [1, 8, 64])
-def test_v41_flash_head_on_the_gpu(m):
+@pytest.mark.parametrize("m,precision", [(1, "ieee"), (8, "ieee"), (64, "ieee"), (64, "tf32x3")])
+def test_v41_flash_head_on_the_gpu(m, precision):
     x, w = _case(m, 129280, 4096, device="cuda", seed=m)
-    got = fp32_head(x, w)
+    got = fp32_head_triton(x, w, dot_precision=precision)
     want = _exact(x, w)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.99

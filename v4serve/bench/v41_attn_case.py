@@ -9,7 +9,8 @@ heads of 512, a 128-row window, top-512 compressed picks) with the pools packed 
   read once, the output written (the unpacked rows' round trip is the route's own cost).
 * `fp32 head v41 flash [widened copy ]M{m}`: V4.1-Flash's output head (129280 x 4096, bf16 in the
   checkpoint, computed in fp32) at M rows: production (ops/fp32_head.py, the bf16 weight widened in
-  registers) and cuBLAS's fp32 GEMM over an fp32 copy of the weight (session 11's production).
+  registers), cuBLAS's fp32 GEMM over an fp32 copy of the weight (session 11's production), and at
+  M64 the tf32x3 dot variant (ops/fp32_head_triton.py).
 * `engram lookup flash c{c}`: one V4.1-Flash Engram table lookup for c decode tokens (24 rows of
   256 e4m3 codes + 8 scale bytes per token) from a pinned host table of 2^20 rows, read in place
   by the kernel (ops/engram_lookup.py). Floor: the gathered bytes over the host link.
@@ -21,6 +22,7 @@ from v4serve.bench.shapes import HEAD_DIM, sparse_decode_case, sparse_prefill_ca
 from v4serve.formats import row_format
 from v4serve.ops.engram_lookup import engram_lookup
 from v4serve.ops.fp32_head import fp32_head
+from v4serve.ops.fp32_head_triton import fp32_head_triton
 from v4serve.ops.kv_pack import pack_rows
 from v4serve.ops.sparse_attn import sparse_attn_paged
 from v4serve.ops.sparse_attn_reference import live_columns
@@ -40,6 +42,7 @@ def v41_attn_shapes() -> dict:
     for m in (1, 8, 64):  # the fp32 head over the bf16 weight, and the fp32 GEMM over a widened copy it replaced
         shapes[f"fp32 head v41 flash M{m}"] = ("fp32_head", (m, "bf16 weight"))
         shapes[f"fp32 head v41 flash widened copy M{m}"] = ("fp32_head", (m, "widened copy"))
+    shapes["fp32 head v41 flash tf32x3 M64"] = ("fp32_head", (64, "tf32x3"))
     return shapes
 
 
@@ -72,6 +75,9 @@ def build_fp32_head(m: int, variant: str, device, seed: int = 0):
         wide = w.float()
         fn = lambda: torch.nn.functional.linear(x, wide)  # noqa: E731
         nbytes = wide.numel() * 4
+    elif variant == "tf32x3":
+        fn = lambda: fp32_head_triton(x, w, dot_precision="tf32x3")  # noqa: E731
+        nbytes = w.numel() * 2
     else:
         fn = lambda: fp32_head(x, w)  # noqa: E731
         nbytes = w.numel() * 2
