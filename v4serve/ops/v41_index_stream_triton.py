@@ -155,8 +155,8 @@ def _key_data(k_ptr, rows, ids, seq_row0, stride_k, D: tl.constexpr, BLOCK_T: tl
     scale word int32 [BLOCK_T]); else (bf16 keys [BLOCK_T, D], the rows again as a placeholder)."""
     live = rows >= 0
     if PACKED:
-        # Unmasked: a slot that is not live reads pool row 0 (the dispatch never launches over an empty
-        # pool) and its score is replaced by -inf after the MMA, whatever its words decode to. A mask
+        # Unmasked: a slot that is not live reads pool row 0 (an empty pool gets a stand-in row:
+        # _key_pool_words) and its score is replaced by -inf after the MMA, whatever its words decode to. A mask
         # would be one more per-slot tensor moved into the words' layout (through shared memory, a
         # barrier) on the chain from key_rows to the words, and a predicate a load.
         NW: tl.constexpr = D // 8
@@ -322,8 +322,6 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
     R = key_rows.shape[1]
     C = out.shape[2]
     candidates = cand_blocks is not None
-    if pool.shape[0] == 0:  # every key row is a hole (the kernel reads row 0 for slots that are not live)
-        return out.fill_(float("-inf"))
     cfg = dict(stream_config(q.device, candidates and S > 1) if config is None else config)
     cfg.setdefault("EARLY_CHAIN", early_chain)
     block_t = cfg.pop("BLOCK_T")

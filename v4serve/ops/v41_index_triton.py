@@ -227,7 +227,7 @@ def _key_pool_words(k_pool: torch.Tensor, packed: bool, D: int) -> torch.Tensor:
         if k_pool.data_ptr() % 4 or k_pool.stride(0) % 4 or k_pool.stride(1) != 1:
             raise ValueError(f"packed k_pool must be 4-byte aligned with contiguous rows (int32 word loads): "
                              f"data_ptr % 4 = {k_pool.data_ptr() % 4}, row stride {k_pool.stride(0)} B")
-        if k_pool.shape[0] == 0:  # every key a hole: a stand-in row, never read
+        if k_pool.shape[0] == 0:  # every key a hole: a stand-in row (the stream kernel reads row 0 for holes)
             return torch.zeros(1, row_format("fp4_e8m0_b32").row_bytes(D) // 4, dtype=torch.int32, device=k_pool.device)
         return k_pool.view(torch.int32)
     if k_pool.shape[0] == 0:
