@@ -41,7 +41,7 @@ def _stream_entry(name, candidates, prefill=False, config=STREAM_CONFIG, archs=(
                  *(s for s in strides if s not in ("stride_k", "stride_wb", "stride_ws"))),
         constexprs=dict(**({} if prefill else {"stride_nb": 1}), D=128, BLOCK_H=32, CAND_BLOCK=8,
                         CANDIDATES=candidates, PACKED=True, PREDECODED=False, SKIP_EMPTY=prefill, PACKED_MATH=True,
-                        PDL=False, BLOCK_T=config["BLOCK_T"]),
+                        PDL=False, EARLY_CHAIN=False, BLOCK_T=config["BLOCK_T"]),
         num_warps=config["num_warps"], num_stages=config["num_stages"], archs=archs,
         expect=Expect(kv_load_bytes=4, kv_lines=r"codes = tl\.load|scales = tl\.load", tensor_cores=True),
     )
