@@ -24,20 +24,20 @@ TILES_CANDIDATES = [
 ]
 # Decode and candidate mode: the streaming kernel (production) against its variants. Session 11's sweep
 # (docs/performance.md) measured and retired session 10's rows kernel, 64-slot tiles, one tile a program,
-# 1 / 4 programs per SM and 8 warps at these shapes (none faster than production); left here: the chain
-# issued before griddepcontrol.wait (EARLY_CHAIN) and 4 programs per SM held to 128 registers (maxnreg:
-# 4 resident instead of 3 at 146-152 registers, a few spilled words), alone and together.
+# 1 / 4 programs per SM and 8 warps at these shapes (none faster than production). Left here: the chain
+# after and before griddepcontrol.wait (EARLY_CHAIN; production: before in candidate mode, after in full
+# mode: one of the two entries is production's launch), and 4 programs per SM held to 128 registers
+# (maxnreg: 4 resident instead of 3 at 146-152 registers, a few spilled words).
 STREAM = "stream"
 _STREAM = STREAM_CONFIG  # 128-slot tiles, 2 programs per SM, 4 warps
-_FOUR_RESIDENT = dict(_STREAM, PROGRAMS_PER_SM=4, maxnreg=128)
 STREAM_CANDIDATES = [
     None,
+    (STREAM, dict(_STREAM, EARLY_CHAIN=False)),
     (STREAM, dict(_STREAM, EARLY_CHAIN=True)),
-    (STREAM, _FOUR_RESIDENT),
-    (STREAM, dict(_FOUR_RESIDENT, EARLY_CHAIN=True)),
+    (STREAM, dict(_STREAM, PROGRAMS_PER_SM=4, maxnreg=128)),
     None,
 ]
-# Candidate prefill (production: 8 programs per SM): session 11's production (2 per SM), 16 per SM, and 8
+# Candidate prefill (production: 8 programs per SM): 2 per SM (session 11's production), 16 per SM, and 8
 # per SM with 4 resident (session 11 retired the keys-decoded-once routes: 90-126 µs against 78-122).
 CAND_PREFILL_CANDIDATES = [
     None,

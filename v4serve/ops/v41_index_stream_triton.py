@@ -23,8 +23,8 @@ key_rows load is masked only to stay inside the row (n_visible is applied after 
 the chain is then key_rows -> words, not n_visible -> key_rows -> words), and the packed key words
 are loaded unmasked, a slot that is not live reading pool row 0 (its score is -inf whatever it
 reads): no per-slot mask crosses from the slots' layout into the words' layout on the chain.
-With EARLY_CHAIN (a variant; contract in v41_stream_scores) the first tiles' chain is issued before
-griddepcontrol.wait, overlapping the end of the kernel launched before this one.
+With EARLY_CHAIN (production in candidate mode; contract in v41_stream_scores) the first tiles' chain
+is issued before griddepcontrol.wait, overlapping the end of the kernel launched before this one.
 
 Keys (PACKED): `fp4_e8m0_b32` rows of int32 words (D = 128: 16 code words, 1 scale word; layout
 in v41_index_triton.py), decoded exactly to bf16 by fp4_words_triton.decode_fp4_words, two channels
@@ -303,18 +303,18 @@ def programs_per_row(tiles_per_row: int, rows: int, config: dict, device: torch.
 
 
 def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks, cand_block, out,
-                      config=None, predecode=False, skip_empty=None, early_chain=False):
+                      config=None, predecode=False, skip_empty=None, early_chain=None):
     """Fill `out` bf16 [B, S, C] with the scores (the arguments as v41_index_scores_triton takes them:
     `pool` int32 words [N, 17] when packed, else bf16 [N, D]). predecode: packed keys decoded once per
     step into bf16 rows first (a prefill chunk, where each key serves many queries).
 
-    early_chain (or config["EARLY_CHAIN"]): with programmatic dependent launch, the first tiles' chain
-    (n_visible, the candidate list, key_rows and, in candidate mode, the first tile's key words) is
-    loaded before griddepcontrol.wait, while the kernel launched before this one finishes. Only q and
-    w wait for it. The caller guarantees that the kernel launched right before this one writes none of
-    those inputs. They come from earlier layers of the step: the candidate source, the step plan, a
-    Full layer's compressor (in full mode the key words always wait, since this layer's compressor may
-    have written the newest row just before)."""
+    early_chain (or config["EARLY_CHAIN"]; default: on in candidate mode): with programmatic dependent
+    launch, the first tiles' chain (n_visible, the candidate list, key_rows and, in candidate mode, the
+    first tile's key words) is loaded before griddepcontrol.wait, while the kernel launched before this
+    one finishes; only q and w wait for it. The caller guarantees that the kernel launched right before
+    this one writes none of those inputs. A Reindex layer's do not: they come from earlier layers (the
+    candidate source, the Full source's compressor) and the step plan. In full mode it stays a variant
+    (the key words always wait there: this layer's compressor may have just written the newest row)."""
     B, S, H, D = q.shape
     if H > 128 or D & (D - 1) or D < 32:
         raise ValueError(f"the stream kernel holds every head in one MMA tile and D as one power-of-two tile: "
@@ -323,7 +323,7 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
     C = out.shape[2]
     candidates = cand_blocks is not None
     cfg = dict(stream_config(q.device, candidates and S > 1) if config is None else config)
-    cfg.setdefault("EARLY_CHAIN", early_chain)
+    cfg.setdefault("EARLY_CHAIN", candidates if early_chain is None else early_chain)
     block_t = cfg.pop("BLOCK_T")
     predecoded = predecode and packed
     if predecoded:
