@@ -243,11 +243,17 @@ def _v41_scores_stream_kernel(
     if not (EARLY_CHAIN and CANDIDATES):
         data0, scales0 = _key_data(k_ptr, rows0, ids0, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES,
                                    PACKED, PREDECODED)
-    for i in range(tl.cdiv(tl.cdiv(C, BLOCK_T) - first, step)):
+    n_tiles = tl.cdiv(tl.cdiv(C, BLOCK_T) - first, step)
+    for i in range(n_tiles):
         tile = first + i * step
-        # the next tiles' loads first: their results are first used one iteration from now
-        data1, scales1 = _key_data(k_ptr, rows1, ids1, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES,
-                                   PACKED, PREDECODED)
+        # the next tiles' loads first: their results are first used one iteration from now. The next
+        # tile's words only if there is one (a uniform branch): ~140 SASS instructions and a barrier
+        # that a program's last tile (a B1 decode step's only one) would spend before its decode
+        if i + 1 < n_tiles:
+            data1, scales1 = _key_data(k_ptr, rows1, ids1, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES,
+                                       PACKED, PREDECODED)
+        else:
+            data1, scales1 = data0, scales0
         rows2 = _key_rows(rows_at, ids2, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
         ids3 = _block_ids(cand_at, tile + 3 * step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
         if CANDIDATES:
