@@ -24,16 +24,15 @@ TILES_CANDIDATES = [
 ]
 # Decode and candidate mode: the streaming kernel (production) against its variants. Session 11's sweep
 # (docs/performance.md) measured and retired session 10's rows kernel, 64-slot tiles, one tile a program,
-# 1 / 4 programs per SM and 8 warps at these shapes (none faster than production). Left here: the chain
-# after and before griddepcontrol.wait (EARLY_CHAIN; production: before in candidate mode, after in full
-# mode: one of the two entries is production's launch), and 4 programs per SM held to 128 registers
-# (maxnreg: 4 resident instead of 3 at 146-152 registers, a few spilled words).
+# 1 / 4 programs per SM and 8 warps at these shapes (none faster than production). Left here: the whole
+# chain after griddepcontrol.wait (EARLY_CHAIN off: session 11's order; production loads the candidate
+# list and key_rows before it), and 4 programs per SM held to 128 registers (maxnreg: 4 resident instead
+# of 3 at 144-152 registers, a few spilled words).
 STREAM = "stream"
 _STREAM = STREAM_CONFIG  # 128-slot tiles, 2 programs per SM, 4 warps
 STREAM_CANDIDATES = [
     None,
     (STREAM, dict(_STREAM, EARLY_CHAIN=False)),
-    (STREAM, dict(_STREAM, EARLY_CHAIN=True)),
     (STREAM, dict(_STREAM, PROGRAMS_PER_SM=4, maxnreg=128)),
     None,
 ]

@@ -23,8 +23,9 @@ key_rows load is masked only to stay inside the row (n_visible is applied after 
 the chain is then key_rows -> words, not n_visible -> key_rows -> words), and the packed key words
 are loaded unmasked, a slot that is not live reading pool row 0 (its score is -inf whatever it
 reads): no per-slot mask crosses from the slots' layout into the words' layout on the chain.
-With EARLY_CHAIN (production in candidate mode; contract in v41_stream_scores) the first tiles' chain
-is issued before griddepcontrol.wait, overlapping the end of the kernel launched before this one.
+With EARLY_CHAIN (production; contract in v41_stream_scores) the candidate list and key_rows loads of
+the first tiles are issued before griddepcontrol.wait, overlapping the end of the kernel launched
+before this one; q, w and the first words are issued together after it.
 
 Keys (PACKED): `fp4_e8m0_b32` rows of int32 words (D = 128: 16 code words, 1 scale word; layout
 in v41_index_triton.py), decoded exactly to bf16 by fp4_words_triton.decode_fp4_words, two channels
@@ -219,12 +220,9 @@ def _v41_scores_stream_kernel(
     ids2 = _block_ids(cand_at, first + 2 * step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
     ids1 = _block_ids(cand_at, first + step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
     ids0 = _block_ids(cand_at, first, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
-    if EARLY_CHAIN:  # the chain before griddepcontrol.wait (the contract: v41_stream_scores' early_chain)
+    if EARLY_CHAIN:  # stages 1-2 before griddepcontrol.wait (the contract: v41_stream_scores' early_chain)
         rows0 = _key_rows(rows_at, ids0, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
         rows1 = _key_rows(rows_at, ids1, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
-        if CANDIDATES:
-            data0, scales0 = _key_data(k_ptr, rows0, ids0, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES,
-                                       PACKED, PREDECODED)
         if PDL:
             gdc_wait()
     # q^T and w beside the first loads (used only by the first MMA)
@@ -232,6 +230,9 @@ def _v41_scores_stream_kernel(
     d = tl.arange(0, D)
     q_t = tl.load(q_ptr + b * stride_qb + s * stride_qs + heads[None, :] * stride_qh + d[:, None],
                   mask=(heads < H)[None, :], other=0.0)  # [D, BLOCK_H]
+    if EARLY_CHAIN:  # the first words beside q (both after the wait; the decode waits for the words only)
+        data0, scales0 = _key_data(k_ptr, rows0, ids0, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES,
+                                   PACKED, PREDECODED)
     if PACKED:
         q_t = to_pair_order(q_t, D)
     pairs = tl.arange(0, BLOCK_H // 2)
@@ -240,7 +241,6 @@ def _v41_scores_stream_kernel(
     if not EARLY_CHAIN:
         rows0 = _key_rows(rows_at, ids0, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
         rows1 = _key_rows(rows_at, ids1, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
-    if not (EARLY_CHAIN and CANDIDATES):
         data0, scales0 = _key_data(k_ptr, rows0, ids0, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES,
                                    PACKED, PREDECODED)
     n_tiles = tl.cdiv(tl.cdiv(C, BLOCK_T) - first, step)
@@ -314,13 +314,14 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
     `pool` int32 words [N, 17] when packed, else bf16 [N, D]). predecode: packed keys decoded once per
     step into bf16 rows first (a prefill chunk, where each key serves many queries).
 
-    early_chain (or config["EARLY_CHAIN"]; default: on in candidate mode): with programmatic dependent
-    launch, the first tiles' chain (n_visible, the candidate list, key_rows and, in candidate mode, the
-    first tile's key words) is loaded before griddepcontrol.wait, while the kernel launched before this
-    one finishes; only q and w wait for it. The caller guarantees that the kernel launched right before
-    this one writes none of those inputs. A Reindex layer's do not: they come from earlier layers (the
-    candidate source, the Full source's compressor) and the step plan. In full mode it stays a variant
-    (the key words always wait there: this layer's compressor may have just written the newest row)."""
+    early_chain (or config["EARLY_CHAIN"]; default on): with programmatic dependent launch, the first
+    stages of the first tiles' chains (n_visible, the candidate list, key_rows) are loaded before
+    griddepcontrol.wait, while the kernel launched before this one finishes; q, w and the key words
+    (which this layer's compressor may just have written) are loaded after it, side by side. The
+    caller guarantees that the kernel launched right before this one writes neither n_visible nor
+    key_rows nor the candidate list. The model's do not: they come from the step plan and the
+    candidate source, an earlier layer. (A .contiguous() copy of them in the dispatch would: it turns
+    the early chain off.)"""
     B, S, H, D = q.shape
     if H > 128 or D & (D - 1) or D < 32:
         raise ValueError(f"the stream kernel holds every head in one MMA tile and D as one power-of-two tile: "
@@ -329,7 +330,7 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
     C = out.shape[2]
     candidates = cand_blocks is not None
     cfg = dict(stream_config(q.device, candidates and S > 1) if config is None else config)
-    cfg.setdefault("EARLY_CHAIN", candidates if early_chain is None else early_chain)
+    cfg.setdefault("EARLY_CHAIN", True if early_chain is None else early_chain)
     block_t = cfg.pop("BLOCK_T")
     predecoded = predecode and packed
     if predecoded:
