@@ -37,12 +37,13 @@ STREAM_CANDIDATES = [
     None,
 ]
 # Candidate prefill (production: 8 programs per SM): 2 per SM (session 11's production), 16 per SM, and 8
-# per SM with 4 resident (session 11 retired the keys-decoded-once routes: 90-126 µs against 78-122).
+# per SM with 4 or 5 resident (session 11 retired the keys-decoded-once routes: 90-126 µs against 78-122).
 CAND_PREFILL_CANDIDATES = [
     None,
     (STREAM, _STREAM),
     (STREAM, dict(_STREAM, PROGRAMS_PER_SM=16)),
     (STREAM, dict(_STREAM, PROGRAMS_PER_SM=8, maxnreg=128)),
+    (STREAM, dict(_STREAM, PROGRAMS_PER_SM=8, maxnreg=96)),  # 5 resident (48 B of spills)
     None,
 ]
 SHAPES = {
