@@ -5,11 +5,11 @@ a variant (the linear's every launch), median µs, error relative to the first c
   production  fp8_linear_triton's own choice (the weights-first kernel where `decode_ahead_plan` takes it)
   tiles       the tile kernels: act_quant, split-K matmul, in-order sum (three launches; production
               before session 12)
-  ahead ...   the weights-first kernel (ops/fp8_linear_decode_triton.py) with FP8_AHEAD_CONFIG's keys
-              changed: codes (QUANT_A False: act_quant launched first with an early trigger, so the
-              weights stream during it), sum_last (the last program of a tile sums the partials: one
-              launch; its counters kept across calls as a module would keep them: `fp8_linear(..., arrivals=)`), steps 4 (wq_b and
-              wo_b, 8 and 16 steps a program at the default split, split into 4-step programs).
+  ahead ...   the weights-first kernel (ops/fp8_linear_decode_triton.py) with FP8_AHEAD_CONFIG's
+              keys changed: codes (QUANT_A False: act_quant launched first with an early trigger,
+              so the weights stream during it), sum_last (the last program of a tile sums the
+              partials: one launch; its counters kept across calls as a module would keep them,
+              `fp8_linear(..., arrivals=)`), half split, sum block 128, steps 4 (below).
 """
 
 import torch
@@ -17,7 +17,7 @@ from triton.testing import do_bench_cudagraph
 
 from v4serve.bench.shapes import FP8_PROJECTIONS, fp8_linear_case
 from v4serve.ops.fp8_linear_decode_triton import ahead_steps
-from v4serve.ops.fp8_linear_triton import _programs_wanted, fp8_linear_triton
+from v4serve.ops.fp8_linear_triton import decode_programs_wanted, fp8_linear_triton
 
 # (label, config, split, where): "production" first (the error reference) and last (the run's noise).
 # split "half": half the default splits (about one program a SM, twice the steps each, half the
@@ -51,11 +51,14 @@ def sweep(only: str, device: str = "cuda", timer=_median_us) -> None:
         x, weight, scale = fp8_linear_case(n, k, m, device=device)
         arrivals = torch.zeros(n, dtype=torch.int32, device=device)  # SUM_LAST's counters, kept like a module's
 
-        default_splits, default_steps = ahead_steps(k, 128, -(-n // 64), _programs_wanted(x.device), None)
-        kinds = {"all", "long"} if default_steps > 4 else {"all", "short"} | ({"2 steps"} if default_steps <= 2 else set())
+        default_splits, default_steps = ahead_steps(k, 128, -(-n // 64), decode_programs_wanted(x.device), None)
+        if default_steps > 4:
+            kinds = {"all", "long"}
+        else:
+            kinds = {"all", "short"} | ({"2 steps"} if default_steps <= 2 else set())
 
         def run(cfg, split):
-            split_k = -(-k // 128 // 4) if split == "steps 4" else max(1, default_splits // 2) if split == "half" else None
+            split_k = {"steps 4": -(-k // 128 // 4), "half": max(1, default_splits // 2)}.get(split)
             sum_last = cfg is not None and cfg.get("SUM_LAST", False)
             return fp8_linear_triton(x, weight, scale, (128, 128), 128, config=cfg, split_k=split_k,
                                      arrivals=arrivals if sum_last else None)

@@ -17,23 +17,24 @@ each waiting for its predecessor's bytes spends ~2 µs a link. This kernel short
      codes and scales act_quant wrote.
   3. One FP8 MMA per K step, batched over the steps (a 3-D dot), the block scales applied to each
      step's fp32 partial as the reference fp8_gemm promotes them, the steps summed in fp32.
-  4. The split-K partials: one split writes y; several write fp32 partials [SPLITS, M, N] that the
-     separate in-order sum kernel adds (fp8_linear_triton.py), or, with SUM_LAST, the last program
-     of each N tile to arrive (an atomic counter per tile in a caller-kept int32 buffer, left at
-     zero) adds them in split order: the same bits as the sum kernel, one launch less. (Session 10
-     measured a last-arriving sum ~1 µs slower than the sum kernel, but its benchmark made fresh
-     zeroed counters on every call: a memset launch inside the timed graph. `fp8_linear(...,
-     arrivals=)` takes counters the caller keeps; the `fp8 decode` sweep times it that way.)
+  4. The split-K partials: one split writes y; several write fp32 partials [SPLITS, M, N] that
+     the in-order sum kernel below adds in a second launch (the tile kernels use it too), or,
+     with SUM_LAST, the last program of each N tile to arrive (an atomic counter per tile in a
+     caller-kept int32 buffer, left at zero) adds them in split order: the same bits as the sum
+     kernel, one launch less. (Session 10 measured a last-arriving sum ~1 µs slower than the sum
+     kernel, but its benchmark made fresh zeroed counters on every call: a memset launch inside
+     the timed graph. `fp8_linear(..., arrivals=)` takes counters the caller keeps; the
+     `fp8 decode` sweep times it that way.)
 
 Math: y[m, n] = sum_s sum_{k in step s} q[m, k] w[n, k] * s_a[m, s] * s_w[n // BN, k0_s // BK],
 with q the e4m3 activation codes, s_a their ue8m0 scales, w the e4m3 weight codes and s_w the fp32
 block scales (fp8_linear_reference.py); products exact, sums fp32 (the tensor cores' sum inside one
 step, then the steps, then the splits in order). Deterministic: no fp32 atomics.
 
-Layouts: x [M, K] bf16 read as int32 words (QUANT_A: K and the row stride even) or e4m3 codes [M, K] + fp32 scales [M, ceil(K / AB)]; weight e4m3
-[N, K] row-major, read as 16-byte vectors along K; scale fp32 [ceil(N / BN), ceil(K / BK)];
-partials fp32 [SPLITS, M, N] contiguous; y [M, N]. Needs FP8 loads and dots (sm_89+; sm_80 takes
-the tile kernels of fp8_linear_triton.py).
+Layouts: x [M, K] bf16 read as int32 words (QUANT_A: K and the row stride even), or e4m3 codes
+[M, K] + fp32 scales [M, ceil(K / AB)]; weight e4m3 [N, K] row-major, read as 16-byte vectors
+along K; scale fp32 [ceil(N / BN), ceil(K / BK)]; partials fp32 [SPLITS, M, N] contiguous; y [M, N].
+Needs FP8 loads and dots (sm_89+; sm_80 takes the tile kernels of fp8_linear_triton.py).
 """
 
 import torch
@@ -78,7 +79,6 @@ def _fp8_linear_decode_ahead_kernel(
     if PDL:
         gdc_wait()  # the previous kernel's outputs (x, or its codes and scales) are visible from here
         gdc_launch_dependents()
-    ka = k0[:, None, None] + offs_k[None, None, :]  # [STEPS, 1, BLOCK_K]
     if QUANT_A:  # BLOCK_K == AB: one activation group a step; only the first ROWS rows quantized
         offs_r = tl.arange(0, ROWS)
         kx = (k0 // 2)[:, None, None] + tl.arange(0, BLOCK_K // 2)[None, None, :]  # bf16 pairs as int32 words
@@ -86,14 +86,14 @@ def _fp8_linear_decode_ahead_kernel(
                         mask=(offs_r[None, :, None] < M) & (kx < K // 2), other=0)  # [STEPS, ROWS, BLOCK_K / 2]
         lo = (words << 16).to(tl.float32, bitcast=True)  # channel 2j (little-endian: the low half)
         hi = (words & -65536).to(tl.float32, bitcast=True)  # channel 2j + 1
-        xa = tl.reshape(tl.join(lo, hi), (STEPS * ROWS, BLOCK_K))
-        byte, s_r = quantize_groups(tl.reshape(xa, (STEPS * ROWS, BLOCK_K)))
+        byte, s_r = quantize_groups(tl.reshape(tl.join(lo, hi), (STEPS * ROWS, BLOCK_K)))
         # rows r, r + ROWS, r + 2 ROWS, ... of the MMA tile repeat row r (only rows < M are stored)
         a = tl.broadcast_to(tl.reshape(byte, (STEPS, 1, ROWS, BLOCK_K)), (STEPS, BLOCK_M // ROWS, ROWS, BLOCK_K))
         a = tl.reshape(a, (STEPS, BLOCK_M, BLOCK_K)).to(tl.float8e4nv, bitcast=True)
         s_a = tl.broadcast_to(tl.reshape(s_r, (STEPS, 1, ROWS)), (STEPS, BLOCK_M // ROWS, ROWS))
         s_a = tl.reshape(s_a, (STEPS, BLOCK_M))
     else:
+        ka = k0[:, None, None] + offs_k[None, None, :]  # [STEPS, 1, BLOCK_K]
         a = tl.load(x_ptr + offs_m.to(tl.int64)[None, :, None] * stride_x + ka,
                     mask=(offs_m[None, :, None] < M) & (ka < K), other=0.0)
         s_a = tl.load(xs_ptr + offs_m.to(tl.int64)[None, :] * stride_xs + (k0 // AB)[:, None],
@@ -184,8 +184,8 @@ def fp8_linear_decode_ahead(x: torch.Tensor, weight: torch.Tensor, scale: torch.
         a, a_scale, weight, scale, part, y, arrivals if sum_last else y, m, n, k,
         a.stride(0), a_scale.stride(0), weight.stride(0), scale.stride(0), y.stride(0),
         BN=block[0], BK=block[1], AB=act_block, QUANT_A=cfg["QUANT_A"], SUM_LAST=sum_last, STEPS=steps,
-        SPLITS=splits, ROWS=triton.next_power_of_2(m), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
+        SPLITS=splits, ROWS=triton.next_power_of_2(m), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
     if splits > 1 and not sum_last:
         split_k_sum(part, y, pdl, trigger=True, block=cfg["SUM_BLOCK"])
     return y

@@ -43,7 +43,7 @@ from v4serve.ops.fp8_act_quant_triton import act_quant_triton
 from v4serve.ops.fp8_linear_decode_triton import FP8_AHEAD_CONFIG, ahead_steps, fp8_linear_decode_ahead, split_k_sum
 from v4serve.ops.quant_decode_triton import e4m3_bits_to_f32
 
-__all__ = ["act_quant_triton", "decode_ahead_plan", "fp8_linear_triton", "native_fp8"]
+__all__ = ["act_quant_triton", "decode_ahead_plan", "decode_programs_wanted", "fp8_linear_triton", "native_fp8"]
 
 # Decode tiles: BLOCK_M the smallest of 16 / 32 / 64 that holds every row (one pass over the
 # weights), the K range split to fill the GPU. Up to 16 rows always; up to DECODE_MAX_M where the
@@ -183,7 +183,7 @@ def _use_decode_tiles(m: int, n: int, device: torch.device) -> bool:
     return prefill_programs < _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _programs_wanted(device: torch.device) -> int:
+def decode_programs_wanted(device: torch.device) -> int:
     """Decode programs that fill the GPU (DECODE_PROGRAMS_PER_SM a SM); 1 in the interpreter."""
     if not compiled_on_cuda(device):
         return 1
@@ -191,7 +191,7 @@ def _programs_wanted(device: torch.device) -> int:
 
 
 def _split_k(n_tiles: int, k_steps: int, device: torch.device) -> int:
-    return max(1, min(k_steps, triton.cdiv(_programs_wanted(device), n_tiles)))
+    return max(1, min(k_steps, triton.cdiv(decode_programs_wanted(device), n_tiles)))
 
 
 def decode_ahead_plan(m: int, n: int, k: int, block: tuple[int, int], act_block: int | None, fp8_hw: bool,
@@ -208,7 +208,8 @@ def decode_ahead_plan(m: int, n: int, k: int, block: tuple[int, int], act_block:
         return None
     cfg["BLOCK_K"] = min(cfg["BLOCK_K"], act_block, block[1])
     cfg["QUANT_A"] = cfg["QUANT_A"] and cfg["BLOCK_K"] == act_block and x_words
-    splits, steps = ahead_steps(k, cfg["BLOCK_K"], triton.cdiv(n, cfg["BLOCK_N"]), _programs_wanted(device), split_k)
+    n_tiles = triton.cdiv(n, cfg["BLOCK_N"])
+    splits, steps = ahead_steps(k, cfg["BLOCK_K"], n_tiles, decode_programs_wanted(device), split_k)
     return (cfg, splits, steps) if steps <= cfg["MAX_STEPS"] else None
 
 
@@ -216,18 +217,21 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
                       act_block: int | None, config: dict | None = None, split_k: int | None = None,
                       fp8_hw: bool | None = None, arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, N] for x [M, K]. `config` / `split_k` override the tiles and the decode K split (tests,
-    benchmarks): a tile config (optionally KERNEL="tiles") runs the tile kernels; KERNEL="ahead" plus
-    FP8_AHEAD_CONFIG keys to change runs the weights-first decode kernel where it applies
-    (`decode_ahead_plan`); None: production's choice. `fp8_hw=False`
-    forces the path of GPUs without fp8 (sm_80: codes decoded from bytes). `arrivals`: split
-    counters the caller keeps (int32 zeros [>= N / 64], left at zero): the weights-first kernel
-    sums its partials in the last program (SUM_LAST, unless the config says otherwise)."""
+    benchmarks): a tile config (optionally KERNEL="tiles") runs the tile kernels; KERNEL="ahead"
+    plus FP8_AHEAD_CONFIG keys to change runs the weights-first decode kernel where it applies
+    (`decode_ahead_plan`); None: production's choice. `fp8_hw=False` forces the path of GPUs
+    without fp8 (sm_80: codes decoded from bytes). `arrivals`: split counters the caller keeps
+    (int32 zeros [>= N / 64], left at zero): the weights-first kernel then sums its partials in
+    the last program (SUM_LAST, unless the config says otherwise)."""
     m, k = x.shape
     n = weight.shape[0]
     bn, bk = block
     decode = _use_decode_tiles(m, n, x.device)
     if x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError("x and weight must have a unit stride along K")
+    if act_block is not None and (act_block & (act_block - 1) or bk & (bk - 1) or min(act_block, bk) < 16):
+        raise ValueError(f"the Triton FP8 path needs power-of-two act_block and block_k >= 16, got "
+                         f"act_block={act_block}, block={list(block)}")
     fp8_hw = native_fp8(x.device) if fp8_hw is None else fp8_hw
     kernel = "auto" if config is None else config.get("KERNEL", "tiles")
     config = None if config is None else {key: v for key, v in config.items() if key != "KERNEL"}
@@ -250,9 +254,6 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         post = bk % cfg["BLOCK_K"] == 0
         a, a_scale, ab = x, scale, 1  # (a_scale is not read in weight-only mode)
     else:
-        if act_block & (act_block - 1) or bk & (bk - 1) or min(act_block, bk) < 16:
-            raise ValueError(f"the Triton FP8 path needs power-of-two act_block and block_k >= 16, got "
-                             f"act_block={act_block}, block={list(block)}")
         cfg["BLOCK_K"] = min(cfg["BLOCK_K"], act_block, bk)
         post = True
         ab = act_block
