@@ -21,7 +21,8 @@ from v4serve.ops.fp8_linear_triton import decode_programs_wanted, fp8_linear_tri
 
 # (label, config, split, where): "production" first (the error reference) and last (the run's noise).
 # split "half": half the default splits (about one program a SM, twice the steps each, half the
-# partials to sum); "steps 4": the K range split into 4-step programs (wq_b 2 splits, wo_b 16).
+# partials to sum); "steps 4" / "steps 8": the K range split into 4- or 8-step programs (wq_b 2 or 1
+# splits, wo_b 16 or 8; 8 steps: 200 registers at 4 warps, 2 programs a SM, sm_90 Triton 3.6).
 # where: "all"; "short" (the projections production runs on the weights-first kernel, at most 4
 # steps a program); "2 steps" (at most 2 at the default split: wq_a, wkv); "long" (wq_b, wo_b:
 # 8 and 16 steps a program at the default split, so the tile kernels in production).
@@ -31,9 +32,10 @@ CANDIDATES = [
     ("ahead codes", dict(KERNEL="ahead", QUANT_A=False), None, "short"),
     ("ahead sum_last", dict(KERNEL="ahead", SUM_LAST=True), None, "short"),
     ("ahead half split", dict(KERNEL="ahead"), "half", "2 steps"),
-    ("ahead sum block 128", dict(KERNEL="ahead", SUM_BLOCK=128), None, "short"),
+    ("ahead sum block 128", dict(KERNEL="ahead", SUM_BLOCK=128), None, "2 steps"),
     ("ahead steps 4", dict(KERNEL="ahead"), "steps 4", "long"),
     ("ahead steps 4 sum_last", dict(KERNEL="ahead", SUM_LAST=True), "steps 4", "long"),
+    ("ahead steps 8", dict(KERNEL="ahead", MAX_STEPS=8), "steps 8", "long"),
     ("production", None, None, "all"),
 ]
 SHAPES = {f"fp8 decode flash {proj} M{m}": (n, k, m) for proj, (n, k) in FP8_PROJECTIONS["flash"].items()
@@ -58,7 +60,8 @@ def sweep(only: str, device: str = "cuda", timer=_median_us) -> None:
             kinds = {"all", "short"} | ({"2 steps"} if default_steps <= 2 else set())
 
         def run(cfg, split):
-            split_k = {"steps 4": -(-k // 128 // 4), "half": max(1, default_splits // 2)}.get(split)
+            split_k = {"steps 4": -(-k // 128 // 4), "steps 8": -(-k // 128 // 8),
+                       "half": max(1, default_splits // 2)}.get(split)
             sum_last = cfg is not None and cfg.get("SUM_LAST", False)
             return fp8_linear_triton(x, weight, scale, (128, 128), 128, config=cfg, split_k=split_k,
                                      arrivals=arrivals if sum_last else None)
