@@ -62,14 +62,13 @@ DECODE_CANDIDATES = [
 # Over packed fp8 rows (issue 17), B1 (split-K) and B8 (two-pass) apart. "bf16 rows" times the
 # production bf16 launch over the same values unpacked (the bar the packed rows must meet, within
 # 5%). Session 10's sweep (docs/performance.md) measured the sliced and integer-decode variants,
-# 4 warps at B1 and the unpack route; these are the next candidates. SCALES_AFTER: S from fp16
-# codes per 64-channel block with the block scales applied to the partial scores
-# (sparse_attn_tiles.scores_scales_after). Compiled and left out (sm_90, Triton 3.6): split-K at
-# 16 warps (488 B spilled) and at 32 heads (432 B spilled).
+# 4 warps at B1 and the unpack route; session 11's, the tiles below (its SCALES_AFTER variant, S
+# from fp16 codes with the block scales on the partial scores, lost everywhere: 9.16 µs at r4 B1,
+# 21.13 at B8, and was deleted). Compiled and left out (sm_90, Triton 3.6): split-K at 16 warps
+# (488 B spilled) and at 32 heads (432 B spilled).
 PACKED_DECODE_B1_CANDIDATES = [
     None,  # split-K, whole [32, 512] tile dequantized once, 16 heads, 8 warps, 1 stage
     "bf16 rows",
-    dict(DECODE_CONFIG_SMALL_PACKED, SCALES_AFTER=True),  # S waits on no dequantized tile
     dict(DECODE_CONFIG_SMALL_PACKED, BLOCK_T=16, COLS_PER_SPLIT=16),  # twice the splits, half the codes each
     dict(DECODE_CONFIG_SMALL_PACKED, BLOCK_H=64),  # each tile dequantized by 1 program, not 4 (wgmma)
     dict(DECODE_CONFIG_LARGE_PACKED, num_stages=2),  # half the splits, the second tile prefetched
@@ -81,7 +80,6 @@ PACKED_DECODE_B8_CANDIDATES = [
     None,  # two-pass, scores as one whole-tile dot over 8 warps (sm_90)
     "bf16 rows",
     DECODE_CONFIG_TWO_PASS,  # the K loop over 64-wide slices, 4 warps 4 stages (production before)
-    dict(DECODE_CONFIG_TWO_PASS_PACKED, SCALES_AFTER=True),  # fp16 codes, scales on the partial scores
     dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES=dict(num_warps=16, num_stages=1)),  # a quarter of the codes a thread
     dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_T=32),  # twice the scores programs, half the rows each
     dict(DECODE_CONFIG_TWO_PASS_PACKED, PREFETCH=True),  # values: next step's bytes loaded one step ahead
@@ -148,7 +146,7 @@ def _label(cfg) -> str:
         return cfg
     short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
                  BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh", FP8_CVT="cvt", TAIL_APART="tail_apart",
-                 WHOLE_TILE="whole_tile", SCALES_AFTER="scales_after", PREFETCH="prefetch", BLOCK_Q="q",
+                 WHOLE_TILE="whole_tile", PREFETCH="prefetch", BLOCK_Q="q",
                  BLOCKS_PER_SPLIT="split", DECODE_FIRST="decode_first")
     if cfg.get("KERNEL") == "unpack":
         return "unpack columns, then the production bf16 launch (unpack)"

@@ -244,7 +244,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=_SCORES_TYPES, aligned=_SCORES_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
                             BLOCK_K=_TWO_PASS["BLOCK_K"], PDL=pdl, TAIL_APART=True, WHOLE_TILE=False,
-                            BLOCK_D=512, SCALES_AFTER=False, **_NO_PK_LOAD),
+                            BLOCK_D=512, **_NO_PK_LOAD),
             archs=archs, **_TWO_PASS["SCORES"],
             expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=192, tensor_cores=True),
         )

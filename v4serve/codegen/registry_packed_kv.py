@@ -113,7 +113,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
             types=_SCORES_TYPES, aligned=tuple(k for k in _SCORES_TYPES if k != "qk_scale_log2"),
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=cfg["BLOCK_H"], BLOCK_T=cfg["BLOCK_T"],
                             BLOCK_K=cfg["BLOCK_K"], PDL=True, PACKED=True, PK_FP8_CVT=True, TAIL_APART=tail_apart,
-                            WHOLE_TILE=cfg.get("WHOLE_TILE", False), BLOCK_D=512, SCALES_AFTER=False, **_LOAD_PK),
+                            WHOLE_TILE=cfg.get("WHOLE_TILE", False), BLOCK_D=512, **_LOAD_PK),
             archs=archs, **cfg["SCORES"],
             expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
         )
@@ -123,7 +123,8 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         "sparse_attn.two_pass_values_fp8kv_pdl", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
         types=_VALUES_TYPES, aligned=tuple(_VALUES_TYPES),
         constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
-                        BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, PREFETCH=False, **_LOAD_PK),
+                        BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, PREFETCH=False,
+                        TAIL_PROGRAMS=True, **_LOAD_PK),
         archs=(90, 100, 120), **_TP["VALUES"],
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),
