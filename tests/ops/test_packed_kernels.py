@@ -171,6 +171,30 @@ def test_prefetched_values_pass_has_the_bits_of_the_bf16_kernel_over_unpacked_ro
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16)) and ref.abs().amax() > 0
 
 
+@pytest.mark.parametrize("tail_programs,block_dv", [(True, 32), (True, 64), (False, 32)])
+def test_values_programs_over_codes_or_tail_have_the_bits_of_the_bf16_kernel(tail_programs, block_dv):
+    """TAIL_PROGRAMS (each two-pass values program reads either e4m3 codes or the bf16 rope tail,
+    branching once per program) and the per-value select it replaces, against the same launch over
+    the rows unpacked by the torch reference, bit for bit. At D 128 the rope64 rows hold 64 codes
+    and 64 tail channels: 32-dim programs are two of each kind, 64-dim programs one; blocks of
+    different scales, so a tail read as codes, codes read without their scale or a program reading
+    the other kind's dims all change the output."""
+    from v4serve.formats import row_format
+    from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
+
+    fmt, D, n_window = "fp8_e8m0_b64_rope64", 128, 8
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(3, 1, 64, D, n_window, 150, seed=21)
+    win[::2] *= 16.0  # rows of different scales
+    pw, pc = pack_rows(win, fmt), pack_rows(cmp, fmt)
+    uw, uc = unpack_rows(pw, fmt, D, impl="torch"), unpack_rows(pc, fmt, D, impl="torch")
+    tiles = dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=block_dv)
+    out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.1, counts, row_format=row_format(fmt),
+                                   tile_config=dict(tiles, TAIL_PROGRAMS=tail_programs))
+    ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 0.1, counts, tile_config=dict(tiles))
+    assert ref[..., :64].abs().amax() > 0 and ref[..., 64:].abs().amax() > 0
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+
+
 @pytest.mark.parametrize("kind", ["prefill", "split-k decode"])
 def test_sliced_scores_equal_the_whole_tile_dot_when_sums_are_exact(kind):
     """The sliced kernel (S as a chain of dots over head-dim slices) against the whole-tile kernel.

@@ -343,9 +343,10 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
     values pass's heads per program; default BLOCK_H), TAIL_APART (packed rows: the rope tail slice
     gathered before the code slices; default two_pass_tail_apart(device)), WHOLE_TILE (the scores
     pass gathers its whole tile at once and computes S as one dot instead of the K loop; default
-    False), PREFETCH (packed rows:
-    the values pass loads the next step's bytes into registers one step ahead; default False), and
-    the launch options of each pass as
+    False), PREFETCH (packed rows: the values pass loads the next step's bytes into registers one
+    step ahead; default False), TAIL_PROGRAMS (packed rows with a bf16 tail, BLOCK_DV dividing the
+    quantized channels: each values program reads either codes or the tail, a branch per program
+    instead of a select per value; default True), and the launch options of each pass as
     SCORES / VALUES = dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
     (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
     p, m, l = two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_counts, pdl, cfg, pk)
