@@ -76,6 +76,7 @@ PACKED_DECODE_B8_CANDIDATES = [
     dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES=dict(num_warps=16, num_stages=1)),  # a quarter of the codes a thread
     dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUES=dict(num_warps=8, num_stages=3)),  # values: half the codes a thread
     dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=64, VALUES=dict(num_warps=8, num_stages=3)),  # one scale block a program
+    dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=16),  # values: two programs an SM, half the codes each
     dict(DECODE_CONFIG_TWO_PASS_PACKED, PREFETCH=True),  # values: next step's bytes loaded one step ahead
     "bf16 rows",
     None,
