@@ -64,8 +64,10 @@ DECODE_CANDIDATES = [
 # two-pass kernels 13.03, S from fp16 codes with the block scales on the partial scores 9.16 (at
 # B8 21.13: deleted); B8 32-column tiles 19.72, prefetch with 16-warp scores 16.17.
 PACKED_DECODE_B1_CANDIDATES = [
-    None,  # split-K, whole [32, 512] tile dequantized once, 16 heads, 8 warps, 1 stage
+    None,  # split-K, whole [32, 512] tile dequantized once, 16 heads, 8 warps, 1 stage, bf16 operand layout
     "bf16 rows",
+    dict(DECODE_CONFIG_SMALL, num_warps=8, num_stages=1, BF16_OPERAND=False),  # the 8-bit loads' operand layout
+    dict(DECODE_CONFIG_SMALL, num_warps=4, num_stages=1),  # 4 warps now that the operands take no register moves
     None,
 ]
 PACKED_DECODE_B8_CANDIDATES = [
@@ -140,7 +142,7 @@ def _label(cfg) -> str:
         return cfg
     short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
                  BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh", FP8_CVT="cvt", TAIL_APART="tail_apart",
-                 WHOLE_TILE="whole_tile", PREFETCH="prefetch", TAIL_PROGRAMS="tail_programs", BLOCK_Q="q",
+                 WHOLE_TILE="whole_tile", PREFETCH="prefetch", TAIL_PROGRAMS="tail_programs", BF16_OPERAND="bf16_operand", BLOCK_Q="q",
                  BLOCKS_PER_SPLIT="split", DECODE_FIRST="decode_first")
     if cfg.get("KERNEL") == "unpack":
         return "unpack columns, then the production bf16 launch (unpack)"

@@ -180,7 +180,8 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=dict(_SPARSE_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16", ticket_ptr="*bf16"),
             aligned=_SPARSE_ATTN_ALIGNED,
             constexprs=dict(n_splits=1, HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=cfg["BLOCK_H"],
-                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True, PK_FP8_CVT=False, **_NO_PK),
+                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True, PK_FP8_CVT=False,
+                            PK_BF16_OPERAND=False, **_NO_PK),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=(arch,),
             # The 64-head tile (sm_90 before Triton 3.9) is meant to fill the register file: its
             # [64, 512] fp32 accumulator over 256 threads compiles to 255 registers, the hardware's
@@ -212,7 +213,8 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=dict(_SPARSE_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
             aligned=_SPARSE_ATTN_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=_DECODE["BLOCK_H"],
-                            BLOCK_T=_DECODE["BLOCK_T"], BLOCK_D=512, PDL=pdl, EVEN_D=True, PK_FP8_CVT=False, **_NO_PK),
+                            BLOCK_T=_DECODE["BLOCK_T"], BLOCK_D=512, PDL=pdl, EVEN_D=True, PK_FP8_CVT=False,
+                            PK_BF16_OPERAND=False, **_NO_PK),
             num_warps=_DECODE["num_warps"], num_stages=_DECODE["num_stages"], archs=archs,
             expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=_DECODE_MAX_REGS, tensor_cores=True),
         )

@@ -100,6 +100,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         types=dict(_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"), aligned=_ATTN_ALIGNED,
         constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=_DEC["BLOCK_H"],
                         BLOCK_T=_DEC["BLOCK_T"], BLOCK_D=512, PDL=True, EVEN_D=True, PACKED=True, PK_FP8_CVT=True,
+                        PK_BF16_OPERAND=True,
                         **_FP8),
         num_warps=_DEC["num_warps"], num_stages=_DEC["num_stages"],
         archs=(90, 100, 120),

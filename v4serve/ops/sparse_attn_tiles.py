@@ -47,6 +47,23 @@ def gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_win
 
 
 @triton.jit
+def bf16_operand_boundary(kv, ON: tl.constexpr):
+    """kv (a bf16 tile dequantized from packed rows) unchanged. ON: passed through an inline-asm
+    identity (one 32-bit move per two values, which ptxas deletes) that Triton must treat as having
+    side effects. Triton sizes an mma.sync operand's register layout by the narrowest load in the
+    operand's elementwise history: through the dequantization it finds the 8-bit code loads and
+    gives both dot operands kWidth 4 (the split-K decode kernel then loads Q and the tile with
+    LDS.64 and moves ~230 registers a thread into place before its HMMAs: 844 SASS instructions a
+    thread for the tile against 577 with the boundary, Triton 3.6 on sm_90). Behind the boundary
+    the history starts at a bf16 value, so the operands get the bf16 kernel's kWidth 2 (ldmatrix,
+    no moves) and the same k order inside each mma as the bf16 kernel. OFF in the interpreter
+    (no inline asm there)."""
+    if ON:
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [kv], dtype=tl.bfloat16, is_pure=False, pack=2)
+    return kv
+
+
+@triton.jit
 def gather_packed_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window, cols, hi, d0, D,
                           K: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
                           PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr = False):

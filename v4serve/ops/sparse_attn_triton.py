@@ -89,7 +89,7 @@ from v4serve.ops.sparse_attn_gluon import WS_HEAD_DIM, sparse_attn_ws
 from v4serve.ops.kv_compact import unpack_referenced_rows
 from v4serve.ops.kv_pack_triton import packed_constexprs
 from v4serve.ops.sparse_attn_tiles import (
-    column_bound, gather_kv_tile, gather_packed_kv_tile, sliced_scores)
+    bf16_operand_boundary, column_bound, gather_kv_tile, gather_packed_kv_tile, sliced_scores)
 from v4serve.ops.sparse_attn_two_pass import sparse_attn_two_pass
 from v4serve.ops.sparse_attn_unpacked_decode import unpack_columns
 
@@ -225,7 +225,7 @@ def _sparse_attn_kernel(
     PDL: tl.constexpr = False, PACKED: tl.constexpr = False, PK_FP4: tl.constexpr = False, PK_NQ: tl.constexpr = 0,
     PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
     PK_HAS_TAIL: tl.constexpr = False, PK_PAYLOAD: tl.constexpr = 0, PK_ROW_BYTES: tl.constexpr = 0,
-    PK_FP8_CVT: tl.constexpr = False,
+    PK_FP8_CVT: tl.constexpr = False, PK_BF16_OPERAND: tl.constexpr = False,
 ):
     """S = Q K^T as one dot over the whole [BLOCK_T, BLOCK_D] tile (the bf16 production kernel)."""
     _sparse_attn_program(
@@ -234,7 +234,7 @@ def _sparse_attn_kernel(
         stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
         stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
         HAS_COUNTS, SPLIT, FUSED_MERGE, BLOCK_H, BLOCK_T, BLOCK_D, EVEN_D, PDL, PACKED, PK_NQ, PK_BLOCK,
-        PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, 0)
+        PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, PK_BF16_OPERAND, 0)
 
 
 @triton.jit
@@ -258,7 +258,7 @@ def _sparse_attn_sliced_kernel(
         stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
         stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
         HAS_COUNTS, SPLIT, FUSED_MERGE, BLOCK_H, BLOCK_T, BLOCK_D, EVEN_D, PDL, PACKED, PK_NQ, PK_BLOCK,
-        PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, QK_SLICE)
+        PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, False, QK_SLICE)
 
 
 @triton.jit
@@ -271,7 +271,7 @@ def _sparse_attn_program(
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     PDL: tl.constexpr, PACKED: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr,
     PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr,
-    QK_SLICE: tl.constexpr,
+    PK_BF16_OPERAND: tl.constexpr, QK_SLICE: tl.constexpr,
 ):
     if PDL:
         # Let the merge kernel (launched with programmatic dependent launch) start its prologue now;
@@ -311,6 +311,7 @@ def _sparse_attn_program(
                 kv, live = gather_packed_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
                                                  start + tl.arange(0, BLOCK_T), hi, 0, D, BLOCK_D, PK_NQ, PK_BLOCK,
                                                  PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
+                kv = bf16_operand_boundary(kv, PK_BF16_OPERAND)
             else:
                 kv, live = gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
                                           start + tl.arange(0, BLOCK_T), hi, dims, dim_ok)
@@ -427,6 +428,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     kernel = cfg.pop("KERNEL", "tl")
     pdl = cfg.pop("PDL", False) and pdl_supported(q.device)
     fp8_cvt = cfg.pop("FP8_CVT", None)  # packed rows: None = the hardware e4m3 conversion where there is one
+    bf16_operand = cfg.pop("BF16_OPERAND", True)  # packed rows, split-K: see sparse_attn_tiles.bf16_operand_boundary
     if pk:
         pk["PK_FP8_CVT"] = fp8_conversion_supported(q.device) if fp8_cvt is None else bool(fp8_cvt)
     if kernel == "unpack":  # packed rows: each token's columns unpacked, then the bf16 launch (a comparison)
@@ -447,6 +449,8 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     # QK_SLICE in the tiles: the sliced kernel (S as a chain over head-dim slices); else the whole-tile one.
     qk_slice = cfg.pop("QK_SLICE", 0)
     attn_kernel = _sparse_attn_sliced_kernel if qk_slice else _sparse_attn_kernel
+    if pk and not qk_slice:
+        pk["PK_BF16_OPERAND"] = bool(bf16_operand) and compiled_on_cuda(q.device)  # no inline asm in the interpreter
     cols_per_split = cfg.pop("COLS_PER_SPLIT", None)
     cols_per_split = max(1, C) if cols_per_split is None else max(1, min(cols_per_split, C))
     merge = cfg.pop("MERGE", "kernel")
