@@ -17,6 +17,7 @@ from v4serve.ops.kv_pack import pack_rows, unpack_rows
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_LARGE,
     DECODE_CONFIG_SMALL,
+    DECODE_CONFIG_SMALL_PACKED,
     DECODE_CONFIG_TWO_PASS,
     DECODE_CONFIG_TWO_PASS_PACKED,
     PREFILL_CONFIG,
@@ -62,20 +63,19 @@ DECODE_CANDIDATES = [
 # 5%). Measured and dropped (session 11's sweep, r4, µs; production then 7.83 at B1, 13.29 at B8):
 # B1 16-column splits 12.44, 64 heads a program 10.84, 64-column splits with 2 stages 11.33, the
 # two-pass kernels 13.03, S from fp16 codes with the block scales on the partial scores 9.16 (at
-# B8 21.13: deleted); B8 32-column tiles 19.72, prefetch with 16-warp scores 16.17.
+# B8 21.13: deleted); B8 the scores' K loop 14.65, 16-warp scores 14.60, 32-column tiles 19.72,
+# prefetch with 16-warp scores 16.17.
 PACKED_DECODE_B1_CANDIDATES = [
     None,  # split-K, whole [32, 512] tile dequantized once, 16 heads, 8 warps, 1 stage, bf16 operand layout
     "bf16 rows",
-    dict(DECODE_CONFIG_SMALL, num_warps=8, num_stages=1, BF16_OPERAND=False),  # the 8-bit loads' operand layout
-    dict(DECODE_CONFIG_SMALL, num_warps=4, num_stages=1),  # 4 warps now that the operands take no register moves
+    dict(DECODE_CONFIG_SMALL_PACKED, BF16_OPERAND=False),  # the operand layout of the 8-bit code loads (s11)
+    dict(DECODE_CONFIG_SMALL_PACKED, num_warps=4),  # 4 warps now that the operands take no register moves
     None,
 ]
 PACKED_DECODE_B8_CANDIDATES = [
     None,  # two-pass: whole-tile scores over 8 warps (sm_90); values programs read codes or the tail
     "bf16 rows",
     dict(DECODE_CONFIG_TWO_PASS_PACKED, TAIL_PROGRAMS=False),  # every values program selects code / tail per value
-    dict(DECODE_CONFIG_TWO_PASS, TAIL_PROGRAMS=True),  # scores: the K loop, 4 warps 4 stages
-    dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES=dict(num_warps=16, num_stages=1)),  # a quarter of the codes a thread
     dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUES=dict(num_warps=8, num_stages=3)),  # values: half the codes a thread
     dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=64, VALUES=dict(num_warps=8, num_stages=3)),  # one scale block a program
     dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=16),  # values: two programs an SM, half the codes each
