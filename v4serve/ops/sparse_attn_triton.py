@@ -24,10 +24,13 @@ codes and the bf16 rope tail as 16-byte loads, the ue8m0 scales as the int32 wor
 and dequantizes them in registers (kv_pack_triton.load_packed; exact, so the tile holds the
 unpacked rows' values). Split-K decode does it once per [BLOCK_T, D] tile and runs both dots on
 it, like the bf16 kernel: the same values into the same dots as the bf16 kernel at the same tiles
-over the unpacked rows. The bits can still differ by fp32 summation order: Triton lays the
-dequantized operands out with kWidth 4 (the bf16 kernel's: 2), which permutes the k order inside
-each mma.sync (equal bits where every sum is exact; otherwise a few outputs one bf16 ulp apart,
-session 9's H200 test: relative 3e-7 to 5.5e-5). Tiles that set QK_SLICE launch `_sparse_attn_sliced_kernel` instead, the same
+over the unpacked rows. On the GPU the dequantized tile passes an opaque bf16 boundary
+(sparse_attn_tiles.bf16_operand_boundary, PK_BF16_OPERAND) so that its mma operands take the
+bf16 kernel's layout (kWidth 2) and k order; without it (the interpreter, tile config
+BF16_OPERAND False) Triton lays them out with kWidth 4, which permutes the k order inside each
+mma.sync (equal bits where every sum is exact; otherwise a few outputs one bf16 ulp apart,
+session 9's H200 test: relative 3e-7 to 5.5e-5) and costs ~230 register moves a thread per
+tile. Tiles that set QK_SLICE launch `_sparse_attn_sliced_kernel` instead, the same
 program with S = Q K^T computed as a chain of dots over QK_SLICE-wide slices of the head dim
 (sparse_attn_tiles.sliced_scores: each K slice gathered and dequantized on its own, the Q slice
 re-read from L1; P V still takes the whole dequantized tile): the packed prefill tiles, and
