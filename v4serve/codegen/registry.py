@@ -181,7 +181,8 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=dict(_SPARSE_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16", ticket_ptr="*bf16"),
             aligned=_SPARSE_ATTN_ALIGNED,
             constexprs=dict(n_splits=1, HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=cfg["BLOCK_H"],
-                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True, PK_FP8_CVT=False, **_NO_PK),
+                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True, PK_FP8_CVT=False,
+                            PK_BF16_OPERAND=False, **_NO_PK),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=(arch,),
             # The 64-head tile (sm_90 before Triton 3.9) is meant to fill the register file: its
             # [64, 512] fp32 accumulator over 256 threads compiles to 255 registers, the hardware's
@@ -213,7 +214,8 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=dict(_SPARSE_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
             aligned=_SPARSE_ATTN_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=_DECODE["BLOCK_H"],
-                            BLOCK_T=_DECODE["BLOCK_T"], BLOCK_D=512, PDL=pdl, EVEN_D=True, PK_FP8_CVT=False, **_NO_PK),
+                            BLOCK_T=_DECODE["BLOCK_T"], BLOCK_D=512, PDL=pdl, EVEN_D=True, PK_FP8_CVT=False,
+                            PK_BF16_OPERAND=False, **_NO_PK),
             num_warps=_DECODE["num_warps"], num_stages=_DECODE["num_stages"], archs=archs,
             expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=_DECODE_MAX_REGS, tensor_cores=True),
         )
@@ -245,7 +247,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=_SCORES_TYPES, aligned=_SCORES_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
                             BLOCK_K=_TWO_PASS["BLOCK_K"], PDL=pdl, TAIL_APART=True, WHOLE_TILE=False,
-                            BLOCK_D=512, SCALES_AFTER=False, **_NO_PK_LOAD),
+                            BLOCK_D=512, **_NO_PK_LOAD),
             archs=archs, **_TWO_PASS["SCORES"],
             expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=192, tensor_cores=True),
         )
@@ -257,6 +259,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=_VALUES_TYPES, aligned=_VALUES_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
                             BLOCK_DV=_TWO_PASS["BLOCK_DV"], BLOCK_J=16, EVEN_D=True, PDL=pdl, PREFETCH=False,
+                            TAIL_PROGRAMS=False,
                             **_NO_PK_LOAD),
             archs=archs, **_TWO_PASS["VALUES"],
             # Triton 3.8's sm_100 build keeps one 8-byte value in local memory (2 STL/LDL); the
