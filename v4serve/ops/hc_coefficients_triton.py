@@ -23,14 +23,10 @@ HC_CONFIG = dict(BLOCK_T=2, num_warps=1)
 
 
 @triton.jit
-def _hc_coefficients_kernel(
-    mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, stride_m,
-    N: tl.constexpr, ITERS: tl.constexpr, EPS: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False,
-):
-    if PDL:
-        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    t_ok = t < T
+def coefficients_of_tokens(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, t, t_ok, stride_m,
+                           N: tl.constexpr, ITERS: tl.constexpr, EPS: tl.constexpr):
+    """pre, post and C of the tokens t [BLOCK_T] (t_ok: live) from their mixes and RMS factors in
+    memory; the mixer kernel (hc_mix_triton.py) runs it as its epilogue."""
     j = tl.arange(0, N)
     rs = tl.load(row_scale_ptr + t, mask=t_ok, other=0.0)
     s0 = tl.load(scale_ptr)
@@ -54,6 +50,18 @@ def _hc_coefficients_kernel(
     tl.store(pre_ptr + out, pre, mask=t_ok[:, None])
     tl.store(post_ptr + out, post, mask=t_ok[:, None])
     tl.store(comb_ptr + t.to(tl.int64)[:, None, None] * (N * N) + jk[None, :, :], c, mask=t_ok[:, None, None])
+
+
+@triton.jit
+def _hc_coefficients_kernel(
+    mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, stride_m,
+    N: tl.constexpr, ITERS: tl.constexpr, EPS: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False,
+):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    coefficients_of_tokens(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, t, t < T, stride_m,
+                           N, ITERS, EPS)
 
 
 def hc_coefficients_triton(mixes, row_scale, base, scale, n: int, iters: int, eps: float):
