@@ -18,7 +18,8 @@ from v4serve.ops.norm_rope_reference import rms_norm_rope_reference
 def _rows(shape, dtype, seed=0):
     gen = torch.Generator().manual_seed(seed)
     # magnitudes over many binades, so the fp32 sums round differently in any other order
-    return (torch.randn(shape, generator=gen) * torch.exp2(torch.randint(-8, 8, shape, generator=gen).float())).to(dtype)
+    scale = torch.exp2(torch.randint(-8, 8, shape, generator=gen).float())
+    return (torch.randn(shape, generator=gen) * scale).to(dtype)
 
 
 @pytest.mark.parametrize("d", [2, 16, 128])

@@ -22,9 +22,8 @@ BLOCK_ROWS = 4
 @triton.jit
 def hadamard_fp32(y, D: tl.constexpr, LOG2_D: tl.constexpr):
     """H_D y / sqrt(D) of an fp32 row y [D] in registers, butterfly stage by stage."""
-    for i in tl.static_range(LOG2_D):
-        h: tl.constexpr = 1 << i
-        a, b = tl.split(tl.permute(tl.reshape(y, (D // (2 * h), 2, h)), (0, 2, 1)))
+    for i in tl.static_range(LOG2_D):  # stage h = 2^i
+        a, b = tl.split(tl.permute(tl.reshape(y, (D >> (i + 1), 2, 1 << i)), (0, 2, 1)))
         y = tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), (D,))
     return y * (D**-0.5)
 

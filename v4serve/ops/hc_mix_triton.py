@@ -47,11 +47,10 @@ TARGET_PROGRAMS = 128
 
 @triton.jit
 def _hc_mix_kernel(
-    x_ptr, fn_ptr, part_ptr, mix_ptr, row_scale_ptr, ticket_ptr,
+    x_ptr, fn_ptr, part_ptr, mix_ptr, row_scale_ptr, ticket_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
     T, K, M, k_per_split, n_splits, eps, stride_x,
     BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
     SPLIT: tl.constexpr, PDL: tl.constexpr = False,
-    base_ptr=None, scale_ptr=None, pre_ptr=None, post_ptr=None, comb_ptr=None,
     COEFFS: tl.constexpr = False, N: tl.constexpr = 1, ITERS: tl.constexpr = 1, HC_EPS: tl.constexpr = 0.0,
 ):
     if PDL:
@@ -95,8 +94,8 @@ def _hc_mix_kernel(
             tl.atomic_xchg(ticket_at, 0)  # ready for the next launch (graph replays too)
             if COEFFS:
                 tl.debug_barrier()
-                coefficients_of_tokens(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, t, t_ok,
-                                       M, N, ITERS, HC_EPS)
+                coefficients_of_tokens(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
+                                       t, t_ok, M, N, ITERS, HC_EPS)
     else:
         tl.store(mix_ptr + t.to(tl.int64)[:, None] * M + m[None, :], acc, mask=t_ok[:, None] & m_ok[None, :])
         tl.store(row_scale_ptr + t, tl.rsqrt(sq / K + eps), mask=t_ok)
@@ -126,13 +125,14 @@ def hc_mix_triton(x: torch.Tensor, fn: torch.Tensor, eps: float, tickets: torch.
     mixes = torch.empty(T, M, dtype=torch.float32, device=x.device)
     row_scale = torch.empty(T, dtype=torch.float32, device=x.device)
     epilogue, outs = {}, (mixes, row_scale)
+    coefficient_ptrs = (mixes,) * 5  # base, scale, pre, post, comb: unused without the epilogue
     if coefficients is not None:
         n = coefficients["n"]
         pre, post = (torch.empty(T, n, dtype=torch.float32, device=x.device) for _ in range(2))
         comb = torch.empty(T, n, n, dtype=torch.float32, device=x.device)
         outs += (pre, post, comb)
-        epilogue = dict(base_ptr=coefficients["base"], scale_ptr=coefficients["scale"], pre_ptr=pre, post_ptr=post,
-                        comb_ptr=comb, COEFFS=True, N=n, ITERS=coefficients["iters"], HC_EPS=coefficients["hc_eps"])
+        coefficient_ptrs = (coefficients["base"], coefficients["scale"], pre, post, comb)
+        epilogue = dict(COEFFS=True, N=n, ITERS=coefficients["iters"], HC_EPS=coefficients["hc_eps"])
     if T == 0:
         return outs
     cfg = dict(tile_config(T, K) if config is None else config)
@@ -146,7 +146,7 @@ def hc_mix_triton(x: torch.Tensor, fn: torch.Tensor, eps: float, tickets: torch.
         fits = tickets is not None and tickets.numel() >= n_blocks and tickets.dtype == torch.int32
         ticket = tickets if fits else torch.zeros(n_blocks, dtype=torch.int32, device=x.device)
     _hc_mix_kernel[(n_blocks, n_splits)](
-        x, fn, part, mixes, row_scale, ticket, T, K, M, k_per_split, n_splits, eps, x.stride(0),
+        x, fn, part, mixes, row_scale, ticket, *coefficient_ptrs, T, K, M, k_per_split, n_splits, eps, x.stride(0),
         BLOCK_M=block_m, BLOCK_S=triton.next_power_of_2(n_splits), SPLIT=split, **cfg, **pdl_launch(x), **epilogue,
     )
     return outs
