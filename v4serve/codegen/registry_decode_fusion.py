@@ -8,6 +8,8 @@ merges with other registry edits stay trivial; registry.py appends DECODE_FUSION
   transform after its rounding (HADAMARD).
 - `compress_decode.index_fp4_hadamard`: the indexer's key compressor (overlap, ratio 4, d 128) with
   the transform, packed into fp4_e8m0_b32 index rows.
+- `mhc.collapse_norm`: the mHC collapse with the sublayer's RMSNorm, one program per token over the
+  whole 4096-channel row (8 warps, as the norm's own kernel).
 Register bounds: the kernels they extend had 128 / 168; the transform holds one more [D] row.
 """
 from v4serve.formats import row_format
@@ -53,5 +55,13 @@ DECODE_FUSION_KERNELS = (
         constexprs=dict(PDL=False, RATIO=4, OVERLAP=True, BLOCK_R=4, BLOCK_D=128, HADAMARD=True, LOG2_D=7,
                         PACKED=True, **_FP4),
         num_warps=4, num_stages=3, expect=Expect(max_regs=168),
+    ),
+    KernelSpec(
+        "mhc.collapse_norm", f"{_OPS}.hc_collapse_triton:_hc_collapse_norm_kernel",
+        types=dict(x_ptr="*bf16", pre_ptr="*fp32", w_ptr="*bf16", y_ptr="*bf16", D="i32", stride_xt="i32",
+                   stride_xn="i32", eps="fp32"),
+        aligned=("x_ptr", "pre_ptr", "w_ptr", "y_ptr", "D", "stride_xt", "stride_xn"),
+        constexprs=dict(PDL=False, N=4, BLOCK_D=4096), num_warps=8, num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
     ),
 )

@@ -50,9 +50,12 @@ class HyperConnection(UsesKernels, nn.Module):
         return hc_stream_coefficients(streams.flatten(1), self.fn, self.rms_eps, self.base, self.scale, self.hc_mult,
                                       self.sinkhorn_iters, self.hc_eps, tickets, impl=self.impl)
 
-    def collapse(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
-        """sum_j pre_j X_j -> [T, D] in streams.dtype."""
-        return hc_collapse(streams, pre, impl=self.impl)
+    def collapse(self, streams: torch.Tensor, pre: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
+        """sum_j pre_j X_j -> [T, D] in streams.dtype; with `norm` (the sublayer's RMSNorm) normalised
+        by it, in the same launch on the GPU."""
+        if norm is None:
+            return hc_collapse(streams, pre, impl=self.impl)
+        return hc_collapse(streams, pre, norm.weight, norm.eps, impl=self.impl)
 
     def expand(self, output: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
                ) -> torch.Tensor:

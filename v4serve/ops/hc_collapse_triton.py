@@ -6,6 +6,11 @@ Layouts: X [T, N, D] bf16 or fp32 (strides `stride_xt`, `stride_xn`, unit along 
 fp32 contiguous; y [T, D] contiguous in X's dtype. N is a power of two (4 in V4).
 Grid (T, cdiv(D, BLOCK_D)): a program loads its [N, BLOCK_D] tile of the streams and the token's
 N weights once and writes BLOCK_D outputs. One launch replaces the multiply, sum and cast.
+
+With the sublayer's RMSNorm (`_hc_collapse_norm_kernel`, the model's path): one program per token
+holds the whole row (BLOCK_D >= D, norm_rope_warps(BLOCK_D) warps, as the norm's own kernel), writes
+the collapsed row, and after a barrier normalises it exactly as norm_rope_triton does (the same
+loads, the same reduction, `_normalized`), so the result has the two launches' bits.
 """
 
 import torch
@@ -14,6 +19,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import pdl_launch
+from v4serve.ops.norm_rope_triton import _normalized, norm_rope_warps
 
 HC_COLLAPSE_CONFIG = dict(BLOCK_D=512, num_warps=4)
 
@@ -43,12 +49,42 @@ def _hc_collapse_kernel(
     tl.store(y_ptr + t * D + d, y.to(y_ptr.dtype.element_ty), mask=d_ok)
 
 
-def hc_collapse_triton(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+@triton.jit
+def _hc_collapse_norm_kernel(
+    x_ptr, pre_ptr, w_ptr, y_ptr, D, stride_xt, stride_xn, eps,
+    N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
+):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
+    t, d, d_ok, j, x = load_streams_tile(x_ptr, stride_xt, stride_xn, D, N, BLOCK_D)
+    pre = tl.load(pre_ptr + t * N + j)
+    row = y_ptr + t * D
+    tl.store(row + d, tl.sum(pre[:, None] * x.to(tl.float32), axis=0).to(y_ptr.dtype.element_ty), mask=d_ok)
+    tl.debug_barrier()  # the collapsed row, rounded, is the norm's input: read back as norm_rope reads it
+    cols = tl.arange(0, BLOCK_D)
+    ok = cols < D
+    y = tl.load(row + cols, mask=ok, other=0.0).to(tl.float32)
+    scale = tl.math.rsqrt(tl.sum(y * y, 0) / D + eps)
+    out = _normalized(row, w_ptr, cols, ok, scale, True)
+    tl.debug_barrier()
+    tl.store(row + cols, out.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def hc_collapse_triton(streams: torch.Tensor, pre: torch.Tensor, norm_weight: torch.Tensor | None = None,
+                       eps: float | None = None) -> torch.Tensor:
+    """The collapse; with `norm_weight` and `eps`, then the weighted RMSNorm (one launch)."""
     T, n, D = streams.shape
     streams = streams if streams.stride(2) == 1 else streams.contiguous()
     pre = pre.float().contiguous()
     y = torch.empty(T, D, dtype=streams.dtype, device=streams.device)
     if T == 0:
+        return y
+    if norm_weight is not None:
+        block_d = triton.next_power_of_2(D)
+        _hc_collapse_norm_kernel[(T, 1)](
+            streams, pre, norm_weight, y, D, streams.stride(0), streams.stride(1), float(eps), N=n, BLOCK_D=block_d,
+            num_warps=norm_rope_warps(block_d), **pdl_launch(streams),
+        )
         return y
     cfg = HC_COLLAPSE_CONFIG
     _hc_collapse_kernel[(T, triton.cdiv(D, cfg["BLOCK_D"]))](
