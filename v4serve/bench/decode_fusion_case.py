@@ -3,6 +3,8 @@ the launch sequence it replaced where that still runs (`bench kernels --only 'fu
 
 * `fused mhc coefficients T{T}`: the mixer with its coefficients epilogue (one launch; the two
   launches it replaced are the `mhc mix` + `mhc coefficients` rows);
+* `fused mhc collapse norm T{T}` (the collapse with the sublayer's RMSNorm, one launch) against
+  `unfused mhc collapse norm T{T}` (the collapse kernel, then the norm kernel);
 * `fused index query T{T}` (RoPE + Hadamard in the norm_rope kernel) against `unfused index query
   T{T}` (the RoPE kernel, then the 24-launch torch Hadamard it replaced): 64 heads x 128, T tokens;
 * `fused hadamard R{rows}`: the standalone kernel (prefill's index keys), rows x 128 bf16;
@@ -17,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from v4serve.ops.hadamard import hadamard
+from v4serve.ops.hc_collapse import hc_collapse
 from v4serve.ops.hadamard_reference import hadamard_reference
 from v4serve.ops.hc_stream_coefficients import hc_stream_coefficients
 from v4serve.ops.norm_rope import rms_norm_rope
@@ -30,6 +33,9 @@ def decode_fusion_shapes() -> dict:
     shapes = {}
     for T in (1, 8, 64):
         shapes[f"fused mhc coefficients T{T}"] = ("fused_mhc", (T,))
+    for T in (1, 8, 64):
+        for fused in (True, False):
+            shapes[f"{'' if fused else 'un'}fused mhc collapse norm T{T}"] = ("fused_collapse_norm", (T, fused))
     for T in (1, 8):
         for fused in (True, False):
             shapes[f"{'' if fused else 'un'}fused index query T{T}"] = ("fused_index_query", (T, fused))
@@ -54,6 +60,15 @@ def build_decode_fusion(kind, args, device, seed=0, mhc_case=None):
         nbytes = x.numel() * 2 + fn.numel() * 4 + T * (2 * n + n * n) * 4
         return (lambda: hc_stream_coefficients(x, fn, 1e-6, base, scale, n, 20, 1e-6, tickets)[2]), nbytes, \
             2 * T * fn.numel(), nbytes
+    if kind == "fused_collapse_norm":
+        T, fused = args
+        streams = mhc_case(T, device=device, seed=seed)[0]
+        pre = torch.rand(T, streams.shape[1], generator=g, device=device) + 0.1
+        weight = (torch.rand(HIDDEN, generator=g, device=device) + 0.5).bfloat16()
+        nbytes = streams.numel() * 2 + T * HIDDEN * 2 + HIDDEN * 2
+        if fused:
+            return (lambda: hc_collapse(streams, pre, weight, 1e-6)), nbytes, 0, nbytes
+        return (lambda: rms_norm_rope(hc_collapse(streams, pre), 1e-6, weight)), nbytes, 0, nbytes
     if kind == "fused_index_query":
         T, fused = args
         q = torch.randn(T, INDEX_HEADS, INDEX_DIM, generator=g, device=device).bfloat16()
