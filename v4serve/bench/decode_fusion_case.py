@@ -12,12 +12,17 @@ the launch sequence it replaced where that still runs (`bench kernels --only 'fu
   Flash layer (CSA: 2624 rows, HCA: 1024, K 4096), bf16 weights multiplied into fp32 by cuBLAS
   (production) against the fp32 weights and the widening of x they replaced;
 * `unfused o_a einsum M{m}`: the grouped output projection as it runs (cuBLAS batched bf16, 64 MB),
-  the largest non-FP8 read of a decode layer left (a measured baseline for an FP8 grouped kernel).
+  the largest non-FP8 read of a decode layer left, against `fp8 blockdiag o_a M{m}`: the official
+  FP8 wo_a (32 MB) through the production `fp8_linear` on all T*G group rows at once (the G x G
+  blocks of the product, of which the diagonal ones are kept: the weight is read once, the MMA
+  waste is free at decode sizes), then the diagonal copied out: not wired into the model (it
+  would keep wo_a in FP8; larger T need another route), a measurement for that decision.
 """
 
 import torch
 import torch.nn.functional as F
 
+from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.hadamard import hadamard
 from v4serve.ops.hc_collapse import hc_collapse
 from v4serve.ops.hadamard_reference import hadamard_reference
@@ -46,6 +51,8 @@ def decode_fusion_shapes() -> dict:
                 shapes[f"fused compressor proj {layer} M{m} {dtype}"] = ("fused_compressor", (layer, m, dtype))
     for m in (1, 8):
         shapes[f"unfused o_a einsum M{m}"] = ("o_a_einsum", (m,))
+    for m in (1, 2):
+        shapes[f"fp8 blockdiag o_a M{m}"] = ("fused_o_a_fp8", (m,))
     return shapes
 
 
@@ -100,4 +107,17 @@ def build_decode_fusion(kind, args, device, seed=0, mhc_case=None):
         w = (torch.randn(O_GROUPS, O_RANK, O_IN, generator=g, device=device) * 0.02).bfloat16()
         nbytes = w.numel() * 2 + o.numel() * 2 + m * O_GROUPS * O_RANK * 2
         return (lambda: torch.einsum("tgi,goi->tgo", o, w)), nbytes, 2 * m * w.numel(), nbytes
+    if kind == "fused_o_a_fp8":
+        (m,) = args
+        o = torch.randn(m, O_GROUPS, O_IN, generator=g, device=device).bfloat16()
+        w = (torch.randn(O_GROUPS * O_RANK, O_IN, generator=g, device=device) * 16).to(torch.float8_e4m3fn)
+        scale = torch.exp2(torch.randint(-14, -8, (O_GROUPS * O_RANK // 128, O_IN // 128), generator=g,
+                                         device=device).float())
+
+        def blockdiag():
+            full = fp8_linear(o.view(m * O_GROUPS, O_IN), w, scale).view(m, O_GROUPS, O_GROUPS, O_RANK)
+            return full.diagonal(dim1=1, dim2=2).transpose(1, 2).contiguous()  # [m, G, o_rank]
+
+        nbytes = w.numel() + scale.numel() * 4 + o.numel() * 2 + m * O_GROUPS * O_GROUPS * O_RANK * 2
+        return blockdiag, nbytes, 2 * m * O_GROUPS * w.numel(), nbytes
     raise ValueError(f"not a decode-fusion row: {kind}")
