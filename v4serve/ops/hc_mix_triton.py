@@ -95,14 +95,14 @@ def _hc_mix_kernel(
             if COEFFS:
                 tl.debug_barrier()
                 coefficients_of_tokens(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
-                                       t, t_ok, M, N, ITERS, HC_EPS)
+                                       t, t_ok, M, N, ITERS, HC_EPS, BLOCK_T)
     else:
         tl.store(mix_ptr + t.to(tl.int64)[:, None] * M + m[None, :], acc, mask=t_ok[:, None] & m_ok[None, :])
         tl.store(row_scale_ptr + t, tl.rsqrt(sq / K + eps), mask=t_ok)
         if COEFFS:
             tl.debug_barrier()
             coefficients_of_tokens(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, t, t_ok,
-                                   M, N, ITERS, HC_EPS)
+                                   M, N, ITERS, HC_EPS, BLOCK_T)
 
 
 def tile_config(T: int, K: int) -> dict:
