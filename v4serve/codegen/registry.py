@@ -421,7 +421,7 @@ KERNELS: tuple[KernelSpec, ...] = (
         "mhc.collapse", f"{_OPS}.hc_collapse_triton:_hc_collapse_kernel",
         types=dict(x_ptr="*bf16", pre_ptr="*fp32", y_ptr="*bf16", D="i32", stride_xt="i32", stride_xn="i32"),
         aligned=("x_ptr", "pre_ptr", "y_ptr", "D", "stride_xt", "stride_xn"),
-        constexprs=dict(PDL=False, N=4, BLOCK_D=512), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, N=4, BLOCK_D=1024), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=96),
     ),
     KernelSpec(  # HC_EXPAND_CONFIG
