@@ -50,3 +50,26 @@ def test_bench_engine_prefix_mode_without_caching_finds_nothing_cached(capsys):
     result = _prefix_run(capsys, "--no-enable-prefix-caching")
     assert not result["prefix_caching"] and result["chunk_grid"] is None
     assert result["warm_cached_tokens"] == [0, 0, 0]
+
+
+def test_kernel_growth_lists_the_kernels_a_verify_step_adds_time_to_first():
+    from v4serve.bench.spec_decode import kernel_growth
+
+    plain = {"moe": (2.0, 50.0), "attn": (1.0, 10.0), "head": (1.0, 30.0)}
+    verify = {"moe": (2.0, 190.0), "attn": (1.0, 14.0), "head": (1.0, 30.0), "accept": (1.0, 3.0)}
+    rows = kernel_growth(plain, verify, top=3)
+    assert [r[0] for r in rows] == ["moe", "attn", "accept"]
+    assert rows[0] == ("moe", 2.0, 50.0, 2.0, 190.0) and rows[2] == ("accept", 0.0, 0.0, 1.0, 3.0)
+
+
+def test_spec_verify_rows_run_on_the_cpu_with_skewed_routing(capsys):
+    args = ["--model", "tiny", "--hf-overrides", "{}", "--spec-verify", "--routing", "zipf", "--spec-k", "1",
+            "--spec-e2e-k", "1", "--spec-lengths", "2.0", "--concurrency", "1", "--output-len", "4",
+            "--max-model-len", "512", "--spec-profile"]
+    assert bench_engine.main(args) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["routing"] == {"mode": "zipf", "zipf_exponent": 1.0}
+    (row,) = result["speculative"]["step_costs"]
+    assert row["plain_ms"] > 0 and [r["k"] for r in row["k"]] == [1]
+    assert "kernel_growth" not in row["k"][0]  # CUDA kernels only: no profile on the CPU
+    assert [r["forced_length"] for r in result["speculative"]["end_to_end"]] == [None, 2.0]

@@ -34,3 +34,17 @@ def test_moe_row_runs_and_counts_the_experts_touched(monkeypatch):
     per_expert = 64 * 64 // 2 + 64 * 64 // 32 + 64 * 32 // 2 + 64 * 32 // 32
     assert nbytes == 6 * per_expert + 64 * 2 * 2 + 8 * 2  # one token touches its 6 experts
     assert flops == 2 * 6 * (64 * 64 + 64 * 32)
+
+
+def test_fp8_decode_sweep_runs_every_variant(monkeypatch, capsys):
+    from v4serve.bench import fp8_decode_configs as sweep
+
+    # in the interpreter one program is wanted: 10 steps a program ("long"), 2 steps ("short", "2 steps")
+    tiny = {"fp8 decode tiny wq_b M1": (64, 1280, 1), "fp8 decode tiny wq_a M1": (64, 256, 1)}
+    monkeypatch.setattr(sweep, "SHAPES", tiny)
+    sweep.sweep("fp8 decode", device="cpu", timer=lambda fn: float(fn().shape[0]))
+    lines = capsys.readouterr().out.splitlines()
+    long_rows = [c[0] for c in sweep.CANDIDATES if c[3] in ("all", "long")]
+    short_rows = [c[0] for c in sweep.CANDIDATES if c[3] != "long"]
+    assert [line.split("  ")[-1] for line in lines] == long_rows + short_rows
+    assert all(float(line.split("err ")[1].split()[0]) < 2**-7 for line in lines)  # one bf16 ulp at most

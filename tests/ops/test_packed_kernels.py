@@ -152,58 +152,6 @@ def test_whole_tile_scores_pass_over_packed_rows_equals_it_over_unpacked_rows():
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16)) and ref.abs().amax() > 0
 
 
-# SCALES_AFTER: S from fp16 codes per scale block, the block scales applied to the partial scores
-# (sparse_attn_tiles.scores_scales_after), in the two-pass scores pass and in split-K decode.
-SCALES_AFTER_TILES = {"two-pass": DECODE_CONFIG_TWO_PASS_PACKED, "split-k": DECODE_CONFIG_SMALL_PACKED}
-
-
-@pytest.mark.parametrize("kind", list(SCALES_AFTER_TILES))
-def test_scales_after_is_the_bf16_kernel_when_scores_are_exact(kind):
-    """SCALES_AFTER against the same tiles over the unpacked rows. With small integers in q and the
-    rows every partial sum of S is exact in any order, so the outputs must be bit-identical; a
-    scale applied to the wrong block or column, or a block left out, changes them."""
-    from v4serve.formats import row_format
-    from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
-
-    tiles = SCALES_AFTER_TILES[kind]
-    # 2 scale blocks + the rope tail, hardware decode; 2 blocks, no tail, integer decode
-    for fmt, D, cvt in (("fp8_e8m0_b64_rope64", 192, True), ("fp8_e8m0_b32", 64, False)):
-        q, win, cmp, idx, sink, counts = sparse_attn_inputs(2, 1, 16, D, 8, 24, seed=D)
-        q, win, cmp = ((t * 2).round().clamp(-4, 4) for t in (q, win, cmp))
-        win[:, : D // 4] *= 8.0  # blocks with different scales
-        pw, pc = pack_rows(win, fmt), pack_rows(cmp, fmt)
-        uw, uc = unpack_rows(pw, fmt, D, impl="torch"), unpack_rows(pc, fmt, D, impl="torch")
-        assert torch.equal(uw, win) and torch.equal(uc, cmp)
-        out = sparse_attn_paged_triton(q, pw, pc, idx, 8, sink, 1 / 64, counts, row_format=row_format(fmt),
-                                       tile_config=dict(tiles, SCALES_AFTER=True, FP8_CVT=cvt))
-        ref = sparse_attn_paged_triton(q, uw, uc, idx, 8, sink, 1 / 64, counts, tile_config=dict(tiles))
-        assert torch.equal(out.view(torch.int16), ref.view(torch.int16)) and ref.abs().amax() > 0
-
-
-@pytest.mark.parametrize("kind,q_scale", [("two-pass", 2.0**20), ("split-k", 2.0**-30)])
-def test_scales_after_keeps_large_and_small_queries(kind, q_scale):
-    """q far outside fp16's range (2^20 times normal values: fp16 overflows at 65504; 2^-30: fp16
-    flushes it to 0) still gives the attention over the unpacked rows: SCALES_AFTER moves each
-    head's q into fp16 range by a power of two first. Against the bf16 kernel over the unpacked
-    rows (fp32 summation order apart) and the torch reference (bf16 rounding)."""
-    from v4serve.formats import row_format
-    from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
-
-    fmt, D, n_window = "fp8_e8m0_b64_rope64", 128, 8
-    q, pw, pc, idx, sink, counts = _packed_inputs(2, 1, 16, D, n_window, 24, fmt, seed=5)
-    q = (q.float() * q_scale).bfloat16()
-    scale = 0.1 / q_scale  # the same softmax as at q_scale 1
-    uw, uc = unpack_rows(pw, fmt, D, impl="torch"), unpack_rows(pc, fmt, D, impl="torch")
-    tiles = SCALES_AFTER_TILES[kind]
-    out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, scale, counts, row_format=row_format(fmt),
-                                   tile_config=dict(tiles, SCALES_AFTER=True))
-    ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts, tile_config=dict(tiles))
-    assert out.isfinite().all() and ref.abs().amax() > 0
-    assert rel_err(out, ref) < 1e-3
-    torch_ref = sparse_attn_paged(q.float(), uw.float(), uc.float(), idx, n_window, sink, scale, counts, impl="torch")
-    assert rel_err(out, torch_ref) < 1.5e-2
-
-
 def test_prefetched_values_pass_has_the_bits_of_the_bf16_kernel_over_unpacked_rows():
     """PREFETCH (the two-pass values pass over packed rows loads the next step's bytes one step
     ahead) against the same launch over the rows unpacked by the torch reference, bit for bit: five
@@ -221,6 +169,30 @@ def test_prefetched_values_pass_has_the_bits_of_the_bf16_kernel_over_unpacked_ro
                                    tile_config=dict(tiles, PREFETCH=True))
     ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 0.1, counts, tile_config=dict(tiles))
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16)) and ref.abs().amax() > 0
+
+
+@pytest.mark.parametrize("tail_programs,block_dv", [(True, 32), (True, 64), (False, 32)])
+def test_values_programs_over_codes_or_tail_have_the_bits_of_the_bf16_kernel(tail_programs, block_dv):
+    """TAIL_PROGRAMS (each two-pass values program reads either e4m3 codes or the bf16 rope tail,
+    branching once per program) and the per-value select it replaces, against the same launch over
+    the rows unpacked by the torch reference, bit for bit. At D 128 the rope64 rows hold 64 codes
+    and 64 tail channels: 32-dim programs are two of each kind, 64-dim programs one; blocks of
+    different scales, so a tail read as codes, codes read without their scale or a program reading
+    the other kind's dims all change the output."""
+    from v4serve.formats import row_format
+    from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
+
+    fmt, D, n_window = "fp8_e8m0_b64_rope64", 128, 8
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(3, 1, 64, D, n_window, 150, seed=21)
+    win[::2] *= 16.0  # rows of different scales
+    pw, pc = pack_rows(win, fmt), pack_rows(cmp, fmt)
+    uw, uc = unpack_rows(pw, fmt, D, impl="torch"), unpack_rows(pc, fmt, D, impl="torch")
+    tiles = dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=block_dv)
+    out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.1, counts, row_format=row_format(fmt),
+                                   tile_config=dict(tiles, TAIL_PROGRAMS=tail_programs))
+    ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 0.1, counts, tile_config=dict(tiles))
+    assert ref[..., :64].abs().amax() > 0 and ref[..., 64:].abs().amax() > 0
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
 
 
 @pytest.mark.parametrize("kind", ["prefill", "split-k decode"])

@@ -104,24 +104,27 @@ def test_packed_decode_is_the_bf16_kernel_when_scores_are_exact(name):
         f"{name}: packed vs bf16 rows at {tiles}: rel err {rel_err(out, ref):.3g}, {differing:.2%} of outputs differ")
 
 
-# kernel_configs' candidates over packed rows (not production): SCALES_AFTER (S from fp16 codes
-# per scale block, the block scales applied to the partial scores; split-K and two-pass) and
-# PREFETCH (the two-pass values pass loads the next step's bytes one step ahead; B >= 2 only).
-VARIANTS = [(name, variant) for name in DECODE_SHAPES for variant in ("SCALES_AFTER", "PREFETCH")
-            if variant != "PREFETCH" or "B1" not in name]
+# kernel_configs' candidates over packed rows at B >= 2 (not production): PREFETCH (the two-pass
+# values pass loads the next step's bytes one step ahead), every values program selecting code or
+# tail per value (TAIL_PROGRAMS False: production before session 12), the values pass over 8 warps
+# and over 64 dims a program.
+VARIANT_TILES = {"PREFETCH": dict(PREFETCH=True), "select per value": dict(TAIL_PROGRAMS=False),
+                 "values 8 warps": dict(VALUES=dict(num_warps=8, num_stages=3)),
+                 "values 64 dims": dict(BLOCK_DV=64, VALUES=dict(num_warps=8, num_stages=3))}
+VARIANTS = [(name, variant) for name in DECODE_SHAPES for variant in VARIANT_TILES if "B1" not in name]
 
 
 @pytest.mark.parametrize("name,variant", VARIANTS)
 def test_packed_decode_variants_are_the_bf16_kernel_over_unpacked_rows(name, variant):
     """A variant at the production tiles: against the same tiles over the unpacked bf16 rows within
-    fp32 summation order (SCALES_AFTER sums S's blocks in another order), against the torch
-    reference within bf16 rounding, and on integer-valued q and rows (S exact in any order) within
-    one bf16 ulp, nearly all bit for bit, as the production kernels."""
+    fp32 summation order, against the torch reference within bf16 rounding, and on integer-valued
+    q and rows (S exact in any order) within one bf16 ulp, nearly all bit for bit, as the
+    production kernels."""
     _, (q, idx, n_window, sink, scale, counts), (pw, pc), (uw, uc) = _packed_case(name)
     tiles = decode_config(q.shape[0], idx.shape[-1], packed=True, device=q.device)
     fmt = row_format(KV_FORMAT)
     out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, scale, counts, row_format=fmt,
-                                   tile_config=dict(tiles, **{variant: True}))
+                                   tile_config=dict(tiles, **VARIANT_TILES[variant]))
     ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts, tile_config=dict(tiles))
     assert not out.isnan().any() and ref.abs().amax() > 0
     assert rel_err(out, ref) < 5e-4, f"{name}: rel err {rel_err(out, ref):.3g}"
@@ -131,7 +134,7 @@ def test_packed_decode_variants_are_the_bf16_kernel_over_unpacked_rows(name, var
     q, uw, uc = _integer_valued(q, uw, uc)
     pw, pc = pack_rows(uw, KV_FORMAT), pack_rows(uc, KV_FORMAT)
     out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 1 / 64, counts, row_format=fmt,
-                                   tile_config=dict(tiles, **{variant: True}))
+                                   tile_config=dict(tiles, **VARIANT_TILES[variant]))
     ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 1 / 64, counts, tile_config=dict(tiles))
     diff, mag = (out.float() - ref.float()).abs(), ref.float().abs()
     assert (diff <= torch.maximum(mag * 2.0**-7, mag.amax() * 1e-6)).all() and float((diff > 0).float().mean()) < 1e-3

@@ -14,6 +14,7 @@ import torch
 
 from v4serve.bench.v41_index_case import CAND_BLOCK, CAND_BLOCKS, ROW_FORMAT, v41_index_case, v41_index_shapes
 from v4serve.ops.kv_pack import pack_rows, unpack_rows
+from v4serve.ops.kv_quant import apply_kv_format
 from v4serve.ops.v41_index import candidate_blocks, select_candidates, select_sorted
 from v4serve.ops.v41_index_reference import candidate_mask, index_scores_v41
 
@@ -90,16 +91,37 @@ def test_predecoded_candidates_equal_in_kernel_decoding(name):
 @pytest.mark.parametrize("name", ["full decode B1 ctx131072 r1 staged1M", "cand decode B4 ctx131072 NC16384",
                                   "cand prefill n128 start8064 NC16384"])
 def test_every_swept_variant_gives_the_production_bits_on_exact_inputs(name):
-    """The sweep's launches (bench/v41_index_configs.py: rows kernel, stream tiles / warps / tiles per
-    program, predecoded keys) against production, where every summation order gives the same bits."""
-    from v4serve.bench.v41_index_configs import CAND_PREFILL_CANDIDATES, _launch
+    """The sweep's launches (bench/v41_index_configs.py: the chain before griddepcontrol.wait, programs
+    per SM, a register cap) against production, where every summation order gives the same bits."""
+    from v4serve.bench.v41_index_configs import CAND_PREFILL_CANDIDATES, STREAM_CANDIDATES, _launch
 
     case = _exact_inputs(v41_index_case(*SHAPES[name][1], device="cuda"), torch.Generator().manual_seed(5))
     want = case.run()
-    for kernel, config in [c for c in CAND_PREFILL_CANDIDATES if c is not None]:
+    for kernel, config in [c for c in STREAM_CANDIDATES + CAND_PREFILL_CANDIDATES if c is not None]:
         if kernel.endswith("predecoded") and case.cand_blocks is None:
             continue
         assert torch.equal(_launch(case, kernel, config), want), (name, kernel, config)
+
+
+@pytest.mark.parametrize("name", ["cand decode B1 ctx131072 NC16384", "full decode B1 ctx32768 r2 staged1M"])
+def test_early_chain_scores_the_q_and_w_written_by_the_kernel_launched_right_before(name):
+    """Production (EARLY_CHAIN) loads the candidate list, key_rows and n_visible before griddepcontrol.wait
+    and q, w and the key words after it: with q and w rewritten by the kernel launched right before
+    each call (a copy, then the PDL launch), the scores are those of the new q and w, bit for bit the
+    launch with the whole chain after the wait. A q or w load hoisted above the wait would read the
+    old values."""
+    from v4serve.bench.v41_index_configs import _launch
+    from v4serve.ops.v41_index_stream_triton import STREAM_CONFIG
+
+    case = v41_index_case(*SHAPES[name][1], device="cuda", seed=7)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    for _ in range(4):
+        q = apply_kv_format(torch.randn(case.q.shape, generator=g, device="cuda").bfloat16(), ROW_FORMAT)
+        w = (torch.randn(case.w.shape, generator=g, device="cuda") * 0.03).bfloat16()
+        case.q.copy_(q)
+        case.w.copy_(w)  # the last kernel before the launch
+        got = case.run()
+        assert torch.equal(got, _launch(case, "stream", dict(STREAM_CONFIG, EARLY_CHAIN=False))), name
 
 
 @pytest.mark.parametrize("name", ["full decode B1 ctx32768 r2 staged1M", "cand decode B4 ctx131072 NC16384",

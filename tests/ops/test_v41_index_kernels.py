@@ -17,6 +17,9 @@ VARIANTS = {  # kernel, config
     "tiles": ("tiles", TILES_TEST),
     "rows": ("rows", ROWS_TEST),
     "stream": ("stream", STREAM_TEST),
+    # the whole chain after griddepcontrol.wait (production issues its first stages before it; without
+    # PDL both are orders of the same loads)
+    "stream_late_chain": ("stream", dict(STREAM_TEST, EARLY_CHAIN=False)),
 }
 
 
@@ -37,7 +40,7 @@ def _triton(*args, kernel, config=None, **kw):
 
 
 @pytest.mark.parametrize("variant,packed", [("tiles", True), ("rows", True), ("stream", True), ("tiles", False),
-                                            ("rows", False), ("stream", False)])
+                                            ("rows", False), ("stream", False), ("stream_late_chain", True)])
 def test_full_mode_gives_the_reference_bits_when_every_sum_is_exact(variant, packed):
     B, S, H, D, R = 2, 11, 3, 64, 37
     q, w, pool, keys, rows = index_inputs(B, S, H, D, R, 50, exact=True, seed=1)
@@ -118,8 +121,8 @@ def test_candidate_mode_scores_the_candidates_columns(packed):
         assert torch.equal(got.float(), want), (impl, kernel)
 
 
-@pytest.mark.parametrize("kernel", ["stream", "stream_predecoded"])
-def test_streamed_candidate_tiles_skip_empty_tiles_and_rounds_every_product(kernel):
+@pytest.mark.parametrize("kernel,early_chain", [("stream", False), ("stream", True), ("stream_predecoded", False)])
+def test_streamed_candidate_tiles_skip_empty_tiles_and_rounds_every_product(kernel, early_chain):
     """Several tiles per program (the loop's prefetch stages), whole tiles of empty slots (skipped),
     an odd head count (weights padded to words), and two weighted heads per query: the score is then
     the sum of two products, the same fp32 sum in any order, so the logit and product roundings show
@@ -137,7 +140,7 @@ def test_streamed_candidate_tiles_skip_empty_tiles_and_rounds_every_product(kern
     out = torch.empty(B, S, 12 * block, dtype=torch.bfloat16)
     got = v41_stream_scores(q, w, _key_pool_words(pool, True, D), rows, n_visible, True, cands, block, out,
                             dict(BLOCK_T=16, TILES=3, num_warps=4, num_stages=1),
-                            predecode=kernel == "stream_predecoded", skip_empty=True)
+                            predecode=kernel == "stream_predecoded", skip_empty=True, early_chain=early_chain)
     full = _reference(q, w, keys, rows, n_visible)
     cols = cands.long().repeat_interleave(block, -1) * block + torch.arange(12 * block) % block
     listed = cands.long().repeat_interleave(block, -1) >= 0
@@ -178,6 +181,21 @@ def test_select_candidates_picks_what_select_sorted_picks_from_the_masked_scores
     got = select_candidates(slot_scores, ids, block, k, n_visible)
     want = select_sorted(scores.masked_fill(~allowed, float("-inf")), k, n_visible)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("candidates", [False, True])
+def test_a_pool_without_rows_scores_minus_infinity(candidates):
+    """Every key row a hole and the pool empty: -inf everywhere (the stream kernel reads pool row 0 for
+    slots that are not live: the dispatch gives an empty pool a stand-in row)."""
+    B, S, H, D, R = 2, 1, 2, 32, 16
+    q, w, pool, _, _ = index_inputs(B, S, H, D, R, R, exact=True, seed=12)
+    rows = torch.full((B, R), -1, dtype=torch.int32)
+    n_visible = torch.full((B, S), R, dtype=torch.int32)
+    cands = torch.tensor([0, 1], dtype=torch.int32).expand(B, S, 2).contiguous() if candidates else None
+    for impl in ("torch", "triton"):
+        got = v41_index_scores(q, w, pool[:0], rows, n_visible, row_format="fp4_e8m0_b32", cand_blocks=cands,
+                               impl=impl, kernel="stream" if impl == "triton" else "auto")
+        assert got.shape == (B, S, R) and torch.isneginf(got).all(), impl
 
 
 def test_bad_inputs_are_named():

@@ -329,6 +329,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--spec-lengths", type=float, nargs="+", default=[2.0, 2.8, 3.5],
                         help="mean acceptance lengths forced end to end")
     parser.add_argument("--spec-e2e-k", type=int, default=3, help="drafts per step of the end-to-end runs")
+    parser.add_argument("--spec-profile", action="store_true",
+                        help="with --spec-verify: the kernels whose time grows most from a plain step to a verify step")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="GPUs (one process each, NCCL); rank 0 is measured")
     parser.add_argument("--enable-expert-parallel", action="store_true", help="routed experts split by expert")
@@ -412,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.spec_verify:
         from v4serve.bench.spec_decode import run_spec_rows
 
+        if args.routing == ["zipf"]:  # a verify step's tokens share experts as often as skewed routing makes them
+            apply_zipf_routing(engine.model, engine.config, args.zipf_exponent)
+        result["routing"] = {"mode": args.routing[0], "zipf_exponent": args.zipf_exponent if args.routing == ["zipf"] else 0.0}
         result["speculative"] = run_spec_rows(engine, args)
         print(json.dumps(result))
         return 0

@@ -16,7 +16,6 @@ from v4serve.ops.indexer_triton import index_scores_triton
 from v4serve.ops.kv_pack import pack_rows, unpack_rows
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_LARGE,
-    DECODE_CONFIG_LARGE_PACKED,
     DECODE_CONFIG_SMALL,
     DECODE_CONFIG_SMALL_PACKED,
     DECODE_CONFIG_TWO_PASS,
@@ -61,31 +60,26 @@ DECODE_CANDIDATES = [
 
 # Over packed fp8 rows (issue 17), B1 (split-K) and B8 (two-pass) apart. "bf16 rows" times the
 # production bf16 launch over the same values unpacked (the bar the packed rows must meet, within
-# 5%). Session 10's sweep (docs/performance.md) measured the sliced and integer-decode variants,
-# 4 warps at B1 and the unpack route; these are the next candidates. SCALES_AFTER: S from fp16
-# codes per 64-channel block with the block scales applied to the partial scores
-# (sparse_attn_tiles.scores_scales_after). Compiled and left out (sm_90, Triton 3.6): split-K at
-# 16 warps (488 B spilled) and at 32 heads (432 B spilled).
+# 5%). Measured and dropped (session 11's sweep, r4, µs; production then 7.83 at B1, 13.29 at B8):
+# B1 16-column splits 12.44, 64 heads a program 10.84, 64-column splits with 2 stages 11.33, the
+# two-pass kernels 13.03, S from fp16 codes with the block scales on the partial scores 9.16 (at
+# B8 21.13: deleted); B8 the scores' K loop 14.65, 16-warp scores 14.60, 32-column tiles 19.72,
+# prefetch with 16-warp scores 16.17.
 PACKED_DECODE_B1_CANDIDATES = [
-    None,  # split-K, whole [32, 512] tile dequantized once, 16 heads, 8 warps, 1 stage
+    None,  # split-K, whole [32, 512] tile dequantized once, 16 heads, 8 warps, 1 stage, bf16 operand layout
     "bf16 rows",
-    dict(DECODE_CONFIG_SMALL_PACKED, SCALES_AFTER=True),  # S waits on no dequantized tile
-    dict(DECODE_CONFIG_SMALL_PACKED, BLOCK_T=16, COLS_PER_SPLIT=16),  # twice the splits, half the codes each
-    dict(DECODE_CONFIG_SMALL_PACKED, BLOCK_H=64),  # each tile dequantized by 1 program, not 4 (wgmma)
-    dict(DECODE_CONFIG_LARGE_PACKED, num_stages=2),  # half the splits, the second tile prefetched
-    DECODE_CONFIG_TWO_PASS_PACKED,  # the B >= 2 kernels: each tile dequantized once for all 64 heads
-    "bf16 rows",
+    dict(DECODE_CONFIG_SMALL_PACKED, BF16_OPERAND=False),  # the operand layout of the 8-bit code loads (s11)
+    dict(DECODE_CONFIG_SMALL_PACKED, num_warps=4),  # 4 warps now that the operands take no register moves
     None,
 ]
 PACKED_DECODE_B8_CANDIDATES = [
-    None,  # two-pass, scores as one whole-tile dot over 8 warps (sm_90)
+    None,  # two-pass: whole-tile scores over 8 warps (sm_90); values programs read codes or the tail
     "bf16 rows",
-    DECODE_CONFIG_TWO_PASS,  # the K loop over 64-wide slices, 4 warps 4 stages (production before)
-    dict(DECODE_CONFIG_TWO_PASS_PACKED, SCALES_AFTER=True),  # fp16 codes, scales on the partial scores
-    dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES=dict(num_warps=16, num_stages=1)),  # a quarter of the codes a thread
-    dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_T=32),  # twice the scores programs, half the rows each
+    dict(DECODE_CONFIG_TWO_PASS_PACKED, TAIL_PROGRAMS=False),  # every values program selects code / tail per value
+    dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUES=dict(num_warps=8, num_stages=3)),  # values: half the codes a thread
+    dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=64, VALUES=dict(num_warps=8, num_stages=3)),  # one scale block a program
+    dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=16),  # values: two programs an SM, half the codes each
     dict(DECODE_CONFIG_TWO_PASS_PACKED, PREFETCH=True),  # values: next step's bytes loaded one step ahead
-    dict(DECODE_CONFIG_TWO_PASS_PACKED, PREFETCH=True, SCORES=dict(num_warps=16, num_stages=1)),
     "bf16 rows",
     None,
 ]
@@ -148,7 +142,7 @@ def _label(cfg) -> str:
         return cfg
     short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
                  BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh", FP8_CVT="cvt", TAIL_APART="tail_apart",
-                 WHOLE_TILE="whole_tile", SCALES_AFTER="scales_after", PREFETCH="prefetch", BLOCK_Q="q",
+                 WHOLE_TILE="whole_tile", PREFETCH="prefetch", TAIL_PROGRAMS="tail_programs", BF16_OPERAND="bf16_operand", BLOCK_Q="q",
                  BLOCKS_PER_SPLIT="split", DECODE_FIRST="decode_first")
     if cfg.get("KERNEL") == "unpack":
         return "unpack columns, then the production bf16 launch (unpack)"
@@ -271,6 +265,9 @@ def main() -> int:
         if only in name:
             _sweep(name, _indexer_run(args, keys), INDEXER_DECODE_CANDIDATES if args[1] == 1 else INDEXER_PREFILL_CANDIDATES)
     moe_configs.sweep(only)  # the MXFP4 MoE layer ("moe flash c1", ...)
+    from v4serve.bench import fp8_decode_configs
+
+    fp8_decode_configs.sweep(only)  # FP8 linear decode variants ("fp8 decode flash wq_a M1", ...)
     from v4serve.bench import v41_attn_configs
 
     v41_attn_configs.sweep(only)  # V4.1's decode attention routes over two packed formats ("two-format decode B1")

@@ -2,7 +2,7 @@
 TPOT it gives at forced acceptance lengths (issue #21).
 
     python -m v4serve.bench.engine --spec-verify --concurrency 1 8 32 --output-len 128 \\
-        [--spec-k 1 2 3 4] [--spec-lengths 2.0 2.8 3.5] [--spec-e2e-k 3]
+        [--spec-k 1 2 3 4] [--spec-lengths 2.0 2.8 3.5] [--spec-e2e-k 3] [--spec-profile]
 
 One engine (`deepseek-v4-flash` cut to 8 layers by default, random weights), built with
 speculative decoding at k = max(--spec-k) (window rings of W + k rows) and CUDA graphs at the
@@ -16,7 +16,11 @@ concurrencies only.
   graph is timed in the same process (over four captured graphs: each replays ~0.3 us per kernel
   slower, docs/performance.md "four-graph effect", plain and speculative alike).
   A step of k drafts at mean acceptance length L gives L tokens per sequence, so its TPOT is
-  (verify + commit/draft) / L, against plain decode's one token per step.
+  (verify + commit/draft) / L, against plain decode's one token per step. `--spec-profile` adds,
+  per k, the kernels whose time grows most from the plain step to the verify step (torch profiler
+  over 10 replays of each graph). `--routing zipf` re-draws the routers first (Zipf(--zipf-exponent)
+  expected expert use, as in the end-to-end Flash runs): a verify step's k + 1 tokens then share
+  experts as skewed routing makes them, where uniform random routers send them to ~(k + 1) x 6.
 * **End to end** at k = --spec-e2e-k: per concurrency, a greedy run with the MTP draft (random
   weights: ~nothing accepted) records each request's output, then one run per L with the
   `ForcedAcceptance` draft (`bench/forced_draft.py`) over the same prompts: TPOT as a client sees it
@@ -86,9 +90,37 @@ def _decoding_requests(engine: Engine, c: int) -> list:
     return [engine._requests[rid] for rid in ids]
 
 
-def step_costs(engine: Engine, concurrencies: list[int], ks: list[int]) -> list[dict]:
+def kernel_times(replay, iterations: int = 10) -> dict[str, tuple[float, float]]:
+    """kernel name -> (launches, µs) per call of `replay` (CUDA graphs included), from a profiled
+    run of `iterations` calls: where a step's time goes, kernel by kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iterations):
+            replay()
+        torch.cuda.synchronize()
+    table: dict[str, tuple[float, float]] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            n, us = table.get(e.name[:60], (0.0, 0.0))
+            table[e.name[:60]] = (n + 1 / iterations, us + (e.time_range.end - e.time_range.start) / iterations)
+    return table
+
+
+def kernel_growth(plain: dict, verify: dict, top: int = 12) -> list[tuple[str, float, float, float, float]]:
+    """(name, plain launches, plain µs, verify launches, verify µs) of the kernels whose time grows
+    most from a plain decode step to a verify step."""
+    names = sorted(set(plain) | set(verify), key=lambda n: plain.get(n, (0, 0))[1] - verify.get(n, (0, 0))[1])
+    return [(n, *(round(v, 1) for v in plain.get(n, (0.0, 0.0))), *(round(v, 1) for v in verify.get(n, (0.0, 0.0))))
+            for n in names[:top]]
+
+
+def step_costs(engine: Engine, concurrencies: list[int], ks: list[int], profile: bool = False) -> list[dict]:
     """Per concurrency c: the plain decode graph's time and, per k, the two speculative graphs' (the
-    first c of max(concurrencies) decoding requests, at their next positions)."""
+    first c of max(concurrencies) decoding requests, at their next positions). `profile`: also the
+    kernels whose time grows most from the plain step to the verify step (`kernel_growth`)."""
     spec = engine.spec
     on_gpu = engine.cache.device.type == "cuda"
     requests = _decoding_requests(engine, max(concurrencies))
@@ -99,9 +131,11 @@ def step_costs(engine: Engine, concurrencies: list[int], ks: list[int]) -> list[
     for c in concurrencies:
         plain = DecodeRunner(engine.model, engine.cache, c, use_cuda_graphs=on_gpu, graph_sizes=(c,))
         plain.run(last[:c], starts[:c], slots[:c])
-        rows.append({"concurrency": c, "k": [],
-                     "plain_ms": replay_ms(_graph_or_eager(plain._graphs, c, 0, functools.partial(plain._forward, c)))})
-        del plain
+        plain_replay = _graph_or_eager(plain._graphs, c, 0, functools.partial(plain._forward, c))
+        rows.append({"concurrency": c, "k": [], "plain_ms": replay_ms(plain_replay)})
+        if profile:
+            rows[-1]["plain_kernels"] = kernel_times(plain_replay)
+        del plain, plain_replay
     for k in ks:
         spec.set_num_speculative_tokens(k)
         runner = spec.verify_runner
@@ -115,8 +149,12 @@ def step_costs(engine: Engine, concurrencies: list[int], ks: list[int]) -> list[
             both_ms = replay_ms(lambda: (verify(), after()))
             row["k"].append({"k": k, "verify_ms": verify_ms, "commit_draft_ms": after_ms, "step_ms": both_ms,
                              "step_over_plain": both_ms / row["plain_ms"]})
+            if profile:
+                row["k"][-1]["kernel_growth"] = kernel_growth(row["plain_kernels"], kernel_times(verify))
     for r in requests:
         engine.abort(r.request_id)
+    for row in rows:
+        row.pop("plain_kernels", None)
     return rows
 
 
@@ -151,7 +189,8 @@ def _counters(m: SpecDecodeMetrics) -> dict:
 def run_spec_rows(engine: Engine, args) -> dict:
     if not engine.spec.verify_runner.uses_cuda_graphs:
         print("no CUDA graphs captured: the times below are eager steps (a smoke run, not a measurement)")
-    costs = step_costs(engine, sorted(set(args.concurrency)), args.spec_k)
+    profile = args.spec_profile and engine.cache.device.type == "cuda"  # CUDA kernels only
+    costs = step_costs(engine, sorted(set(args.concurrency)), args.spec_k, profile=profile)
     for row in costs:
         print(f"c={row['concurrency']}: plain decode step {row['plain_ms']:.3f} ms", flush=True)
         for r in row["k"]:
@@ -159,6 +198,8 @@ def run_spec_rows(engine: Engine, args) -> dict:
                              for L in args.spec_lengths if L <= r["k"] + 1)
             print(f"  k={r['k']}: verify {r['verify_ms']:.3f} + commit/draft {r['commit_draft_ms']:.3f} = "
                   f"{r['step_ms']:.3f} ms ({r['step_over_plain']:.2f}x plain); TPOT {tpot}", flush=True)
+            for name, n0, us0, n1, us1 in r.get("kernel_growth", ()):
+                print(f"    {name:60s} plain {n0:6.1f} x {us0:8.1f} µs   verify {n1:6.1f} x {us1:8.1f} µs", flush=True)
     e2e = []
     lengths = [L for L in args.spec_lengths if L <= args.spec_e2e_k + 1]
     for c in sorted(set(args.concurrency)):

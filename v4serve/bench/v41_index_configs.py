@@ -9,6 +9,7 @@ import torch
 from triton.testing import do_bench_cudagraph
 
 from v4serve.bench.v41_index_case import CAND_BLOCK, v41_index_case, v41_index_shapes
+from v4serve.ops.v41_index_stream_triton import STREAM_CONFIG
 from v4serve.ops.v41_index_triton import v41_index_scores_triton
 
 # (kernel, config); None = the production launch (first: the reference; last: the run's noise)
@@ -21,27 +22,28 @@ TILES_CANDIDATES = [
     ("rows", None),  # the decode kernel: keys decoded once per query
     None,
 ]
-# Decode and candidate mode: the streaming kernel (production) against session 10's rows kernel and
-# its own tile sizes, warps and tiles per program (PROGRAMS_PER_SM sets how many programs share the
-# tiles: more programs = fewer tiles each; TILES=1 = one tile a program, every program at once).
+# Decode and candidate mode: the streaming kernel (production) against its variants. Session 11's sweep
+# (docs/performance.md) measured and retired session 10's rows kernel, 64-slot tiles, one tile a program,
+# 1 / 4 programs per SM and 8 warps at these shapes (none faster than production). Left here: the whole
+# chain after griddepcontrol.wait (EARLY_CHAIN off: session 11's order; production loads the candidate
+# list and key_rows before it), and 4 programs per SM held to 128 registers (maxnreg: 4 resident instead
+# of 3 at 144-152 registers, a few spilled words).
 STREAM = "stream"
+_STREAM = STREAM_CONFIG  # 128-slot tiles, 2 programs per SM, 4 warps
 STREAM_CANDIDATES = [
     None,
-    ("rows", None),  # session 10's production (ROWS_CONFIG; 128 columns past 4096 programs)
-    (STREAM, dict(BLOCK_T=64, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)),  # twice the tiles, ~40% more issue
-    (STREAM, dict(BLOCK_T=64, TILES=1, num_warps=4, num_stages=1)),
-    (STREAM, dict(BLOCK_T=128, PROGRAMS_PER_SM=1, num_warps=4, num_stages=1)),
-    (STREAM, dict(BLOCK_T=128, PROGRAMS_PER_SM=4, num_warps=4, num_stages=1)),
-    (STREAM, dict(BLOCK_T=128, TILES=1, num_warps=4, num_stages=1)),
-    (STREAM, dict(BLOCK_T=128, PROGRAMS_PER_SM=2, num_warps=8, num_stages=1)),  # two warpgroups a tile
+    (STREAM, dict(_STREAM, EARLY_CHAIN=False)),
+    (STREAM, dict(_STREAM, PROGRAMS_PER_SM=4, maxnreg=128)),
     None,
 ]
-# Candidate prefill: also the keys decoded once per step (bf16 gathers), with both kernels.
-CAND_PREFILL_CANDIDATES = STREAM_CANDIDATES[:-1] + [
-    ("rows_predecoded", None),  # session 10's production for candidate prefill
-    ("stream_predecoded", None),
-    ("stream_predecoded", dict(BLOCK_T=64, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)),
-    (STREAM, dict(BLOCK_T=128, PROGRAMS_PER_SM=8, num_warps=4, num_stages=1)),
+# Candidate prefill (production: 8 programs per SM): 2 per SM (session 11's production), 16 per SM, and 8
+# per SM with 4 or 5 resident (session 11 retired the keys-decoded-once routes: 90-126 µs against 78-122).
+CAND_PREFILL_CANDIDATES = [
+    None,
+    (STREAM, _STREAM),
+    (STREAM, dict(_STREAM, PROGRAMS_PER_SM=16)),
+    (STREAM, dict(_STREAM, PROGRAMS_PER_SM=8, maxnreg=128)),
+    (STREAM, dict(_STREAM, PROGRAMS_PER_SM=8, maxnreg=96)),  # 5 resident (48 B of spills)
     None,
 ]
 SHAPES = {
@@ -62,7 +64,8 @@ def _label(candidate) -> str:
     kernel, cfg = candidate
     if cfg is None:
         return f"{kernel} (its production config)"
-    short = dict(BLOCK_S="s", BLOCK_T="t", num_warps="w", num_stages="st", PROGRAMS_PER_SM="per_sm", TILES="tiles")
+    short = dict(BLOCK_S="s", BLOCK_T="t", num_warps="w", num_stages="st", PROGRAMS_PER_SM="per_sm", TILES="tiles",
+                 EARLY_CHAIN="early_chain")
     return f"{kernel} " + " ".join(f"{short.get(k, k)}={v}" for k, v in cfg.items())
 
 

@@ -29,6 +29,7 @@ from v4serve.ops.sparse_attn_triton import (
 
 from .spec import Expect, KernelSpec
 from .registry_decode_fusion import DECODE_FUSION_KERNELS
+from .registry_fp8_decode import FP8_DECODE_KERNELS
 from .registry_kv_compact import KV_COMPACT_KERNELS
 from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS
 from .registry_packed_kv import INDEX_ALIGNED, INDEX_TYPES, PACKED_KV_KERNELS
@@ -189,7 +190,8 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=dict(_SPARSE_ATTN_TYPES, part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16", ticket_ptr="*bf16"),
             aligned=_SPARSE_ATTN_ALIGNED,
             constexprs=dict(n_splits=1, HAS_COUNTS=False, SPLIT=False, FUSED_MERGE=False, BLOCK_H=cfg["BLOCK_H"],
-                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True, PK_FP8_CVT=False, **_NO_PK),
+                            BLOCK_T=cfg["BLOCK_T"], BLOCK_D=512, PDL=False, EVEN_D=True, PK_FP8_CVT=False,
+                            PK_BF16_OPERAND=False, **_NO_PK),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=(arch,),
             # The 64-head tile (sm_90 before Triton 3.9) is meant to fill the register file: its
             # [64, 512] fp32 accumulator over 256 threads compiles to 255 registers, the hardware's
@@ -221,7 +223,8 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=dict(_SPARSE_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
             aligned=_SPARSE_ATTN_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, SPLIT=True, FUSED_MERGE=False, BLOCK_H=_DECODE["BLOCK_H"],
-                            BLOCK_T=_DECODE["BLOCK_T"], BLOCK_D=512, PDL=pdl, EVEN_D=True, PK_FP8_CVT=False, **_NO_PK),
+                            BLOCK_T=_DECODE["BLOCK_T"], BLOCK_D=512, PDL=pdl, EVEN_D=True, PK_FP8_CVT=False,
+                            PK_BF16_OPERAND=False, **_NO_PK),
             num_warps=_DECODE["num_warps"], num_stages=_DECODE["num_stages"], archs=archs,
             expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=_DECODE_MAX_REGS, tensor_cores=True),
         )
@@ -253,7 +256,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=_SCORES_TYPES, aligned=_SCORES_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
                             BLOCK_K=_TWO_PASS["BLOCK_K"], PDL=pdl, TAIL_APART=True, WHOLE_TILE=False,
-                            BLOCK_D=512, SCALES_AFTER=False, **_NO_PK_LOAD),
+                            BLOCK_D=512, **_NO_PK_LOAD),
             archs=archs, **_TWO_PASS["SCORES"],
             expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=192, tensor_cores=True),
         )
@@ -265,6 +268,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=_VALUES_TYPES, aligned=_VALUES_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
                             BLOCK_DV=_TWO_PASS["BLOCK_DV"], BLOCK_J=16, EVEN_D=True, PDL=pdl, PREFETCH=False,
+                            TAIL_PROGRAMS=False,
                             **_NO_PK_LOAD),
             archs=archs, **_TWO_PASS["VALUES"],
             # Triton 3.8's sm_100 build keeps one 8-byte value in local memory (2 STL/LDL); the
@@ -478,11 +482,11 @@ KERNELS: tuple[KernelSpec, ...] = (
     # w8a8 with fp8 dots, FP8_PREFILL_DEQUANT_CONFIG for weight-only and for sm_80). ----
     *(
         KernelSpec(  # ACT_QUANT_CONFIG: V4 (per 128 channels) and V4.1 (per 32)
-            f"quant.act_quant_b{group}", f"{_OPS}.fp8_linear_triton:_act_quant_kernel",
+            f"quant.act_quant_b{group}", f"{_OPS}.fp8_act_quant_triton:_act_quant_kernel",
             types=dict(x_ptr="*bf16", q_ptr="*u8", s_ptr="*fp32", K="i32", stride_x="i32", stride_q="i32",
                        stride_s="i32"),
             aligned=("x_ptr", "q_ptr", "s_ptr", "K", "stride_x", "stride_q"),
-            constexprs=dict(GROUP=group, BLOCK_G=1024), num_warps=4, num_stages=3,
+            constexprs=dict(GROUP=group, BLOCK_G=1024, PDL=False), num_warps=4, num_stages=3,
             expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=40),
         )
         for group in (128, 32)
@@ -515,9 +519,9 @@ KERNELS: tuple[KernelSpec, ...] = (
                     else _FP8_PREFILL_DEQUANT if mode == "w8a16" else _FP8_PREFILL_SM80 if sm80 else _FP8_PREFILL]
     ),
     KernelSpec(  # SPLIT_K_SUM_BLOCK; wq_a decode at 17 splits
-        "fp8_linear.split_k_sum", f"{_OPS}.fp8_linear_triton:_split_k_sum_kernel",
+        "fp8_linear.split_k_sum", f"{_OPS}.fp8_linear_decode_triton:_split_k_sum_kernel",
         types=dict(part_ptr="*fp32", y_ptr="*bf16", MN="i32"), aligned=("part_ptr", "y_ptr", "MN"),
-        constexprs=dict(PDL=False, SPLIT_K=17, BLOCK=1024), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, TRIGGER=False, SPLIT_K=17, BLOCK=1024), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, max_regs=64),
     ),
     *(
@@ -571,6 +575,8 @@ KERNELS: tuple[KernelSpec, ...] = (
     # ---- MXFP4 MoE GEMV for few picks an expert: v4serve/codegen/registry_mxfp4_gemv.py ----
     *MXFP4_GEMV_KERNELS,
     *DECODE_FUSION_KERNELS,
+    # ---- FP8 linear, weights-first decode kernel: v4serve/codegen/registry_fp8_decode.py ----
+    *FP8_DECODE_KERNELS,
     # ---- DeepSeek-V4.1 indexer over packed fp4 keys: v4serve/codegen/registry_v41_index.py ----
     *V41_INDEX_KERNELS,
     # ---- DeepSeek-V4.1 engine path: two-format attention unpack, Engram lookup (registry_v41_engine.py) ----

@@ -21,7 +21,6 @@ checkpoint loads by name; `weights.py` maps the official V4 checkpoint's names o
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from v4serve.cache import ForwardBatch, LayerCache, PagedKVCache
@@ -36,6 +35,7 @@ from v4serve.model.moe import MoE
 from v4serve.model.norm import RMSNorm
 from v4serve.model.rope import RopeTables
 from v4serve.model.step_plan import StepPlan, plan_step
+from v4serve.ops.fp32_head import fp32_head
 from v4serve.ops.hc_collapse import hc_collapse
 
 
@@ -107,9 +107,6 @@ class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
             self.mtp = nn.ModuleList(MTPLayer(config, mtp_layer_plan(self.plan, i))
                                      for i in range(config.num_nextn_predict_layers))
         self._rope: RopeTables | None = None  # fp32 frequency tables, built on the weights' device
-        # V4.1's fp32 head (plan.fp32_head): the head weight in fp32, made once by `fuse_projections`
-        # (converting the vocab x hidden weight on every step would move ~4x its bytes again per step).
-        self.register_buffer("lm_head_fp32", None, persistent=False)
         self.ngrams: NgramHasher | None = None  # Engram's hashing, set by `set_token_map`
 
     @property
@@ -131,8 +128,6 @@ class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
         for layer in [*self.model.layers, *getattr(self, "mtp", ())]:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
-        if self.plan.fp32_head:
-            self.lm_head_fp32 = self.lm_head.weight.detach().float()
 
     def rope(self) -> RopeTables:
         device = self.lm_head.weight.device
@@ -172,11 +167,8 @@ class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
             h = self.model.norm(self.model.hc_head(streams, batch.tickets))
         else:  # V4.1: the last block's ffn pre collapses the streams
             h = self.model.norm(hc_collapse(streams, last_pre, impl=self.impl))
-        if self.plan.fp32_head:
-            weight = self.lm_head_fp32
-            if weight is None or weight.device != h.device:
-                weight = self.lm_head.weight.float()
-            return F.linear(h.float(), weight)
+        if self.plan.fp32_head:  # V4.1: fp32 logits of the bf16 weight, widened tile by tile (ops/fp32_head.py)
+            return fp32_head(h.float(), self.lm_head.weight, impl=self.impl)
         return self.lm_head(h).float()
 
     @torch.inference_mode()

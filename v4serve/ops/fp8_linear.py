@@ -8,8 +8,10 @@ x [..., K] (bf16 / fp16 / fp32, unit stride along K); weight float8_e4m3fn [N, K
 act_block None: weight-only numerics y = x @ (w * s)^T (fp32 accumulation, rounded to x.dtype once);
 act_block 128 (V4) / 32 (V4.1): the official numerics, x quantized to e4m3 per act_block channels
 with ue8m0 scales first (`act_quant`).
-The Triton path runs the tile kernels of fp8_linear_triton.py at every M (tensor cores; decode tiles
-at small M). A GEMV without tensor cores for M <= 8 was built and measured in session 12 and lost or
+The Triton path runs the tile kernels of fp8_linear_triton.py (tensor cores; decode tiles at small
+M), and at decode, where a program's K range fits in registers, the weights-first kernel of
+fp8_linear_decode_triton.py (weights requested before the wait on the previous kernel, the
+activations quantized in the same launch). A GEMV without tensor cores for M <= 8 was built and measured in session 12 and lost or
 tied at every projection (docs/performance.md "Session 12"), so it was removed.
 
 Not used: torch._scaled_mm / torch.nn.functional.scaled_mm. PyTorch's blockwise recipe (1x128
@@ -38,12 +40,15 @@ def _check(x, weight, scale, block, act_block):
 
 
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block=(128, 128),
-               act_block: int | None = None, impl: str = "auto") -> torch.Tensor:
-    """y [..., N] = A @ (weight * scale)^T, A = x or its e4m3 / ue8m0 quantization per act_block."""
+               act_block: int | None = None, impl: str = "auto", arrivals: torch.Tensor | None = None) -> torch.Tensor:
+    """y [..., N] = A @ (weight * scale)^T, A = x or its e4m3 / ue8m0 quantization per act_block.
+    `arrivals`: int32 zeros [>= ceil(N / 64)] that the caller keeps across calls (every launch
+    leaves them at zero): the weights-first decode kernel then sums its split-K partials in the
+    last program of each tile instead of a second launch (fp8_linear_decode_triton.py)."""
     block = tuple(block)
     _check(x, weight, scale, block, act_block)
     if use_triton(impl, x, weight, scale):
-        y = fp8_linear_triton(x.reshape(-1, x.shape[-1]), weight, scale, block, act_block)
+        y = fp8_linear_triton(x.reshape(-1, x.shape[-1]), weight, scale, block, act_block, arrivals=arrivals)
         return y.reshape(*x.shape[:-1], weight.shape[0])
     return fp8_linear_reference(x, weight, scale, block, act_block)
 

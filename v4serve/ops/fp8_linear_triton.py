@@ -1,4 +1,5 @@
-"""Triton kernels of the FP8 block-scaled linear and of the official activation quantization.
+"""Triton tile kernels of the FP8 block-scaled linear, and the dispatch between them and the decode
+kernel of fp8_linear_decode_triton.py (activation quantization: fp8_act_quant_triton.py).
 
 Layouts: x [M, K] (bf16 / fp16 / fp32, row stride `stride_x`, unit column stride); weight e4m3
 [N, K] row-major (read as uint8 where the GPU has no fp8 conversions); scale float32
@@ -23,15 +24,11 @@ Decode (M <= 16, or M <= DECODE_MAX_M = 64 where the prefill tiles would not fil
 bandwidth-bound: BLOCK_M (16, 32 or 64) covers every row, so each weight byte crosses HBM once;
 the K range is split over SPLIT_K programs per N tile when N / BLOCK_N alone would not fill the
 GPU, each writing an fp32 partial [SPLIT_K, M, N] that a second kernel sums in split order
-(deterministic) and rounds (PDL overlaps its launch; summing in the last-arriving program of each
-tile instead, one launch in all, measured ~1 µs slower at M = 1 on the H200: docs/performance.md
-"Session 10"). Prefill uses large tiles and writes y directly.
-
-Activation quantization (one program per row and BLOCK_G channels, groups of `block` channels):
-s = 2^ceil(log2(max(amax, 1e-4) * fp32(1/448))) from the fp32 bits, t = clamp(x * (1/s), +-448)
-(1/s is an exact power of two), q = t rounded to the e4m3 grid with round-to-nearest-even by
-adding and subtracting 1.5 * 2^23 at the code's quantum (exact fp32 arithmetic, the same on every
-GPU and in the interpreter), stored as the e4m3 byte built from q's fp32 bits.
+(deterministic) and rounds. In act mode on FP8 GPUs, M <= 16 takes the weights-first decode kernel
+(fp8_linear_decode_triton.py: weights requested before the wait on the previous kernel, the
+activations quantized in the same launch) wherever a program's K range fits its registers
+(`decode_ahead_plan`); the rest (e.g. Flash wq_b / wo_b, 8-13 steps a program) these tiles.
+Prefill uses large tiles and writes y directly.
 """
 
 import functools
@@ -42,7 +39,11 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
+from v4serve.ops.fp8_act_quant_triton import act_quant_triton
+from v4serve.ops.fp8_linear_decode_triton import FP8_AHEAD_CONFIG, ahead_steps, fp8_linear_decode_ahead, split_k_sum
 from v4serve.ops.quant_decode_triton import e4m3_bits_to_f32
+
+__all__ = ["act_quant_triton", "decode_ahead_plan", "decode_programs_wanted", "fp8_linear_triton", "native_fp8"]
 
 # Decode tiles: BLOCK_M the smallest of 16 / 32 / 64 that holds every row (one pass over the
 # weights), the K range split to fill the GPU. Up to 16 rows always; up to DECODE_MAX_M where the
@@ -55,46 +56,8 @@ FP8_PREFILL_CONFIG = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, nu
 FP8_PREFILL_DEQUANT_CONFIG = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
 # sm_80 with act quantization: both operands decoded from bytes.
 FP8_PREFILL_SM80_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
-ACT_QUANT_CONFIG = dict(BLOCK_G=1024, num_warps=4)
 # Split-K until the decode grid has at least this many programs per SM.
 DECODE_PROGRAMS_PER_SM = 2
-SPLIT_K_SUM_BLOCK = 1024
-
-
-@triton.jit
-def _e4m3_byte(mag, negative):
-    """The e4m3 byte of +-mag (mag >= 0 an fp32 value on the e4m3 grid, <= 448)."""
-    bits = mag.to(tl.int32, bitcast=True)
-    normal = ((((bits >> 23) & 0xFF) - 120) << 3) | ((bits >> 20) & 7)
-    byte = tl.where(mag >= 0.015625, normal, (mag * 512.0).to(tl.int32))
-    return (byte | tl.where(negative, 0x80, 0)).to(tl.uint8)
-
-
-@triton.jit
-def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
-                      GROUP: tl.constexpr, BLOCK_G: tl.constexpr):
-    """Program (row, g): e4m3 codes of x[row, g * BLOCK_G:][:BLOCK_G] and the scales of its
-    BLOCK_G // GROUP groups (fp32 arithmetic on exponent bits, see the module docstring)."""
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK_G + tl.arange(0, BLOCK_G)
-    mask = offs < K
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    xg = tl.reshape(x, (BLOCK_G // GROUP, GROUP))
-    amax = tl.maximum(tl.max(tl.abs(xg), 1), 1e-4)
-    ratio = (amax * (1.0 / 448.0)).to(tl.int32, bitcast=True)
-    exp = ((ratio >> 23) & 0xFF) - 127 + ((ratio & 0x7FFFFF) != 0).to(tl.int32)  # ceil(log2(ratio))
-    s = ((exp + 127) << 23).to(tl.float32, bitcast=True)
-    inv_s = ((127 - exp) << 23).to(tl.float32, bitcast=True)
-    t = tl.minimum(tl.maximum(xg * inv_s[:, None], -448.0), 448.0)
-    a = tl.abs(t)
-    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)  # the code's exponent
-    up = ((130 - e) << 23).to(tl.float32, bitcast=True)  # 2^(3-e): one quantum becomes 1
-    down = ((124 + e) << 23).to(tl.float32, bitcast=True)
-    r = ((a * up + 12582912.0) - 12582912.0) * down  # round half to even at the quantum
-    byte = _e4m3_byte(r, t.to(tl.int32, bitcast=True) < 0)  # the sign bit of t: -0 -> 0x80, as torch's cast
-    tl.store(q_ptr + row * stride_q + offs, tl.reshape(byte, (BLOCK_G,)), mask=mask)
-    groups = tl.program_id(1) * (BLOCK_G // GROUP) + tl.arange(0, BLOCK_G // GROUP)
-    tl.store(s_ptr + row * stride_s + groups, s, mask=groups * GROUP < K)
 
 
 @triton.jit
@@ -196,19 +159,6 @@ def _fp8_linear_decode_kernel(
              acc.to(out_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-@triton.jit
-def _split_k_sum_kernel(part_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """y[i] = sum over s in order of part[s, i] (fp32), rounded once."""
-    if PDL:
-        gdc_wait()
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
-    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
-
-
 @functools.lru_cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -224,22 +174,6 @@ def native_fp8(device: torch.device) -> bool:
     return not compiled_on_cuda(device) or _has_fp8(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def act_quant_triton(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    if block & (block - 1) or not 1 <= block <= ACT_QUANT_CONFIG["BLOCK_G"]:
-        raise ValueError(f"the Triton act_quant needs a power-of-two block <= {ACT_QUANT_CONFIG['BLOCK_G']}, got {block}")
-    if x.stride(-1) != 1:
-        raise ValueError("x must have a unit stride along K")
-    m, k = x.shape
-    codes = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty(m, triton.cdiv(k, block), dtype=torch.float32, device=x.device)
-    block_g = min(ACT_QUANT_CONFIG["BLOCK_G"], max(block, triton.next_power_of_2(k)))
-    if m:
-        _act_quant_kernel[(m, triton.cdiv(k, block_g))](
-            x, codes.view(torch.uint8), scales, k, x.stride(0), codes.stride(0), scales.stride(0),
-            GROUP=block, BLOCK_G=block_g, num_warps=ACT_QUANT_CONFIG["num_warps"])
-    return codes, scales
-
-
 def _use_decode_tiles(m: int, n: int, device: torch.device) -> bool:
     if m <= DECODE_ALWAYS_M or m > DECODE_MAX_M:
         return m <= DECODE_ALWAYS_M
@@ -249,45 +183,82 @@ def _use_decode_tiles(m: int, n: int, device: torch.device) -> bool:
     return prefill_programs < _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _split_k(n_tiles: int, k_steps: int, device: torch.device) -> int:
+def decode_programs_wanted(device: torch.device) -> int:
+    """Decode programs that fill the GPU (DECODE_PROGRAMS_PER_SM a SM); 1 in the interpreter."""
     if not compiled_on_cuda(device):
         return 1
-    want = DECODE_PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return max(1, min(k_steps, triton.cdiv(want, n_tiles)))
+    return DECODE_PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _split_k(n_tiles: int, k_steps: int, device: torch.device) -> int:
+    return max(1, min(k_steps, triton.cdiv(decode_programs_wanted(device), n_tiles)))
+
+
+def decode_ahead_plan(m: int, n: int, k: int, block: tuple[int, int], act_block: int | None, fp8_hw: bool,
+                      device: torch.device, config: dict | None = None, split_k: int | None = None,
+                      x_words: bool = True) -> tuple[dict, int, int] | None:
+    """(config, splits, steps a program) of the weights-first decode kernel for this shape, or None
+    where the tile kernels run it: weight-only numerics, no FP8 on the GPU, more rows than its
+    BLOCK_M, or more K steps a program (at the split that fills the GPU) than MAX_STEPS.
+    `config`: FP8_AHEAD_CONFIG's keys to change (tests, benchmarks). The activations are quantized
+    in the kernel (QUANT_A) only where a step is one activation group and x can be read as int32
+    words (`x_words`: bf16, even K and row stride, 4-byte aligned); act_quant runs first otherwise."""
+    cfg = dict(FP8_AHEAD_CONFIG, **(config or {}))
+    if act_block is None or not fp8_hw or m > cfg["BLOCK_M"]:
+        return None
+    cfg["BLOCK_K"] = min(cfg["BLOCK_K"], act_block, block[1])
+    cfg["QUANT_A"] = cfg["QUANT_A"] and cfg["BLOCK_K"] == act_block and x_words
+    n_tiles = triton.cdiv(n, cfg["BLOCK_N"])
+    splits, steps = ahead_steps(k, cfg["BLOCK_K"], n_tiles, decode_programs_wanted(device), split_k)
+    return (cfg, splits, steps) if steps <= cfg["MAX_STEPS"] else None
 
 
 def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
                       act_block: int | None, config: dict | None = None, split_k: int | None = None,
-                      fp8_hw: bool | None = None) -> torch.Tensor:
+                      fp8_hw: bool | None = None, arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, N] for x [M, K]. `config` / `split_k` override the tiles and the decode K split (tests,
-    benchmarks); `fp8_hw=False` forces the path of GPUs without fp8 (sm_80: codes decoded from bytes);"""
+    benchmarks): a tile config (optionally KERNEL="tiles") runs the tile kernels; KERNEL="ahead"
+    plus FP8_AHEAD_CONFIG keys to change runs the weights-first decode kernel where it applies
+    (`decode_ahead_plan`); None: production's choice. `fp8_hw=False` forces the path of GPUs
+    without fp8 (sm_80: codes decoded from bytes). `arrivals`: split counters the caller keeps
+    (int32 zeros [>= N / 64], left at zero): the weights-first kernel then sums its partials in
+    the last program (SUM_LAST, unless the config says otherwise)."""
     m, k = x.shape
     n = weight.shape[0]
     bn, bk = block
     decode = _use_decode_tiles(m, n, x.device)
     if x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError("x and weight must have a unit stride along K")
+    if act_block is not None and (act_block & (act_block - 1) or bk & (bk - 1) or min(act_block, bk) < 16):
+        raise ValueError(f"the Triton FP8 path needs power-of-two act_block and block_k >= 16, got "
+                         f"act_block={act_block}, block={list(block)}")
     fp8_hw = native_fp8(x.device) if fp8_hw is None else fp8_hw
+    kernel = "auto" if config is None else config.get("KERNEL", "tiles")
+    config = None if config is None else {key: v for key, v in config.items() if key != "KERNEL"}
+    if decode and m and n and kernel in ("auto", "ahead"):
+        x_words = x.dtype == torch.bfloat16 and k % 2 == 0 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
+        ahead_cfg = {"SUM_LAST": arrivals is not None, **(config or {})}
+        plan = decode_ahead_plan(m, n, k, block, act_block, fp8_hw, x.device, ahead_cfg, split_k, x_words)
+        if plan is not None:
+            return fp8_linear_decode_ahead(x, weight, scale, block, act_block, *plan, pdl_launch(x), arrivals)
+    if kernel == "ahead":
+        config = None  # (its keys are the weights-first kernel's; the shape takes the tiles)
     if act_block is None:
         prefill_cfg = FP8_PREFILL_DEQUANT_CONFIG
     else:
         prefill_cfg = FP8_PREFILL_CONFIG if fp8_hw else FP8_PREFILL_SM80_CONFIG
     cfg = dict(config or (FP8_DECODE_CONFIG if decode else prefill_cfg))
-    if decode and config is None:
+    if decode and not config:
         cfg["BLOCK_M"] = max(cfg["BLOCK_M"], triton.next_power_of_2(m))
     if act_block is None:
         post = bk % cfg["BLOCK_K"] == 0
         a, a_scale, ab = x, scale, 1  # (a_scale is not read in weight-only mode)
     else:
-        if act_block & (act_block - 1) or bk & (bk - 1) or min(act_block, bk) < 16:
-            raise ValueError(f"the Triton FP8 path needs power-of-two act_block and block_k >= 16, got "
-                             f"act_block={act_block}, block={list(block)}")
         cfg["BLOCK_K"] = min(cfg["BLOCK_K"], act_block, bk)
         post = True
         ab = act_block
-        # (Quantizing the activation tiles inside the decode kernel saved this launch but put a
-        # cross-warp amax reduction on every K step's critical path: +7 µs at Flash wq_b M1 on the
-        # H200, docs/performance.md "Session 10".)
+        # (Quantizing the activation tiles inside this loop put a cross-warp amax reduction on every
+        # K step's critical path: +7 µs at Flash wq_b M1 on the H200, docs/performance.md "Session 10".)
         a, a_scale = act_quant_triton(x, act_block)
         if not fp8_hw:
             a = a.view(torch.uint8)
@@ -315,6 +286,5 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         a, a_scale, w, scale, out, m, n, k, k_per_split, a.stride(0), a_scale.stride(0), w.stride(0),
         scale.stride(0), out.stride(0) if splits > 1 else 0, out.stride(-2), **flags, **pdl)
     if splits > 1:
-        _split_k_sum_kernel[(triton.cdiv(m * n, SPLIT_K_SUM_BLOCK),)](
-            out, y, m * n, SPLIT_K=splits, BLOCK=SPLIT_K_SUM_BLOCK, **pdl)
+        split_k_sum(out, y, pdl)
     return y

@@ -19,15 +19,12 @@ times 2^8 (now decode(c), a normal fp32 or 0) and times 2^(b - 127); every step 
 the final cast to bf16 (at most 4 significant bits; done per element before the tile is
 reshaped, so no fp32 copy of a whole tile is live). On sm_89+ (FP8_CVT) the hardware e4m3 ->
 fp32 conversion replaces the integer construction, with the same values (one F2FP per two codes:
-~3 SASS instructions per code against ~10 on sm_90, codegen of Triton 3.6). The tile is loaded
+~3 SASS instructions per code against ~10 on sm_90, codegen of Triton 3.6); a bf16 tile then
+takes the scale as one bf16x2 multiply per two codes after the cast (exact too:
+`_e4m3_scaled_cvt_bf16`; ~2.5 instructions per code). The tile is loaded
 as [R, G, SUB] with SUB = min(K, PK_BLOCK) contiguous bytes per (row, group), so each group is one
 or more 16-byte loads at 16-byte aligned row strides; the scale bytes are read as the int32 words
 that hold them (4-byte loads).
-
-Codes without their scales (`load_codes_fp16`, `load_block_scale`): for kernels that apply the
-block scales after a dot (sparse_attn_tiles.scores_scales_after): the codes of one scale block as
-fp16 (decode(c) through the hardware conversion, or decode(c) * 2^-8 from the integer fp16
-construction above: exact either way) and the block's 2^(b - 127) per row, from its int32 word.
 
 Grids: `_store_rows_kernel` (N,): one program per row (skipped when rows[i] < 0);
 `_unpack_rows_kernel` (cdiv(N, 16),): 16 rows per program.
@@ -121,6 +118,19 @@ def _e4m3_scaled_cvt(codes, scale_bytes):
 
 
 @triton.jit
+def _e4m3_scaled_cvt_bf16(codes, scale_bytes):
+    """_e4m3_scaled_cvt with a bf16 result and the scale multiply in bf16: decode(c) is exact in bf16
+    (at most 4 significant bits), 2^(b - 127) is the bf16 with bits b << 7, and their bf16 product
+    is exact wherever the fp32 one is (bf16 has fp32's exponent range), so the values are those of
+    _e4m3_scaled_cvt(...).to(bf16). One bf16x2 multiply per two codes (HMUL2.BF16 on sm_90)
+    instead of two fp32 multiplies; the conversion goes through fp32 (HADD2.F32, then one F2FP pack
+    per two values: Triton's direct e4m3 -> bf16 conversion takes one F2F per value, a
+    quarter-rate unit's instruction)."""
+    scale = (scale_bytes << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return codes.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(tl.bfloat16) * scale
+
+
+@triton.jit
 def load_packed(row_ptrs, live, d0, D, K: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr,
                 PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr,
                 OUT_DTYPE: tl.constexpr = tl.bfloat16, FP8_CVT: tl.constexpr = False):
@@ -184,7 +194,9 @@ def dequantize_packed(codes, sw, tail, d0, D, K: tl.constexpr, PK_NQ: tl.constex
     ch = d0 + g[:, None] * SUB + tl.arange(0, SUB)[None, :]  # [G, SUB]
     group = (d0 + g * SUB) // PK_BLOCK
     sb = (sw >> (8 * (group % 4))[None, :]) & 0xFF
-    if FP8_CVT:
+    if FP8_CVT and OUT_DTYPE == tl.bfloat16:
+        v = _e4m3_scaled_cvt_bf16(codes, sb[:, :, None])
+    elif FP8_CVT:
         v = _e4m3_scaled_cvt(codes, sb[:, :, None]).to(OUT_DTYPE)
     else:
         v = _e4m3_scaled(codes, sb[:, :, None]).to(OUT_DTYPE)
@@ -195,39 +207,6 @@ def dequantize_packed(codes, sw, tail, d0, D, K: tl.constexpr, PK_NQ: tl.constex
         else:
             v = tl.where(in_tail[None, :, :], tail.to(OUT_DTYPE)[:, None, :], v)
     return tl.reshape(v, (codes.shape[0], K))
-
-
-@triton.jit
-def load_codes_fp16(row_ptrs, live, d0, K: tl.constexpr, FP8_CVT: tl.constexpr = False):
-    """The e4m3 codes of channels [d0, d0 + K) (quantized channels only, d0 a multiple of 16) of
-    the rows at row_ptrs as fp16 [R, K] *without* their block scale (rows not `live` read as 0):
-    FP8_CVT, decode(c) through the hardware conversion (one F2FP per two codes, sm_89+); else the
-    fp16 with bits (c & 0x80) << 8 | (c & 0x7f) << 7, which is decode(c) * 2^-8. Both exact (every
-    e4m3 value, subnormals included, is a normal fp16 or 0); code_unit(FP8_CVT) * value = decode(c).
-    For kernels that apply the scales after a dot (load_packed applies them to the tile)."""
-    base = tl.multiple_of(row_ptrs, 16)
-    codes = tl.load(base[:, None] + (d0 + tl.arange(0, K))[None, :], mask=live[:, None], other=0)
-    if FP8_CVT:
-        return codes.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-    c = codes.to(tl.int16)
-    return (((c & 0x80) << 8) | ((c & 0x7F) << 7)).to(tl.float16, bitcast=True)
-
-
-@triton.jit
-def code_unit(FP8_CVT: tl.constexpr):
-    """What load_codes_fp16's values are multiplied by to give decode(c): 1, or 2^8 (integer path)."""
-    if FP8_CVT:
-        return 1.0
-    return 256.0
-
-
-@triton.jit
-def load_block_scale(row_ptrs, live, group, PK_SCALE_OFF: tl.constexpr):
-    """2^(b - 127) in fp32 [R], b the ue8m0 byte of scale block `group` of each row at row_ptrs,
-    read from the aligned int32 word holding it (a 4-byte load); 1 for rows not `live`."""
-    words = (row_ptrs + PK_SCALE_OFF).to(tl.pointer_type(tl.int32))
-    w = tl.load(words + group // 4, mask=live, other=0x7F7F7F7F)
-    return _pow2(((w >> (8 * (group % 4))) & 0xFF) - 127)
 
 
 @triton.jit

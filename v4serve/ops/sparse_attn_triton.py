@@ -24,10 +24,13 @@ codes and the bf16 rope tail as 16-byte loads, the ue8m0 scales as the int32 wor
 and dequantizes them in registers (kv_pack_triton.load_packed; exact, so the tile holds the
 unpacked rows' values). Split-K decode does it once per [BLOCK_T, D] tile and runs both dots on
 it, like the bf16 kernel: the same values into the same dots as the bf16 kernel at the same tiles
-over the unpacked rows. The bits can still differ by fp32 summation order: Triton lays the
-dequantized operands out with kWidth 4 (the bf16 kernel's: 2), which permutes the k order inside
-each mma.sync (equal bits where every sum is exact; otherwise a few outputs one bf16 ulp apart,
-session 9's H200 test: relative 3e-7 to 5.5e-5). Tiles that set QK_SLICE launch `_sparse_attn_sliced_kernel` instead, the same
+over the unpacked rows. On the GPU the dequantized tile passes an opaque bf16 boundary
+(sparse_attn_tiles.bf16_operand_boundary, PK_BF16_OPERAND) so that its mma operands take the
+bf16 kernel's layout (kWidth 2) and k order; without it (the interpreter, tile config
+BF16_OPERAND False) Triton lays them out with kWidth 4, which permutes the k order inside each
+mma.sync (equal bits where every sum is exact; otherwise a few outputs one bf16 ulp apart,
+session 9's H200 test: relative 3e-7 to 5.5e-5) and costs ~230 register moves a thread per
+tile. Tiles that set QK_SLICE launch `_sparse_attn_sliced_kernel` instead, the same
 program with S = Q K^T computed as a chain of dots over QK_SLICE-wide slices of the head dim
 (sparse_attn_tiles.sliced_scores: each K slice gathered and dequantized on its own, the Q slice
 re-read from L1; P V still takes the whole dequantized tile): the packed prefill tiles, and
@@ -87,9 +90,9 @@ from v4serve.ops._dispatch import (
     check_16_byte_aligned, compiled_on_cuda, fp8_conversion_supported, pdl_supported, triton_at_least)
 from v4serve.ops.sparse_attn_gluon import WS_HEAD_DIM, sparse_attn_ws
 from v4serve.ops.kv_compact import unpack_referenced_rows
-from v4serve.ops.kv_pack_triton import load_packed, packed_constexprs
+from v4serve.ops.kv_pack_triton import packed_constexprs
 from v4serve.ops.sparse_attn_tiles import (
-    column_bound, gather_kv_tile, gather_packed_kv_tile, load_rows, row_pointers, scores_scales_after, sliced_scores)
+    bf16_operand_boundary, column_bound, gather_kv_tile, gather_packed_kv_tile, sliced_scores)
 from v4serve.ops.sparse_attn_two_pass import sparse_attn_two_pass
 from v4serve.ops.sparse_attn_unpacked_decode import unpack_columns
 
@@ -225,7 +228,7 @@ def _sparse_attn_kernel(
     PDL: tl.constexpr = False, PACKED: tl.constexpr = False, PK_FP4: tl.constexpr = False, PK_NQ: tl.constexpr = 0,
     PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
     PK_HAS_TAIL: tl.constexpr = False, PK_PAYLOAD: tl.constexpr = 0, PK_ROW_BYTES: tl.constexpr = 0,
-    PK_FP8_CVT: tl.constexpr = False,
+    PK_FP8_CVT: tl.constexpr = False, PK_BF16_OPERAND: tl.constexpr = False,
 ):
     """S = Q K^T as one dot over the whole [BLOCK_T, BLOCK_D] tile (the bf16 production kernel)."""
     _sparse_attn_program(
@@ -234,7 +237,7 @@ def _sparse_attn_kernel(
         stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
         stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
         HAS_COUNTS, SPLIT, FUSED_MERGE, BLOCK_H, BLOCK_T, BLOCK_D, EVEN_D, PDL, PACKED, PK_NQ, PK_BLOCK,
-        PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, 0, False)
+        PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, PK_BF16_OPERAND, 0)
 
 
 @triton.jit
@@ -258,32 +261,7 @@ def _sparse_attn_sliced_kernel(
         stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
         stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
         HAS_COUNTS, SPLIT, FUSED_MERGE, BLOCK_H, BLOCK_T, BLOCK_D, EVEN_D, PDL, PACKED, PK_NQ, PK_BLOCK,
-        PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, QK_SLICE, False)
-
-
-@triton.jit
-def _sparse_attn_scales_after_kernel(
-    q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr, ticket_ptr,
-    H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
-    stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
-    stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
-    HAS_COUNTS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
-    PDL: tl.constexpr = False, PACKED: tl.constexpr = True, PK_FP4: tl.constexpr = False, PK_NQ: tl.constexpr = 0,
-    PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
-    PK_HAS_TAIL: tl.constexpr = False, PK_PAYLOAD: tl.constexpr = 0, PK_ROW_BYTES: tl.constexpr = 0,
-    PK_FP8_CVT: tl.constexpr = False,
-):
-    """Over packed rows: S from fp16 codes with the block scales applied to the partial scores
-    (sparse_attn_tiles.scores_scales_after: its chain waits for no dequantized tile), P V on the
-    tile dequantized as in _sparse_attn_kernel (in registers while S runs)."""
-    _sparse_attn_program(
-        q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr, ticket_ptr,
-        H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
-        stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
-        stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
-        HAS_COUNTS, SPLIT, FUSED_MERGE, BLOCK_H, BLOCK_T, BLOCK_D, EVEN_D, PDL, PACKED, PK_NQ, PK_BLOCK,
-        PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, 0, True)
+        PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, False, QK_SLICE)
 
 
 @triton.jit
@@ -296,7 +274,7 @@ def _sparse_attn_program(
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
     PDL: tl.constexpr, PACKED: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr,
     PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr,
-    QK_SLICE: tl.constexpr, SCALES_AFTER: tl.constexpr,
+    PK_BF16_OPERAND: tl.constexpr, QK_SLICE: tl.constexpr,
 ):
     if PDL:
         # Let the merge kernel (launched with programmatic dependent launch) start its prologue now;
@@ -313,7 +291,7 @@ def _sparse_attn_program(
     else:
         dim_ok = dims < D
 
-    if not QK_SLICE and not (PACKED and SCALES_AFTER):
+    if not QK_SLICE:
         q = tl.load(q_ptr + tok * stride_qt + heads[:, None] * stride_qh + dims[None, :],
                     mask=head_ok[:, None] & dim_ok[None, :], other=0.0)
     sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
@@ -331,21 +309,12 @@ def _sparse_attn_program(
                                         hi, D, BLOCK_H, BLOCK_D, QK_SLICE, PACKED, PK_NQ, PK_BLOCK, PK_TAIL_OFF,
                                         PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
             s = s * qk_scale_log2
-        elif PACKED and SCALES_AFTER:
-            cols = start + tl.arange(0, BLOCK_T)
-            rows = load_rows(idx_ptr, tok, stride_it, cols, hi)
-            live = rows >= 0
-            row_ptrs = row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)
-            s = scores_scales_after(q_ptr + tok * stride_qt + heads * stride_qh, head_ok, row_ptrs, live, D, BLOCK_H,
-                                    BLOCK_T, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL,
-                                    PK_FP8_CVT) * qk_scale_log2
-            kv = load_packed(row_ptrs, live, 0, D, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL,
-                             tl.bfloat16, PK_FP8_CVT)
         else:
             if PACKED:
                 kv, live = gather_packed_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
                                                  start + tl.arange(0, BLOCK_T), hi, 0, D, BLOCK_D, PK_NQ, PK_BLOCK,
                                                  PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
+                kv = bf16_operand_boundary(kv, PK_BF16_OPERAND)
             else:
                 kv, live = gather_kv_tile(win_ptr, cmp_ptr, idx_ptr, tok, stride_it, stride_pool, n_window,
                                           start + tl.arange(0, BLOCK_T), hi, dims, dim_ok)
@@ -462,6 +431,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     kernel = cfg.pop("KERNEL", "tl")
     pdl = cfg.pop("PDL", False) and pdl_supported(q.device)
     fp8_cvt = cfg.pop("FP8_CVT", None)  # packed rows: None = the hardware e4m3 conversion where there is one
+    bf16_operand = cfg.pop("BF16_OPERAND", True)  # packed rows, split-K: see sparse_attn_tiles.bf16_operand_boundary
     if pk:
         pk["PK_FP8_CVT"] = fp8_conversion_supported(q.device) if fp8_cvt is None else bool(fp8_cvt)
     if kernel == "unpack":  # packed rows: each token's columns unpacked, then the bf16 launch (a comparison)
@@ -479,14 +449,11 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
         raise ValueError(f"the warp-specialised kernel takes D = {WS_HEAD_DIM}, got {D}")
     if ws and pk:
         raise ValueError("the warp-specialised kernel reads bf16 rows only, not packed rows (row_format)")
-    # QK_SLICE in the tiles: the sliced kernel (S as a chain over head-dim slices); SCALES_AFTER (packed
-    # rows): S from fp16 codes, block scales on the partial scores; else the whole-tile one.
+    # QK_SLICE in the tiles: the sliced kernel (S as a chain over head-dim slices); else the whole-tile one.
     qk_slice = cfg.pop("QK_SLICE", 0)
-    scales_after = cfg.pop("SCALES_AFTER", False)
-    if scales_after and (not pk or qk_slice):
-        raise ValueError("tile config SCALES_AFTER reads packed rows (row_format) and takes no QK_SLICE")
-    attn_kernel = (_sparse_attn_sliced_kernel if qk_slice else
-                   _sparse_attn_scales_after_kernel if scales_after else _sparse_attn_kernel)
+    attn_kernel = _sparse_attn_sliced_kernel if qk_slice else _sparse_attn_kernel
+    if pk and not qk_slice:
+        pk["PK_BF16_OPERAND"] = bool(bf16_operand) and compiled_on_cuda(q.device)  # no inline asm in the interpreter
     cols_per_split = cfg.pop("COLS_PER_SPLIT", None)
     cols_per_split = max(1, C) if cols_per_split is None else max(1, min(cols_per_split, C))
     merge = cfg.pop("MERGE", "kernel")

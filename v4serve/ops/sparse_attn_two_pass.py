@@ -38,10 +38,9 @@ holes gets exactly 0, as in the split-K kernel.
 
 Over packed rows (issue 17) the scores pass can take its whole tile at once (WHOLE_TILE: one
 round of loads, dequantized together, S as one dot; production on sm_90 / sm_100, where its 128
-KB of shared memory fit) or dot fp16 codes per scale block and scale the partial scores
-(SCALES_AFTER, sparse_attn_tiles.scores_scales_after); the values pass can load the next step's
-bytes into registers one step ahead (PREFETCH, _packed_values_prefetched). The last two are
-variants the tile sweep times (bench/kernel_configs.py).
+KB of shared memory fit); the values pass can load the next step's bytes into registers one step
+ahead (PREFETCH, _packed_values_prefetched), a variant the tile sweep times
+(bench/kernel_configs.py).
 
 Measured on the H200 (docs/performance.md item 16): decode B8 r4 / r128 / r0 9.75 / 8.22 / 6.71
 µs against split-K's 15.2 / 11.4 / 7.3; split-K stays for single-token steps.
@@ -54,7 +53,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda
 from v4serve.ops.kv_pack_triton import dequantize_packed, load_packed, load_packed_bytes
-from v4serve.ops.sparse_attn_tiles import column_bound, load_rows, row_pointers, scores_scales_after
+from v4serve.ops.sparse_attn_tiles import column_bound, load_rows, row_pointers
 
 _PK_PARAMS = ("PK_NQ", "PK_BLOCK", "PK_TAIL_OFF", "PK_SCALE_OFF", "PK_HAS_TAIL", "PK_FP8_CVT")
 
@@ -106,7 +105,7 @@ def _scores_kernel(
     PDL: tl.constexpr = False, PACKED: tl.constexpr = False, PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1,
     PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0, PK_HAS_TAIL: tl.constexpr = False,
     PK_FP8_CVT: tl.constexpr = False, TAIL_APART: tl.constexpr = True, WHOLE_TILE: tl.constexpr = False,
-    BLOCK_D: tl.constexpr = 0, SCALES_AFTER: tl.constexpr = False,
+    BLOCK_D: tl.constexpr = 0,
 ):
     tok = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
@@ -121,10 +120,7 @@ def _scores_kernel(
         live = rows >= 0
         row_ptrs = row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)
         q_rows = q_ptr + tok * stride_qt + heads * stride_qh
-        if PACKED and SCALES_AFTER:
-            s = scores_scales_after(q_rows, head_ok, row_ptrs, live, D, BLOCK_H, BLOCK_T, BLOCK_D, PK_NQ, PK_BLOCK,
-                                    PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
-        elif WHOLE_TILE:
+        if WHOLE_TILE:
             # The whole [BLOCK_T, BLOCK_D] tile gathered in one round of loads, S as one dot.
             dims = tl.arange(0, BLOCK_D)
             q = tl.load(q_rows[:, None] + dims[None, :], mask=head_ok[:, None] & (dims < D)[None, :], other=0.0)
@@ -148,24 +144,68 @@ def _scores_kernel(
         tl.store(l_ptr + ml, tl.sum(p, 1), mask=head_ok)
 
 
+# What a values program's dims read (the V_* constexprs of _tile_values): bf16 pool rows; packed rows,
+# dims in the codes and the rope tail alike (one select per element: the program's dims are known
+# at run time only); packed rows, dims in the codes only; packed rows, dims in the bf16 tail only.
+V_BF16 = tl.constexpr(0)
+V_PACKED = tl.constexpr(1)
+V_CODES = tl.constexpr(2)
+V_TAIL = tl.constexpr(3)
+
+
 @triton.jit
 def _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows, m_j, m, n_live, n_window, stride_pool, stride_pt, stride_ph,
                  heads, head_ok, dims, dim_ok, BLOCK_T: tl.constexpr, d0, D, BLOCK_DV: tl.constexpr,
-                 PACKED: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
+                 READS: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
                  PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr):
     """f_j (p_j @ kv_j[:, dims]) of tile j, whose pool rows and max are `rows` and `m_j`; 0 when
-    j >= n_live (p masked: the scores pass did not write that tile)."""
+    j >= n_live (p masked: the scores pass did not write that tile). READS: what the dims read (V_*)."""
     cols = j * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ptrs = row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)
-    if PACKED:
+    if READS == V_PACKED or READS == V_CODES:
         kv = load_packed(row_ptrs, rows >= 0, d0, D, BLOCK_DV, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
-                         PK_HAS_TAIL, tl.bfloat16, PK_FP8_CVT)
+                         PK_HAS_TAIL and READS == V_PACKED, tl.bfloat16, PK_FP8_CVT)
+    elif READS == V_TAIL:
+        tail_rows = (tl.multiple_of(row_ptrs, 16) + PK_TAIL_OFF).to(tl.pointer_type(tl.bfloat16))
+        kv = tl.load(tail_rows[:, None] + (dims - PK_NQ)[None, :], mask=(rows >= 0)[:, None] & dim_ok[None, :],
+                     other=0.0)
     else:
         kv = tl.load(row_ptrs[:, None] + dims[None, :], mask=(rows >= 0)[:, None] & dim_ok[None, :], other=0.0)
     p = tl.load(p_ptr + tok * stride_pt + heads[:, None] * stride_ph + cols[None, :],
                 mask=head_ok[:, None] & (j < n_live), other=0.0)
     f = tl.where(j < n_live, tl.exp2(m_j - m), 0.0)
     return tl.dot(p, kv) * f[:, None]
+
+
+@triton.jit
+def _values_loop(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, n_window, stride_pool, stride_it,
+                 stride_pt, stride_ph, stride_mj, heads, head_ok, dims, dim_ok, d0, D, BLOCK_H: tl.constexpr,
+                 BLOCK_T: tl.constexpr, BLOCK_DV: tl.constexpr, READS: tl.constexpr, PK_NQ: tl.constexpr,
+                 PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr,
+                 PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr):
+    """sum_j f_j p_j kv_j[:, dims] over the token's live tiles, two per step (half the dependent
+    steps; the second is empty past the last live tile). Their pool rows and maxima are loaded into
+    registers one step ahead, so no step waits on an idx -> gather round trip or on the load of
+    its scales."""
+    lanes = tl.arange(0, BLOCK_T)
+    next_rows_a = load_rows(idx_ptr, tok, stride_it, lanes, hi)
+    next_rows_b = load_rows(idx_ptr, tok, stride_it, BLOCK_T + lanes, hi)
+    next_m_a = tl.load(m_row, mask=head_ok & (n_live > 0), other=0.0)
+    next_m_b = tl.load(m_row + stride_mj, mask=head_ok & (n_live > 1), other=0.0)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    for j in range(0, n_live, 2):
+        rows_a, rows_b, m_a, m_b = next_rows_a, next_rows_b, next_m_a, next_m_b
+        next_rows_a = load_rows(idx_ptr, tok, stride_it, (j + 2) * BLOCK_T + lanes, hi)
+        next_rows_b = load_rows(idx_ptr, tok, stride_it, (j + 3) * BLOCK_T + lanes, hi)
+        next_m_a = tl.load(m_row + (j + 2) * stride_mj, mask=head_ok & (j + 2 < n_live), other=0.0)
+        next_m_b = tl.load(m_row + (j + 3) * stride_mj, mask=head_ok & (j + 3 < n_live), other=0.0)
+        acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows_a, m_a, m, n_live, n_window, stride_pool,
+                            stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T, d0, D, BLOCK_DV,
+                            READS, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
+        acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j + 1, rows_b, m_b, m, n_live, n_window, stride_pool,
+                            stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T, d0, D, BLOCK_DV,
+                            READS, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
+    return acc
 
 
 @triton.jit
@@ -225,6 +265,7 @@ def _values_kernel(
     BLOCK_J: tl.constexpr, EVEN_D: tl.constexpr, PDL: tl.constexpr = False, PACKED: tl.constexpr = False,
     PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
     PK_HAS_TAIL: tl.constexpr = False, PK_FP8_CVT: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    TAIL_PROGRAMS: tl.constexpr = False,
 ):
     tok = tl.program_id(0).to(tl.int64)
     d0 = tl.program_id(1) * BLOCK_DV
@@ -252,34 +293,32 @@ def _values_kernel(
     l_tiles = tl.load(l_ptr + ml, mask=tile_ok, other=0.0)
     m = tl.maximum(sink2, tl.max(m_tiles, 0))
     denom = tl.sum(l_tiles * tl.exp2(m_tiles - m[None, :]), 0) + tl.exp2(sink2 - m)
-    # Two tiles per step (half the dependent steps; the second is empty past the last live tile).
-    # Their pool rows and maxima are loaded into registers one step ahead, so no step waits on an
-    # idx -> gather round trip or on the load of its scales.
     m_row = m_ptr + tok * stride_mt + heads
-    lanes = tl.arange(0, BLOCK_T)
-    next_rows_a = load_rows(idx_ptr, tok, stride_it, lanes, hi)
-    next_rows_b = load_rows(idx_ptr, tok, stride_it, BLOCK_T + lanes, hi)
-    next_m_a = tl.load(m_row, mask=head_ok & (n_live > 0), other=0.0)
-    next_m_b = tl.load(m_row + stride_mj, mask=head_ok & (n_live > 1), other=0.0)
-    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     if PACKED and PREFETCH:
-        acc = _packed_values_prefetched(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, next_rows_a,
-                                        next_rows_b, next_m_a, next_m_b, n_window, stride_pool, stride_it, stride_pt,
-                                        stride_ph, stride_mj, heads, head_ok, d0, D, BLOCK_H, BLOCK_T, BLOCK_DV,
-                                        PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
+        lanes = tl.arange(0, BLOCK_T)
+        acc = _packed_values_prefetched(
+            win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, load_rows(idx_ptr, tok, stride_it, lanes, hi),
+            load_rows(idx_ptr, tok, stride_it, BLOCK_T + lanes, hi), tl.load(m_row, mask=head_ok & (n_live > 0), other=0.0),
+            tl.load(m_row + stride_mj, mask=head_ok & (n_live > 1), other=0.0), n_window, stride_pool, stride_it,
+            stride_pt, stride_ph, stride_mj, heads, head_ok, d0, D, BLOCK_H, BLOCK_T, BLOCK_DV, PK_NQ, PK_BLOCK,
+            PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
+    elif PACKED and PK_HAS_TAIL and TAIL_PROGRAMS:
+        # BLOCK_DV divides PK_NQ (asserted by the launcher): a program's dims are all codes or all tail.
+        if d0 >= PK_NQ:
+            acc = _values_loop(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, n_window, stride_pool,
+                               stride_it, stride_pt, stride_ph, stride_mj, heads, head_ok, dims, dim_ok, d0, D,
+                               BLOCK_H, BLOCK_T, BLOCK_DV, V_TAIL, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
+                               PK_HAS_TAIL, PK_FP8_CVT)
+        else:
+            acc = _values_loop(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, n_window, stride_pool,
+                               stride_it, stride_pt, stride_ph, stride_mj, heads, head_ok, dims, dim_ok, d0, D,
+                               BLOCK_H, BLOCK_T, BLOCK_DV, V_CODES, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
+                               PK_HAS_TAIL, PK_FP8_CVT)
     else:
-        for j in range(0, n_live, 2):
-            rows_a, rows_b, m_a, m_b = next_rows_a, next_rows_b, next_m_a, next_m_b
-            next_rows_a = load_rows(idx_ptr, tok, stride_it, (j + 2) * BLOCK_T + lanes, hi)
-            next_rows_b = load_rows(idx_ptr, tok, stride_it, (j + 3) * BLOCK_T + lanes, hi)
-            next_m_a = tl.load(m_row + (j + 2) * stride_mj, mask=head_ok & (j + 2 < n_live), other=0.0)
-            next_m_b = tl.load(m_row + (j + 3) * stride_mj, mask=head_ok & (j + 3 < n_live), other=0.0)
-            acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows_a, m_a, m, n_live, n_window, stride_pool,
-                                stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T, d0, D, BLOCK_DV,
-                                PACKED, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
-            acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j + 1, rows_b, m_b, m, n_live, n_window, stride_pool,
-                                stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T, d0, D, BLOCK_DV,
-                                PACKED, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
+        acc = _values_loop(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, n_window, stride_pool,
+                           stride_it, stride_pt, stride_ph, stride_mj, heads, head_ok, dims, dim_ok, d0, D, BLOCK_H,
+                           BLOCK_T, BLOCK_DV, V_PACKED if PACKED else V_BF16, PK_NQ, PK_BLOCK, PK_TAIL_OFF,
+                           PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
     out = acc / denom[:, None]
     tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
@@ -304,10 +343,10 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
     values pass's heads per program; default BLOCK_H), TAIL_APART (packed rows: the rope tail slice
     gathered before the code slices; default two_pass_tail_apart(device)), WHOLE_TILE (the scores
     pass gathers its whole tile at once and computes S as one dot instead of the K loop; default
-    False), SCALES_AFTER (packed rows: the scores pass dots fp16 codes per scale block and scales
-    the partial scores, sparse_attn_tiles.scores_scales_after; default False), PREFETCH (packed rows:
-    the values pass loads the next step's bytes into registers one step ahead; default False), and
-    the launch options of each pass as
+    False), PREFETCH (packed rows: the values pass loads the next step's bytes into registers one
+    step ahead; default False), TAIL_PROGRAMS (packed rows with a bf16 tail, BLOCK_DV dividing the
+    quantized channels: each values program reads either codes or the tail, a branch per program
+    instead of a select per value; default True), and the launch options of each pass as
     SCORES / VALUES = dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
     (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
     p, m, l = two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_counts, pdl, cfg, pk)
@@ -332,7 +371,7 @@ def two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_cou
         qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1),
         HAS_COUNTS=has_counts, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=min(cfg["BLOCK_K"], block_d), PDL=pdl,
         TAIL_APART=cfg.get("TAIL_APART", two_pass_tail_apart(qt.device)), WHOLE_TILE=cfg.get("WHOLE_TILE", False),
-        BLOCK_D=block_d, SCALES_AFTER=bool(pk) and cfg.get("SCALES_AFTER", False),
+        BLOCK_D=block_d,
         **cfg["SCORES"], **pk,
     )
     return p, m, l
@@ -353,7 +392,9 @@ def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, 
         out.stride(1),
         HAS_COUNTS=has_counts, BLOCK_H=block_hv, BLOCK_T=block_t, BLOCK_DV=block_dv,
         BLOCK_J=triton.next_power_of_2(n_tiles), EVEN_D=D % block_dv == 0,
-        PREFETCH=bool(pk) and cfg.get("PREFETCH", False), **cfg["VALUES"], **pk,
+        PREFETCH=bool(pk) and cfg.get("PREFETCH", False),
+        TAIL_PROGRAMS=bool(pk) and cfg.get("TAIL_PROGRAMS", True) and pk["PK_NQ"] % block_dv == 0,
+        **cfg["VALUES"], **pk,
         **(dict(PDL=True, launch_pdl=True) if pdl else {}),
     )
     return out

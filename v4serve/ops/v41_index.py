@@ -69,6 +69,9 @@ def v41_index_scores(q: torch.Tensor, weights: torch.Tensor, k_pool: torch.Tenso
     int32 block ids (-1: none), C = NB * cand_block. `kernel` picks the Triton kernel (tests and
     benchmarks): "auto" (tiles for a full-mode prefill, stream otherwise), "tiles", "stream",
     "stream_predecoded", "rows" or "rows_predecoded" (v41_index_triton.v41_index_scores_triton).
+    Decode and candidate mode on a GPU with programmatic dependent launch read key_rows, n_visible and
+    cand_blocks while the kernel launched right before may still run: that kernel must not write them
+    (the model's come from the step plan and the candidate source; q, weights and k_pool may be its output).
     """
     fmt = None if row_format is None else _row_format(row_format)
     if fmt is not None and not fmt.packed:

@@ -18,8 +18,14 @@ and the loop keeps every stage a tile ahead of the next: while tile i is decoded
 words of tile i + 1, the key_rows entries of tile i + 2 and the block ids of tile i + 3 are in
 flight (each load's result is first touched one iteration after it was issued, so a program pays
 the chain's latency once, not once per tile). A slot is live when its block is listed, its
-column is below n_visible and below R, and its key row is not a hole; only live slots read key
-words (masked loads move nothing); the rest score -inf.
+column is below n_visible and below R, and its key row is not a hole; the rest score -inf. The
+key_rows load is masked only to stay inside the row (n_visible is applied after it: in full mode
+the chain is then key_rows -> words, not n_visible -> key_rows -> words), and the packed key words
+are loaded unmasked, a slot that is not live reading pool row 0 (its score is -inf whatever it
+reads): no per-slot mask crosses from the slots' layout into the words' layout on the chain.
+With EARLY_CHAIN (production; contract in v41_stream_scores) the candidate list and key_rows loads of
+the first tiles are issued before griddepcontrol.wait, overlapping the end of the kernel launched
+before this one; q, w and the first words are issued together after it.
 
 Keys (PACKED): `fp4_e8m0_b32` rows of int32 words (D = 128: 16 code words, 1 scale word; layout
 in v41_index_triton.py), decoded exactly to bf16 by fp4_words_triton.decode_fp4_words, two channels
@@ -52,9 +58,13 @@ from v4serve.ops.v41_index_triton import _v41_decode_keys_kernel
 # per SM, each streaming its share of the tiles (a decode step's 128-1024 tiles: 1-4 tiles a program).
 # Per 64 slots the loop is ~430 SASS instructions at 128-slot tiles against ~550-610 at 64 (the
 # per-slot index / mask work runs on tensors replicated over the warpgroup: half the replication),
-# 148-152 registers (sm_90, Triton 3.6); 256-slot tiles need 255 registers and save nothing.
+# 144-150 registers (sm_90, Triton 3.6-3.9); 256-slot tiles need 255 registers and save nothing.
 # bench/v41_index_configs.py times other tile sizes, warps and programs per SM beside it.
 STREAM_CONFIG = dict(BLOCK_T=128, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)
+# A candidate-mode prefill chunk (thousands of tiles a step): 8 programs per SM (3 resident at 144-150
+# registers, the rest in later waves), each with fewer tiles: 3-4% faster than 2 per SM on the H200
+# (session 11's sweep: 75.8 vs 79.0 µs at n128 start8064, 119.1 vs 122.3 at start130944).
+STREAM_CONFIG_CAND_PREFILL = dict(STREAM_CONFIG, PROGRAMS_PER_SM=8)
 # mma.sync GPUs (sm_80, sm_89, sm_120): 64-slot tiles (128 spilled 8 B on sm_120 under Triton 3.8 / 3.9).
 STREAM_CONFIG_MMA_SYNC = dict(BLOCK_T=64, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)
 DECODE_ROWS = 32  # rows per program of the predecode kernel
@@ -131,9 +141,12 @@ def _columns(ids, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr, CANDIDATES: t
 def _key_rows(rows_at, ids, n_visible, R, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr,
               CANDIDATES: tl.constexpr):
     """Stage 2: key_rows[b, col] of the live columns, -1 for every slot that is not live (not listed,
-    at or past n_visible or R, or a hole): `rows >= 0` is the slot's liveness from here on."""
+    at or past n_visible or R, or a hole): `rows >= 0` is the slot's liveness from here on. The load's
+    mask is only what keeps it inside the row (listed, below R); n_visible is applied after it, so that
+    the load does not wait for n_visible's (full mode: one dependent load fewer before the key words)."""
     col = _columns(ids, BLOCK_T, CAND_BLOCK, CANDIDATES)
-    return tl.load(rows_at + col, mask=(col >= 0) & (col < n_visible) & (col < R), other=-1)
+    rows = tl.load(rows_at + col, mask=(col >= 0) & (col < R), other=-1)
+    return tl.where(col < n_visible, rows, -1)
 
 
 @triton.jit
@@ -143,14 +156,18 @@ def _key_data(k_ptr, rows, ids, seq_row0, stride_k, D: tl.constexpr, BLOCK_T: tl
     scale word int32 [BLOCK_T]); else (bf16 keys [BLOCK_T, D], the rows again as a placeholder)."""
     live = rows >= 0
     if PACKED:
+        # Unmasked: a slot that is not live reads pool row 0 (an empty pool gets a stand-in row:
+        # _key_pool_words) and its score is replaced by -inf after the MMA, whatever its words decode to. A mask
+        # would be one more per-slot tensor moved into the words' layout (through shared memory, a
+        # barrier) on the chain from key_rows to the words, and a predicate a load.
         NW: tl.constexpr = D // 8
-        row_at = k_ptr + rows.to(tl.int64) * stride_k
+        row_at = k_ptr + tl.maximum(rows, 0).to(tl.int64) * stride_k
         wc = tl.arange(0, NW)
-        codes = tl.load(row_at[:, None] + wc[None, :], mask=live[:, None], other=0)
+        codes = tl.load(row_at[:, None] + wc[None, :])
         if NW <= 16:  # one scale word a row (D <= 128): [BLOCK_T]
-            scales = tl.load(row_at + NW, mask=live, other=0)
+            scales = tl.load(row_at + NW)
         else:  # code word i's scale word NW + i // 16: [BLOCK_T, NW]
-            scales = tl.load(row_at[:, None] + (NW + wc // 16)[None, :], mask=live[:, None], other=0)
+            scales = tl.load(row_at[:, None] + (NW + wc // 16)[None, :])
         return codes, scales
     else:
         if PREDECODED:  # the sequence's decoded rows: the address needs the column, not key_rows
@@ -186,9 +203,9 @@ def _v41_scores_stream_kernel(
     stride_cb, stride_cs, stride_ob, stride_os,
     D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr,
     CANDIDATES: tl.constexpr, PACKED: tl.constexpr, PREDECODED: tl.constexpr, SKIP_EMPTY: tl.constexpr,
-    PACKED_MATH: tl.constexpr, PDL: tl.constexpr = False,
+    PACKED_MATH: tl.constexpr, PDL: tl.constexpr = False, EARLY_CHAIN: tl.constexpr = False,
 ):
-    if PDL:
+    if PDL and not EARLY_CHAIN:
         gdc_wait()
     s = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -203,25 +220,40 @@ def _v41_scores_stream_kernel(
     ids2 = _block_ids(cand_at, first + 2 * step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
     ids1 = _block_ids(cand_at, first + step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
     ids0 = _block_ids(cand_at, first, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    if EARLY_CHAIN:  # stages 1-2 before griddepcontrol.wait (the contract: v41_stream_scores' early_chain)
+        rows0 = _key_rows(rows_at, ids0, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
+        rows1 = _key_rows(rows_at, ids1, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
+        if PDL:
+            gdc_wait()
     # q^T and w beside the first loads (used only by the first MMA)
     heads = tl.arange(0, BLOCK_H)
     d = tl.arange(0, D)
     q_t = tl.load(q_ptr + b * stride_qb + s * stride_qs + heads[None, :] * stride_qh + d[:, None],
                   mask=(heads < H)[None, :], other=0.0)  # [D, BLOCK_H]
+    if EARLY_CHAIN:  # the first words beside q (both after the wait; the decode waits for the words only)
+        data0, scales0 = _key_data(k_ptr, rows0, ids0, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES,
+                                   PACKED, PREDECODED)
     if PACKED:
         q_t = to_pair_order(q_t, D)
     pairs = tl.arange(0, BLOCK_H // 2)
     w = _bf16_pairs_to_fp32(tl.load(w_ptr + b * stride_wb + s * stride_ws + pairs, mask=2 * pairs < H, other=0))
     w = w.to(tl.bfloat16)  # exact
-    rows0 = _key_rows(rows_at, ids0, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
-    rows1 = _key_rows(rows_at, ids1, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
-    data0, scales0 = _key_data(k_ptr, rows0, ids0, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES, PACKED,
-                               PREDECODED)
-    for i in range(tl.cdiv(tl.cdiv(C, BLOCK_T) - first, step)):
-        tile = first + i * step
-        # the next tiles' loads first: their results are first used one iteration from now
-        data1, scales1 = _key_data(k_ptr, rows1, ids1, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES,
+    if not EARLY_CHAIN:
+        rows0 = _key_rows(rows_at, ids0, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
+        rows1 = _key_rows(rows_at, ids1, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
+        data0, scales0 = _key_data(k_ptr, rows0, ids0, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES,
                                    PACKED, PREDECODED)
+    n_tiles = tl.cdiv(tl.cdiv(C, BLOCK_T) - first, step)
+    for i in range(n_tiles):
+        tile = first + i * step
+        # the next tiles' loads first: their results are first used one iteration from now. The next
+        # tile's words only if there is one (a uniform branch): ~140 SASS instructions and a barrier
+        # that a program's last tile (a B1 decode step's only one) would spend before its decode
+        if i + 1 < n_tiles:
+            data1, scales1 = _key_data(k_ptr, rows1, ids1, seq_row0, stride_k, D, BLOCK_T, CAND_BLOCK, CANDIDATES,
+                                       PACKED, PREDECODED)
+        else:
+            data1, scales1 = data0, scales0
         rows2 = _key_rows(rows_at, ids2, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
         ids3 = _block_ids(cand_at, tile + 3 * step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
         if CANDIDATES:
@@ -246,10 +278,11 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def stream_config(device: torch.device) -> dict:
-    """The production config for `device`: 128-slot tiles with warpgroup MMAs (sm_90, sm_100), else 64."""
+def stream_config(device: torch.device, candidate_prefill: bool = False) -> dict:
+    """The production config for `device`: 128-slot tiles with warpgroup MMAs (sm_90, sm_100), else 64;
+    on warpgroup GPUs a candidate-mode prefill chunk spreads its tiles over 8 programs per SM."""
     if compiled_on_cuda(device) and torch.cuda.get_device_capability(device)[0] in (9, 10):
-        return STREAM_CONFIG
+        return STREAM_CONFIG_CAND_PREFILL if candidate_prefill else STREAM_CONFIG
     return STREAM_CONFIG_MMA_SYNC
 
 
@@ -276,19 +309,29 @@ def programs_per_row(tiles_per_row: int, rows: int, config: dict, device: torch.
 
 
 def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks, cand_block, out,
-                      config=None, predecode=False, skip_empty=None):
+                      config=None, predecode=False, skip_empty=None, early_chain=None):
     """Fill `out` bf16 [B, S, C] with the scores (the arguments as v41_index_scores_triton takes them:
     `pool` int32 words [N, 17] when packed, else bf16 [N, D]). predecode: packed keys decoded once per
-    step into bf16 rows first (a prefill chunk, where each key serves many queries)."""
+    step into bf16 rows first (a prefill chunk, where each key serves many queries).
+
+    early_chain (or config["EARLY_CHAIN"]; default on): with programmatic dependent launch, the first
+    stages of the first tiles' chains (n_visible, the candidate list, key_rows) are loaded before
+    griddepcontrol.wait, while the kernel launched before this one finishes; q, w and the key words
+    (which this layer's compressor may just have written) are loaded after it, side by side. The
+    caller guarantees that the kernel launched right before this one writes neither n_visible nor
+    key_rows nor the candidate list. The model's do not: they come from the step plan and the
+    candidate source, an earlier layer. (A .contiguous() copy of them in the dispatch would: it turns
+    the early chain off.)"""
     B, S, H, D = q.shape
     if H > 128 or D & (D - 1) or D < 32:
         raise ValueError(f"the stream kernel holds every head in one MMA tile and D as one power-of-two tile: "
                          f"H <= 128 and D a power of two >= 32, got H = {H}, D = {D}")
     R = key_rows.shape[1]
     C = out.shape[2]
-    cfg = dict(stream_config(q.device) if config is None else config)
-    block_t = cfg.pop("BLOCK_T")
     candidates = cand_blocks is not None
+    cfg = dict(stream_config(q.device, candidates and S > 1) if config is None else config)
+    cfg.setdefault("EARLY_CHAIN", True if early_chain is None else early_chain)
+    block_t = cfg.pop("BLOCK_T")
     predecoded = predecode and packed
     if predecoded:
         flat = key_rows.flatten()

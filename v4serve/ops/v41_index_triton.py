@@ -227,7 +227,7 @@ def _key_pool_words(k_pool: torch.Tensor, packed: bool, D: int) -> torch.Tensor:
         if k_pool.data_ptr() % 4 or k_pool.stride(0) % 4 or k_pool.stride(1) != 1:
             raise ValueError(f"packed k_pool must be 4-byte aligned with contiguous rows (int32 word loads): "
                              f"data_ptr % 4 = {k_pool.data_ptr() % 4}, row stride {k_pool.stride(0)} B")
-        if k_pool.shape[0] == 0:  # every key a hole: a stand-in row, never read
+        if k_pool.shape[0] == 0:  # every key a hole: a stand-in row (the stream kernel reads row 0 for holes)
             return torch.zeros(1, row_format("fp4_e8m0_b32").row_bytes(D) // 4, dtype=torch.int32, device=k_pool.device)
         return k_pool.view(torch.int32)
     if k_pool.shape[0] == 0:
@@ -255,6 +255,9 @@ def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: boo
     if q.stride(3) != 1:
         q = q.contiguous()
     pool = _key_pool_words(k_pool, packed, D)
+    # the stream kernel reads these before its predecessor ends (early_chain): not if a copy is made here
+    copies = not (key_rows.is_contiguous() and n_visible.is_contiguous()
+                  and (not candidates or cand_blocks.is_contiguous()))
     key_rows, n_visible = key_rows.contiguous(), n_visible.contiguous()
     if candidates:
         cand_blocks = cand_blocks.contiguous()
@@ -264,7 +267,7 @@ def v41_index_scores_triton(q, weights, k_pool, key_rows, n_visible, packed: boo
         from v4serve.ops.v41_index_stream_triton import v41_stream_scores
 
         return v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks, cand_block, out,
-                                 config, predecode=kernel == "stream_predecoded")
+                                 config, predecode=kernel == "stream_predecoded", early_chain=not copies)
     weights = weights.to(torch.bfloat16).float()  # bf16 values, read as 4-byte words
     if kernel == "rows_predecoded":  # decode the sequence's keys once, then gather bf16 rows
         if packed:

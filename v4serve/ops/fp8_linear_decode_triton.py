@@ -1,0 +1,191 @@
+"""Decode FP8 block-scaled linear whose weight bytes are requested before the previous kernel ends.
+
+At decode (M <= 16 rows) the small projections move 1-8 MB of weights, a microsecond of HBM time,
+but a chain of dependent launches (activation quantization, the split-K matmul, the split-K sum)
+each waiting for its predecessor's bytes spends ~2 µs a link. This kernel shortens the chain:
+
+  1. Weights first. A program owns one N tile (BLOCK_N weight rows) and STEPS consecutive K steps
+     of BLOCK_K; it loads all of its weight bytes [STEPS, BLOCK_K, BLOCK_N] and their scales into
+     registers *before* `gdc_wait` (programmatic dependent launch: the weights do not depend on the
+     previous kernel), so their HBM latency overlaps the previous kernel's tail (or, after an
+     `act_quant` launched with an early trigger, its whole run).
+  2. Then the activations: QUANT_A reads x itself and quantizes its [STEPS, ROWS, BLOCK_K] tile
+     (ROWS = M rounded up to a power of two: quantizing the MMA's 16 padded rows cost ~1,500
+     instructions a thread at 4 steps, sm_90 SASS) with the official math
+     (`fp8_act_quant_triton.quantize_groups`: the act_quant launch's bytes; needs BLOCK_K == the
+     activation group), then repeats those rows to fill the MMA tile; otherwise it reads the
+     codes and scales act_quant wrote.
+  3. One FP8 MMA per K step, batched over the steps (a 3-D dot), the block scales applied to each
+     step's fp32 partial as the reference fp8_gemm promotes them, the steps summed in fp32.
+  4. The split-K partials: one split writes y; several write fp32 partials [SPLITS, M, N] that
+     the in-order sum kernel below adds in a second launch (the tile kernels use it too), or,
+     with SUM_LAST, the last program of each N tile to arrive (an atomic counter per tile in a
+     caller-kept int32 buffer, left at zero) adds them in split order: the same bits as the sum
+     kernel, one launch less. (Session 10 measured a last-arriving sum ~1 µs slower than the sum
+     kernel, but its benchmark made fresh zeroed counters on every call: a memset launch inside
+     the timed graph. `fp8_linear(..., arrivals=)` takes counters the caller keeps; the
+     `fp8 decode` sweep times it that way.)
+
+Math: y[m, n] = sum_s sum_{k in step s} q[m, k] w[n, k] * s_a[m, s] * s_w[n // BN, k0_s // BK],
+with q the e4m3 activation codes, s_a their ue8m0 scales, w the e4m3 weight codes and s_w the fp32
+block scales (fp8_linear_reference.py); products exact, sums fp32 (the tensor cores' sum inside one
+step, then the steps, then the splits in order). Deterministic: no fp32 atomics.
+
+Layouts: x [M, K] bf16 read as int32 words (QUANT_A: K and the row stride even), or e4m3 codes
+[M, K] + fp32 scales [M, ceil(K / AB)]; weight e4m3 [N, K] row-major, read as 16-byte vectors
+along K; scale fp32 [ceil(N / BN), ceil(K / BK)]; partials fp32 [SPLITS, M, N] contiguous; y [M, N].
+Needs FP8 loads and dots (sm_89+; sm_80 takes the tile kernels of fp8_linear_triton.py).
+"""
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from v4serve.ops.fp8_act_quant_triton import act_quant_triton, quantize_groups
+
+# 16 rows (every decode M up to 16 in one pass over the weights), 64 weight rows (one N tile
+# inside one 128-row scale block), 128-channel steps; at most MAX_STEPS steps a program, all held
+# in registers (4 steps: 32 KB of weights, 64 registers a thread at 4 warps); SUM_BLOCK outputs a
+# program of the split-K sum kernel.
+FP8_AHEAD_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, MAX_STEPS=4, QUANT_A=True, SUM_LAST=False,
+                        SUM_BLOCK=1024, num_warps=4, num_stages=1)
+SPLIT_K_SUM_BLOCK = 1024
+
+
+@triton.jit
+def _fp8_linear_decode_ahead_kernel(
+    x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, arrivals_ptr, M, N, K,
+    stride_x, stride_xs, stride_w, stride_ws, stride_y,
+    BN: tl.constexpr, BK: tl.constexpr, AB: tl.constexpr, QUANT_A: tl.constexpr, SUM_LAST: tl.constexpr,
+    STEPS: tl.constexpr, SPLITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """Program (n tile, split): K steps [split * STEPS, (split + 1) * STEPS) of every row of x
+    against BLOCK_N weight rows (see the module docstring)."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_s = tl.arange(0, STEPS)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    k0 = (split * STEPS + offs_s) * BLOCK_K  # [STEPS]: each step's first channel
+    kw = k0[:, None, None] + offs_k[None, :, None]  # [STEPS, BLOCK_K, 1]
+    w = tl.load(w_ptr + offs_n.to(tl.int64)[None, None, :] * stride_w + kw,
+                mask=(kw < K) & mask_n[None, None, :], other=0.0)  # [STEPS, BLOCK_K, BLOCK_N]
+    s_w = tl.load(ws_ptr + (offs_n // BN)[None, :] * stride_ws + (k0 // BK)[:, None],
+                  mask=(k0 < K)[:, None] & mask_n[None, :], other=0.0)  # [STEPS, BLOCK_N]
+    if PDL:
+        gdc_wait()  # the previous kernel's outputs (x, or its codes and scales) are visible from here
+        gdc_launch_dependents()
+    if QUANT_A:  # BLOCK_K == AB: one activation group a step; only the first ROWS rows quantized
+        offs_r = tl.arange(0, ROWS)
+        kx = (k0 // 2)[:, None, None] + tl.arange(0, BLOCK_K // 2)[None, None, :]  # bf16 pairs as int32 words
+        words = tl.load(x_ptr + offs_r.to(tl.int64)[None, :, None] * stride_x + kx,
+                        mask=(offs_r[None, :, None] < M) & (kx < K // 2), other=0)  # [STEPS, ROWS, BLOCK_K / 2]
+        lo = (words << 16).to(tl.float32, bitcast=True)  # channel 2j (little-endian: the low half)
+        hi = (words & -65536).to(tl.float32, bitcast=True)  # channel 2j + 1
+        byte, s_r = quantize_groups(tl.reshape(tl.join(lo, hi), (STEPS * ROWS, BLOCK_K)))
+        # rows r, r + ROWS, r + 2 ROWS, ... of the MMA tile repeat row r (only rows < M are stored)
+        a = tl.broadcast_to(tl.reshape(byte, (STEPS, 1, ROWS, BLOCK_K)), (STEPS, BLOCK_M // ROWS, ROWS, BLOCK_K))
+        a = tl.reshape(a, (STEPS, BLOCK_M, BLOCK_K)).to(tl.float8e4nv, bitcast=True)
+        s_a = tl.broadcast_to(tl.reshape(s_r, (STEPS, 1, ROWS)), (STEPS, BLOCK_M // ROWS, ROWS))
+        s_a = tl.reshape(s_a, (STEPS, BLOCK_M))
+    else:
+        ka = k0[:, None, None] + offs_k[None, None, :]  # [STEPS, 1, BLOCK_K]
+        a = tl.load(x_ptr + offs_m.to(tl.int64)[None, :, None] * stride_x + ka,
+                    mask=(offs_m[None, :, None] < M) & (ka < K), other=0.0)
+        s_a = tl.load(xs_ptr + offs_m.to(tl.int64)[None, :] * stride_xs + (k0 // AB)[:, None],
+                      mask=(offs_m[None, :] < M) & (k0 < K)[:, None], other=0.0)  # [STEPS, BLOCK_M]
+    part = tl.dot(a, w)  # [STEPS, BLOCK_M, BLOCK_N]: the raw code products of each step
+    acc = tl.sum(part * s_a[:, :, None] * s_w[:, None, :], axis=0)
+    mask = (offs_m[:, None] < M) & mask_n[None, :]
+    out = offs_m[:, None] * stride_y + offs_n[None, :]
+    if SPLITS == 1:
+        tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        stride_split = M * stride_y
+        tl.store(part_ptr + split * stride_split + out, acc, mask=mask)
+        if SUM_LAST:
+            tl.debug_barrier()  # every thread's partial is stored before the (release) arrival
+            arrived = tl.atomic_add(arrivals_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLITS - 1:
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in tl.static_range(SPLITS):  # in split order: the sum kernel's bits
+                    total += tl.load(part_ptr + s * stride_split + out, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.store(y_ptr + out, total.to(y_ptr.dtype.element_ty), mask=mask)
+                tl.store(arrivals_ptr + pid_n, 0)  # zero again for the next launch (a graph replay too)
+
+
+@triton.jit
+def _split_k_sum_kernel(part_ptr, y_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+                        TRIGGER: tl.constexpr = False):
+    """y[i] = sum over s in order of part[s, i] (fp32), rounded once. TRIGGER (with PDL): the next
+    kernel may launch once every program has passed the wait (a decode linear then loads its
+    weights while this one sums)."""
+    if PDL:
+        gdc_wait()
+        if TRIGGER:
+            gdc_launch_dependents()
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(part_ptr + s * MN + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def split_k_sum(part: torch.Tensor, y: torch.Tensor, pdl: dict, trigger: bool = False,
+                block: int = SPLIT_K_SUM_BLOCK) -> None:
+    """y [M, N] = the in-order sum of the contiguous fp32 partials [SPLITS, M, N], rounded once;
+    `block` outputs a program (4 a thread up to 1024: 16-byte loads)."""
+    mn = y.numel()
+    _split_k_sum_kernel[(triton.cdiv(mn, block),)](
+        part, y, mn, SPLIT_K=part.shape[0], BLOCK=block, num_warps=max(1, min(4, block // 128)),
+        **pdl, **(dict(TRIGGER=True) if trigger and pdl else {}))
+
+
+def ahead_steps(k: int, block_k: int, n_tiles: int, programs_wanted: int, split_k: int | None) -> tuple[int, int]:
+    """(splits, steps a program): the K steps split over enough programs to fill `programs_wanted`
+    (or over `split_k` splits), each split a power-of-two number of steps (the last one masked)."""
+    k_steps = triton.cdiv(k, block_k)
+    splits = split_k or max(1, min(k_steps, triton.cdiv(programs_wanted, n_tiles)))
+    steps = triton.next_power_of_2(triton.cdiv(k_steps, splits))
+    return triton.cdiv(k_steps, steps), steps
+
+
+def fp8_linear_decode_ahead(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+                            act_block: int, cfg: dict, splits: int, steps: int, pdl: dict,
+                            arrivals: torch.Tensor | None = None) -> torch.Tensor:
+    """y [M, N] for x [M, K] (M <= cfg BLOCK_M) through `_fp8_linear_decode_ahead_kernel`; the
+    caller (fp8_linear_triton) has chosen cfg, splits and steps. `arrivals`: int32 zeros
+    [>= N tiles] the caller keeps (SUM_LAST; fresh zeros otherwise, one memset launch)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    n_tiles = triton.cdiv(n, cfg["BLOCK_N"])
+    if cfg["QUANT_A"]:
+        if cfg["BLOCK_K"] != act_block:
+            raise ValueError(f"QUANT_A needs BLOCK_K == act_block, got {cfg['BLOCK_K']} and {act_block}")
+        if x.dtype != torch.bfloat16 or k % 2 or x.stride(0) % 2 or x.data_ptr() % 4:
+            raise ValueError("QUANT_A reads x as int32 words: bf16 with an even K and row stride, 4-byte aligned")
+        a, a_scale = x.view(torch.int32), x  # stride_x in words; (a_scale is not read)
+    else:
+        a, a_scale = act_quant_triton(x, act_block, pdl)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    sum_last = cfg["SUM_LAST"] and splits > 1
+    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
+    if sum_last and arrivals is None:
+        arrivals = torch.zeros(n_tiles, dtype=torch.int32, device=x.device)
+    elif sum_last and (arrivals.dtype != torch.int32 or arrivals.numel() < n_tiles or not arrivals.is_contiguous()):
+        raise ValueError(f"arrivals must be contiguous int32 zeros [>= {n_tiles}], got {arrivals.dtype} "
+                         f"[{arrivals.numel()}]")
+    _fp8_linear_decode_ahead_kernel[(n_tiles, splits)](
+        a, a_scale, weight, scale, part, y, arrivals if sum_last else y, m, n, k,
+        a.stride(0), a_scale.stride(0), weight.stride(0), scale.stride(0), y.stride(0),
+        BN=block[0], BK=block[1], AB=act_block, QUANT_A=cfg["QUANT_A"], SUM_LAST=sum_last, STEPS=steps,
+        SPLITS=splits, ROWS=triton.next_power_of_2(m), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
+    if splits > 1 and not sum_last:
+        split_k_sum(part, y, pdl, trigger=True, block=cfg["SUM_BLOCK"])
+    return y
