@@ -9,6 +9,7 @@ from v4serve.ops.hc_collapse import hc_collapse
 from v4serve.ops.hc_expand import hc_expand
 from v4serve.ops.hc_mix import hc_mix
 from v4serve.ops.hc_mix_triton import hc_mix_triton
+from v4serve.ops.norm_rope import rms_norm_rope
 
 
 def _mix_inputs(T, K, M, dtype, seed, device="cpu"):
@@ -66,12 +67,26 @@ def test_hc_collapse_and_expand_kernels_match_reference(T, n, D, dtype):
                                hc_expand(output, strided, post, comb, impl="torch"), **exact)
 
 
+@pytest.mark.parametrize("T,D", [(1, 4096), (3, 700)])
+def test_hc_collapse_with_the_sublayer_norm_is_the_two_kernels_bit_for_bit(T, D):
+    """The model's collapse + RMSNorm in one launch: the collapse kernel then the norm kernel's bits,
+    and the references' within bf16 rounding."""
+    streams, _, pre, _, _ = _expand_inputs(T, 4, D, torch.bfloat16, seed=T + D)
+    weight = (torch.rand(D, generator=torch.Generator().manual_seed(D)) + 0.5).bfloat16()
+    got = hc_collapse(streams, pre, weight, 1e-6, impl="triton")
+    two_launches = rms_norm_rope(hc_collapse(streams, pre, impl="triton"), 1e-6, weight, impl="triton")
+    assert torch.equal(got, two_launches)
+    torch.testing.assert_close(got, hc_collapse(streams, pre, weight, 1e-6, impl="torch"), rtol=0, atol=0)
+
+
 def test_bad_arguments_are_named():
     streams, output, pre, post, comb = _expand_inputs(2, 4, 8, torch.bfloat16, seed=0)
     with pytest.raises(ValueError, match="fn"):
         hc_mix(streams.flatten(1), torch.zeros(24, 31), 1e-6)
     with pytest.raises(ValueError, match="pre"):
         hc_collapse(streams, pre[:, :3])
+    with pytest.raises(ValueError, match="norm_weight"):
+        hc_collapse(streams, pre, torch.ones(7), 1e-6)
     with pytest.raises(ValueError, match="comb"):
         hc_expand(output, streams, post, comb[:, :3])
     with pytest.raises(ValueError, match="dtype"):
@@ -94,3 +109,6 @@ def test_mhc_kernels_at_flash_shapes(T):
     got = hc_expand(output, streams, post, comb, impl="triton").float().cpu()
     want = hc_expand(*(t.cpu() for t in (output, streams, post, comb)), impl="torch").float()
     torch.testing.assert_close(got, want, rtol=8e-3, atol=4e-2)
+    weight = torch.rand(4096, device="cuda").bfloat16() + 0.5
+    two_launches = rms_norm_rope(hc_collapse(streams, pre, impl="triton"), 1e-6, weight, impl="triton")
+    assert torch.equal(hc_collapse(streams, pre, weight, 1e-6, impl="triton"), two_launches)

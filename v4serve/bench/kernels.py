@@ -178,6 +178,10 @@ def build(kind, args, device, seed=0):
         return _build_fp8kv(kind.removesuffix("_fp8kv"), args, device, seed)
     if kind == "kv_compact":
         return _build_kv_compact(args, device, seed)
+    if kind.startswith("fused_") or kind == "o_a_einsum":
+        from v4serve.bench.decode_fusion_case import build_decode_fusion
+
+        return build_decode_fusion(kind, args, device, seed, mhc_case=mhc_case)
     if kind == "fp8_linear":
         return _build_fp8_linear(*args, device=device, seed=seed)
     if kind == "mxfp4_moe":

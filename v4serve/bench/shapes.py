@@ -294,6 +294,9 @@ def all_shapes():
         if kind == "prefill":
             shapes[name.replace("sparse prefill", "kv compact")] = ("kv_compact", args)
     shapes.update(quant_weight_shapes())
+    from v4serve.bench.decode_fusion_case import decode_fusion_shapes
+
+    shapes.update(decode_fusion_shapes())  # the decode step's fused small kernels (session 12)
     shapes.update(v41_index_shapes())  # DeepSeek-V4.1 indexer over packed fp4 keys (bench/v41_index_case.py)
     from v4serve.bench.v41_attn_case import v41_attn_shapes  # (imports this module)
 

@@ -28,6 +28,7 @@ from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_SMALL, DECODE_CONFIG_TWO_PASS, PREFILL_CONFIG_WS, PREFILL_CONFIGS)
 
 from .spec import Expect, KernelSpec
+from .registry_decode_fusion import DECODE_FUSION_KERNELS
 from .registry_fp8_decode import FP8_DECODE_KERNELS
 from .registry_kv_compact import KV_COMPACT_KERNELS
 from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS
@@ -108,11 +109,19 @@ _NORM_ROPE_ALIGNED = ("x_ptr", "w_ptr", "cos_ptr", "sin_ptr", "out_ptr", "pool_p
                       "stride_o", "stride_pool")
 
 _HC_MIX_TYPES = dict(x_ptr="*bf16", fn_ptr="*fp32", part_ptr="*fp32", mix_ptr="*fp32", row_scale_ptr="*fp32",
-                     ticket_ptr="*i32", T="i32", K="i32", M="i32", k_per_split="i32", n_splits="i32", eps="fp32",
+                     ticket_ptr="*i32", base_ptr="*fp32", scale_ptr="*fp32", pre_ptr="*fp32", post_ptr="*fp32",
+                     comb_ptr="*fp32", T="i32", K="i32", M="i32", k_per_split="i32", n_splits="i32", eps="fp32",
                      stride_x="i32")
-# M = 24 and T are not multiples of 16; K = 16384, k_per_split and the row stride are.
-_HC_MIX_ALIGNED = ("x_ptr", "fn_ptr", "part_ptr", "mix_ptr", "row_scale_ptr", "ticket_ptr", "K", "k_per_split",
-                   "stride_x")
+# M = 24 and T are not multiples of 16; K = 16384, k_per_split and the row stride are. The
+# coefficient pointers (the epilogue's; the mixes again without it) are fresh allocations.
+_HC_MIX_ALIGNED = ("x_ptr", "fn_ptr", "part_ptr", "mix_ptr", "row_scale_ptr", "ticket_ptr", "base_ptr", "scale_ptr",
+                   "pre_ptr", "post_ptr", "comb_ptr", "K", "k_per_split", "stride_x")
+# The coefficients epilogue as the model runs it (hc_stream_coefficients): V4's 4 streams, 20 rounds;
+# off, the mixer alone (the head's collapse weights).
+_HC_COEFFS = dict(COEFFS=True, N=4, ITERS=20, HC_EPS=1e-6)
+_NO_HC_COEFFS = dict(COEFFS=False, N=1, ITERS=1, HC_EPS=0.0)
+# The Walsh-Hadamard epilogue of norm_rope / compress_decode (registry_decode_fusion.py), off.
+_NO_HADAMARD = dict(HADAMARD=False, LOG2_D=0)
 
 _COMPRESS_DECODE_TYPES = dict(
     kv_ptr="*fp32", score_ptr="*fp32", pos_ptr="*i64", slot_ptr="*i64", bias_ptr="*fp32", s0_ptr="*fp32",
@@ -339,26 +348,30 @@ KERNELS: tuple[KernelSpec, ...] = (
     KernelSpec(  # per-head q: weightless norm + rope, D 512, rope 64
         "norm_rope.q", f"{_OPS}.norm_rope_triton:_rms_norm_rope_kernel",
         types=_NORM_ROPE_TYPES, aligned=_NORM_ROPE_ALIGNED,
-        constexprs=dict(PDL=False, NORM=True, HAS_WEIGHT=False, ROPE=True, INVERSE=False, BLOCK_D=512, **_NO_PK), num_warps=2,
+        constexprs=dict(PDL=False, NORM=True, HAS_WEIGHT=False, ROPE=True, INVERSE=False, BLOCK_D=512, **_NO_PK,
+                        **_NO_HADAMARD), num_warps=2,
         num_stages=3, expect=Expect(max_regs=128),
     ),
     KernelSpec(  # a layer's input norm: weighted, D 4096 (Flash hidden size), no rope
         "norm_rope.hidden", f"{_OPS}.norm_rope_triton:_rms_norm_rope_kernel",
         types=_NORM_ROPE_TYPES, aligned=_NORM_ROPE_ALIGNED,
-        constexprs=dict(PDL=False, NORM=True, HAS_WEIGHT=True, ROPE=False, INVERSE=False, BLOCK_D=4096, **_NO_PK), num_warps=8,
+        constexprs=dict(PDL=False, NORM=True, HAS_WEIGHT=True, ROPE=False, INVERSE=False, BLOCK_D=4096, **_NO_PK,
+                        **_NO_HADAMARD), num_warps=8,
         num_stages=3, expect=Expect(max_regs=128),
     ),
     # ---- compressor decode step (ops/compress_decode_triton.py): one program per sequence, 4 warps ----
     KernelSpec(  # CSA kv compressor: overlap, ratio 4, head_dim 512
         "compress_decode.csa", f"{_OPS}.compress_decode_triton:_compress_decode_kernel",
         types=_COMPRESS_DECODE_TYPES, aligned=_COMPRESS_DECODE_ALIGNED,
-        constexprs=dict(PDL=False, RATIO=4, OVERLAP=True, BLOCK_R=4, BLOCK_D=512, **_NO_PK), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, RATIO=4, OVERLAP=True, BLOCK_R=4, BLOCK_D=512, **_NO_PK, **_NO_HADAMARD),
+        num_warps=4, num_stages=3,
         expect=Expect(max_regs=168),
     ),
     KernelSpec(  # HCA: online softmax state, ratio 128, head_dim 512
         "compress_decode.hca", f"{_OPS}.compress_decode_triton:_compress_decode_kernel",
         types=_COMPRESS_DECODE_TYPES, aligned=_COMPRESS_DECODE_ALIGNED,
-        constexprs=dict(PDL=False, RATIO=128, OVERLAP=False, BLOCK_R=1, BLOCK_D=512, **_NO_PK), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, RATIO=128, OVERLAP=False, BLOCK_R=1, BLOCK_D=512, **_NO_PK, **_NO_HADAMARD),
+        num_warps=4, num_stages=3,
         expect=Expect(max_regs=128),
     ),
     # ---- MoE grouped matmul (ops/grouped_matmul_triton.py): bf16 activations and expert weights,
@@ -380,7 +393,7 @@ KERNELS: tuple[KernelSpec, ...] = (
         "mhc.mix_decode", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
         types=_HC_MIX_TYPES, aligned=(*_HC_MIX_ALIGNED, "n_splits"),
         constexprs=dict(PDL=False, BLOCK_T=_MIX["decode"]["BLOCK_T"], BLOCK_M=32, BLOCK_K=_MIX["decode"]["BLOCK_K"],
-                        BLOCK_S=128, SPLIT=True),
+                        BLOCK_S=128, SPLIT=True, **_NO_HC_COEFFS),
         num_warps=_MIX["decode"]["num_warps"], num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
     ),
@@ -388,7 +401,23 @@ KERNELS: tuple[KernelSpec, ...] = (
         "mhc.mix_prefill", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
         types=_HC_MIX_TYPES, aligned=_HC_MIX_ALIGNED,
         constexprs=dict(PDL=False, BLOCK_T=_MIX["prefill"]["BLOCK_T"], BLOCK_M=32, BLOCK_K=_MIX["prefill"]["BLOCK_K"],
-                        BLOCK_S=2, SPLIT=True),
+                        BLOCK_S=2, SPLIT=True, **_NO_HC_COEFFS),
+        num_warps=_MIX["prefill"]["num_warps"], num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
+    ),
+    KernelSpec(  # the decode mixer with the coefficients epilogue (the model's sublayers), T = 1
+        "mhc.mix_coefficients_decode", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
+        types=_HC_MIX_TYPES, aligned=(*_HC_MIX_ALIGNED, "n_splits"),
+        constexprs=dict(PDL=False, BLOCK_T=_MIX["decode"]["BLOCK_T"], BLOCK_M=32, BLOCK_K=_MIX["decode"]["BLOCK_K"],
+                        BLOCK_S=128, SPLIT=True, **_HC_COEFFS),
+        num_warps=_MIX["decode"]["num_warps"], num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
+    ),
+    KernelSpec(  # the prefill mixer with the coefficients epilogue, T = 2048
+        "mhc.mix_coefficients_prefill", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
+        types=_HC_MIX_TYPES, aligned=_HC_MIX_ALIGNED,
+        constexprs=dict(PDL=False, BLOCK_T=_MIX["prefill"]["BLOCK_T"], BLOCK_M=32, BLOCK_K=_MIX["prefill"]["BLOCK_K"],
+                        BLOCK_S=2, SPLIT=True, **_HC_COEFFS),
         num_warps=_MIX["prefill"]["num_warps"], num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
     ),
@@ -396,7 +425,7 @@ KERNELS: tuple[KernelSpec, ...] = (
         "mhc.collapse", f"{_OPS}.hc_collapse_triton:_hc_collapse_kernel",
         types=dict(x_ptr="*bf16", pre_ptr="*fp32", y_ptr="*bf16", D="i32", stride_xt="i32", stride_xn="i32"),
         aligned=("x_ptr", "pre_ptr", "y_ptr", "D", "stride_xt", "stride_xn"),
-        constexprs=dict(PDL=False, N=4, BLOCK_D=512), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, N=4, BLOCK_D=1024), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=96),
     ),
     KernelSpec(  # HC_EXPAND_CONFIG
@@ -545,6 +574,7 @@ KERNELS: tuple[KernelSpec, ...] = (
     *KV_COMPACT_KERNELS,
     # ---- MXFP4 MoE GEMV for few picks an expert: v4serve/codegen/registry_mxfp4_gemv.py ----
     *MXFP4_GEMV_KERNELS,
+    *DECODE_FUSION_KERNELS,
     # ---- FP8 linear, weights-first decode kernel: v4serve/codegen/registry_fp8_decode.py ----
     *FP8_DECODE_KERNELS,
     # ---- DeepSeek-V4.1 indexer over packed fp4 keys: v4serve/codegen/registry_v41_index.py ----

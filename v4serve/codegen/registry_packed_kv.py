@@ -188,7 +188,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         aligned=("x_ptr", "w_ptr", "cos_ptr", "sin_ptr", "out_ptr", "pool_ptr", "pool_rows_ptr", "D", "stride_x",
                  "stride_o", "stride_pool"),
         constexprs=dict(PDL=False, NORM=True, HAS_WEIGHT=True, ROPE=True, INVERSE=False, BLOCK_D=512, heads=1,
-                        PACKED=True, **_FP8),
+                        PACKED=True, **_FP8, HADAMARD=False, LOG2_D=0),
         num_warps=2, num_stages=3, expect=Expect(max_regs=128),
     ),
     *(
@@ -203,7 +203,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
                      "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "pool_ptr", "d", "stride_in",
                      "stride_slot", "stride_pool"),
             constexprs=dict(PDL=False, RATIO=ratio, OVERLAP=overlap, BLOCK_R=block_r, BLOCK_D=512, PACKED=True,
-                            **_FP8),
+                            **_FP8, HADAMARD=False, LOG2_D=0),
             num_warps=4, num_stages=3, expect=Expect(max_regs=168),
         )
         for kind, ratio, overlap, block_r in (("csa", 4, True, 4), ("hca", 128, False, 1))

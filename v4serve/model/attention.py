@@ -21,7 +21,7 @@ from v4serve.config import ModelConfig
 from v4serve.layer_plan import IndexerMode, LayerPlan
 from v4serve.model.compressor import Compressor
 from v4serve.model.csa2 import IndexerV41, SourceCompressor, compressed_columns
-from v4serve.model.fusion import fuse_rows, widths
+from v4serve.model.fusion import bf16_storage_fits, fp32_product, fuse_rows, widths
 from v4serve.model.indexer import Indexer
 from v4serve.model.kernels import UsesKernels
 from v4serve.model.norm import RMSNorm
@@ -122,23 +122,26 @@ class Attention(UsesKernels, nn.Module):
 
     def fuse_projections(self) -> None:
         """One GEMM for the two projections of the layer input (q_a_proj, kv_proj), one fp32 GEMM for
-        the compressor's and the indexer's (kv and gate of each, the index head weights)."""
+        the compressor's and the indexer's (kv and gate of each, the index head weights), whose
+        weights are stored as bf16 where their values are bf16 (the checkpoint's) on CUDA: half the
+        bytes of the decode step's largest non-FP8 read after the output projection."""
         members = [self.q_a_proj, self.kv_proj]
         self.input_proj, self._input_widths = fuse_rows(members), widths(members)
         if self.compressor is not None:
             members = self._compressor_projections()
-            self.compressor_proj, self._compressor_widths = fuse_rows(members), widths(members)
+            narrow = torch.bfloat16 if bf16_storage_fits(members, self.q_a_norm.weight.dtype) else None
+            self.compressor_proj, self._compressor_widths = fuse_rows(members, narrow), widths(members)
 
     def _compressor_projections(self) -> list[nn.Linear]:
         indexer = self.compressor.indexer
         return self.compressor.projections() + (indexer.projections() if indexer is not None else [])
 
     def _project_compressor_input(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """x in fp32 through every `_compressor_projections()` (the reference keeps them in fp32)."""
-        xf = x.float()
+        """x in fp32 through every `_compressor_projections()` (the reference keeps them in fp32; their
+        bf16 checkpoint values may be stored as bf16 once fused: `fusion.fp32_product`)."""
         if self.compressor_proj is None:
-            return [F.linear(xf, m.weight) for m in self._compressor_projections()]
-        return list(F.linear(xf, self.compressor_proj).split(self._compressor_widths, dim=-1))
+            return [F.linear(x.float(), m.weight) for m in self._compressor_projections()]
+        return list(fp32_product(x, self.compressor_proj).split(self._compressor_widths, dim=-1))
 
     def _project_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x Wq_a^T, x Wkv^T): row-strided views of one product once fused."""

@@ -30,7 +30,7 @@ from v4serve.model.rope import StepRope, rotary_angles
 from v4serve.ops.compress_decode import compress_decode
 from v4serve.ops.compress_decode_reference import fold_online
 from v4serve.ops.gated_pool import gated_pool
-from v4serve.ops.kv_quant import hadamard
+from v4serve.ops.hadamard import hadamard
 from v4serve.ops.norm_rope import rms_norm_rope
 
 
@@ -78,7 +78,7 @@ class Compressor(UsesKernels, nn.Module):
                 continue
             groups = torch.arange(first_group, first_group + rows.shape[0], device=rows.device)
             rows = self.normalize_and_rotate(rows.to(pool.value_dtype), groups * self.ratio, inv_freq)
-            pool.store(rows_of[b, groups].long(), hadamard(rows) if rotate else rows, self.impl)
+            pool.store(rows_of[b, groups].long(), hadamard(rows, self.impl) if rotate else rows, self.impl)
 
     def _compress_decode(
         self, kv: torch.Tensor, score: torch.Tensor, batch: ForwardBatch, state: CompressorState | OnlinePoolState,
@@ -87,10 +87,11 @@ class Compressor(UsesKernels, nn.Module):
         """One token per sequence, no host decisions (`ops/compress_decode.py`): every sequence
         records its token in the open block; sequences whose block did not complete write to the
         pool's scratch row. A verify step (`batch.verify_groups` tokens per sequence, group-major)
-        runs one such step per group, in position order, saving the states after each group."""
+        runs one such step per group, in position order, saving the states after each group.
+        The kernel also applies the keys' Hadamard rotation (`rotate`) and packs packed pools."""
         r = self.ratio
         angles = rope.block_starts(r)  # rows are rotated at their block's start position
-        fused = pool.packed and not rotate  # the kernel packs its rows into the pool itself
+        fused = pool.packed  # the kernel packs its rows into the pool itself
         groups = batch.verify_groups
         n = kv.shape[0] // groups
         rows_of = batch.compressed_rows[r]
@@ -100,10 +101,11 @@ class Compressor(UsesKernels, nn.Module):
             rows, target = compress_decode(
                 kv[at], score[at], batch.positions[at], slots, self.position_bias, state.tensors(), r,
                 self.kv_norm.weight, self.kv_norm.eps, angles.cos[at], angles.sin[at], rows_of[at], pool.scratch_row,
-                pool.value_dtype, impl=self.impl, **(dict(pool=pool.data, row_format=pool.row_format) if fused else {}),
+                pool.value_dtype, impl=self.impl, hadamard=rotate,
+                **(dict(pool=pool.data, row_format=pool.row_format) if fused else {}),
             )
             if not fused:
-                pool.store(target, hadamard(rows) if rotate else rows, self.impl)
+                pool.store(target, rows, self.impl)
             if batch.checkpoints is not None:
                 batch.checkpoints.save(state, g)
 

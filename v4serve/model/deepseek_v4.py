@@ -64,15 +64,15 @@ class DecoderLayer(nn.Module):
         if self.engram is not None:
             streams = self.engram(streams, step.engram_rows[self.engram_table])
         a_pre, post, comb = self.attn_hc.coefficients(streams, batch.tickets)
-        y = self.attn_hc.collapse(streams, pre_in if self.lagged_hc else a_pre)
-        streams = self.attn_hc.expand(self.self_attn(self.input_layernorm(y), batch, cache, step), streams, post, comb)
+        y = self.attn_hc.collapse(streams, pre_in if self.lagged_hc else a_pre, self.input_layernorm)
+        streams = self.attn_hc.expand(self.self_attn(y, batch, cache, step), streams, post, comb)
         token_ids, route_rows = batch.token_ids, batch.route_rows
         if keep is not None:
             rows, route_rows = keep
             streams, token_ids, a_pre = (t.index_select(0, rows) for t in (streams, token_ids, a_pre))
         f_pre, post, comb = self.ffn_hc.coefficients(streams, batch.tickets)
-        y = self.ffn_hc.collapse(streams, a_pre if self.lagged_hc else f_pre)
-        out = self.mlp(self.post_attention_layernorm(y), token_ids, route_rows)
+        y = self.ffn_hc.collapse(streams, a_pre if self.lagged_hc else f_pre, self.post_attention_layernorm)
+        out = self.mlp(y, token_ids, route_rows)
         return self.ffn_hc.expand(out, streams, post, comb), f_pre
 
 

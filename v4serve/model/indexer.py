@@ -19,7 +19,7 @@ from v4serve.config import ModelConfig
 from v4serve.model.compressor import Compressor
 from v4serve.model.rope import StepRope
 from v4serve.ops.indexer import index_scores, select_topk, sorted_top
-from v4serve.ops.kv_quant import hadamard
+from v4serve.ops.hadamard import hadamard
 from v4serve.ops.norm_rope import rms_norm_rope
 
 
@@ -54,8 +54,13 @@ class Indexer(Compressor):
         keys, rotate = cache.index_keys, cache.plan.index_rotated
         self.compress(kv_all, score_all, batch, cache.indexer_state, keys, rope, rotate)
         q = self.q_b_proj(qr).unflatten(-1, (self.n_heads, self.head_dim))
-        q = rms_norm_rope(q, cos=rope.compress.cos, sin=rope.compress.sin, impl=self.impl).to(keys.value_dtype)
-        q = keys.round(hadamard(q) if rotate else q, self.impl)
+        angles = dict(cos=rope.compress.cos, sin=rope.compress.sin, impl=self.impl)
+        if rotate and q.dtype == keys.value_dtype:  # RoPE and Hadamard in one kernel
+            q = rms_norm_rope(q, **angles, hadamard=True)
+        else:
+            q = rms_norm_rope(q, **angles).to(keys.value_dtype)
+            q = hadamard(q, self.impl) if rotate else q
+        q = keys.round(q, self.impl)
         pool = keys.data
         packed = {"row_format": keys.read_format}
         weights = head_weights * self.weight_scale

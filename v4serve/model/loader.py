@@ -22,10 +22,9 @@ from v4serve.presets import PRESET_SEED, PRESETS, is_preset, preset_config
 
 # Parameters the reference keeps in fp32 whatever the model dtype (mHC, sinks, compressor and
 # indexer-weight projections, gate biases): name fragments.
-FP32_PARAMETERS = (
-    "attn_hc.", "ffn_hc.", "hc_head.", ".sinks", "position_bias", "e_score_correction_bias",
-    "compressor.kv_proj", "compressor.gate_proj", "indexer.kv_proj", "indexer.gate_proj", "weights_proj",
-)
+BF16_ON_DISK = ("compressor.kv_proj", "compressor.gate_proj", "indexer.kv_proj", "indexer.gate_proj", "weights_proj")
+FP32_PARAMETERS = ("attn_hc.", "ffn_hc.", "hc_head.", ".sinks", "position_bias", "e_score_correction_bias",
+                   *BF16_ON_DISK)
 
 
 def resolve_config(model: str, overrides: dict[str, Any] | None = None, quantization: str | None = None) -> ModelConfig:
@@ -168,7 +167,8 @@ def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: i
     tables by chunks, copied to where they live); a cut
     parameter (`shards`, `parallel/shard.py`) draws its full values and keeps its part, so every
     rank count gets the same model.
-    Quantized weights come in their formats: random e4m3 codes of N(0, 1) with power-of-two block
+    The fp32 parameters whose checkpoint tensors are bf16 (`BF16_ON_DISK`) hold bf16 values, as when
+    loaded. Quantized weights come in their formats: random e4m3 codes of N(0, 1) with power-of-two block
     scales 2^-7..2^-5; random packed e2m1 bytes with ue8m0 scales 2^-8..2^-6 (std ~0.01-0.05)."""
     device = net.lm_head.weight.device
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -208,6 +208,8 @@ def init_random_weights(net: DeepseekV4ForCausalLM, config: ModelConfig, seed: i
             for e in (range(shape[0]) if len(shape) == 3 else [None]):
                 values = torch.randn(shape[1:] if e is not None else shape, generator=gen, device=device,
                                      dtype=torch.float32).mul_(0.02)
+                if any(f in name for f in BF16_ON_DISK):  # fp32 parameters of bf16 checkpoint tensors
+                    values = values.bfloat16().float()
                 _put(t, spec, e, values)
 
 

@@ -20,10 +20,10 @@ from torch import nn
 
 from v4serve.config import ModelConfig
 from v4serve.model.kernels import UsesKernels
-from v4serve.ops.hc_coefficients import hc_coefficients
 from v4serve.ops.hc_collapse import hc_collapse
 from v4serve.ops.hc_expand import hc_expand
 from v4serve.ops.hc_mix import hc_mix
+from v4serve.ops.hc_stream_coefficients import hc_stream_coefficients
 
 
 class HyperConnection(UsesKernels, nn.Module):
@@ -40,20 +40,22 @@ class HyperConnection(UsesKernels, nn.Module):
 
     def coefficients(self, streams: torch.Tensor, tickets: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(pre [T, n], post [T, n], comb [T, n, n]) fp32 of the streams: two ops, one kernel each on
-        the GPU: the mixes with the RMS factor (`hc_mix`; the factor is a per-token scalar, so it
-        commutes with fn and the coefficients apply it), the coefficients with Sinkhorn
-        (`hc_coefficients`). `tickets`: the step's zeroed counters (`ForwardBatch.tickets`) for
-        hc_mix's split reduction. The sublayer's input is then `collapse` with its own `pre` (V4)
-        or the previous sublayer's (V4.1's lagged wiring, `LayerPlan.lagged_hc`)."""
-        mixes, row_scale = hc_mix(streams.flatten(1), self.fn, self.rms_eps, tickets, impl=self.impl)
-        return hc_coefficients(
-            mixes, row_scale, self.base, self.scale, self.hc_mult, self.sinkhorn_iters, self.hc_eps, impl=self.impl,
-        )
+        """(pre [T, n], post [T, n], comb [T, n, n]) fp32 of the streams: one op, one kernel on the
+        GPU (`hc_stream_coefficients`): the mixes with the RMS factor (`hc_mix`; the factor is a
+        per-token scalar, so it commutes with fn and the coefficients apply it), then the
+        coefficients with Sinkhorn (`hc_coefficients`) in the mixer's epilogue. `tickets`: the
+        step's zeroed counters (`ForwardBatch.tickets`) for the mixer's split reduction. The
+        sublayer's input is then `collapse` with its own `pre` (V4) or the previous sublayer's
+        (V4.1's lagged wiring, `LayerPlan.lagged_hc`)."""
+        return hc_stream_coefficients(streams.flatten(1), self.fn, self.rms_eps, self.base, self.scale, self.hc_mult,
+                                      self.sinkhorn_iters, self.hc_eps, tickets, impl=self.impl)
 
-    def collapse(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
-        """sum_j pre_j X_j -> [T, D] in streams.dtype."""
-        return hc_collapse(streams, pre, impl=self.impl)
+    def collapse(self, streams: torch.Tensor, pre: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
+        """sum_j pre_j X_j -> [T, D] in streams.dtype; with `norm` (the sublayer's RMSNorm) normalised
+        by it, in the same launch on the GPU."""
+        if norm is None:
+            return hc_collapse(streams, pre, impl=self.impl)
+        return hc_collapse(streams, pre, norm.weight, norm.eps, impl=self.impl)
 
     def expand(self, output: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
                ) -> torch.Tensor:

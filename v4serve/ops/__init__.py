@@ -8,7 +8,8 @@ from v4serve.ops.hc_collapse import hc_collapse
 from v4serve.ops.hc_expand import hc_expand
 from v4serve.ops.hc_mix import hc_mix
 from v4serve.ops.indexer import index_scores, select_topk
-from v4serve.ops.kv_quant import apply_kv_format, hadamard
+from v4serve.ops.hadamard import hadamard
+from v4serve.ops.kv_quant import apply_kv_format
 from v4serve.ops.moe_combine import moe_combine
 from v4serve.ops.moe_route import moe_route
 from v4serve.ops.moe_sort import moe_sort

@@ -7,6 +7,7 @@ import torch
 
 from v4serve.formats import row_format as row_format_of
 from v4serve.ops._dispatch import use_triton
+from v4serve.ops.hadamard_reference import check_hadamard_dim, hadamard_reference
 from v4serve.ops.kv_pack import check_pool
 from v4serve.ops.kv_pack_reference import store_rows_reference
 from v4serve.ops.compress_decode_reference import compress_decode_reference
@@ -17,7 +18,7 @@ def compress_decode(
     kv: torch.Tensor, score: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
     position_bias: torch.Tensor, state: tuple[torch.Tensor, ...], ratio: int, norm_weight: torch.Tensor,
     eps: float, cos: torch.Tensor, sin: torch.Tensor, rows_of: torch.Tensor, scratch: int, out_dtype: torch.dtype,
-    impl: str = "auto", pool: torch.Tensor | None = None, row_format=None,
+    impl: str = "auto", pool: torch.Tensor | None = None, row_format=None, hadamard: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fold one token per sequence into its compressor `state` (updated in place: (kv, score) for an
     overlapping compressor, (max, sum, acc) for an online one) and return (rows [B, d] out_dtype,
@@ -26,7 +27,10 @@ def compress_decode(
 
     Packed output: with `pool` (uint8 [P, >= row_bytes(d)]) and a packed `row_format`, the step
     also quantizes and packs every row into pool[target] (kv_pack.py layout; the scratch row gets
-    the zero rows of sequences that completed no block): the cache write of the step, fused."""
+    the zero rows of sequences that completed no block): the cache write of the step, fused.
+
+    `hadamard`: the rows (in out_dtype) go through the normalised Walsh-Hadamard transform
+    (`ops/hadamard.py`; d a power of two) before they are returned and packed: the indexer's keys."""
     B, d = kv.shape[0], norm_weight.shape[0]
     width = (2 if len(state) == 2 else 1) * d
     for name, t in (("kv", kv), ("score", score)):
@@ -45,11 +49,16 @@ def compress_decode(
         if not fmt.packed:
             raise ValueError(f"row_format must be a packed format when pool is given, got {fmt.name}")
         check_pool("pool", pool, fmt, d)
+    if hadamard:
+        check_hadamard_dim(d)
     if use_triton(impl, kv, score, *state):
         return compress_decode_triton(kv, score, positions, slots, position_bias, state, ratio, norm_weight, eps,
-                                      cos, sin, rows_of, scratch, out_dtype, pool=pool, row_format=fmt)
+                                      cos, sin, rows_of, scratch, out_dtype, pool=pool, row_format=fmt,
+                                      hadamard=hadamard)
     rows, target = compress_decode_reference(kv, score, positions, slots, position_bias, state, ratio, norm_weight,
                                              eps, cos, sin, rows_of, scratch, out_dtype)
+    if hadamard:
+        rows = hadamard_reference(rows)
     if fmt is not None:
         store_rows_reference(pool, target, rows, fmt)
     return rows, target

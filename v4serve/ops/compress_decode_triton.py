@@ -15,6 +15,10 @@ over the previous one), RMS-normalises the row (rounded to the pool dtype, as th
 rotates the pairs (y[2i], y[2i+1]) of its last 2R channels, and writes the row and its target.
 A step that completes no block writes a zero row aimed at the pool's scratch row.
 
+Hadamard (HADAMARD, the indexer's keys): the finished row, rounded to the pool dtype, is then
+Walsh-Hadamard transformed in registers (hadamard_triton.hadamard_fp32, the reference's fp32
+butterflies; d a power of two) and rounded again before it is written (and packed).
+
 Packed output (PACKED): the program also quantizes and packs its row into pool[target] (uint8
 rows of a packed format, kv_pack_triton.pack_row): the cache write, fused.
 """
@@ -25,6 +29,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import pdl_launch
+from v4serve.ops.hadamard_triton import hadamard_fp32
 from v4serve.ops.kv_pack_triton import pack_row, packed_constexprs
 
 
@@ -91,7 +96,7 @@ def _compress_decode_kernel(
     w_ptr, cos_ptr, sin_ptr, rows_of_ptr, rows_ptr, target_ptr, pool_ptr,
     d, R, scratch, eps, stride_in, stride_slot, stride_rows_of, stride_cs, stride_pool,
     RATIO: tl.constexpr, OVERLAP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
-    PACKED: tl.constexpr = False, PK_FP4: tl.constexpr = False, PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1,
+    HADAMARD: tl.constexpr = False, LOG2_D: tl.constexpr = 0, PACKED: tl.constexpr = False, PK_FP4: tl.constexpr = False, PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1,
     PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0, PK_HAS_TAIL: tl.constexpr = False,
     PK_PAYLOAD: tl.constexpr = 0, PK_ROW_BYTES: tl.constexpr = 0,
 ):
@@ -123,6 +128,8 @@ def _compress_decode_kernel(
     cos = tl.load(cos_ptr + b * stride_cs + pair, mask=in_rope, other=1.0)
     sin = tl.load(sin_ptr + b * stride_cs + pair, mask=in_rope, other=0.0)
     y = tl.reshape(tl.join(even * cos - odd * sin, odd * cos + even * sin), (BLOCK_D,))
+    if HADAMARD:  # d == BLOCK_D; a step that completes no block transforms its zero row to zeros
+        y = hadamard_fp32(tl.where(complete, y, 0.0).to(rows_ptr.dtype.element_ty).to(tl.float32), BLOCK_D, LOG2_D)
     tl.store(rows_ptr + b * d + ch, tl.where(complete, y, 0.0).to(rows_ptr.dtype.element_ty), mask=ch_ok)
 
     group = tl.maximum((p + 1) // RATIO - 1, 0)
@@ -135,7 +142,7 @@ def _compress_decode_kernel(
 
 
 def compress_decode_triton(kv, score, positions, slots, position_bias, state, ratio, norm_weight, eps, cos, sin,
-                           rows_of, scratch, out_dtype, pool=None, row_format=None):
+                           rows_of, scratch, out_dtype, pool=None, row_format=None, hadamard=False):
     B, d = kv.shape[0], norm_weight.shape[0]
     rows = torch.empty(B, d, dtype=out_dtype, device=kv.device)
     target = torch.empty(B, dtype=torch.int64, device=kv.device)
@@ -155,5 +162,6 @@ def compress_decode_triton(kv, score, positions, slots, position_bias, state, ra
         0 if pool is None else pool.stride(0),
         RATIO=ratio, OVERLAP=overlap, BLOCK_R=triton.next_power_of_2(ratio) if overlap else 1,
         BLOCK_D=block_d, num_warps=4, **pdl_launch(kv), **pk,
+        **(dict(HADAMARD=True, LOG2_D=d.bit_length() - 1) if hadamard else {}),
     )
     return rows, target

@@ -23,14 +23,24 @@ HC_CONFIG = dict(BLOCK_T=2, num_warps=1)
 
 
 @triton.jit
-def _hc_coefficients_kernel(
-    mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, stride_m,
-    N: tl.constexpr, ITERS: tl.constexpr, EPS: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False,
-):
-    if PDL:
-        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    t_ok = t < T
+def _row_sums(c, BLOCK_T: tl.constexpr, N: tl.constexpr, LOG2_N: tl.constexpr):
+    """sum_k c[t, j, k] of c [BLOCK_T, N, N] as a fixed pairwise tree ((c0 + c1) + (c2 + c3) for
+    N = 4, the order of a one-warp shuffle reduction over adjacent lanes), whatever the layout the
+    compiler picks for c: the kernels that run this code get the same bits. -> [BLOCK_T, N, 1]."""
+    for i in tl.static_range(LOG2_N):
+        a, b = tl.split(tl.reshape(c, (BLOCK_T, N, N >> (i + 1), 2)))
+        c = a + b
+    return c
+
+
+@triton.jit
+def coefficients_of_tokens(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, t, t_ok, stride_m,
+                           N: tl.constexpr, ITERS: tl.constexpr, EPS: tl.constexpr, BLOCK_T: tl.constexpr):
+    """pre, post and C of the tokens t [BLOCK_T] (t_ok: live) from their mixes and RMS factors in
+    memory; the mixer kernel (hc_mix_triton.py) runs it as its epilogue. Row and column sums are
+    explicit pairwise trees (`_row_sums`; columns through the transpose), so the standalone kernel
+    and the epilogue, whose tiles differ, compute the same bits."""
+    LOG2_N: tl.constexpr = N.bit_length() - 1
     j = tl.arange(0, N)
     rs = tl.load(row_scale_ptr + t, mask=t_ok, other=0.0)
     s0 = tl.load(scale_ptr)
@@ -45,15 +55,27 @@ def _hc_coefficients_kernel(
     c = tl.load(row[:, :, None] + 2 * N + jk[None, :, :], mask=t_ok[:, None, None], other=0.0)
     c = c * rs[:, None, None] * s2 + tl.load(base_ptr + 2 * N + jk)[None, :, :]
     c = tl.exp(c - tl.max(c, axis=2)[:, :, None])
-    c = c / tl.sum(c, axis=2)[:, :, None] + EPS
-    c = c / (tl.sum(c, axis=1)[:, None, :] + EPS)
+    c = c / _row_sums(c, BLOCK_T, N, LOG2_N) + EPS
+    c = c / (tl.permute(_row_sums(tl.permute(c, (0, 2, 1)), BLOCK_T, N, LOG2_N), (0, 2, 1)) + EPS)
     for _ in tl.static_range(ITERS - 1):
-        c = c / (tl.sum(c, axis=2)[:, :, None] + EPS)
-        c = c / (tl.sum(c, axis=1)[:, None, :] + EPS)
+        c = c / (_row_sums(c, BLOCK_T, N, LOG2_N) + EPS)
+        c = c / (tl.permute(_row_sums(tl.permute(c, (0, 2, 1)), BLOCK_T, N, LOG2_N), (0, 2, 1)) + EPS)
     out = t.to(tl.int64)[:, None] * N + j[None, :]
     tl.store(pre_ptr + out, pre, mask=t_ok[:, None])
     tl.store(post_ptr + out, post, mask=t_ok[:, None])
     tl.store(comb_ptr + t.to(tl.int64)[:, None, None] * (N * N) + jk[None, :, :], c, mask=t_ok[:, None, None])
+
+
+@triton.jit
+def _hc_coefficients_kernel(
+    mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, T, stride_m,
+    N: tl.constexpr, ITERS: tl.constexpr, EPS: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False,
+):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    coefficients_of_tokens(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, t, t < T, stride_m,
+                           N, ITERS, EPS, BLOCK_T)
 
 
 def hc_coefficients_triton(mixes, row_scale, base, scale, n: int, iters: int, eps: float):

@@ -15,6 +15,12 @@ otherwise it writes its partial row [BLOCK_M] (mixes, then the sum of squares in
 `part [T, n_splits, BLOCK_M]`, and the last program of the token block to finish (an int32 ticket
 per block, atomic acq_rel, reset to 0 after) sums the partials in split order (deterministic) and
 writes the outputs.
+
+Coefficients epilogue (COEFFS, op hc_stream_coefficients.py): whoever writes a token block's mixes
+(the last split program, or the program itself without a split) then turns them into the
+sublayer's pre, post and C (hc_coefficients_triton.coefficients_of_tokens, the standalone
+kernel's code: the same bits), after a barrier that makes the block's stores visible to every
+thread of the program: one launch fewer per sublayer.
 """
 
 import torch
@@ -23,6 +29,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import pdl_launch
+from v4serve.ops.hc_coefficients_triton import coefficients_of_tokens
 
 
 # Production tiles: small T (decode) spreads K over ~TARGET_PROGRAMS programs; large T (prefill)
@@ -40,10 +47,11 @@ TARGET_PROGRAMS = 128
 
 @triton.jit
 def _hc_mix_kernel(
-    x_ptr, fn_ptr, part_ptr, mix_ptr, row_scale_ptr, ticket_ptr,
+    x_ptr, fn_ptr, part_ptr, mix_ptr, row_scale_ptr, ticket_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
     T, K, M, k_per_split, n_splits, eps, stride_x,
     BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
     SPLIT: tl.constexpr, PDL: tl.constexpr = False,
+    COEFFS: tl.constexpr = False, N: tl.constexpr = 1, ITERS: tl.constexpr = 1, HC_EPS: tl.constexpr = 0.0,
 ):
     if PDL:
         gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
@@ -84,9 +92,17 @@ def _hc_mix_kernel(
                 tl.store(mix_ptr + row * M + m, total, mask=m_ok)
                 tl.store(row_scale_ptr + row, tl.rsqrt(sum_sq / K + eps))
             tl.atomic_xchg(ticket_at, 0)  # ready for the next launch (graph replays too)
+            if COEFFS:
+                tl.debug_barrier()
+                coefficients_of_tokens(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
+                                       t, t_ok, M, N, ITERS, HC_EPS, BLOCK_T)
     else:
         tl.store(mix_ptr + t.to(tl.int64)[:, None] * M + m[None, :], acc, mask=t_ok[:, None] & m_ok[None, :])
         tl.store(row_scale_ptr + t, tl.rsqrt(sq / K + eps), mask=t_ok)
+        if COEFFS:
+            tl.debug_barrier()
+            coefficients_of_tokens(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, t, t_ok,
+                                   M, N, ITERS, HC_EPS, BLOCK_T)
 
 
 def tile_config(T: int, K: int) -> dict:
@@ -99,15 +115,26 @@ def tile_config(T: int, K: int) -> dict:
 
 
 def hc_mix_triton(x: torch.Tensor, fn: torch.Tensor, eps: float, tickets: torch.Tensor | None = None,
-                  config=None) -> tuple[torch.Tensor, torch.Tensor]:
+                  config=None, coefficients: dict | None = None) -> tuple[torch.Tensor, ...]:
+    """(mixes, row_scale); with `coefficients` (base, scale fp32 contiguous, n, iters, hc_eps: the
+    COEFFS epilogue) also (pre, post, comb)."""
     T, K = x.shape
     M = fn.shape[0]
     x = x if x.stride(1) == 1 else x.contiguous()
     fn = fn.contiguous()
     mixes = torch.empty(T, M, dtype=torch.float32, device=x.device)
     row_scale = torch.empty(T, dtype=torch.float32, device=x.device)
+    epilogue, outs = {}, (mixes, row_scale)
+    coefficient_ptrs = (mixes,) * 5  # base, scale, pre, post, comb: unused without the epilogue
+    if coefficients is not None:
+        n = coefficients["n"]
+        pre, post = (torch.empty(T, n, dtype=torch.float32, device=x.device) for _ in range(2))
+        comb = torch.empty(T, n, n, dtype=torch.float32, device=x.device)
+        outs += (pre, post, comb)
+        coefficient_ptrs = (coefficients["base"], coefficients["scale"], pre, post, comb)
+        epilogue = dict(COEFFS=True, N=n, ITERS=coefficients["iters"], HC_EPS=coefficients["hc_eps"])
     if T == 0:
-        return mixes, row_scale
+        return outs
     cfg = dict(tile_config(T, K) if config is None else config)
     k_per_split, n_splits = cfg.pop("k_per_split"), cfg.pop("n_splits")
     block_m = max(16, triton.next_power_of_2(M + 1))  # room for the sum of squares in column M
@@ -119,7 +146,7 @@ def hc_mix_triton(x: torch.Tensor, fn: torch.Tensor, eps: float, tickets: torch.
         fits = tickets is not None and tickets.numel() >= n_blocks and tickets.dtype == torch.int32
         ticket = tickets if fits else torch.zeros(n_blocks, dtype=torch.int32, device=x.device)
     _hc_mix_kernel[(n_blocks, n_splits)](
-        x, fn, part, mixes, row_scale, ticket, T, K, M, k_per_split, n_splits, eps, x.stride(0),
-        BLOCK_M=block_m, BLOCK_S=triton.next_power_of_2(n_splits), SPLIT=split, **cfg, **pdl_launch(x),
+        x, fn, part, mixes, row_scale, ticket, *coefficient_ptrs, T, K, M, k_per_split, n_splits, eps, x.stride(0),
+        BLOCK_M=block_m, BLOCK_S=triton.next_power_of_2(n_splits), SPLIT=split, **cfg, **pdl_launch(x), **epilogue,
     )
-    return mixes, row_scale
+    return outs

@@ -1,7 +1,7 @@
 """Row-format round trips: public entry points (math in kv_quant_reference.py).
 
-The ue8m0 formats run a Triton kernel on CUDA (kv_quant_triton.py); fp4_e4m3_b16 and `hadamard`
-are torch only."""
+The ue8m0 formats run a Triton kernel on CUDA (kv_quant_triton.py); fp4_e4m3_b16 is torch only.
+`hadamard` (the indexer's rotation before its fp4 rounding) is its own op, re-exported here."""
 
 import torch
 
@@ -11,8 +11,8 @@ from v4serve.ops.kv_quant_reference import (
     fp4_e2m1_e4m3_round_trip,
     fp4_e2m1_ue8m0_round_trip,
     fp8_e4m3_ue8m0_round_trip,
-    hadamard,
 )
+from v4serve.ops.hadamard import hadamard
 from v4serve.ops.kv_quant_triton import ue8m0_round_trip_triton
 
 __all__ = ["apply_kv_format", "hadamard"]

@@ -14,8 +14,7 @@ most 6 significant bits). Scales are per group of `block` consecutive channels, 
 
 Rounding is round-to-nearest-even. e4m3 uses torch's float8_e4m3fn cast (RNE); e2m1 (grid
 0, .5, 1, 1.5, 2, 3, 4, 6) is written out below with its ties-to-even-code thresholds.
-`hadamard` is the normalised Walsh-Hadamard transform of the last dim (a power of two), scale
-dim^-0.5, computed as log2(dim) fp32 butterfly stages.
+The indexer's rows are Hadamard-rotated first (`hadamard_reference.py`).
 """
 
 import torch
@@ -74,17 +73,3 @@ def fp4_e2m1_e4m3_round_trip(x: torch.Tensor, block: int = 16) -> torch.Tensor:
     """All channels through e2m1 with an e4m3 scale per `block` (NVFP4 without the global scale)."""
     scale = lambda amax: round_e4m3(amax.float().clamp(min=FP4_E4M3_SCALE_FLOOR) / E2M1_MAX)  # noqa: E731
     return _block_round_trip(x, block, x.shape[-1], scale, round_e2m1, E2M1_MAX)
-
-
-def hadamard(x: torch.Tensor) -> torch.Tensor:
-    """Normalised Walsh-Hadamard transform of the last dim (fp32 butterflies), in x.dtype."""
-    d = x.shape[-1]
-    if d & (d - 1) or d == 0:
-        raise ValueError(f"hadamard needs a power-of-two last dim, got {d}")
-    y = x.float().reshape(-1, d)
-    h = 1
-    while h < d:
-        pairs = y.reshape(-1, d // (2 * h), 2, h)
-        y = torch.stack([pairs[:, :, 0] + pairs[:, :, 1], pairs[:, :, 0] - pairs[:, :, 1]], 2).reshape(-1, d)
-        h *= 2
-    return (y * d**-0.5).reshape(x.shape).to(x.dtype)

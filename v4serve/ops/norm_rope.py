@@ -8,6 +8,7 @@ import torch
 
 from v4serve.formats import row_format as row_format_of
 from v4serve.ops._dispatch import use_triton
+from v4serve.ops.hadamard_reference import check_hadamard_dim, hadamard_reference
 from v4serve.ops.kv_pack import check_pool
 from v4serve.ops.kv_pack_reference import store_rows_reference
 from v4serve.ops.norm_rope_reference import rms_norm_rope_reference
@@ -17,7 +18,7 @@ from v4serve.ops.norm_rope_triton import rms_norm_rope_triton
 def rms_norm_rope(
     x: torch.Tensor, eps: float | None = None, weight: torch.Tensor | None = None,
     cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, inverse: bool = False, impl: str = "auto",
-    pool: torch.Tensor | None = None, rows: torch.Tensor | None = None, row_format=None,
+    pool: torch.Tensor | None = None, rows: torch.Tensor | None = None, row_format=None, hadamard: bool = False,
 ) -> torch.Tensor:
     """RMS-normalise the last dim of x [T, D] or [T, H, D] (eps None: no norm; weight [D] optional),
     then rotate its last 2R channels by the per-token angles cos, sin [T, R] fp32 (None: no
@@ -25,7 +26,11 @@ def rms_norm_rope(
 
     Packed output (the window append): with `pool` (uint8 [P, >= row_bytes(D)]), `rows` [T] int
     (a negative row is skipped) and a packed `row_format`, the result of x [T, D] is also quantized
-    and packed into pool[rows] (kv_pack.py layout), in the same kernel on CUDA."""
+    and packed into pool[rows] (kv_pack.py layout), in the same kernel on CUDA.
+
+    `hadamard`: the result (in x's dtype) then goes through the normalised Walsh-Hadamard transform
+    of its last dim (`ops/hadamard.py`; D a power of two), in the same kernel on CUDA: the index
+    query's rotation, cast and transform as one launch instead of 1 + 24."""
     D = x.shape[-1]
     if weight is not None and (eps is None or weight.shape != (D,)):
         raise ValueError(f"weight must be [{D}] and come with eps, got {tuple(weight.shape)} with eps={eps}")
@@ -46,9 +51,14 @@ def rms_norm_rope(
             raise ValueError(f"a packed store needs x [T, D] and rows [T], got {tuple(x.shape)} and "
                              f"{None if rows is None else tuple(rows.shape)}")
         check_pool("pool", pool, fmt, D)
+    if hadamard:
+        check_hadamard_dim(D)
     if use_triton(impl, x):
-        return rms_norm_rope_triton(x, eps, weight, cos, sin, inverse, pool=pool, rows=rows, row_format=fmt)
+        return rms_norm_rope_triton(x, eps, weight, cos, sin, inverse, pool=pool, rows=rows, row_format=fmt,
+                                    hadamard=hadamard)
     y = rms_norm_rope_reference(x, eps, weight, cos, sin, inverse)
+    if hadamard:
+        y = hadamard_reference(y)
     if fmt is not None:
         store_rows_reference(pool, rows, y, fmt)
     return y

@@ -9,6 +9,11 @@ loaded a second time: the same cache lines), and stores. NORM / HAS_WEIGHT / ROP
 select the parts, so RMSNorm alone, RoPE alone (the output's inverse rotation) and both (q, kv)
 are each one launch.
 
+Hadamard (HADAMARD, the index query): the finished row, rounded to the output dtype, is then
+Walsh-Hadamard transformed in registers (hadamard_triton.hadamard_fp32, the reference's fp32
+butterflies) and rounded again: the rotation, the cast and the transform in one launch (D a
+power of two).
+
 Packed store (PACKED, the window append): x [T, D] (heads 1) and pool uint8 rows of a packed
 format; the program also quantizes and packs its finished row (rounded to the output dtype) into
 pool[rows[t]] (kv_pack_triton.pack_row; skipped when rows[t] < 0).
@@ -20,6 +25,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import pdl_launch
+from v4serve.ops.hadamard_triton import hadamard_fp32
 from v4serve.ops.kv_pack_triton import pack_row, packed_constexprs
 
 
@@ -38,7 +44,7 @@ def _rms_norm_rope_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pool_ptr, pool_rows_ptr,
     D, R, heads, eps, stride_x, stride_o, stride_cs, stride_pool,
     NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROPE: tl.constexpr, INVERSE: tl.constexpr,
-    BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr = False, HADAMARD: tl.constexpr = False, LOG2_D: tl.constexpr = 0,
     PACKED: tl.constexpr = False, PK_FP4: tl.constexpr = False, PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1,
     PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0, PK_HAS_TAIL: tl.constexpr = False,
     PK_PAYLOAD: tl.constexpr = 0, PK_ROW_BYTES: tl.constexpr = 0,
@@ -67,6 +73,8 @@ def _rms_norm_rope_kernel(
         # even channel: y cos - partner sin; odd channel: y cos + partner sin (first is even)
         signed_sin = tl.where((cols - first) % 2 == 0, -sin, sin)
         y = tl.where(in_rope, y * cos + partner * signed_sin, y)
+    if HADAMARD:  # D == BLOCK_D: every channel is live
+        y = hadamard_fp32(y.to(out_ptr.dtype.element_ty).to(tl.float32), BLOCK_D, LOG2_D)
     tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
     if PACKED:
         target = tl.load(pool_rows_ptr + row).to(tl.int64)
@@ -81,7 +89,7 @@ def norm_rope_warps(block_d: int) -> int:
 
 
 def rms_norm_rope_triton(x, eps=None, weight=None, cos=None, sin=None, inverse=False, pool=None, rows=None,
-                         row_format=None):
+                         row_format=None, hadamard=False):
     D = x.shape[-1]
     rows_out = rows
     rows = x.reshape(-1, D)
@@ -104,5 +112,6 @@ def rms_norm_rope_triton(x, eps=None, weight=None, cos=None, sin=None, inverse=F
         rows.stride(0), D, 0 if cos is None else cos.stride(0), 0 if pool is None else pool.stride(0),
         NORM=eps is not None, HAS_WEIGHT=weight is not None, ROPE=cos is not None, INVERSE=inverse,
         BLOCK_D=block_d, num_warps=norm_rope_warps(block_d), **pdl_launch(rows), **pk,
+        **(dict(HADAMARD=True, LOG2_D=D.bit_length() - 1) if hadamard else {}),
     )
     return out

@@ -1,0 +1,136 @@
+"""Benchmark rows of the decode step's small kernels that session 12's fusions changed, each beside
+the launch sequence it replaced where that still runs (`bench kernels --only 'fused '`):
+
+* `fused mhc coefficients T{T}`: the mixer with its coefficients epilogue (one launch; the two
+  launches it replaced are the `mhc mix` + `mhc coefficients` rows);
+* `fused mhc collapse norm T{T}` (the collapse with the sublayer's RMSNorm, one launch) against
+  `unfused mhc collapse norm T{T}` (the collapse kernel, then the norm kernel);
+* `fused index query T{T}` (RoPE + Hadamard in the norm_rope kernel) against `unfused index query
+  T{T}` (the RoPE kernel, then the 24-launch torch Hadamard it replaced): 64 heads x 128, T tokens;
+* `fused hadamard R{rows}`: the standalone kernel (prefill's index keys), rows x 128 bf16;
+* `fused compressor proj {csa|hca} M{m} {bf16|fp32}`: the compressor / indexer projections of a
+  Flash layer (CSA: 2624 rows, HCA: 1024, K 4096), bf16 weights multiplied into fp32 by cuBLAS
+  (production) against the fp32 weights and the widening of x they replaced;
+* `fused router gemv M{m}` (one Triton launch) against `unfused router linear M{m}` (cuBLAS: a
+  split-K GEMM and its reduction): the V4-Flash router, 256 x 4096 bf16;
+* `unfused o_a einsum M{m}`: the grouped output projection as it runs (cuBLAS batched bf16, 64 MB),
+  the largest non-FP8 read of a decode layer left, against `fp8 blockdiag o_a M{m}`: the official
+  FP8 wo_a (32 MB) through the production `fp8_linear` on all T*G group rows at once (the G x G
+  blocks of the product, of which the diagonal ones are kept: the weight is read once, the MMA
+  waste is free at decode sizes), then the diagonal copied out: not wired into the model (it
+  would keep wo_a in FP8; larger T need another route), a measurement for that decision.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from v4serve.ops.decode_gemv import decode_gemv
+from v4serve.ops.fp8_linear import fp8_linear
+from v4serve.ops.hadamard import hadamard
+from v4serve.ops.hc_collapse import hc_collapse
+from v4serve.ops.hadamard_reference import hadamard_reference
+from v4serve.ops.hc_stream_coefficients import hc_stream_coefficients
+from v4serve.ops.norm_rope import rms_norm_rope
+
+HIDDEN, INDEX_HEADS, INDEX_DIM, ROPE_PAIRS = 4096, 64, 128, 32
+COMPRESSOR_ROWS = {"csa": 2 * 1024 + 2 * 256 + 64, "hca": 2 * 512}  # kv + gate (+ indexer kv, gate, weights)
+O_GROUPS, O_RANK, O_IN = 8, 1024, 64 * 512 // 8
+ROUTED_EXPERTS = 256
+
+
+def decode_fusion_shapes() -> dict:
+    shapes = {}
+    for T in (1, 8, 64):
+        shapes[f"fused mhc coefficients T{T}"] = ("fused_mhc", (T,))
+    for T in (1, 8, 64):
+        for fused in (True, False):
+            shapes[f"{'' if fused else 'un'}fused mhc collapse norm T{T}"] = ("fused_collapse_norm", (T, fused))
+    for T in (1, 8):
+        for fused in (True, False):
+            shapes[f"{'' if fused else 'un'}fused index query T{T}"] = ("fused_index_query", (T, fused))
+    shapes["fused hadamard R2048"] = ("fused_hadamard", (2048,))
+    for layer in COMPRESSOR_ROWS:
+        for m in (1, 8):
+            for dtype in ("bf16", "fp32"):
+                shapes[f"fused compressor proj {layer} M{m} {dtype}"] = ("fused_compressor", (layer, m, dtype))
+    for m in (1, 8):
+        for fused in (True, False):
+            shapes[f"fused router gemv M{m}" if fused else f"unfused router linear M{m}"] = ("fused_router", (m, fused))
+    for m in (1, 8):
+        shapes[f"unfused o_a einsum M{m}"] = ("o_a_einsum", (m,))
+    for m in (1, 2):
+        shapes[f"fp8 blockdiag o_a M{m}"] = ("fused_o_a_fp8", (m,))
+    return shapes
+
+
+def build_decode_fusion(kind, args, device, seed=0, mhc_case=None):
+    """-> (fn, bytes, flops, bytes of one input set). `mhc_case`: bench.shapes.mhc_case."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    if kind == "fused_mhc":
+        (T,) = args
+        streams, fn, base, scale = mhc_case(T, device=device, seed=seed)
+        x, n = streams.flatten(1), streams.shape[1]
+        tickets = torch.zeros(1024, dtype=torch.int32, device=device)
+        nbytes = x.numel() * 2 + fn.numel() * 4 + T * (2 * n + n * n) * 4
+        return (lambda: hc_stream_coefficients(x, fn, 1e-6, base, scale, n, 20, 1e-6, tickets)[2]), nbytes, \
+            2 * T * fn.numel(), nbytes
+    if kind == "fused_collapse_norm":
+        T, fused = args
+        streams = mhc_case(T, device=device, seed=seed)[0]
+        pre = torch.rand(T, streams.shape[1], generator=g, device=device) + 0.1
+        weight = (torch.rand(HIDDEN, generator=g, device=device) + 0.5).bfloat16()
+        nbytes = streams.numel() * 2 + T * HIDDEN * 2 + HIDDEN * 2
+        if fused:
+            return (lambda: hc_collapse(streams, pre, weight, 1e-6)), nbytes, 0, nbytes
+        return (lambda: rms_norm_rope(hc_collapse(streams, pre), 1e-6, weight)), nbytes, 0, nbytes
+    if kind == "fused_index_query":
+        T, fused = args
+        q = torch.randn(T, INDEX_HEADS, INDEX_DIM, generator=g, device=device).bfloat16()
+        angles = torch.rand(T, ROPE_PAIRS, generator=g, device=device) * 6.28
+        cos, sin = angles.cos(), angles.sin()
+        nbytes = 2 * q.numel() * 2
+        if fused:
+            return (lambda: rms_norm_rope(q, cos=cos, sin=sin, hadamard=True)), nbytes, 0, nbytes
+        return (lambda: hadamard_reference(rms_norm_rope(q, cos=cos, sin=sin))), nbytes, 0, nbytes
+    if kind == "fused_hadamard":
+        (rows,) = args
+        keys = torch.randn(rows, INDEX_DIM, generator=g, device=device).bfloat16()
+        return (lambda: hadamard(keys)), 2 * keys.numel() * 2, 0, 2 * keys.numel() * 2
+    if kind == "fused_compressor":
+        layer, m, dtype = args
+        n = COMPRESSOR_ROWS[layer]
+        x = torch.randn(m, HIDDEN, generator=g, device=device).bfloat16()
+        w = (torch.randn(n, HIDDEN, generator=g, device=device) * 0.02).bfloat16()
+        flops = 2 * m * n * HIDDEN
+        if dtype == "bf16":
+            nbytes = w.numel() * 2 + m * (HIDDEN * 2 + n * 4)
+            return (lambda: torch.mm(x, w.t(), out_dtype=torch.float32)), nbytes, flops, nbytes
+        w32 = w.float()
+        nbytes = w32.numel() * 4 + m * (HIDDEN * 2 + n * 4)
+        return (lambda: F.linear(x.float(), w32)), nbytes, flops, nbytes
+    if kind == "fused_router":
+        m, fused = args
+        x = torch.randn(m, HIDDEN, generator=g, device=device).bfloat16()
+        w = (torch.randn(ROUTED_EXPERTS, HIDDEN, generator=g, device=device) * 0.02).bfloat16()
+        nbytes = w.numel() * 2 + x.numel() * 2 + m * ROUTED_EXPERTS * 2
+        return (lambda: decode_gemv(x, w) if fused else F.linear(x, w)), nbytes, 2 * m * w.numel(), nbytes
+    if kind == "o_a_einsum":
+        (m,) = args
+        o = torch.randn(m, O_GROUPS, O_IN, generator=g, device=device).bfloat16()
+        w = (torch.randn(O_GROUPS, O_RANK, O_IN, generator=g, device=device) * 0.02).bfloat16()
+        nbytes = w.numel() * 2 + o.numel() * 2 + m * O_GROUPS * O_RANK * 2
+        return (lambda: torch.einsum("tgi,goi->tgo", o, w)), nbytes, 2 * m * w.numel(), nbytes
+    if kind == "fused_o_a_fp8":
+        (m,) = args
+        o = torch.randn(m, O_GROUPS, O_IN, generator=g, device=device).bfloat16()
+        w = (torch.randn(O_GROUPS * O_RANK, O_IN, generator=g, device=device) * 16).to(torch.float8_e4m3fn)
+        scale = torch.exp2(torch.randint(-14, -8, (O_GROUPS * O_RANK // 128, O_IN // 128), generator=g,
+                                         device=device).float())
+
+        def blockdiag():
+            full = fp8_linear(o.view(m * O_GROUPS, O_IN), w, scale).view(m, O_GROUPS, O_GROUPS, O_RANK)
+            return full.diagonal(dim1=1, dim2=2).transpose(1, 2).contiguous()  # [m, G, o_rank]
+
+        nbytes = w.numel() + scale.numel() * 4 + o.numel() * 2 + m * O_GROUPS * O_GROUPS * O_RANK * 2
+        return blockdiag, nbytes, 2 * m * O_GROUPS * w.numel(), nbytes
+    raise ValueError(f"not a decode-fusion row: {kind}")
