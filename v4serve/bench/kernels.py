@@ -188,13 +188,11 @@ def build(kind, args, device, seed=0):
         return _build_mxfp4_moe(*args, device=device, seed=seed)
     if kind == "v41_index":
         return build_v41_index(*args, device=device, seed=seed)
-    if kind in ("decode_v41kv", "prefill_v41kv", "engram_lookup", "fp32_head"):
-        from v4serve.bench.v41_attn_case import build_engram_lookup, build_fp32_head, build_v41_attn
+    if kind in ("decode_v41kv", "prefill_v41kv", "engram_lookup"):
+        from v4serve.bench.v41_attn_case import build_engram_lookup, build_v41_attn
 
         if kind == "engram_lookup":
             return build_engram_lookup(*args, device=device, seed=seed)
-        if kind == "fp32_head":
-            return build_fp32_head(*args, device=device, seed=seed)
         return build_v41_attn(kind, args, device, seed)
     if kind == "indexer":
         q, w, k_pool, key_rows, n_visible = indexer_case(*args, device=device, seed=seed)

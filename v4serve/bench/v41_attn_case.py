@@ -7,10 +7,6 @@ heads of 512, a 128-row window, top-512 compressed picks) with the pools packed 
   production route (`sparse_attn_paged` with both formats: the referenced rows unpacked to bf16,
   then the bf16 kernels). Floor: q and the column table read, each referenced row's packed bytes
   read once, the output written (the unpacked rows' round trip is the route's own cost).
-* `fp32 head v41 flash [widened copy ]M{m}`: V4.1-Flash's output head (129280 x 4096, bf16 in the
-  checkpoint, computed in fp32) at M rows: production (ops/fp32_head.py, the bf16 weight widened in
-  registers), cuBLAS's fp32 GEMM over an fp32 copy of the weight (session 11's production), and at
-  M64 the tf32x3 dot variant (ops/fp32_head_triton.py).
 * `engram lookup flash c{c}`: one V4.1-Flash Engram table lookup for c decode tokens (24 rows of
   256 e4m3 codes + 8 scale bytes per token) from a pinned host table of 2^20 rows, read in place
   by the kernel (ops/engram_lookup.py). Floor: the gathered bytes over the host link.
@@ -21,16 +17,12 @@ import torch
 from v4serve.bench.shapes import HEAD_DIM, sparse_decode_case, sparse_prefill_case
 from v4serve.formats import row_format
 from v4serve.ops.engram_lookup import engram_lookup
-from v4serve.ops.fp32_head import fp32_head
-from v4serve.ops.fp32_head_triton import fp32_head_triton
 from v4serve.ops.kv_pack import pack_rows
 from v4serve.ops.sparse_attn import sparse_attn_paged
 from v4serve.ops.sparse_attn_reference import live_columns
 
 WINDOW_FORMAT, COMPRESSED_FORMAT = row_format("fp8_e8m0_b32"), row_format("fp4_e4m3_b16")
 ENGRAM_ROWS_PER_TOKEN, ENGRAM_HEAD_DIM, ENGRAM_TABLE_ROWS = 24, 256, 1 << 20
-HEAD_VOCAB, HEAD_HIDDEN = 129280, 4096
-H200_FP32_TFLOPS = 67.0  # fp32 on the FMA pipe (no tensor cores): the H200 SXM datasheet figure
 
 
 def v41_attn_shapes() -> dict:
@@ -39,10 +31,6 @@ def v41_attn_shapes() -> dict:
     shapes["sparse prefill v41 S4096@28672"] = ("prefill_v41kv", (4, 4096, 28672))
     for c in (1, 8, 64):
         shapes[f"engram lookup flash c{c}"] = ("engram_lookup", (c,))
-    for m in (1, 8, 64):  # the fp32 head over the bf16 weight, and the fp32 GEMM over a widened copy it replaced
-        shapes[f"fp32 head v41 flash M{m}"] = ("fp32_head", (m, "bf16 weight"))
-        shapes[f"fp32 head v41 flash widened copy M{m}"] = ("fp32_head", (m, "widened copy"))
-    shapes["fp32 head v41 flash tf32x3 M64"] = ("fp32_head", (64, "tf32x3"))
     return shapes
 
 
@@ -62,27 +50,6 @@ def build_v41_attn(kind: str, args: tuple, device, seed: int = 0):
                                    row_format=WINDOW_FORMAT.name, cmp_row_format=COMPRESSED_FORMAT.name,
                                    unpack_bound=bound)
     return fn, nbytes, flops, nbytes
-
-
-def build_fp32_head(m: int, variant: str, device, seed: int = 0):
-    """-> (fn, bytes, flops, bytes) of V4.1-Flash's fp32 head at M rows: the kernel over the bf16
-    weight (production), or cuBLAS's fp32 GEMM over an fp32 copy of it (what it replaced). Floor:
-    the weight's bytes as the row reads them (bf16 or fp32), or the fp32 FMA time."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(m, HEAD_HIDDEN, generator=g, device=device)
-    w = (torch.randn(HEAD_VOCAB, HEAD_HIDDEN, generator=g, device=device) * 0.02).to(torch.bfloat16)
-    if variant == "widened copy":
-        wide = w.float()
-        fn = lambda: torch.nn.functional.linear(x, wide)  # noqa: E731
-        nbytes = wide.numel() * 4
-    elif variant == "tf32x3":
-        fn = lambda: fp32_head_triton(x, w, dot_precision="tf32x3")  # noqa: E731
-        nbytes = w.numel() * 2
-    else:
-        fn = lambda: fp32_head(x, w)  # noqa: E731
-        nbytes = w.numel() * 2
-    nbytes += x.numel() * 4 + m * HEAD_VOCAB * 4
-    return fn, nbytes, 2 * m * HEAD_VOCAB * HEAD_HIDDEN, nbytes, H200_FP32_TFLOPS
 
 
 def build_engram_lookup(tokens: int, device, seed: int = 0):

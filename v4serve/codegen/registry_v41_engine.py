@@ -1,5 +1,5 @@
 """Codegen registry entries of the kernels DeepSeek-V4.1's engine path adds (its decode and prefill
-attention over two packed row formats, its Engram lookup, its fp32 head over the bf16 weight), in their own file so merges with other
+attention over two packed row formats, its Engram lookup), in their own file so merges with other
 registry edits stay trivial; registry.py appends V41_ENGINE_KERNELS to KERNELS.
 
 Shapes: V4.1-Flash: window rows fp8_e8m0_b32 (528 B) and compressed rows fp4_e4m3_b16 (288 B) at
@@ -11,7 +11,6 @@ offset), no load narrower than 4 bytes, no spills. Register bounds not set (no m
 from v4serve.formats import row_format
 from v4serve.ops.kv_pack_fp4_e4m3_triton import UNPACK_ROWS
 from v4serve.ops.engram_lookup_triton import LOOKUP_CONFIG
-from v4serve.ops.fp32_head_triton import head_config
 
 from .registry_packed_kv import unpack_columns_spec
 from .spec import Expect, KernelSpec
@@ -48,13 +47,4 @@ V41_ENGINE_KERNELS: tuple[KernelSpec, ...] = (
         num_warps=LOOKUP_CONFIG["num_warps"], num_stages=1,
         expect=Expect(kv_load_bytes=16, kv_lines=r"codes = tl\.load"),
     ),
-    *(KernelSpec(  # head_config(m): the decode FMA rows at M = 1 and 8, the ieee fp32 dot above; tf32x3 a variant
-        f"fp32_head.m{m}" + ("" if precision == "ieee" else f"_{precision}"), f"{_OPS}.fp32_head_triton:_fp32_head_kernel",
-        types=dict(x_ptr="*fp32", w_ptr="*bf16", y_ptr="*fp32", M="i32", N="i32", K="i32", stride_x="i32",
-                   stride_w="i32", stride_y="i32"),
-        aligned=("x_ptr", "w_ptr", "y_ptr", "K", "stride_x", "stride_w", "stride_y"),
-        constexprs=dict(BLOCK_M=cfg[0], BLOCK_N=cfg[1], BLOCK_K=cfg[2], DOT=cfg[5], DOT_PRECISION=precision),
-        num_warps=cfg[3], num_stages=cfg[4],
-        expect=Expect(kv_load_bytes=16, kv_lines=r"w = tl\.load", tensor_cores=precision == "tf32x3"),
-    ) for m, precision, cfg in ((m, p, head_config(m)) for m, p in ((1, "ieee"), (8, "ieee"), (64, "ieee"), (64, "tf32x3")))),
 )

@@ -21,6 +21,7 @@ checkpoint loads by name; `weights.py` maps the official V4 checkpoint's names o
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from v4serve.cache import ForwardBatch, LayerCache, PagedKVCache
@@ -35,7 +36,6 @@ from v4serve.model.moe import MoE
 from v4serve.model.norm import RMSNorm
 from v4serve.model.rope import RopeTables
 from v4serve.model.step_plan import StepPlan, plan_step
-from v4serve.ops.fp32_head import fp32_head
 from v4serve.ops.hc_collapse import hc_collapse
 
 
@@ -128,6 +128,8 @@ class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
         for layer in [*self.model.layers, *getattr(self, "mtp", ())]:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
+        if self.plan.fp32_head:  # V4.1's head runs in fp32: keep its weight in fp32 only (no bf16 copy beside it)
+            self.lm_head.weight = nn.Parameter(self.lm_head.weight.detach().float(), requires_grad=False)
 
     def rope(self) -> RopeTables:
         device = self.lm_head.weight.device
@@ -167,9 +169,17 @@ class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
             h = self.model.norm(self.model.hc_head(streams, batch.tickets))
         else:  # V4.1: the last block's ffn pre collapses the streams
             h = self.model.norm(hc_collapse(streams, last_pre, impl=self.impl))
-        if self.plan.fp32_head:  # V4.1: fp32 logits of the bf16 weight, widened tile by tile (ops/fp32_head.py)
-            return fp32_head(h.float(), self.lm_head.weight, impl=self.impl)
-        return self.lm_head(h).float()
+        return self._logits(h)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of normed hidden rows h; V4.1 (plan.fp32_head) computes them in fp32, from the
+        weight fuse_projections widened once (through the module, so hooks such as the tensor-parallel
+        all-gather still run)."""
+        if not self.plan.fp32_head:
+            return self.lm_head(h).float()
+        if self.lm_head.weight.dtype == torch.float32:
+            return self.lm_head(h.float())
+        return F.linear(h.float(), self.lm_head.weight.float())  # before fuse_projections
 
     @torch.inference_mode()
     def forward_mtp(self, main_streams: torch.Tensor, batch: ForwardBatch, cache: PagedKVCache, index: int = 0,
@@ -183,4 +193,4 @@ class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
         step = plan_step(batch, self.rope())
         streams = layer(self.model.embed_tokens(batch.token_ids), main_streams, batch, cache.view(0), step, keep)
         picked = streams if batch.is_decode else streams[batch.logits_indices]
-        return self.lm_head(layer.head_input(picked, batch)).float(), streams
+        return self._logits(layer.head_input(picked, batch)), streams
