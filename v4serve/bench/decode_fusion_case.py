@@ -11,8 +11,6 @@ the launch sequence it replaced where that still runs (`bench kernels --only 'fu
 * `fused compressor proj {csa|hca} M{m} {bf16|fp32}`: the compressor / indexer projections of a
   Flash layer (CSA: 2624 rows, HCA: 1024, K 4096), bf16 weights multiplied into fp32 by cuBLAS
   (production) against the fp32 weights and the widening of x they replaced;
-* `fused router gemv M{m}` (one Triton launch) against `unfused router linear M{m}` (cuBLAS: a
-  split-K GEMM and its reduction): the V4-Flash router, 256 x 4096 bf16;
 * `unfused o_a einsum M{m}`: the grouped output projection as it runs (cuBLAS batched bf16, 64 MB),
   the largest non-FP8 read of a decode layer left, against `fp8 blockdiag o_a M{m}`: the official
   FP8 wo_a (32 MB) through the production `fp8_linear` on all T*G group rows at once (the G x G
@@ -24,7 +22,6 @@ the launch sequence it replaced where that still runs (`bench kernels --only 'fu
 import torch
 import torch.nn.functional as F
 
-from v4serve.ops.decode_gemv import decode_gemv
 from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.hadamard import hadamard
 from v4serve.ops.hc_collapse import hc_collapse
@@ -53,9 +50,6 @@ def decode_fusion_shapes() -> dict:
         for m in (1, 8):
             for dtype in ("bf16", "fp32"):
                 shapes[f"fused compressor proj {layer} M{m} {dtype}"] = ("fused_compressor", (layer, m, dtype))
-    for m in (1, 8):
-        for fused in (True, False):
-            shapes[f"fused router gemv M{m}" if fused else f"unfused router linear M{m}"] = ("fused_router", (m, fused))
     for m in (1, 8):
         shapes[f"unfused o_a einsum M{m}"] = ("o_a_einsum", (m,))
     for m in (1, 2):
@@ -108,12 +102,6 @@ def build_decode_fusion(kind, args, device, seed=0, mhc_case=None):
         w32 = w.float()
         nbytes = w32.numel() * 4 + m * (HIDDEN * 2 + n * 4)
         return (lambda: F.linear(x.float(), w32)), nbytes, flops, nbytes
-    if kind == "fused_router":
-        m, fused = args
-        x = torch.randn(m, HIDDEN, generator=g, device=device).bfloat16()
-        w = (torch.randn(ROUTED_EXPERTS, HIDDEN, generator=g, device=device) * 0.02).bfloat16()
-        nbytes = w.numel() * 2 + x.numel() * 2 + m * ROUTED_EXPERTS * 2
-        return (lambda: decode_gemv(x, w) if fused else F.linear(x, w)), nbytes, 2 * m * w.numel(), nbytes
     if kind == "o_a_einsum":
         (m,) = args
         o = torch.randn(m, O_GROUPS, O_IN, generator=g, device=device).bfloat16()

@@ -8,14 +8,11 @@ merges with other registry edits stay trivial; registry.py appends DECODE_FUSION
   transform after its rounding (HADAMARD).
 - `compress_decode.index_fp4_hadamard`: the indexer's key compressor (overlap, ratio 4, d 128) with
   the transform, packed into fp4_e8m0_b32 index rows.
-- `decode_gemv.router`: the router's logits at decode (ops/decode_gemv_triton.py), 256 x 4096 bf16,
-  DECODE_GEMV_CONFIG: 16-byte weight loads, no dot.
 - `mhc.collapse_norm`: the mHC collapse with the sublayer's RMSNorm, one program per token over the
   whole 4096-channel row (8 warps, as the norm's own kernel).
 Register bounds: the kernels they extend had 128 / 168; the transform holds one more [D] row.
 """
 from v4serve.formats import row_format
-from v4serve.ops.decode_gemv_triton import DECODE_GEMV_CONFIG as _GEMV
 from v4serve.ops.hadamard_triton import BLOCK_ROWS as HADAMARD_ROWS
 from v4serve.ops.kv_pack_triton import packed_constexprs
 
@@ -66,13 +63,5 @@ DECODE_FUSION_KERNELS = (
         aligned=("x_ptr", "pre_ptr", "w_ptr", "y_ptr", "D", "stride_xt", "stride_xn"),
         constexprs=dict(PDL=False, N=4, BLOCK_D=4096), num_warps=8, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
-    ),
-    KernelSpec(
-        "decode_gemv.router", f"{_OPS}.decode_gemv_triton:_decode_gemv_kernel",
-        types=dict(x_ptr="*bf16", w_ptr="*bf16", y_ptr="*bf16", T="i32", N="i32", K="i32", stride_x="i32"),
-        aligned=("x_ptr", "w_ptr", "y_ptr", "N", "K", "stride_x"),
-        constexprs=dict(PDL=False, BLOCK_T=_GEMV["BLOCK_T"], BLOCK_N=_GEMV["BLOCK_N"], BLOCK_K=_GEMV["BLOCK_K"]),
-        num_warps=_GEMV["num_warps"], num_stages=3,
-        expect=Expect(kv_load_bytes=16, kv_lines=r"w = tl\.load", max_regs=128),
     ),
 )
