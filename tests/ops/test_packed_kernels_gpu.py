@@ -105,10 +105,10 @@ def test_packed_decode_is_the_bf16_kernel_when_scores_are_exact(name):
 
 
 # kernel_configs' candidates over packed rows at B >= 2 (not production): PREFETCH (the two-pass
-# values pass loads the next step's bytes one step ahead), every values program selecting code or
-# tail per value (TAIL_PROGRAMS False: production before session 12), the values pass over 8 warps
-# and over 64 dims a program.
-VARIANT_TILES = {"PREFETCH": dict(PREFETCH=True), "select per value": dict(TAIL_PROGRAMS=False),
+# values pass loads the next step's bytes one step ahead), values programs reading codes or the tail
+# only (TAIL_PROGRAMS: measured slower in session 12, off in production), the values pass over 8
+# warps and over 64 dims a program.
+VARIANT_TILES = {"PREFETCH": dict(PREFETCH=True), "tail programs": dict(TAIL_PROGRAMS=True),
                  "values 8 warps": dict(VALUES=dict(num_warps=8, num_stages=3)),
                  "values 64 dims": dict(BLOCK_DV=64, VALUES=dict(num_warps=8, num_stages=3))}
 VARIANTS = [(name, variant) for name in DECODE_SHAPES for variant in VARIANT_TILES if "B1" not in name]

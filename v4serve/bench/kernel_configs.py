@@ -73,9 +73,9 @@ PACKED_DECODE_B1_CANDIDATES = [
     None,
 ]
 PACKED_DECODE_B8_CANDIDATES = [
-    None,  # two-pass: whole-tile scores over 8 warps (sm_90); values programs read codes or the tail
+    None,  # two-pass: whole-tile scores over 8 warps (sm_90); values programs select code / tail per value
     "bf16 rows",
-    dict(DECODE_CONFIG_TWO_PASS_PACKED, TAIL_PROGRAMS=False),  # every values program selects code / tail per value
+    dict(DECODE_CONFIG_TWO_PASS_PACKED, TAIL_PROGRAMS=True),  # values programs read codes or the tail, not both
     dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUES=dict(num_warps=8, num_stages=3)),  # values: half the codes a thread
     dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=64, VALUES=dict(num_warps=8, num_stages=3)),  # one scale block a program
     dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=16),  # values: two programs an SM, half the codes each

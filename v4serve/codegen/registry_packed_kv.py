@@ -125,7 +125,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         types=_VALUES_TYPES, aligned=tuple(_VALUES_TYPES),
         constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
                         BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, PREFETCH=False,
-                        TAIL_PROGRAMS=True, **_LOAD_PK),
+                        TAIL_PROGRAMS=False, **_LOAD_PK),
         archs=(90, 100, 120), **_TP["VALUES"],
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),

@@ -48,7 +48,11 @@ from v4serve.ops.fp8_act_quant_triton import act_quant_triton, quantize_groups
 # inside one 128-row scale block), 128-channel steps; at most MAX_STEPS steps a program, all held
 # in registers (4 steps: 32 KB of weights, 64 registers a thread at 4 warps); SUM_BLOCK outputs a
 # program of the split-K sum kernel.
-FP8_AHEAD_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, MAX_STEPS=4, QUANT_A=True, SUM_LAST=False,
+# MAX_N: measured on the H200 (session 12, production rows beside the tile kernels' of the same
+# session): the weights-first kernel won at N = 512 (wkv M1 / M8 6.15 / 6.72 against 8.06 / 8.65 µs)
+# and lost 0.5-1.1 µs at N = 1024-4096 (wq_a M1 7.31 vs 6.77, shared w2 M1 6.97 vs 6.32, M8 7.89 vs
+# 6.75), so production takes it up to N = 512 only (the sweep `kernel_configs 'fp8 decode'` is unrun).
+FP8_AHEAD_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, MAX_STEPS=4, MAX_N=512, QUANT_A=True, SUM_LAST=False,
                         SUM_BLOCK=1024, num_warps=4, num_stages=1)
 SPLIT_K_SUM_BLOCK = 1024
 

@@ -199,12 +199,13 @@ def decode_ahead_plan(m: int, n: int, k: int, block: tuple[int, int], act_block:
                       x_words: bool = True) -> tuple[dict, int, int] | None:
     """(config, splits, steps a program) of the weights-first decode kernel for this shape, or None
     where the tile kernels run it: weight-only numerics, no FP8 on the GPU, more rows than its
-    BLOCK_M, or more K steps a program (at the split that fills the GPU) than MAX_STEPS.
+    BLOCK_M, more outputs than MAX_N, or more K steps a program (at the split that fills the GPU)
+    than MAX_STEPS.
     `config`: FP8_AHEAD_CONFIG's keys to change (tests, benchmarks). The activations are quantized
     in the kernel (QUANT_A) only where a step is one activation group and x can be read as int32
     words (`x_words`: bf16, even K and row stride, 4-byte aligned); act_quant runs first otherwise."""
     cfg = dict(FP8_AHEAD_CONFIG, **(config or {}))
-    if act_block is None or not fp8_hw or m > cfg["BLOCK_M"]:
+    if act_block is None or not fp8_hw or m > cfg["BLOCK_M"] or n > cfg["MAX_N"]:
         return None
     cfg["BLOCK_K"] = min(cfg["BLOCK_K"], act_block, block[1])
     cfg["QUANT_A"] = cfg["QUANT_A"] and cfg["BLOCK_K"] == act_block and x_words
@@ -238,6 +239,8 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     if decode and m and n and kernel in ("auto", "ahead"):
         x_words = x.dtype == torch.bfloat16 and k % 2 == 0 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
         ahead_cfg = {"SUM_LAST": arrivals is not None, **(config or {})}
+        if kernel == "ahead":  # asked for by name (sweep, tests): production's MAX_N does not apply
+            ahead_cfg.setdefault("MAX_N", n)
         plan = decode_ahead_plan(m, n, k, block, act_block, fp8_hw, x.device, ahead_cfg, split_k, x_words)
         if plan is not None:
             return fp8_linear_decode_ahead(x, weight, scale, block, act_block, *plan, pdl_launch(x), arrivals)

@@ -346,7 +346,7 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
     False), PREFETCH (packed rows: the values pass loads the next step's bytes into registers one
     step ahead; default False), TAIL_PROGRAMS (packed rows with a bf16 tail, BLOCK_DV dividing the
     quantized channels: each values program reads either codes or the tail, a branch per program
-    instead of a select per value; default True), and the launch options of each pass as
+    instead of a select per value; default False), and the launch options of each pass as
     SCORES / VALUES = dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
     (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
     p, m, l = two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_counts, pdl, cfg, pk)
@@ -393,7 +393,11 @@ def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, 
         HAS_COUNTS=has_counts, BLOCK_H=block_hv, BLOCK_T=block_t, BLOCK_DV=block_dv,
         BLOCK_J=triton.next_power_of_2(n_tiles), EVEN_D=D % block_dv == 0,
         PREFETCH=bool(pk) and cfg.get("PREFETCH", False),
-        TAIL_PROGRAMS=bool(pk) and cfg.get("TAIL_PROGRAMS", True) and pk["PK_NQ"] % block_dv == 0,
+        # Tail programs (each values program reads codes or the bf16 tail, not both) measured slower
+        # on the H200 in session 12 (r4 / r128 B8 14.61 / 11.75 µs against session 11's 13.19 / 10.85
+        # without them; the same run also changed the scale multiply): off until the sweep's
+        # "tail_programs" row (kernel_configs "fp8kv r4") settles which change cost it.
+        TAIL_PROGRAMS=bool(pk) and cfg.get("TAIL_PROGRAMS", False) and pk["PK_NQ"] % block_dv == 0,
         **cfg["VALUES"], **pk,
         **(dict(PDL=True, launch_pdl=True) if pdl else {}),
     )
