@@ -22,7 +22,7 @@ SCHEMA = {"type": "object", "properties": {
               "required": ["kind", "n"], "additionalProperties": False}},
     "required": ["ok", "inner"], "additionalProperties": False}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "days": {"type": "integer"}},
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "days": {"type": "integer", "minimum": 1, "maximum": 14}},
     "required": ["city"]}}},
     {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}]
 
@@ -87,7 +87,9 @@ def test_tool_choice_required_and_named_give_well_formed_calls(server, tool_choi
     assert calls and all(c["function"]["name"] in ("get_weather", "ping") for c in calls)
     if isinstance(tool_choice, dict):
         assert [c["function"]["name"] for c in calls] == ["get_weather"]
-        assert isinstance(json.loads(calls[0]["function"]["arguments"])["city"], str)
+        arguments = json.loads(calls[0]["function"]["arguments"])
+        assert isinstance(arguments["city"], str) and len(arguments["city"]) <= 8
+        assert arguments.get("days", 1) in range(1, 15)
 
 
 def test_prompt_logprobs_and_logit_bias(server):
@@ -167,3 +169,25 @@ def test_the_dsml_grammar_accepts_what_the_parser_reads():
     assert not named.accept_string(text[:40])  # another tool's name is outside the named grammar
     parsed = parse_completion(text, "chat", {"get_weather", "ping"})
     assert parsed.error is None and [c["function"]["name"] for c in parsed.tool_calls] == ["get_weather", "ping"]
+
+
+def test_the_dsml_grammar_holds_a_parameter_to_its_schema():
+    """Values written as JSON keep to their schema: an integer parameter takes no object or string,
+    a short minimum..maximum range only its values, an enum only its members (a raw string's too)."""
+    xgr = pytest.importorskip("xgrammar")
+    from v4serve.chat.dsml import render_tool_calls
+    from v4serve.engine.structured_output_dsml import tool_call_grammar
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "unit": {"type": "string", "enum": ["c", "f"]}, "n": {"type": "integer"},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14}, "ok": {"type": "boolean"}}}}}]
+    texts = {render_tool_calls([("f", args)]): ok for args, ok in [
+        ({"unit": "c", "n": -12, "days": 14, "ok": True}, True), ({"n": 0}, True),
+        ({"unit": "k"}, False), ({"n": {"a": 1}}, False), ({"n": "7"}, False), ({"n": 1.5}, False),
+        ({"days": 15}, False), ({"days": 0}, False), ({"ok": 1}, False)]}
+    vocab = sorted(set("".join(texts)))
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo(vocab, vocab_size=len(vocab)), max_threads=1)
+    grammar = compiler.compile_grammar(tool_call_grammar(tools))
+    for text, ok in texts.items():
+        matcher = xgr.GrammarMatcher(grammar)
+        assert (matcher.accept_string(text) and matcher.is_completed()) == ok, text
