@@ -20,6 +20,8 @@ VARIANTS = {  # kernel, config
     # the whole chain after griddepcontrol.wait (production issues its first stages before it; without
     # PDL both are orders of the same loads)
     "stream_late_chain": ("stream", dict(STREAM_TEST, EARLY_CHAIN=False)),
+    # session 12's epilogue: the liveness select before one store (production: two disjointly masked stores)
+    "stream_select_store": ("stream", dict(STREAM_TEST, SPLIT_STORE=False)),
 }
 
 
@@ -40,7 +42,8 @@ def _triton(*args, kernel, config=None, **kw):
 
 
 @pytest.mark.parametrize("variant,packed", [("tiles", True), ("rows", True), ("stream", True), ("tiles", False),
-                                            ("rows", False), ("stream", False), ("stream_late_chain", True)])
+                                            ("rows", False), ("stream", False), ("stream_late_chain", True),
+                                            ("stream_select_store", True)])
 def test_full_mode_gives_the_reference_bits_when_every_sum_is_exact(variant, packed):
     B, S, H, D, R = 2, 11, 3, 64, 37
     q, w, pool, keys, rows = index_inputs(B, S, H, D, R, 50, exact=True, seed=1)

@@ -25,7 +25,12 @@ are loaded unmasked, a slot that is not live reading pool row 0 (its score is -i
 reads): no per-slot mask crosses from the slots' layout into the words' layout on the chain.
 With EARLY_CHAIN (production; contract in v41_stream_scores) the candidate list and key_rows loads of
 the first tiles are issued before griddepcontrol.wait, overlapping the end of the kernel launched
-before this one; q, w and the first words are issued together after it.
+before this one; q, w and the first words are issued together after it. With TRIGGER (production)
+every program calls griddepcontrol.launch_dependents right after that wait: the kernel launched after
+this one may start its own pre-wait work while this one scores, not only once its last program
+exits (its wait still waits for this whole grid). SPLIT_STORE (production) writes a tile's scores and
+its dead slots' -inf with two disjointly masked stores in the slots' layout, so that no liveness
+tensor is moved into the scores' layout (an exchange through shared memory and two barriers a tile).
 
 Keys (PACKED): `fp4_e8m0_b32` rows of int32 words (D = 128: 16 code words, 1 scale word; layout
 in v41_index_triton.py), decoded exactly to bf16 by fp4_words_triton.decode_fp4_words, two channels
@@ -48,7 +53,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
 from v4serve.ops.fp4_words_triton import decode_fp4_words, to_pair_order
@@ -181,7 +186,7 @@ def _key_data(k_ptr, rows, ids, seq_row0, stride_k, D: tl.constexpr, BLOCK_T: tl
 
 @triton.jit
 def _score_tile(data, scales, rows, q_t, w, out_at, tile, C, D: tl.constexpr, BLOCK_T: tl.constexpr,
-                PACKED: tl.constexpr, PACKED_MATH: tl.constexpr):
+                PACKED: tl.constexpr, PACKED_MATH: tl.constexpr, SPLIT_STORE: tl.constexpr = False):
     """Decode (PACKED), one MMA keys [BLOCK_T, D] x q^T [D, BLOCK_H], weighted relu, head sum, store."""
     if PACKED:
         if D <= 128:
@@ -192,7 +197,11 @@ def _score_tile(data, scales, rows, q_t, w, out_at, tile, C, D: tl.constexpr, BL
         keys = data
     score = _head_sum(tl.dot(keys, q_t), w, PACKED_MATH)
     c = tile * BLOCK_T + tl.arange(0, BLOCK_T)
-    tl.store(out_at + c, tl.where(rows >= 0, score, float("-inf")).to(tl.bfloat16), mask=c < C)
+    if SPLIT_STORE:
+        tl.store(out_at + c, score.to(tl.bfloat16), mask=(c < C) & (rows >= 0))
+        tl.store(out_at + c, tl.full([BLOCK_T], float("-inf"), tl.float32).to(tl.bfloat16), mask=(c < C) & (rows < 0))
+    else:
+        tl.store(out_at + c, tl.where(rows >= 0, score, float("-inf")).to(tl.bfloat16), mask=c < C)
 
 
 @triton.jit
@@ -204,9 +213,12 @@ def _v41_scores_stream_kernel(
     D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr,
     CANDIDATES: tl.constexpr, PACKED: tl.constexpr, PREDECODED: tl.constexpr, SKIP_EMPTY: tl.constexpr,
     PACKED_MATH: tl.constexpr, PDL: tl.constexpr = False, EARLY_CHAIN: tl.constexpr = False,
+    SPLIT_STORE: tl.constexpr = False, TRIGGER: tl.constexpr = False,
 ):
     if PDL and not EARLY_CHAIN:
         gdc_wait()
+        if TRIGGER:
+            gdc_launch_dependents()
     s = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     first = tl.program_id(0)  # this program's tiles: first, first + step, first + 2 step, ...
@@ -225,6 +237,8 @@ def _v41_scores_stream_kernel(
         rows1 = _key_rows(rows_at, ids1, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
         if PDL:
             gdc_wait()
+            if TRIGGER:
+                gdc_launch_dependents()
     # q^T and w beside the first loads (used only by the first MMA)
     heads = tl.arange(0, BLOCK_H)
     d = tl.arange(0, D)
@@ -264,7 +278,7 @@ def _v41_scores_stream_kernel(
         else:  # full mode: the tile has a live column iff it starts below n_visible
             busy = tile * BLOCK_T < n_visible
         if busy:
-            _score_tile(data0, scales0, rows0, q_t, w, out_at, tile, C, D, BLOCK_T, PACKED, PACKED_MATH)
+            _score_tile(data0, scales0, rows0, q_t, w, out_at, tile, C, D, BLOCK_T, PACKED, PACKED_MATH, SPLIT_STORE)
         else:
             c = tile * BLOCK_T + tl.arange(0, BLOCK_T)
             tl.store(out_at + c, tl.full([BLOCK_T], float("-inf"), tl.float32).to(tl.bfloat16), mask=c < C)
@@ -321,7 +335,15 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
     caller guarantees that the kernel launched right before this one writes neither n_visible nor
     key_rows nor the candidate list. The model's do not: they come from the step plan and the
     candidate source, an earlier layer. (A .contiguous() copy of them in the dispatch would: it turns
-    the early chain off.)"""
+    the early chain off.)
+
+    config["TRIGGER"] (default on): with programmatic dependent launch, each program calls
+    griddepcontrol.launch_dependents right after its griddepcontrol.wait, so that the kernel launched
+    after this one (if launched with PDL) starts its own pre-wait work while this one scores; its wait
+    still waits for this whole grid and its memory. config["SPLIT_STORE"] (default on): the scores and
+    the -inf of the slots that are not live are written by two stores with disjoint masks in the slots'
+    layout, instead of a select whose liveness operand had to be moved into the scores' layout (through
+    shared memory, two barriers). Both leave every output bit as it was."""
     B, S, H, D = q.shape
     if H > 128 or D & (D - 1) or D < 32:
         raise ValueError(f"the stream kernel holds every head in one MMA tile and D as one power-of-two tile: "
@@ -331,6 +353,8 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
     candidates = cand_blocks is not None
     cfg = dict(stream_config(q.device, candidates and S > 1) if config is None else config)
     cfg.setdefault("EARLY_CHAIN", True if early_chain is None else early_chain)
+    cfg.setdefault("SPLIT_STORE", True)
+    cfg.setdefault("TRIGGER", True)
     block_t = cfg.pop("BLOCK_T")
     predecoded = predecode and packed
     if predecoded:
