@@ -31,6 +31,9 @@ this one may start its own pre-wait work while this one scores, not only once it
 exits (its wait still waits for this whole grid). SPLIT_STORE (production) writes a tile's scores and
 its dead slots' -inf with two disjointly masked stores in the slots' layout, so that no liveness
 tensor is moved into the scores' layout (an exchange through shared memory and two barriers a tile).
+Empty tiles (SKIP_EMPTY, candidate prefill): SKIP_BY_LIST (production) finds them from the tile's own
+BLOCK_T / 8 list entries, loaded a tile ahead and reduced within each warp; otherwise from its slots'
+key rows, a max across the warpgroup (three more barriers a tile).
 
 Keys (PACKED): `fp4_e8m0_b32` rows of int32 words (D = 128: 16 code words, 1 scale word; layout
 in v41_index_triton.py), decoded exactly to bf16 by fp4_words_triton.decode_fp4_words, two channels
@@ -133,6 +136,16 @@ def _block_ids(cand_at, tile, C, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr
 
 
 @triton.jit
+def _listed_blocks(cand_at, tile, C, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr):
+    """The tile's BLOCK_T / CAND_BLOCK candidate-list entries (-1 past C): few enough that every warp
+    holds all of them, so that their max (is any block listed?) is a reduction within each warp, with no
+    exchange between the warps (the max over the tile's slots crosses them: shared memory, barriers)."""
+    NB: tl.constexpr = BLOCK_T // CAND_BLOCK
+    j = tile * NB + tl.arange(0, NB)
+    return tl.load(cand_at + j, mask=j * CAND_BLOCK < C, other=-1)
+
+
+@triton.jit
 def _columns(ids, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr, CANDIDATES: tl.constexpr):
     """The key column of each slot from its stage-1 ids (negative where nothing is listed)."""
     if CANDIDATES:
@@ -213,7 +226,7 @@ def _v41_scores_stream_kernel(
     D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr,
     CANDIDATES: tl.constexpr, PACKED: tl.constexpr, PREDECODED: tl.constexpr, SKIP_EMPTY: tl.constexpr,
     PACKED_MATH: tl.constexpr, PDL: tl.constexpr = False, EARLY_CHAIN: tl.constexpr = False,
-    SPLIT_STORE: tl.constexpr = False, TRIGGER: tl.constexpr = False,
+    SPLIT_STORE: tl.constexpr = False, TRIGGER: tl.constexpr = False, SKIP_BY_LIST: tl.constexpr = False,
 ):
     if PDL and not EARLY_CHAIN:
         gdc_wait()
@@ -232,6 +245,8 @@ def _v41_scores_stream_kernel(
     ids2 = _block_ids(cand_at, first + 2 * step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
     ids1 = _block_ids(cand_at, first + step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
     ids0 = _block_ids(cand_at, first, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    if SKIP_BY_LIST:
+        listed0 = _listed_blocks(cand_at, first, C, BLOCK_T, CAND_BLOCK)
     if EARLY_CHAIN:  # stages 1-2 before griddepcontrol.wait (the contract: v41_stream_scores' early_chain)
         rows0 = _key_rows(rows_at, ids0, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
         rows1 = _key_rows(rows_at, ids1, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
@@ -270,8 +285,12 @@ def _v41_scores_stream_kernel(
             data1, scales1 = data0, scales0
         rows2 = _key_rows(rows_at, ids2, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
         ids3 = _block_ids(cand_at, tile + 3 * step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
+        if SKIP_BY_LIST:
+            listed1 = _listed_blocks(cand_at, tile + step, C, BLOCK_T, CAND_BLOCK)
         if CANDIDATES:
-            if SKIP_EMPTY:  # a tile of empty slots (a short list's -1 tail): -inf without the math
+            if SKIP_BY_LIST:  # no block of the tile listed (a short list's -1 tail): -inf without the math
+                busy = tl.max(listed0, 0) >= 0
+            elif SKIP_EMPTY:  # no slot of the tile live: -inf without the math
                 busy = tl.max(rows0, 0) >= 0
             else:
                 busy = True
@@ -285,6 +304,8 @@ def _v41_scores_stream_kernel(
         data0, scales0, rows0 = data1, scales1, rows1
         rows1, ids1 = rows2, ids2
         ids2 = ids3
+        if SKIP_BY_LIST:
+            listed0 = listed1
 
 
 @functools.lru_cache
@@ -343,7 +364,10 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
     still waits for this whole grid and its memory. config["SPLIT_STORE"] (default on): the scores and
     the -inf of the slots that are not live are written by two stores with disjoint masks in the slots'
     layout, instead of a select whose liveness operand had to be moved into the scores' layout (through
-    shared memory, two barriers). Both leave every output bit as it was."""
+    shared memory, two barriers). config["SKIP_BY_LIST"] (default on, where empty tiles are skipped): a
+    tile is skipped when none of its candidate blocks is listed, a max within each warp, instead of when
+    none of its slots is live, a max across the warpgroup (3 barriers a tile); a tile with listed blocks but
+    no live slot is then scored and written as -inf. All three leave every output bit as it was."""
     B, S, H, D = q.shape
     if H > 128 or D & (D - 1) or D < 32:
         raise ValueError(f"the stream kernel holds every head in one MMA tile and D as one power-of-two tile: "
@@ -371,6 +395,10 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
     cand = cand_blocks if candidates else key_rows  # an unused pointer in full mode
     if skip_empty is None:
         skip_empty = candidates and S > 1  # prefill chunks: short lists leave whole tiles empty
+    # which test finds an empty tile: no block listed (default; within each warp) or no slot live
+    per_tile = block_t // cand_block  # list entries a tile (a power of two for the per-warp load)
+    cfg["SKIP_BY_LIST"] = (cfg.get("SKIP_BY_LIST", True) and candidates and skip_empty
+                           and block_t % cand_block == 0 and per_tile & (per_tile - 1) == 0)
     grid = (programs, S, B)
     _v41_scores_stream_kernel[grid](
         q, w, pool, key_rows, n_visible, cand, out, H, R, C,
