@@ -31,8 +31,9 @@ def _stream_entry(name, candidates, prefill=False, config=STREAM_CONFIG, archs=(
     """A streaming launch (v41_index_stream_triton.py), weights as int32 words of two bf16 heads. A
     decode step has one query per sequence (n_visible's stride 1, specialised); a candidate prefill
     chunk (S 128 at the PR shapes) skips tiles of empty slots (SKIP_EMPTY, found by SKIP_BY_LIST).
-    EARLY_CHAIN, SPLIT_STORE and TRIGGER as production (the loads ordered for griddepcontrol.wait, the two masked stores; PDL off here
-    as before, so the wait and the trigger are not emitted: sm_80 has no such instructions)."""
+    EARLY_CHAIN, SPLIT_STORE and TRIGGER as production (the loads ordered for griddepcontrol.wait, the two
+    masked stores; PDL off here as before, so the wait and the trigger are not emitted: sm_80 has no such
+    instructions)."""
     strides = [s for s in (*_STRIDES, "stride_cb", "stride_cs", "stride_ob", "stride_os")
                if s != "stride_nb" or prefill]
     return KernelSpec(
