@@ -66,10 +66,10 @@ from v4serve.ops.v41_index_triton import _v41_decode_keys_kernel
 # per SM, each streaming its share of the tiles (a decode step's 128-1024 tiles: 1-4 tiles a program).
 # Per 64 slots the loop is ~430 SASS instructions at 128-slot tiles against ~550-610 at 64 (the
 # per-slot index / mask work runs on tensors replicated over the warpgroup: half the replication),
-# 144-150 registers (sm_90, Triton 3.6-3.9); 256-slot tiles need 255 registers and save nothing.
+# 142-150 registers (sm_90, Triton 3.6-3.9); 256-slot tiles need 255 registers and save nothing.
 # bench/v41_index_configs.py times other tile sizes, warps and programs per SM beside it.
 STREAM_CONFIG = dict(BLOCK_T=128, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)
-# A candidate-mode prefill chunk (thousands of tiles a step): 8 programs per SM (3 resident at 144-150
+# A candidate-mode prefill chunk (thousands of tiles a step): 8 programs per SM (3 resident at 142-150
 # registers, the rest in later waves), each with fewer tiles: 3-4% faster than 2 per SM on the H200
 # (session 11's sweep: 75.8 vs 79.0 µs at n128 start8064, 119.1 vs 122.3 at start130944).
 STREAM_CONFIG_CAND_PREFILL = dict(STREAM_CONFIG, PROGRAMS_PER_SM=8)
