@@ -91,13 +91,15 @@ def test_predecoded_candidates_equal_in_kernel_decoding(name):
 @pytest.mark.parametrize("name", ["full decode B1 ctx131072 r1 staged1M", "cand decode B4 ctx131072 NC16384",
                                   "cand prefill n128 start8064 NC16384"])
 def test_every_swept_variant_gives_the_production_bits_on_exact_inputs(name):
-    """The sweep's launches (bench/v41_index_configs.py: the chain before griddepcontrol.wait, programs
-    per SM, a register cap) against production, where every summation order gives the same bits."""
-    from v4serve.bench.v41_index_configs import CAND_PREFILL_CANDIDATES, STREAM_CANDIDATES, _launch
+    """The sweep's launches at this shape (bench/v41_index_configs.py: session 12's production, the trigger,
+    the split store and the list's empty-tile test each alone, the chain before griddepcontrol.wait,
+    programs per SM, register caps) against production, where every summation order gives the same bits."""
+    from v4serve.bench.v41_index_configs import SHAPES as SWEPT
+    from v4serve.bench.v41_index_configs import _launch
 
     case = _exact_inputs(v41_index_case(*SHAPES[name][1], device="cuda"), torch.Generator().manual_seed(5))
     want = case.run()
-    for kernel, config in [c for c in STREAM_CANDIDATES + CAND_PREFILL_CANDIDATES if c is not None]:
+    for kernel, config in [c for c in SWEPT[name] if c is not None]:
         if kernel.endswith("predecoded") and case.cand_blocks is None:
             continue
         assert torch.equal(_launch(case, kernel, config), want), (name, kernel, config)

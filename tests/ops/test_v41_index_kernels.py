@@ -20,6 +20,8 @@ VARIANTS = {  # kernel, config
     # the whole chain after griddepcontrol.wait (production issues its first stages before it; without
     # PDL both are orders of the same loads)
     "stream_late_chain": ("stream", dict(STREAM_TEST, EARLY_CHAIN=False)),
+    # session 12's epilogue: the liveness select before one store (production: two disjointly masked stores)
+    "stream_select_store": ("stream", dict(STREAM_TEST, SPLIT_STORE=False)),
 }
 
 
@@ -40,7 +42,8 @@ def _triton(*args, kernel, config=None, **kw):
 
 
 @pytest.mark.parametrize("variant,packed", [("tiles", True), ("rows", True), ("stream", True), ("tiles", False),
-                                            ("rows", False), ("stream", False), ("stream_late_chain", True)])
+                                            ("rows", False), ("stream", False), ("stream_late_chain", True),
+                                            ("stream_select_store", True)])
 def test_full_mode_gives_the_reference_bits_when_every_sum_is_exact(variant, packed):
     B, S, H, D, R = 2, 11, 3, 64, 37
     q, w, pool, keys, rows = index_inputs(B, S, H, D, R, 50, exact=True, seed=1)
@@ -121,8 +124,9 @@ def test_candidate_mode_scores_the_candidates_columns(packed):
         assert torch.equal(got.float(), want), (impl, kernel)
 
 
-@pytest.mark.parametrize("kernel,early_chain", [("stream", False), ("stream", True), ("stream_predecoded", False)])
-def test_streamed_candidate_tiles_skip_empty_tiles_and_rounds_every_product(kernel, early_chain):
+@pytest.mark.parametrize("kernel,early_chain,skip_by_list", [
+    ("stream", False, True), ("stream", True, True), ("stream", True, False), ("stream_predecoded", False, True)])
+def test_streamed_candidate_tiles_skip_empty_tiles_and_rounds_every_product(kernel, early_chain, skip_by_list):
     """Several tiles per program (the loop's prefetch stages), whole tiles of empty slots (skipped),
     an odd head count (weights padded to words), and two weighted heads per query: the score is then
     the sum of two products, the same fp32 sum in any order, so the logit and product roundings show
@@ -139,7 +143,7 @@ def test_streamed_candidate_tiles_skip_empty_tiles_and_rounds_every_product(kern
 
     out = torch.empty(B, S, 12 * block, dtype=torch.bfloat16)
     got = v41_stream_scores(q, w, _key_pool_words(pool, True, D), rows, n_visible, True, cands, block, out,
-                            dict(BLOCK_T=16, TILES=3, num_warps=4, num_stages=1),
+                            dict(BLOCK_T=16, TILES=3, num_warps=4, num_stages=1, SKIP_BY_LIST=skip_by_list),
                             predecode=kernel == "stream_predecoded", skip_empty=True, early_chain=early_chain)
     full = _reference(q, w, keys, rows, n_visible)
     cols = cands.long().repeat_interleave(block, -1) * block + torch.arange(12 * block) % block

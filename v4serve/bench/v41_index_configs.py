@@ -9,7 +9,7 @@ import torch
 from triton.testing import do_bench_cudagraph
 
 from v4serve.bench.v41_index_case import CAND_BLOCK, v41_index_case, v41_index_shapes
-from v4serve.ops.v41_index_stream_triton import STREAM_CONFIG
+from v4serve.ops.v41_index_stream_triton import STREAM_CONFIG, STREAM_CONFIG_CAND_PREFILL
 from v4serve.ops.v41_index_triton import v41_index_scores_triton
 
 # (kernel, config); None = the production launch (first: the reference; last: the run's noise)
@@ -24,26 +24,36 @@ TILES_CANDIDATES = [
 ]
 # Decode and candidate mode: the streaming kernel (production) against its variants. Session 11's sweep
 # (docs/performance.md) measured and retired session 10's rows kernel, 64-slot tiles, one tile a program,
-# 1 / 4 programs per SM and 8 warps at these shapes (none faster than production). Left here: the whole
-# chain after griddepcontrol.wait (EARLY_CHAIN off: session 11's order; production loads the candidate
-# list and key_rows before it), and 4 programs per SM held to 128 registers (maxnreg: 4 resident instead
-# of 3 at 144-152 registers, a few spilled words).
+# 1 / 4 programs per SM and 8 warps at these shapes (none faster than production). Left here: session 12's
+# production (no early trigger of the next launch, the select-then-store epilogue), each of those two
+# session-13 changes alone, the whole chain after griddepcontrol.wait (EARLY_CHAIN off: session 11's
+# order), and 4 programs per SM held to 128 registers (maxnreg: 4 resident instead of 3, a few spilled
+# words). Every variant writes production's bits.
 STREAM = "stream"
 _STREAM = STREAM_CONFIG  # 128-slot tiles, 2 programs per SM, 4 warps
+_SESSION12 = dict(TRIGGER=False, SPLIT_STORE=False, SKIP_BY_LIST=False)
 STREAM_CANDIDATES = [
     None,
+    (STREAM, dict(_STREAM, **_SESSION12)),
+    (STREAM, dict(_STREAM, TRIGGER=False)),  # the split store alone
+    (STREAM, dict(_STREAM, SPLIT_STORE=False)),  # the trigger alone
     (STREAM, dict(_STREAM, EARLY_CHAIN=False)),
     (STREAM, dict(_STREAM, PROGRAMS_PER_SM=4, maxnreg=128)),
     None,
 ]
-# Candidate prefill (production: 8 programs per SM): 2 per SM (session 11's production), 16 per SM, and 8
-# per SM with 4 or 5 resident (session 11 retired the keys-decoded-once routes: 90-126 µs against 78-122).
+# Candidate prefill (production: 8 programs per SM): session 12's production, without the trigger, empty
+# tiles found by their slots (session 12's test), 16 per SM, and 8 per SM with 4 or 5 resident (session 11
+# retired the keys-decoded-once routes, 90-126 µs against 78-122, and 2 per SM, 79.0 / 122.3 against
+# 75.8 / 119.1).
+_PREFILL = STREAM_CONFIG_CAND_PREFILL
 CAND_PREFILL_CANDIDATES = [
     None,
-    (STREAM, _STREAM),
-    (STREAM, dict(_STREAM, PROGRAMS_PER_SM=16)),
-    (STREAM, dict(_STREAM, PROGRAMS_PER_SM=8, maxnreg=128)),
-    (STREAM, dict(_STREAM, PROGRAMS_PER_SM=8, maxnreg=96)),  # 5 resident (48 B of spills)
+    (STREAM, dict(_PREFILL, **_SESSION12)),
+    (STREAM, dict(_PREFILL, TRIGGER=False)),
+    (STREAM, dict(_PREFILL, SKIP_BY_LIST=False)),  # empty tiles found by their slots (3 barriers a tile more)
+    (STREAM, dict(_PREFILL, PROGRAMS_PER_SM=16)),
+    (STREAM, dict(_PREFILL, maxnreg=128)),  # 4 resident
+    (STREAM, dict(_PREFILL, maxnreg=96)),  # 5 resident (spills)
     None,
 ]
 SHAPES = {
@@ -65,7 +75,8 @@ def _label(candidate) -> str:
     if cfg is None:
         return f"{kernel} (its production config)"
     short = dict(BLOCK_S="s", BLOCK_T="t", num_warps="w", num_stages="st", PROGRAMS_PER_SM="per_sm", TILES="tiles",
-                 EARLY_CHAIN="early_chain")
+                 EARLY_CHAIN="early_chain", SPLIT_STORE="split_store", TRIGGER="trigger",
+                 SKIP_BY_LIST="skip_by_list")
     return f"{kernel} " + " ".join(f"{short.get(k, k)}={v}" for k, v in cfg.items())
 
 

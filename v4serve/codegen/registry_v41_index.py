@@ -30,8 +30,10 @@ _LAUNCH = ("num_warps", "num_stages")
 def _stream_entry(name, candidates, prefill=False, config=STREAM_CONFIG, archs=(90, 100)):
     """A streaming launch (v41_index_stream_triton.py), weights as int32 words of two bf16 heads. A
     decode step has one query per sequence (n_visible's stride 1, specialised); a candidate prefill
-    chunk (S 128 at the PR shapes) skips tiles of empty slots (SKIP_EMPTY). EARLY_CHAIN as production (its
-    loads ordered for griddepcontrol.wait; PDL off here as before: sm_80 has no such wait)."""
+    chunk (S 128 at the PR shapes) skips tiles of empty slots (SKIP_EMPTY, found by SKIP_BY_LIST).
+    EARLY_CHAIN, SPLIT_STORE and TRIGGER as production (the loads ordered for griddepcontrol.wait, the two
+    masked stores; PDL off here as before, so the wait and the trigger are not emitted: sm_80 has no such
+    instructions)."""
     strides = [s for s in (*_STRIDES, "stride_cb", "stride_cs", "stride_ob", "stride_os")
                if s != "stride_nb" or prefill]
     return KernelSpec(
@@ -42,7 +44,8 @@ def _stream_entry(name, candidates, prefill=False, config=STREAM_CONFIG, archs=(
                  *(s for s in strides if s not in ("stride_k", "stride_wb", "stride_ws"))),
         constexprs=dict(**({} if prefill else {"stride_nb": 1}), D=128, BLOCK_H=32, CAND_BLOCK=8,
                         CANDIDATES=candidates, PACKED=True, PREDECODED=False, SKIP_EMPTY=prefill, PACKED_MATH=True,
-                        PDL=False, EARLY_CHAIN=True, BLOCK_T=config["BLOCK_T"]),
+                        PDL=False, EARLY_CHAIN=True, SPLIT_STORE=True, TRIGGER=True, SKIP_BY_LIST=prefill,
+                        BLOCK_T=config["BLOCK_T"]),
         num_warps=config["num_warps"], num_stages=config["num_stages"], archs=archs,
         expect=Expect(kv_load_bytes=4, kv_lines=r"codes = tl\.load|scales = tl\.load", tensor_cores=True),
     )

@@ -25,7 +25,15 @@ are loaded unmasked, a slot that is not live reading pool row 0 (its score is -i
 reads): no per-slot mask crosses from the slots' layout into the words' layout on the chain.
 With EARLY_CHAIN (production; contract in v41_stream_scores) the candidate list and key_rows loads of
 the first tiles are issued before griddepcontrol.wait, overlapping the end of the kernel launched
-before this one; q, w and the first words are issued together after it.
+before this one; q, w and the first words are issued together after it. With TRIGGER (production)
+every program calls griddepcontrol.launch_dependents right after that wait: the kernel launched after
+this one may start its own pre-wait work while this one scores, not only once its last program
+exits (its wait still waits for this whole grid). SPLIT_STORE (production) writes a tile's scores and
+its dead slots' -inf with two disjointly masked stores in the slots' layout, so that no liveness
+tensor is moved into the scores' layout (an exchange through shared memory and two barriers a tile).
+Empty tiles (SKIP_EMPTY, candidate prefill): SKIP_BY_LIST (production) finds them from the tile's own
+BLOCK_T / 8 list entries, loaded a tile ahead and reduced within each warp; otherwise from its slots'
+key rows, a max across the warpgroup (three more barriers a tile).
 
 Keys (PACKED): `fp4_e8m0_b32` rows of int32 words (D = 128: 16 code words, 1 scale word; layout
 in v41_index_triton.py), decoded exactly to bf16 by fp4_words_triton.decode_fp4_words, two channels
@@ -48,7 +56,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
 from v4serve.ops.fp4_words_triton import decode_fp4_words, to_pair_order
@@ -58,10 +66,10 @@ from v4serve.ops.v41_index_triton import _v41_decode_keys_kernel
 # per SM, each streaming its share of the tiles (a decode step's 128-1024 tiles: 1-4 tiles a program).
 # Per 64 slots the loop is ~430 SASS instructions at 128-slot tiles against ~550-610 at 64 (the
 # per-slot index / mask work runs on tensors replicated over the warpgroup: half the replication),
-# 144-150 registers (sm_90, Triton 3.6-3.9); 256-slot tiles need 255 registers and save nothing.
+# 142-150 registers (sm_90, Triton 3.6-3.9); 256-slot tiles need 255 registers and save nothing.
 # bench/v41_index_configs.py times other tile sizes, warps and programs per SM beside it.
 STREAM_CONFIG = dict(BLOCK_T=128, PROGRAMS_PER_SM=2, num_warps=4, num_stages=1)
-# A candidate-mode prefill chunk (thousands of tiles a step): 8 programs per SM (3 resident at 144-150
+# A candidate-mode prefill chunk (thousands of tiles a step): 8 programs per SM (3 resident at 142-150
 # registers, the rest in later waves), each with fewer tiles: 3-4% faster than 2 per SM on the H200
 # (session 11's sweep: 75.8 vs 79.0 µs at n128 start8064, 119.1 vs 122.3 at start130944).
 STREAM_CONFIG_CAND_PREFILL = dict(STREAM_CONFIG, PROGRAMS_PER_SM=8)
@@ -128,6 +136,16 @@ def _block_ids(cand_at, tile, C, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr
 
 
 @triton.jit
+def _listed_blocks(cand_at, tile, C, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr):
+    """The tile's BLOCK_T / CAND_BLOCK candidate-list entries (-1 past C): few enough that every warp
+    holds all of them, so that their max (is any block listed?) is a reduction within each warp, with no
+    exchange between the warps (the max over the tile's slots crosses them: shared memory, barriers)."""
+    NB: tl.constexpr = BLOCK_T // CAND_BLOCK
+    j = tile * NB + tl.arange(0, NB)
+    return tl.load(cand_at + j, mask=j * CAND_BLOCK < C, other=-1)
+
+
+@triton.jit
 def _columns(ids, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr, CANDIDATES: tl.constexpr):
     """The key column of each slot from its stage-1 ids (negative where nothing is listed)."""
     if CANDIDATES:
@@ -181,7 +199,7 @@ def _key_data(k_ptr, rows, ids, seq_row0, stride_k, D: tl.constexpr, BLOCK_T: tl
 
 @triton.jit
 def _score_tile(data, scales, rows, q_t, w, out_at, tile, C, D: tl.constexpr, BLOCK_T: tl.constexpr,
-                PACKED: tl.constexpr, PACKED_MATH: tl.constexpr):
+                PACKED: tl.constexpr, PACKED_MATH: tl.constexpr, SPLIT_STORE: tl.constexpr = False):
     """Decode (PACKED), one MMA keys [BLOCK_T, D] x q^T [D, BLOCK_H], weighted relu, head sum, store."""
     if PACKED:
         if D <= 128:
@@ -192,7 +210,11 @@ def _score_tile(data, scales, rows, q_t, w, out_at, tile, C, D: tl.constexpr, BL
         keys = data
     score = _head_sum(tl.dot(keys, q_t), w, PACKED_MATH)
     c = tile * BLOCK_T + tl.arange(0, BLOCK_T)
-    tl.store(out_at + c, tl.where(rows >= 0, score, float("-inf")).to(tl.bfloat16), mask=c < C)
+    if SPLIT_STORE:
+        tl.store(out_at + c, score.to(tl.bfloat16), mask=(c < C) & (rows >= 0))
+        tl.store(out_at + c, tl.full([BLOCK_T], float("-inf"), tl.float32).to(tl.bfloat16), mask=(c < C) & (rows < 0))
+    else:
+        tl.store(out_at + c, tl.where(rows >= 0, score, float("-inf")).to(tl.bfloat16), mask=c < C)
 
 
 @triton.jit
@@ -204,9 +226,12 @@ def _v41_scores_stream_kernel(
     D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, CAND_BLOCK: tl.constexpr,
     CANDIDATES: tl.constexpr, PACKED: tl.constexpr, PREDECODED: tl.constexpr, SKIP_EMPTY: tl.constexpr,
     PACKED_MATH: tl.constexpr, PDL: tl.constexpr = False, EARLY_CHAIN: tl.constexpr = False,
+    SPLIT_STORE: tl.constexpr = False, TRIGGER: tl.constexpr = False, SKIP_BY_LIST: tl.constexpr = False,
 ):
     if PDL and not EARLY_CHAIN:
         gdc_wait()
+        if TRIGGER:
+            gdc_launch_dependents()
     s = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     first = tl.program_id(0)  # this program's tiles: first, first + step, first + 2 step, ...
@@ -220,11 +245,15 @@ def _v41_scores_stream_kernel(
     ids2 = _block_ids(cand_at, first + 2 * step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
     ids1 = _block_ids(cand_at, first + step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
     ids0 = _block_ids(cand_at, first, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
+    if SKIP_BY_LIST:
+        listed0 = _listed_blocks(cand_at, first, C, BLOCK_T, CAND_BLOCK)
     if EARLY_CHAIN:  # stages 1-2 before griddepcontrol.wait (the contract: v41_stream_scores' early_chain)
         rows0 = _key_rows(rows_at, ids0, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
         rows1 = _key_rows(rows_at, ids1, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
         if PDL:
             gdc_wait()
+            if TRIGGER:
+                gdc_launch_dependents()
     # q^T and w beside the first loads (used only by the first MMA)
     heads = tl.arange(0, BLOCK_H)
     d = tl.arange(0, D)
@@ -256,21 +285,27 @@ def _v41_scores_stream_kernel(
             data1, scales1 = data0, scales0
         rows2 = _key_rows(rows_at, ids2, n_visible, R, BLOCK_T, CAND_BLOCK, CANDIDATES)
         ids3 = _block_ids(cand_at, tile + 3 * step, C, BLOCK_T, CAND_BLOCK, CANDIDATES)
+        if SKIP_BY_LIST:
+            listed1 = _listed_blocks(cand_at, tile + step, C, BLOCK_T, CAND_BLOCK)
         if CANDIDATES:
-            if SKIP_EMPTY:  # a tile of empty slots (a short list's -1 tail): -inf without the math
+            if SKIP_BY_LIST:  # no block of the tile listed (a short list's -1 tail): -inf without the math
+                busy = tl.max(listed0, 0) >= 0
+            elif SKIP_EMPTY:  # no slot of the tile live: -inf without the math
                 busy = tl.max(rows0, 0) >= 0
             else:
                 busy = True
         else:  # full mode: the tile has a live column iff it starts below n_visible
             busy = tile * BLOCK_T < n_visible
         if busy:
-            _score_tile(data0, scales0, rows0, q_t, w, out_at, tile, C, D, BLOCK_T, PACKED, PACKED_MATH)
+            _score_tile(data0, scales0, rows0, q_t, w, out_at, tile, C, D, BLOCK_T, PACKED, PACKED_MATH, SPLIT_STORE)
         else:
             c = tile * BLOCK_T + tl.arange(0, BLOCK_T)
             tl.store(out_at + c, tl.full([BLOCK_T], float("-inf"), tl.float32).to(tl.bfloat16), mask=c < C)
         data0, scales0, rows0 = data1, scales1, rows1
         rows1, ids1 = rows2, ids2
         ids2 = ids3
+        if SKIP_BY_LIST:
+            listed0 = listed1
 
 
 @functools.lru_cache
@@ -321,7 +356,18 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
     caller guarantees that the kernel launched right before this one writes neither n_visible nor
     key_rows nor the candidate list. The model's do not: they come from the step plan and the
     candidate source, an earlier layer. (A .contiguous() copy of them in the dispatch would: it turns
-    the early chain off.)"""
+    the early chain off.)
+
+    config["TRIGGER"] (default on): with programmatic dependent launch, each program calls
+    griddepcontrol.launch_dependents right after its griddepcontrol.wait, so that the kernel launched
+    after this one (if launched with PDL) starts its own pre-wait work while this one scores; its wait
+    still waits for this whole grid and its memory. config["SPLIT_STORE"] (default on): the scores and
+    the -inf of the slots that are not live are written by two stores with disjoint masks in the slots'
+    layout, instead of a select whose liveness operand had to be moved into the scores' layout (through
+    shared memory, two barriers). config["SKIP_BY_LIST"] (default on, where empty tiles are skipped): a
+    tile is skipped when none of its candidate blocks is listed, a max within each warp, instead of when
+    none of its slots is live, a max across the warpgroup (3 barriers a tile); a tile with listed blocks but
+    no live slot is then scored and written as -inf. All three leave every output bit as it was."""
     B, S, H, D = q.shape
     if H > 128 or D & (D - 1) or D < 32:
         raise ValueError(f"the stream kernel holds every head in one MMA tile and D as one power-of-two tile: "
@@ -331,6 +377,8 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
     candidates = cand_blocks is not None
     cfg = dict(stream_config(q.device, candidates and S > 1) if config is None else config)
     cfg.setdefault("EARLY_CHAIN", True if early_chain is None else early_chain)
+    cfg.setdefault("SPLIT_STORE", True)
+    cfg.setdefault("TRIGGER", True)
     block_t = cfg.pop("BLOCK_T")
     predecoded = predecode and packed
     if predecoded:
@@ -347,6 +395,10 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
     cand = cand_blocks if candidates else key_rows  # an unused pointer in full mode
     if skip_empty is None:
         skip_empty = candidates and S > 1  # prefill chunks: short lists leave whole tiles empty
+    # which test finds an empty tile: no block listed (default; within each warp) or no slot live
+    per_tile = block_t // cand_block  # list entries a tile (a power of two for the per-warp load)
+    cfg["SKIP_BY_LIST"] = (cfg.get("SKIP_BY_LIST", True) and candidates and skip_empty
+                           and block_t % cand_block == 0 and per_tile & (per_tile - 1) == 0)
     grid = (programs, S, B)
     _v41_scores_stream_kernel[grid](
         q, w, pool, key_rows, n_visible, cand, out, H, R, C,
