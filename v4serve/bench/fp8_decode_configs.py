@@ -12,7 +12,8 @@ a variant (the linear's every launch), median µs, error relative to the first c
               `fp8_linear(..., arrivals=)`), half split, sum block 128, steps 4 (below).
 
 W8A16 rows (`'fp8 decode w8a16'`: the weight-only numerics the models run by default, M1 at the six
-Flash projections and the indexer's q_b, M8 at wq_a), production with the counters FP8Linear keeps:
+Flash projections, the indexer's q_b and q_a + kv fused, M8 at wq_a), production with the counters
+FP8Linear keeps:
   production  `w8a16_decode_choice` (W8A16_DECODE_RULE by steps a program; fp8_linear_triton.py)
   tiles       the tile kernel + the sum kernel (two launches: production before session 13)
   tiles sum_last / ahead / ahead sum_last / ahead in_order sum_last / ahead half split sum_last /
@@ -62,7 +63,8 @@ W8A16_CANDIDATES = [
     ("production", None, None, "all"),
 ]
 W8A16_SHAPES = {f"fp8 decode w8a16 flash {proj} M{m}": (n, k, m)
-                for proj, (n, k) in {**FP8_PROJECTIONS["flash"], "indexer_q_b": (8192, 1024)}.items()
+                for proj, (n, k) in {**FP8_PROJECTIONS["flash"], "indexer_q_b": (8192, 1024),
+                                     "wq_a+wkv": (1536, 4096)}.items()  # (q_a + kv fused: model/fusion.py)
                 for m in (1, 8) if m == 1 or proj == "wq_a"}
 
 

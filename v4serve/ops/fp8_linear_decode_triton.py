@@ -21,10 +21,19 @@ each waiting for its predecessor's bytes spends ~2 µs a link. This kernel short
      the in-order sum kernel below adds in a second launch (the tile kernels use it too), or,
      with SUM_LAST, the last program of each N tile to arrive (an atomic counter per tile in a
      caller-kept int32 buffer, left at zero) adds them in split order: the same bits as the sum
-     kernel, one launch less. (Session 10 measured a last-arriving sum ~1 µs slower than the sum
+     kernel, one launch less (`store_split`, shared with the tile kernel of fp8_linear_triton.py). (Session 10 measured a last-arriving sum ~1 µs slower than the sum
      kernel, but its benchmark made fresh zeroed counters on every call: a memset launch inside
      the timed graph. `fp8_linear(..., arrivals=)` takes counters the caller keeps; the
      `fp8 decode` sweep times it that way.)
+
+Weight-only numerics (ACT_FP8 False; W8A16, the models' default): step 2 reads x (bf16 / fp16) after
+the wait as it is, the codes are widened to x's dtype (exact) for a bf16 / fp16 MMA, and each step's
+partial is scaled by s_w alone: y[m, n] = sum_s sum_{k in step s} x[m, k] w[n, k] * s_w[n // BN, k0_s // BK].
+The steps of a program are summed by Triton's tree reduction, or with IN_ORDER one after the other
+from zero, as the tile kernel's loop adds them: with the same splits (Flash wq_a, wkv, shared w1 /
+w2 on 132 SMs) and the same MMA (mma.sync m16n8k16 in both on sm_90, Triton 3.6) that gives the
+tile kernel's bits; the tree order differs from it by fp32 roundings only (at most 4 terms: well
+under one bf16 ulp after the final rounding, which it can flip on a tie).
 
 Math: y[m, n] = sum_s sum_{k in step s} q[m, k] w[n, k] * s_a[m, s] * s_w[n // BN, k0_s // BK],
 with q the e4m3 activation codes, s_a their ue8m0 scales, w the e4m3 weight codes and s_w the fp32
@@ -32,7 +41,7 @@ block scales (fp8_linear_reference.py); products exact, sums fp32 (the tensor co
 step, then the steps, then the splits in order). Deterministic: no fp32 atomics.
 
 Layouts: x [M, K] bf16 read as int32 words (QUANT_A: K and the row stride even), or e4m3 codes
-[M, K] + fp32 scales [M, ceil(K / AB)]; weight e4m3 [N, K] row-major, read as 16-byte vectors
+[M, K] + fp32 scales [M, ceil(K / AB)], or (weight-only) bf16 / fp16 [M, K]; weight e4m3 [N, K] row-major, read as 16-byte vectors
 along K; scale fp32 [ceil(N / BN), ceil(K / BK)]; partials fp32 [SPLITS, M, N] contiguous; y [M, N].
 Needs FP8 loads and dots (sm_89+; sm_80 takes the tile kernels of fp8_linear_triton.py).
 """

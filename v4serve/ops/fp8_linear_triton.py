@@ -24,10 +24,15 @@ Decode (M <= 16, or M <= DECODE_MAX_M = 64 where the prefill tiles would not fil
 bandwidth-bound: BLOCK_M (16, 32 or 64) covers every row, so each weight byte crosses HBM once;
 the K range is split over SPLIT_K programs per N tile when N / BLOCK_N alone would not fill the
 GPU, each writing an fp32 partial [SPLIT_K, M, N] that a second kernel sums in split order
-(deterministic) and rounds. In act mode on FP8 GPUs, M <= 16 takes the weights-first decode kernel
+(deterministic) and rounds, or, with SUM_LAST and counters the caller keeps (`arrivals`), the last
+program of the tile to arrive (`fp8_linear_decode_triton.store_split`: the same order, the same
+bits, one launch). In act mode on FP8 GPUs, M <= 16 takes the weights-first decode kernel
 (fp8_linear_decode_triton.py: weights requested before the wait on the previous kernel, the
 activations quantized in the same launch) wherever a program's K range fits its registers
 (`decode_ahead_plan`); the rest (e.g. Flash wq_b / wo_b, 8-13 steps a program) these tiles.
+Weight-only (W8A16, the models' default) at M <= 16 follows W8A16_DECODE_RULE: by the K steps a
+program holds, the weights-first kernel in weight-only numerics or these tiles, each summing its
+splits in the last program where the caller keeps counters.
 Prefill uses large tiles and writes y directly.
 """
 
