@@ -108,8 +108,7 @@ _FLASH = {"wq_a": (1024, 4096), "wq_b": (32768, 1024), "wkv": (512, 4096), "wo_b
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("m", [1, 8])
-@pytest.mark.parametrize("name", list(_FLASH))
+@pytest.mark.parametrize("name, m", [(name, 1) for name in _FLASH] + [("wq_a", 8), ("shared w1", 8)])
 def test_gpu_w8a16_flash_projections(name, m):
     n, k = _FLASH[name]
     x, weight, scale = _case(m, n, k, (128, 128), seed=n + m, device="cuda")
