@@ -31,8 +31,9 @@ the wait as it is, the codes are widened to x's dtype (exact) for a bf16 / fp16 
 partial is scaled by s_w alone: y[m, n] = sum_s sum_{k in step s} x[m, k] w[n, k] * s_w[n // BN, k0_s // BK].
 The steps of a program are summed by Triton's tree reduction, or with IN_ORDER one after the other
 from zero, as the tile kernel's loop adds them: with the same splits (Flash wq_a, wkv, shared w1 /
-w2 on 132 SMs) and the same MMA (mma.sync m16n8k16 in both on sm_90, Triton 3.6) that gives the
-tile kernel's bits; the tree order differs from it by fp32 roundings only (at most 4 terms: well
+w2 on 132 SMs), the same MMA (mma.sync m16n8k16 in both on sm_90, Triton 3.6) and power-of-two
+block scales (ue8m0 checkpoints: the scaling is exact, so the tile loop's fused multiply-add adds
+the same value) that gives the tile kernel's bits; the tree order differs from it by fp32 roundings only (at most 4 terms: well
 under one bf16 ulp after the final rounding, which it can flip on a tie).
 
 Math: y[m, n] = sum_s sum_{k in step s} q[m, k] w[n, k] * s_a[m, s] * s_w[n // BN, k0_s // BK],
