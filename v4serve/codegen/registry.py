@@ -506,8 +506,9 @@ KERNELS: tuple[KernelSpec, ...] = (
                      *(("part_ptr", "arrivals_ptr", "k_per_split") if phase == "decode" else ())),
             constexprs=dict(PDL=False, BN=128, BK=128, AB=128 if mode == "w8a8" else 1, ACT_FP8=mode == "w8a8",
                             FP8_DOT=mode == "w8a8" and not sm80, NATIVE_FP8=not sm80, POST_SCALE=True, IEEE=False,
-                            # decode: 16 splits; the weight-only one sums them in its last program (SUM_LAST)
-                            **(dict(SPLITS=16, SUM_LAST=mode == "w8a16") if phase == "decode" else {}),
+                            # decode: 16 splits; the weight-only 16-row one sums them in its last program
+                            # (SUM_LAST: W8A16_DECODE_RULE up to 16 rows; 64 rows keep the sum kernel)
+                            **(dict(SPLITS=16, SUM_LAST=mode == "w8a16" and not m64) if phase == "decode" else {}),
                             **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             archs=(80,) if sm80 else (90, 100, 120),
