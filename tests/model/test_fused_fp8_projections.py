@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from v4serve import LLM, SamplingParams
+from v4serve.model import attention
 from v4serve.model.fusion import fuse_fp8_rows
 from v4serve.model.quantized import FP8Linear
 
@@ -48,24 +49,33 @@ def _logprobs(llm):
     return out.outputs[0].token_ids, rows
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_fused_model_gives_the_unfused_logprobs():
-    """One model on the GPU (production kernels, decode graphs), run fused, then with every layer back
-    on its two members (views of the same rows). (A GPU test: building the tiny LLM takes ~12 s of
-    the CI's CPU.) At tiny's K = 64 no kernel splits K, so both give the same bits; the bound
-    allows the fp32 order of a split where a wider N changes it."""
-    llm = LLM("tiny", device="cuda", quantization="fp8", hf_overrides=OVERRIDES, progress=False)
+def _run_on_gpu(monkeypatch, fuse: bool):
+    """(tokens, logprob rows) of the tiny FP8 model on the GPU, decode steps in CUDA graphs."""
+    with monkeypatch.context() as patch:
+        if not fuse:
+            patch.setattr(attention, "fuse_fp8_rows", lambda members: None)
+        llm = LLM("tiny", device="cuda", quantization="fp8", hf_overrides=OVERRIDES, progress=False)
     model = llm.engine.model
     layers = [layer.self_attn for layer in model.model.layers]
-    assert all(attn.input_proj_fp8 is not None and isinstance(attn.q_a_proj, FP8Linear) for attn in layers)
-    assert not any(name.startswith("model.layers.0.self_attn.input_proj") for name in model.state_dict())
-    tokens, rows = _logprobs(llm)
-    for attn in layers:
-        attn.input_proj_fp8 = None
-    want_tokens, want_rows = _logprobs(llm)
+    assert all((attn.input_proj_fp8 is not None) == fuse and isinstance(attn.q_a_proj, FP8Linear) for attn in layers)
+    assert not any(".input_proj" in name for name in model.state_dict())
+    out = _logprobs(llm)
+    del llm, model, layers
+    torch.cuda.empty_cache()
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_model_gives_the_unfused_logprobs(monkeypatch):
+    """The tiny model on the GPU (production kernels, decode in CUDA graphs), fused and unfused
+    (a GPU test: building the tiny LLM takes ~12 s of the CI's CPU). At tiny's K = 64 no kernel
+    splits K, so both should give the same bits; the bound allows the fp32 order of a split where
+    a wider N changes it."""
+    tokens, rows = _run_on_gpu(monkeypatch, fuse=True)
+    want_tokens, want_rows = _run_on_gpu(monkeypatch, fuse=False)
     assert tokens == want_tokens
     for got, want in zip(rows, want_rows, strict=True):
         assert got.keys() == want.keys()
-        for t in got:  # the same products; the CPU's fp32 GEMM order may differ with the stacked width
+        for t in got:
             assert abs(got[t] - want[t]) < 1e-5
