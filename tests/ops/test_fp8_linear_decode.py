@@ -72,7 +72,8 @@ def test_plan_splits_into_power_of_two_steps_and_keeps_long_programs_on_the_tile
     assert ahead_steps(600, 128, 2, 1, 3) == (3, 2)           # split_k 3 of 5 steps
     cpu = torch.device("cpu")
     assert decode_ahead_plan(1, 130, 300, (128, 128), 128, True, cpu) is not None
-    assert decode_ahead_plan(1, 130, 300, (128, 128), None, True, cpu) is None   # weight-only numerics
+    assert decode_ahead_plan(1, 130, 300, (128, 128), None, True, cpu)[0]["QUANT_A"] is False  # weight-only
+    assert decode_ahead_plan(1, 130, 300, (128, 128), None, True, cpu, x_dtype=torch.float32) is None  # fp32 x
     assert decode_ahead_plan(1, 130, 300, (128, 128), 128, False, cpu) is None  # no FP8 (sm_80)
     assert decode_ahead_plan(17, 130, 300, (128, 128), 128, True, cpu) is None  # more rows than BLOCK_M
     assert decode_ahead_plan(1, 130, 1024, (128, 128), 128, True, cpu) is None  # 8 steps in one program

@@ -71,11 +71,13 @@ def _sparse_work(case):
 # ---- quantized weights: FP8 linear, MXFP4 MoE layer ----
 def _build_fp8_linear(n, k, m, act_block, *, device, seed):
     """Floor: the weight bytes (+ scales, x in, y out) at HBM speed, or the MMA time (fp8 when the
-    activations are quantized, bf16 for weight-only), whichever is longer."""
+    activations are quantized, bf16 for weight-only), whichever is longer. With the split counters
+    a model's FP8Linear keeps (`arrivals`: the last program of a tile may sum the split partials)."""
     x, weight, scale = fp8_linear_case(n, k, m, device=device, seed=seed)
+    arrivals = torch.zeros(n, dtype=torch.int32, device=device)
     nbytes = weight.numel() + scale.numel() * 4 + x.numel() * 2 + m * n * 2
     peak = H200_FP8_TFLOPS if act_block else H200_TFLOPS
-    return ((lambda: fp8_linear(x, weight, scale, (128, 128), act_block=act_block)), nbytes,
+    return ((lambda: fp8_linear(x, weight, scale, (128, 128), act_block=act_block, arrivals=arrivals)), nbytes,
             2 * m * n * k, nbytes, peak)
 
 

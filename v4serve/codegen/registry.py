@@ -498,15 +498,17 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=dict(
                 x_ptr=("*u8" if sm80 else "*fp8e4nv") if mode == "w8a8" else "*bf16",
                 xs_ptr="*fp32", w_ptr="*u8" if sm80 else "*fp8e4nv", ws_ptr="*fp32",
-                **(dict(out_ptr="*fp32") if phase == "decode" else dict(y_ptr="*bf16")),
+                **(dict(part_ptr="*fp32", y_ptr="*bf16", arrivals_ptr="*i32") if phase == "decode"
+                   else dict(y_ptr="*bf16")),
                 M="i32", N="i32", K="i32", **(dict(k_per_split="i32") if phase == "decode" else {}),
-                stride_x="i32", stride_xs="i32", stride_w="i32", stride_ws="i32",
-                **(dict(stride_os="i32", stride_om="i32") if phase == "decode" else dict(stride_y="i32"))),
-            aligned=("x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "out_ptr" if phase == "decode" else "y_ptr", "N", "K",
-                     "stride_x", "stride_w",
-                     *(("k_per_split", "stride_os", "stride_om") if phase == "decode" else ("stride_y",))),
+                stride_x="i32", stride_xs="i32", stride_w="i32", stride_ws="i32", stride_y="i32"),
+            aligned=("x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "y_ptr", "N", "K", "stride_x", "stride_w", "stride_y",
+                     *(("part_ptr", "arrivals_ptr", "k_per_split") if phase == "decode" else ())),
             constexprs=dict(PDL=False, BN=128, BK=128, AB=128 if mode == "w8a8" else 1, ACT_FP8=mode == "w8a8",
                             FP8_DOT=mode == "w8a8" and not sm80, NATIVE_FP8=not sm80, POST_SCALE=True, IEEE=False,
+                            # decode: 16 splits; the weight-only 16-row one sums them in its last program
+                            # (SUM_LAST: W8A16_DECODE_RULE up to 16 rows; 64 rows keep the sum kernel)
+                            **(dict(SPLITS=16, SUM_LAST=mode == "w8a16" and not m64) if phase == "decode" else {}),
                             **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             archs=(80,) if sm80 else (90, 100, 120),

@@ -21,7 +21,7 @@ from v4serve.config import ModelConfig
 from v4serve.layer_plan import IndexerMode, LayerPlan
 from v4serve.model.compressor import Compressor
 from v4serve.model.csa2 import IndexerV41, SourceCompressor, compressed_columns
-from v4serve.model.fusion import bf16_storage_fits, fp32_product, fuse_rows, widths
+from v4serve.model.fusion import bf16_storage_fits, fp32_product, fuse_fp8_rows, fuse_rows, widths
 from v4serve.model.indexer import Indexer
 from v4serve.model.kernels import UsesKernels
 from v4serve.model.norm import RMSNorm
@@ -53,6 +53,7 @@ class Attention(UsesKernels, nn.Module):
         self.o_b_proj = nn.Linear(config.o_groups * config.o_lora_rank, config.hidden_size, bias=False)
         self.sinks = nn.Parameter(torch.zeros(h, dtype=torch.float32))
         self.register_buffer("input_proj", None, persistent=False)  # [q_a_proj; kv_proj] once fused
+        self.input_proj_fp8 = None  # the same as one FP8Linear where both are FP8 (`fusion.fuse_fp8_rows`)
         self.register_buffer("compressor_proj", None, persistent=False)  # the fp32 compressor projections, fused
         self.compressor = None
         self.indexer = None  # V4.1's (a V4 CSA indexer sits under its compressor)
@@ -127,6 +128,8 @@ class Attention(UsesKernels, nn.Module):
         bytes of the decode step's largest non-FP8 read after the output projection."""
         members = [self.q_a_proj, self.kv_proj]
         self.input_proj, self._input_widths = fuse_rows(members), widths(members)
+        if self.input_proj is None:  # FP8 members: one FP8 GEMM over stacked codes and block scales
+            self.input_proj_fp8 = fuse_fp8_rows(members)
         if self.compressor is not None:
             members = self._compressor_projections()
             narrow = torch.bfloat16 if bf16_storage_fits(members, self.q_a_norm.weight.dtype) else None
@@ -145,6 +148,8 @@ class Attention(UsesKernels, nn.Module):
 
     def _project_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x Wq_a^T, x Wkv^T): row-strided views of one product once fused."""
-        if self.input_proj is None:
-            return self.q_a_proj(x), self.kv_proj(x)
-        return tuple(F.linear(x, self.input_proj).split(self._input_widths, dim=-1))
+        if self.input_proj is not None:
+            return tuple(F.linear(x, self.input_proj).split(self._input_widths, dim=-1))
+        if self.input_proj_fp8 is not None:
+            return tuple(self.input_proj_fp8(x).split(self._input_widths, dim=-1))
+        return self.q_a_proj(x), self.kv_proj(x)

@@ -6,11 +6,19 @@ step instead of several (fewer launches, a wider GEMM), while every member still
 and the checkpoint names are unchanged. Fused matrices are non-persistent buffers, so state_dict
 and save_pretrained see only the members. `DeepseekV4ForCausalLM.fuse_projections` names the groups.
 
-Quantized members are not fused (`fuse_rows` returns None and the caller keeps its unfused
-path): the router is BF16 while the shared experts are FP8 in the official checkpoint, so that
-group cannot be one FP8 GEMM; q_a + kv could be (both FP8, row counts multiples of the 128-row
-block, so the block scales would stack too), but their decode GEMMs are bandwidth-bound on the
-weight bytes, which fusing does not change: it would save one launch per layer, not measured yet.
+FP8 members (`fuse_fp8_rows`): q_a + kv of a V4 / V4-Pro layer are both FP8 with the same blocks
+and read the same x; where every member but the last has a row count that is a multiple of the
+block's rows (Flash q_lora_rank 1024, Pro 1536: 128-row blocks), their block scales stack too
+(`scale[n // bn, k // bk]` of the stacked weight is the member's block), so one `FP8Linear` over
+the stacked codes and scales computes both products bit for bit as the members would
+row by row: the same K sums per output (the decode kernels split K the same way whatever N tile
+holds a row, except where the wider N changes the split that fills the GPU: then the fp32 sum
+order of the K splits differs, well under one bf16 ulp). At decode it saves one launch (and its
+split-K sum) a layer. Its codes and scales are non-persistent buffers of that module, as above.
+Not fused: the router (bf16) with the shared experts (FP8), which cannot be one FP8 GEMM; and
+DeepSeek-V4.1's FP8 linears, which round their input by a forward pre-hook
+(`v41_quant.quantize_linear_inputs`): a fused module would need the same hook again on a module
+the loader does not know, for one launch a layer not measured yet; they stay apart (`fusable`).
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from v4serve.model.quantized import FP8Linear
 
 
 def fusable(members: list[nn.Module]) -> bool:
@@ -40,6 +50,41 @@ def fuse_rows(members: list[nn.Module], dtype: torch.dtype | None = None) -> tor
         n = m.weight.shape[0]
         m.weight = nn.Parameter(fused[offset:offset + n], requires_grad=False)
         offset += n
+    return fused
+
+
+def fp8_fusable(members: list[nn.Module]) -> bool:
+    """FP8 linears with the same input width, blocks and activation numerics, no input pre-hook, and
+    row counts (all but the last) that are whole blocks of rows, so that their block scales stack."""
+    first = members[0]
+    return (all(type(m) is FP8Linear and not m._forward_pre_hooks for m in members)
+            and all(m.in_features == first.in_features and m.block == first.block and m.act_block == first.act_block
+                    for m in members)
+            and all(m.weight.shape[0] % first.block[0] == 0 for m in members[:-1]))
+
+
+@torch.no_grad()
+def fuse_fp8_rows(members: list[nn.Module]) -> FP8Linear | None:
+    """One FP8Linear over the members' stacked codes [sum N_i, K] and block scales [sum N_i / bn, K / bk]
+    (non-persistent buffers), the members' weight and weight_scale_inv turned into views of their
+    rows; None (nothing changed) unless `fp8_fusable`."""
+    if not fp8_fusable(members):
+        return None
+    first = members[0]
+    codes = torch.cat([m.weight.detach() for m in members])
+    scales = torch.cat([m.weight_scale_inv.detach() for m in members])
+    with torch.device("meta"):
+        fused = FP8Linear(first.in_features, codes.shape[0], first.block, first.act_block)
+    for name, stacked in (("weight", codes), ("weight_scale_inv", scales)):
+        delattr(fused, name)
+        fused.register_buffer(name, stacked, persistent=False)
+    fused.impl = first.impl
+    rows, blocks = 0, 0
+    for m in members:
+        n, nb = m.weight.shape[0], m.weight_scale_inv.shape[0]
+        m.weight = nn.Parameter(codes[rows:rows + n], requires_grad=False)
+        m.weight_scale_inv = nn.Parameter(scales[blocks:blocks + nb], requires_grad=False)
+        rows, blocks = rows + n, blocks + nb
     return fused
 
 

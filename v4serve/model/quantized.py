@@ -57,10 +57,24 @@ class FP8Linear(UsesKernels, nn.Module):
         self.weight_scale_inv = nn.Parameter(
             torch.empty(fp8_scale_shape(out_features, in_features, self.block), dtype=torch.float32), requires_grad=False
         )
+        self.arrivals = None  # split counters of the decode kernels (`split_counters`), not state
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp8_linear(x, self.weight, self.weight_scale_inv, block=self.block, act_block=self.act_block,
-                          impl=self.impl)
+                          impl=self.impl, arrivals=self.split_counters(x))
+
+    def split_counters(self, x: torch.Tensor) -> torch.Tensor | None:
+        """int32 zeros [ceil(out / 64)] on x's device that the FP8 decode kernels' last-arriving
+        programs count on and leave at zero (one launch instead of a split-K sum after it): made
+        on the first CUDA call outside a graph capture (the runners run each step eagerly before
+        capturing it); None on the CPU or before that (the sum kernel then runs)."""
+        if not x.is_cuda:
+            return None
+        if self.arrivals is None or self.arrivals.device != x.device:
+            if torch.cuda.is_current_stream_capturing():
+                return None
+            self.arrivals = torch.zeros(-(-self.weight.shape[0] // 64), dtype=torch.int32, device=x.device)
+        return self.arrivals
 
     def dequantized(self) -> torch.Tensor:
         return dequantize_fp8_blocks(self.weight, self.weight_scale_inv, self.block)

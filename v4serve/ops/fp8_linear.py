@@ -11,7 +11,8 @@ with ue8m0 scales first (`act_quant`).
 The Triton path runs the tile kernels of fp8_linear_triton.py (tensor cores; decode tiles at small
 M), and at decode, where a program's K range fits in registers, the weights-first kernel of
 fp8_linear_decode_triton.py (weights requested before the wait on the previous kernel, the
-activations quantized in the same launch). A GEMV without tensor cores for M <= 8 was built and measured in session 12 and lost or
+activations quantized in the same launch; in weight-only numerics too, where W8A16_DECODE_RULE of
+fp8_linear_triton.py takes it). A GEMV without tensor cores for M <= 8 was built and measured in session 12 and lost or
 tied at every projection (docs/performance.md "Session 12"), so it was removed.
 
 Not used: torch._scaled_mm / torch.nn.functional.scaled_mm. PyTorch's blockwise recipe (1x128
@@ -43,8 +44,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
                act_block: int | None = None, impl: str = "auto", arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """y [..., N] = A @ (weight * scale)^T, A = x or its e4m3 / ue8m0 quantization per act_block.
     `arrivals`: int32 zeros [>= ceil(N / 64)] that the caller keeps across calls (every launch
-    leaves them at zero): the weights-first decode kernel then sums its split-K partials in the
-    last program of each tile instead of a second launch (fp8_linear_decode_triton.py)."""
+    leaves them at zero): the decode kernels then sum their split-K partials in the last program
+    of each tile instead of a second launch (fp8_linear_decode_triton.py; the tile kernels in
+    weight-only mode where W8A16_DECODE_RULE says SUM_LAST). FP8Linear keeps them."""
     block = tuple(block)
     _check(x, weight, scale, block, act_block)
     if use_triton(impl, x, weight, scale):

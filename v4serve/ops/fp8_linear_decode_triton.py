@@ -21,10 +21,20 @@ each waiting for its predecessor's bytes spends ~2 µs a link. This kernel short
      the in-order sum kernel below adds in a second launch (the tile kernels use it too), or,
      with SUM_LAST, the last program of each N tile to arrive (an atomic counter per tile in a
      caller-kept int32 buffer, left at zero) adds them in split order: the same bits as the sum
-     kernel, one launch less. (Session 10 measured a last-arriving sum ~1 µs slower than the sum
+     kernel, one launch less (`store_split`, shared with the tile kernel of fp8_linear_triton.py). (Session 10 measured a last-arriving sum ~1 µs slower than the sum
      kernel, but its benchmark made fresh zeroed counters on every call: a memset launch inside
      the timed graph. `fp8_linear(..., arrivals=)` takes counters the caller keeps; the
      `fp8 decode` sweep times it that way.)
+
+Weight-only numerics (ACT_FP8 False; W8A16, the models' default): step 2 reads x (bf16 / fp16) after
+the wait as it is, the codes are widened to x's dtype (exact) for a bf16 / fp16 MMA, and each step's
+partial is scaled by s_w alone: y[m, n] = sum_s sum_{k in step s} x[m, k] w[n, k] * s_w[n // BN, k0_s // BK].
+The steps of a program are summed by Triton's tree reduction, or with IN_ORDER one after the other
+from zero, as the tile kernel's loop adds them: with the same splits (Flash wq_a, wkv, shared w1 /
+w2 on 132 SMs), the same MMA (mma.sync m16n8k16 in both on sm_90, Triton 3.6) and power-of-two
+block scales (ue8m0 checkpoints: the scaling is exact, so the tile loop's fused multiply-add adds
+the same value) that gives the tile kernel's bits; the tree order differs from it by fp32 roundings only (at most 4 terms: well
+under one bf16 ulp after the final rounding, which it can flip on a tie).
 
 Math: y[m, n] = sum_s sum_{k in step s} q[m, k] w[n, k] * s_a[m, s] * s_w[n // BN, k0_s // BK],
 with q the e4m3 activation codes, s_a their ue8m0 scales, w the e4m3 weight codes and s_w the fp32
@@ -32,7 +42,7 @@ block scales (fp8_linear_reference.py); products exact, sums fp32 (the tensor co
 step, then the steps, then the splits in order). Deterministic: no fp32 atomics.
 
 Layouts: x [M, K] bf16 read as int32 words (QUANT_A: K and the row stride even), or e4m3 codes
-[M, K] + fp32 scales [M, ceil(K / AB)]; weight e4m3 [N, K] row-major, read as 16-byte vectors
+[M, K] + fp32 scales [M, ceil(K / AB)], or (weight-only) bf16 / fp16 [M, K]; weight e4m3 [N, K] row-major, read as 16-byte vectors
 along K; scale fp32 [ceil(N / BN), ceil(K / BK)]; partials fp32 [SPLITS, M, N] contiguous; y [M, N].
 Needs FP8 loads and dots (sm_89+; sm_80 takes the tile kernels of fp8_linear_triton.py).
 """
@@ -53,8 +63,34 @@ from v4serve.ops.fp8_act_quant_triton import act_quant_triton, quantize_groups
 # and lost 0.5-1.1 µs at N = 1024-4096 (wq_a M1 7.31 vs 6.77, shared w2 M1 6.97 vs 6.32, M8 7.89 vs
 # 6.75), so production takes it up to N = 512 only (the sweep `kernel_configs 'fp8 decode'` is unrun).
 FP8_AHEAD_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, MAX_STEPS=4, MAX_N=512, QUANT_A=True, SUM_LAST=False,
-                        SUM_BLOCK=1024, num_warps=4, num_stages=1)
+                        SUM_BLOCK=1024, IN_ORDER=False, num_warps=4, num_stages=1)
 SPLIT_K_SUM_BLOCK = 1024
+
+
+@triton.jit
+def store_split(acc, part_ptr, y_ptr, arrivals_ptr, tile, split, offs_m, offs_n, M, N, stride_y,
+                SPLITS: tl.constexpr, SUM_LAST: tl.constexpr):
+    """The end of a split-K program (this kernel's and the tile kernel's of fp8_linear_triton.py):
+    one split writes y; otherwise the fp32 partial [BLOCK_M, BLOCK_N] goes to part[split] (contiguous
+    [SPLITS, M, N], row stride stride_y), and with SUM_LAST the last program of the N tile `tile` to
+    arrive (int32 ticket per tile, atomic acq_rel) adds the SPLITS partials in split order (the sum
+    kernel's bits), writes y and sets the ticket back to zero for the next launch."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    out = offs_m[:, None] * stride_y + offs_n[None, :]
+    if SPLITS == 1:
+        tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        stride_split = M * stride_y
+        tl.store(part_ptr + split * stride_split + out, acc, mask=mask)
+        if SUM_LAST:
+            tl.debug_barrier()  # every thread's partial is stored before the (release) arrival
+            arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLITS - 1:
+                total = tl.zeros(acc.shape, dtype=tl.float32)
+                for s in tl.static_range(SPLITS):  # in split order: the sum kernel's bits
+                    total += tl.load(part_ptr + s * stride_split + out, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.store(y_ptr + out, total.to(y_ptr.dtype.element_ty), mask=mask)
+                tl.store(arrivals_ptr + tile, 0)  # zero again for the next launch (a graph replay too)
 
 
 @triton.jit
@@ -63,10 +99,12 @@ def _fp8_linear_decode_ahead_kernel(
     stride_x, stride_xs, stride_w, stride_ws, stride_y,
     BN: tl.constexpr, BK: tl.constexpr, AB: tl.constexpr, QUANT_A: tl.constexpr, SUM_LAST: tl.constexpr,
     STEPS: tl.constexpr, SPLITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr = False, ACT_FP8: tl.constexpr = True, IN_ORDER: tl.constexpr = False,
 ):
     """Program (n tile, split): K steps [split * STEPS, (split + 1) * STEPS) of every row of x
-    against BLOCK_N weight rows (see the module docstring)."""
+    against BLOCK_N weight rows (see the module docstring). ACT_FP8 False: the weight-only numerics
+    (x bf16 / fp16 as is, the codes widened to x's dtype). IN_ORDER: the steps' scaled partials
+    added one after the other from zero (the tile kernel's order) instead of Triton's tree sum."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_s = tl.arange(0, STEPS)
@@ -83,43 +121,40 @@ def _fp8_linear_decode_ahead_kernel(
     if PDL:
         gdc_wait()  # the previous kernel's outputs (x, or its codes and scales) are visible from here
         gdc_launch_dependents()
-    if QUANT_A:  # BLOCK_K == AB: one activation group a step; only the first ROWS rows quantized
-        offs_r = tl.arange(0, ROWS)
-        kx = (k0 // 2)[:, None, None] + tl.arange(0, BLOCK_K // 2)[None, None, :]  # bf16 pairs as int32 words
-        words = tl.load(x_ptr + offs_r.to(tl.int64)[None, :, None] * stride_x + kx,
-                        mask=(offs_r[None, :, None] < M) & (kx < K // 2), other=0)  # [STEPS, ROWS, BLOCK_K / 2]
-        lo = (words << 16).to(tl.float32, bitcast=True)  # channel 2j (little-endian: the low half)
-        hi = (words & -65536).to(tl.float32, bitcast=True)  # channel 2j + 1
-        byte, s_r = quantize_groups(tl.reshape(tl.join(lo, hi), (STEPS * ROWS, BLOCK_K)))
-        # rows r, r + ROWS, r + 2 ROWS, ... of the MMA tile repeat row r (only rows < M are stored)
-        a = tl.broadcast_to(tl.reshape(byte, (STEPS, 1, ROWS, BLOCK_K)), (STEPS, BLOCK_M // ROWS, ROWS, BLOCK_K))
-        a = tl.reshape(a, (STEPS, BLOCK_M, BLOCK_K)).to(tl.float8e4nv, bitcast=True)
-        s_a = tl.broadcast_to(tl.reshape(s_r, (STEPS, 1, ROWS)), (STEPS, BLOCK_M // ROWS, ROWS))
-        s_a = tl.reshape(s_a, (STEPS, BLOCK_M))
-    else:
+    if not ACT_FP8:  # weight-only: x as is, the e4m3 codes exact in x's dtype
         ka = k0[:, None, None] + offs_k[None, None, :]  # [STEPS, 1, BLOCK_K]
         a = tl.load(x_ptr + offs_m.to(tl.int64)[None, :, None] * stride_x + ka,
                     mask=(offs_m[None, :, None] < M) & (ka < K), other=0.0)
-        s_a = tl.load(xs_ptr + offs_m.to(tl.int64)[None, :] * stride_xs + (k0 // AB)[:, None],
-                      mask=(offs_m[None, :] < M) & (k0 < K)[:, None], other=0.0)  # [STEPS, BLOCK_M]
-    part = tl.dot(a, w)  # [STEPS, BLOCK_M, BLOCK_N]: the raw code products of each step
-    acc = tl.sum(part * s_a[:, :, None] * s_w[:, None, :], axis=0)
-    mask = (offs_m[:, None] < M) & mask_n[None, :]
-    out = offs_m[:, None] * stride_y + offs_n[None, :]
-    if SPLITS == 1:
-        tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        scaled = tl.dot(a, w.to(tl.float32).to(a.dtype)) * s_w[:, None, :]
     else:
-        stride_split = M * stride_y
-        tl.store(part_ptr + split * stride_split + out, acc, mask=mask)
-        if SUM_LAST:
-            tl.debug_barrier()  # every thread's partial is stored before the (release) arrival
-            arrived = tl.atomic_add(arrivals_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLITS - 1:
-                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in tl.static_range(SPLITS):  # in split order: the sum kernel's bits
-                    total += tl.load(part_ptr + s * stride_split + out, mask=mask, other=0.0, cache_modifier=".cg")
-                tl.store(y_ptr + out, total.to(y_ptr.dtype.element_ty), mask=mask)
-                tl.store(arrivals_ptr + pid_n, 0)  # zero again for the next launch (a graph replay too)
+        if QUANT_A:  # BLOCK_K == AB: one activation group a step; only the first ROWS rows quantized
+            offs_r = tl.arange(0, ROWS)
+            kx = (k0 // 2)[:, None, None] + tl.arange(0, BLOCK_K // 2)[None, None, :]  # bf16 pairs as int32 words
+            words = tl.load(x_ptr + offs_r.to(tl.int64)[None, :, None] * stride_x + kx,
+                            mask=(offs_r[None, :, None] < M) & (kx < K // 2), other=0)  # [STEPS, ROWS, BLOCK_K / 2]
+            lo = (words << 16).to(tl.float32, bitcast=True)  # channel 2j (little-endian: the low half)
+            hi = (words & -65536).to(tl.float32, bitcast=True)  # channel 2j + 1
+            byte, s_r = quantize_groups(tl.reshape(tl.join(lo, hi), (STEPS * ROWS, BLOCK_K)))
+            # rows r, r + ROWS, r + 2 ROWS, ... of the MMA tile repeat row r (only rows < M are stored)
+            a = tl.broadcast_to(tl.reshape(byte, (STEPS, 1, ROWS, BLOCK_K)), (STEPS, BLOCK_M // ROWS, ROWS, BLOCK_K))
+            a = tl.reshape(a, (STEPS, BLOCK_M, BLOCK_K)).to(tl.float8e4nv, bitcast=True)
+            s_a = tl.broadcast_to(tl.reshape(s_r, (STEPS, 1, ROWS)), (STEPS, BLOCK_M // ROWS, ROWS))
+            s_a = tl.reshape(s_a, (STEPS, BLOCK_M))
+        else:
+            ka = k0[:, None, None] + offs_k[None, None, :]  # [STEPS, 1, BLOCK_K]
+            a = tl.load(x_ptr + offs_m.to(tl.int64)[None, :, None] * stride_x + ka,
+                        mask=(offs_m[None, :, None] < M) & (ka < K), other=0.0)
+            s_a = tl.load(xs_ptr + offs_m.to(tl.int64)[None, :] * stride_xs + (k0 // AB)[:, None],
+                          mask=(offs_m[None, :] < M) & (k0 < K)[:, None], other=0.0)  # [STEPS, BLOCK_M]
+        part = tl.dot(a, w)  # [STEPS, BLOCK_M, BLOCK_N]: the raw code products of each step
+        scaled = part * s_a[:, :, None] * s_w[:, None, :]
+    if IN_ORDER:  # ((0 + p_0) + p_1) + ...: picking step s out by a masked sum adds only zeros (exact)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in tl.static_range(STEPS):
+            acc += tl.sum(tl.where(offs_s[:, None, None] == s, scaled, 0.0), axis=0)
+    else:
+        acc = tl.sum(scaled, axis=0)
+    store_split(acc, part_ptr, y_ptr, arrivals_ptr, pid_n, split, offs_m, offs_n, M, N, stride_y, SPLITS, SUM_LAST)
 
 
 @triton.jit
@@ -160,36 +195,50 @@ def ahead_steps(k: int, block_k: int, n_tiles: int, programs_wanted: int, split_
 
 
 def fp8_linear_decode_ahead(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
-                            act_block: int, cfg: dict, splits: int, steps: int, pdl: dict,
+                            act_block: int | None, cfg: dict, splits: int, steps: int, pdl: dict,
                             arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, N] for x [M, K] (M <= cfg BLOCK_M) through `_fp8_linear_decode_ahead_kernel`; the
-    caller (fp8_linear_triton) has chosen cfg, splits and steps. `arrivals`: int32 zeros
-    [>= N tiles] the caller keeps (SUM_LAST; fresh zeros otherwise, one memset launch)."""
+    caller (fp8_linear_triton) has chosen cfg, splits and steps. act_block None: the weight-only
+    numerics (x bf16 / fp16). `arrivals`: int32 zeros [>= N tiles] the caller keeps (SUM_LAST;
+    fresh zeros otherwise, one memset launch)."""
     m, k = x.shape
     n = weight.shape[0]
     n_tiles = triton.cdiv(n, cfg["BLOCK_N"])
-    if cfg["QUANT_A"]:
+    act_fp8 = act_block is not None
+    if act_fp8 and cfg["QUANT_A"]:
         if cfg["BLOCK_K"] != act_block:
             raise ValueError(f"QUANT_A needs BLOCK_K == act_block, got {cfg['BLOCK_K']} and {act_block}")
         if x.dtype != torch.bfloat16 or k % 2 or x.stride(0) % 2 or x.data_ptr() % 4:
             raise ValueError("QUANT_A reads x as int32 words: bf16 with an even K and row stride, 4-byte aligned")
         a, a_scale = x.view(torch.int32), x  # stride_x in words; (a_scale is not read)
-    else:
+    elif act_fp8:
         a, a_scale = act_quant_triton(x, act_block, pdl)
+    elif x.dtype in (torch.bfloat16, torch.float16):
+        a, a_scale = x, x  # (a_scale is not read)
+    else:
+        raise ValueError(f"the weight-only decode kernel takes bf16 or fp16 x, got {x.dtype}")
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     sum_last = cfg["SUM_LAST"] and splits > 1
     part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
-    if sum_last and arrivals is None:
-        arrivals = torch.zeros(n_tiles, dtype=torch.int32, device=x.device)
-    elif sum_last and (arrivals.dtype != torch.int32 or arrivals.numel() < n_tiles or not arrivals.is_contiguous()):
-        raise ValueError(f"arrivals must be contiguous int32 zeros [>= {n_tiles}], got {arrivals.dtype} "
-                         f"[{arrivals.numel()}]")
+    arrivals = split_counters(arrivals, n_tiles, x.device) if sum_last else y
     _fp8_linear_decode_ahead_kernel[(n_tiles, splits)](
-        a, a_scale, weight, scale, part, y, arrivals if sum_last else y, m, n, k,
+        a, a_scale, weight, scale, part, y, arrivals, m, n, k,
         a.stride(0), a_scale.stride(0), weight.stride(0), scale.stride(0), y.stride(0),
-        BN=block[0], BK=block[1], AB=act_block, QUANT_A=cfg["QUANT_A"], SUM_LAST=sum_last, STEPS=steps,
-        SPLITS=splits, ROWS=triton.next_power_of_2(m), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl)
+        BN=block[0], BK=block[1], AB=act_block or 1, QUANT_A=act_fp8 and cfg["QUANT_A"], SUM_LAST=sum_last,
+        STEPS=steps, SPLITS=splits, ROWS=triton.next_power_of_2(m), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=cfg["BLOCK_K"], ACT_FP8=act_fp8, IN_ORDER=cfg["IN_ORDER"], num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **pdl)
     if splits > 1 and not sum_last:
         split_k_sum(part, y, pdl, trigger=True, block=cfg["SUM_BLOCK"])
     return y
+
+
+def split_counters(arrivals: torch.Tensor | None, n_tiles: int, device: torch.device) -> torch.Tensor:
+    """The SUM_LAST tickets: the caller's (checked: contiguous int32, >= n_tiles, left at zero by
+    every launch), or fresh zeros (a memset launch: benchmarks should pass kept ones)."""
+    if arrivals is None:
+        return torch.zeros(n_tiles, dtype=torch.int32, device=device)
+    if arrivals.dtype != torch.int32 or arrivals.numel() < n_tiles or not arrivals.is_contiguous():
+        raise ValueError(f"arrivals must be contiguous int32 zeros [>= {n_tiles}], got {arrivals.dtype} "
+                         f"[{arrivals.numel()}]")
+    return arrivals

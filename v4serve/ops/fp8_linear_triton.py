@@ -24,10 +24,15 @@ Decode (M <= 16, or M <= DECODE_MAX_M = 64 where the prefill tiles would not fil
 bandwidth-bound: BLOCK_M (16, 32 or 64) covers every row, so each weight byte crosses HBM once;
 the K range is split over SPLIT_K programs per N tile when N / BLOCK_N alone would not fill the
 GPU, each writing an fp32 partial [SPLIT_K, M, N] that a second kernel sums in split order
-(deterministic) and rounds. In act mode on FP8 GPUs, M <= 16 takes the weights-first decode kernel
+(deterministic) and rounds, or, with SUM_LAST and counters the caller keeps (`arrivals`), the last
+program of the tile to arrive (`fp8_linear_decode_triton.store_split`: the same order, the same
+bits, one launch). In act mode on FP8 GPUs, M <= 16 takes the weights-first decode kernel
 (fp8_linear_decode_triton.py: weights requested before the wait on the previous kernel, the
 activations quantized in the same launch) wherever a program's K range fits its registers
 (`decode_ahead_plan`); the rest (e.g. Flash wq_b / wo_b, 8-13 steps a program) these tiles.
+Weight-only (W8A16, the models' default) at M <= 16 follows W8A16_DECODE_RULE: by the K steps a
+program holds, the weights-first kernel in weight-only numerics or these tiles, each summing its
+splits in the last program where the caller keeps counters.
 Prefill uses large tiles and writes y directly.
 """
 
@@ -40,10 +45,12 @@ from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
 from v4serve.ops.fp8_act_quant_triton import act_quant_triton
-from v4serve.ops.fp8_linear_decode_triton import FP8_AHEAD_CONFIG, ahead_steps, fp8_linear_decode_ahead, split_k_sum
+from v4serve.ops.fp8_linear_decode_triton import (FP8_AHEAD_CONFIG, ahead_steps, fp8_linear_decode_ahead,
+                                                  split_counters, split_k_sum, store_split)
 from v4serve.ops.quant_decode_triton import e4m3_bits_to_f32
 
-__all__ = ["act_quant_triton", "decode_ahead_plan", "decode_programs_wanted", "fp8_linear_triton", "native_fp8"]
+__all__ = ["act_quant_triton", "decode_ahead_plan", "decode_programs_wanted", "fp8_linear_triton", "native_fp8",
+           "w8a16_decode_choice"]
 
 # Decode tiles: BLOCK_M the smallest of 16 / 32 / 64 that holds every row (one pass over the
 # weights), the K range split to fill the GPU. Up to 16 rows always; up to DECODE_MAX_M where the
@@ -58,6 +65,17 @@ FP8_PREFILL_DEQUANT_CONFIG = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warp
 FP8_PREFILL_SM80_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
 # Split-K until the decode grid has at least this many programs per SM.
 DECODE_PROGRAMS_PER_SM = 2
+# The weight-only (W8A16, the models' default) decode kernel for M <= 16 rows, by the K steps a program
+# of the weights-first kernel holds at the split that fills the GPU (FP8_AHEAD_CONFIG's 64-row tiles
+# and 128-channel steps; V4-Flash: wkv 1, wq_a 2, shared w1 / w3 / w2 and the indexer's q_b 4, wq_b 8,
+# wo_b 16): KERNEL "ahead" (weights-first) or "tiles", plus that kernel's keys. SUM_LAST (the last
+# program of a tile sums the split partials: one launch) applies where the caller keeps counters
+# (`arrivals`: FP8Linear does), the sum kernel runs otherwise. Written before any GPU run (session 13):
+# the weights-first kernel up to 2 steps (it won there in the act_block sweep of session 12: wkv 3.5-3.8
+# vs 6.3 µs, wq_a 5.4 vs 6.8), the tile kernel (its bits) beyond; change it from the sweep
+# `python -m v4serve.bench.kernel_configs 'fp8 decode w8a16'` (its rows name these configs).
+W8A16_DECODE_RULE = {1: dict(KERNEL="ahead", SUM_LAST=True), 2: dict(KERNEL="ahead", SUM_LAST=True)}
+W8A16_DECODE_OTHERWISE = dict(KERNEL="tiles", SUM_LAST=True)
 
 
 @triton.jit
@@ -137,14 +155,16 @@ def _fp8_linear_prefill_kernel(
 
 @triton.jit
 def _fp8_linear_decode_kernel(
-    x_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, M, N, K, k_per_split, stride_x, stride_xs, stride_w, stride_ws,
-    stride_os, stride_om,
+    x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, arrivals_ptr, M, N, K, k_per_split,
+    stride_x, stride_xs, stride_w, stride_ws, stride_y,
     BN: tl.constexpr, BK: tl.constexpr, AB: tl.constexpr, ACT_FP8: tl.constexpr, FP8_DOT: tl.constexpr,
-    NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+    NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr, SPLITS: tl.constexpr,
+    SUM_LAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
-    """Program (n, split): every row of x against BLOCK_N weight rows over one K range; writes
-    y (one split) or its fp32 partial out[split] (k_per_split is a multiple of BLOCK_K)."""
+    """Program (n, split): every row of x against BLOCK_N weight rows over one K range
+    (k_per_split, a multiple of BLOCK_K); writes y (one split) or its fp32 partial part[split],
+    which the last program of the tile sums with SUM_LAST (`store_split`), the sum kernel otherwise."""
     if PDL:
         gdc_wait()
     split = tl.program_id(1)
@@ -155,8 +175,8 @@ def _fp8_linear_decode_kernel(
     acc = _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, k_begin, k_end, offs_m, offs_n, stride_x, stride_xs,
                     stride_w, stride_ws, BN, BK, AB, ACT_FP8, FP8_DOT, NATIVE_FP8, POST_SCALE, IEEE,
                     BLOCK_M, BLOCK_N, BLOCK_K)
-    tl.store(out_ptr + split.to(tl.int64) * stride_os + offs_m[:, None] * stride_om + offs_n[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    store_split(acc, part_ptr, y_ptr, arrivals_ptr, tl.program_id(0), split, offs_m, offs_n, M, N, stride_y,
+                SPLITS, SUM_LAST)
 
 
 @functools.lru_cache
@@ -196,34 +216,51 @@ def _split_k(n_tiles: int, k_steps: int, device: torch.device) -> int:
 
 def decode_ahead_plan(m: int, n: int, k: int, block: tuple[int, int], act_block: int | None, fp8_hw: bool,
                       device: torch.device, config: dict | None = None, split_k: int | None = None,
-                      x_words: bool = True) -> tuple[dict, int, int] | None:
+                      x_words: bool = True, x_dtype: torch.dtype = torch.bfloat16) -> tuple[dict, int, int] | None:
     """(config, splits, steps a program) of the weights-first decode kernel for this shape, or None
-    where the tile kernels run it: weight-only numerics, no FP8 on the GPU, more rows than its
-    BLOCK_M, more outputs than MAX_N, or more K steps a program (at the split that fills the GPU)
-    than MAX_STEPS.
+    where the tile kernels run it: no FP8 on the GPU, more rows than its BLOCK_M, more outputs than
+    MAX_N, more K steps a program (at the split that fills the GPU) than MAX_STEPS, or weight-only
+    numerics over x that is neither bf16 nor fp16.
     `config`: FP8_AHEAD_CONFIG's keys to change (tests, benchmarks). The activations are quantized
     in the kernel (QUANT_A) only where a step is one activation group and x can be read as int32
     words (`x_words`: bf16, even K and row stride, 4-byte aligned); act_quant runs first otherwise."""
     cfg = dict(FP8_AHEAD_CONFIG, **(config or {}))
-    if act_block is None or not fp8_hw or m > cfg["BLOCK_M"] or n > cfg["MAX_N"]:
+    weight_only = act_block is None
+    if weight_only and x_dtype not in (torch.bfloat16, torch.float16):
         return None
-    cfg["BLOCK_K"] = min(cfg["BLOCK_K"], act_block, block[1])
-    cfg["QUANT_A"] = cfg["QUANT_A"] and cfg["BLOCK_K"] == act_block and x_words
+    if not fp8_hw or m > cfg["BLOCK_M"] or n > cfg["MAX_N"]:
+        return None
+    cfg["BLOCK_K"] = min(cfg["BLOCK_K"], block[1], act_block or block[1])
+    cfg["QUANT_A"] = cfg["QUANT_A"] and not weight_only and cfg["BLOCK_K"] == act_block and x_words
     n_tiles = triton.cdiv(n, cfg["BLOCK_N"])
     splits, steps = ahead_steps(k, cfg["BLOCK_K"], n_tiles, decode_programs_wanted(device), split_k)
     return (cfg, splits, steps) if steps <= cfg["MAX_STEPS"] else None
+
+
+def w8a16_decode_choice(n: int, k: int, block: tuple[int, int], device: torch.device) -> dict:
+    """Production's W8A16 decode config (KERNEL and its keys) for an [n, k] weight: W8A16_DECODE_RULE
+    at the steps a weights-first program would hold (the tile kernel's split is the same one up to
+    4 steps: wq_a, wkv, shared w1 / w2)."""
+    block_k = min(FP8_AHEAD_CONFIG["BLOCK_K"], block[1])
+    n_tiles = triton.cdiv(n, FP8_AHEAD_CONFIG["BLOCK_N"])
+    steps = ahead_steps(k, block_k, n_tiles, decode_programs_wanted(device), None)[1]
+    choice = dict(W8A16_DECODE_RULE.get(steps, W8A16_DECODE_OTHERWISE))
+    if choice["KERNEL"] == "ahead":  # the rule is the choice: neither MAX_N nor MAX_STEPS applies
+        choice.update(MAX_N=n, MAX_STEPS=max(steps, choice.get("MAX_STEPS", 0)))
+    return choice
 
 
 def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
                       act_block: int | None, config: dict | None = None, split_k: int | None = None,
                       fp8_hw: bool | None = None, arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, N] for x [M, K]. `config` / `split_k` override the tiles and the decode K split (tests,
-    benchmarks): a tile config (optionally KERNEL="tiles") runs the tile kernels; KERNEL="ahead"
-    plus FP8_AHEAD_CONFIG keys to change runs the weights-first decode kernel where it applies
-    (`decode_ahead_plan`); None: production's choice. `fp8_hw=False` forces the path of GPUs
-    without fp8 (sm_80: codes decoded from bytes). `arrivals`: split counters the caller keeps
-    (int32 zeros [>= N / 64], left at zero): the weights-first kernel then sums its partials in
-    the last program (SUM_LAST, unless the config says otherwise)."""
+    benchmarks): a tile config (optionally KERNEL="tiles", SUM_LAST) runs the tile kernels;
+    KERNEL="ahead" plus FP8_AHEAD_CONFIG keys to change runs the weights-first decode kernel where
+    it applies (`decode_ahead_plan`); None: production's choice (W8A16 at M <= 16:
+    `w8a16_decode_choice`). `fp8_hw=False` forces the path of GPUs without fp8 (sm_80: codes decoded
+    from bytes). `arrivals`: split counters the caller keeps (int32 zeros [>= N / 64], left at
+    zero): the weights-first kernel then sums its partials in the last program (SUM_LAST, unless
+    the config says otherwise), and so do the W8A16 tile kernels where the rule says SUM_LAST."""
     m, k = x.shape
     n = weight.shape[0]
     bn, bk = block
@@ -234,24 +271,28 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         raise ValueError(f"the Triton FP8 path needs power-of-two act_block and block_k >= 16, got "
                          f"act_block={act_block}, block={list(block)}")
     fp8_hw = native_fp8(x.device) if fp8_hw is None else fp8_hw
+    if config is None and decode and act_block is None and fp8_hw and m <= FP8_AHEAD_CONFIG["BLOCK_M"]:
+        config = w8a16_decode_choice(n, k, block, x.device)
     kernel = "auto" if config is None else config.get("KERNEL", "tiles")
     config = None if config is None else {key: v for key, v in config.items() if key != "KERNEL"}
     if decode and m and n and kernel in ("auto", "ahead"):
         x_words = x.dtype == torch.bfloat16 and k % 2 == 0 and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0
         ahead_cfg = {"SUM_LAST": arrivals is not None, **(config or {})}
-        if kernel == "ahead":  # asked for by name (sweep, tests): production's MAX_N does not apply
+        ahead_cfg["SUM_LAST"] = ahead_cfg["SUM_LAST"] and arrivals is not None
+        if kernel == "ahead":  # asked for by name (sweep, tests, the W8A16 rule): production's MAX_N does not apply
             ahead_cfg.setdefault("MAX_N", n)
-        plan = decode_ahead_plan(m, n, k, block, act_block, fp8_hw, x.device, ahead_cfg, split_k, x_words)
+        plan = decode_ahead_plan(m, n, k, block, act_block, fp8_hw, x.device, ahead_cfg, split_k, x_words, x.dtype)
         if plan is not None:
             return fp8_linear_decode_ahead(x, weight, scale, block, act_block, *plan, pdl_launch(x), arrivals)
     if kernel == "ahead":
         config = None  # (its keys are the weights-first kernel's; the shape takes the tiles)
+    sum_last = bool(config and config.pop("SUM_LAST", False)) and arrivals is not None
     if act_block is None:
         prefill_cfg = FP8_PREFILL_DEQUANT_CONFIG
     else:
         prefill_cfg = FP8_PREFILL_CONFIG if fp8_hw else FP8_PREFILL_SM80_CONFIG
     cfg = dict(config or (FP8_DECODE_CONFIG if decode else prefill_cfg))
-    if decode and not config:
+    if decode and "BLOCK_M" not in (config or {}):
         cfg["BLOCK_M"] = max(cfg["BLOCK_M"], triton.next_power_of_2(m))
     if act_block is None:
         post = bk % cfg["BLOCK_K"] == 0
@@ -284,10 +325,12 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     splits = split_k or _split_k(n_tiles, k_steps, x.device)
     k_per_split = triton.cdiv(k_steps, splits) * cfg["BLOCK_K"]
     splits = triton.cdiv(k, k_per_split)
-    out = y if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+    sum_last = sum_last and splits > 1
+    part = y if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+    tickets = split_counters(arrivals, n_tiles, x.device) if sum_last else y
     _fp8_linear_decode_kernel[(n_tiles, splits)](
-        a, a_scale, w, scale, out, m, n, k, k_per_split, a.stride(0), a_scale.stride(0), w.stride(0),
-        scale.stride(0), out.stride(0) if splits > 1 else 0, out.stride(-2), **flags, **pdl)
-    if splits > 1:
-        split_k_sum(out, y, pdl)
+        a, a_scale, w, scale, part, y, tickets, m, n, k, k_per_split, a.stride(0), a_scale.stride(0), w.stride(0),
+        scale.stride(0), y.stride(0), SPLITS=splits, SUM_LAST=sum_last, **flags, **pdl)
+    if splits > 1 and not sum_last:
+        split_k_sum(part, y, pdl)
     return y
