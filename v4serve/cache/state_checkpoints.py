@@ -71,6 +71,11 @@ class StateCheckpoints:
             total = self._states[0].stacked.shape[1]  # slots of the cache (every state has them all)
             self._rows[n, size] = (slots[:, None] + parts[None, :] * total).reshape(-1)
 
+    def saved_rows(self, state) -> torch.Tensor:
+        """The saved copies of `state` [groups, max_rows * n, ...] (row b * n + t after group j at
+        [j]), for a kernel that writes them itself (`ops/compress_verify.py`) in place of `save`."""
+        return self._saved[id(state)]
+
     def save(self, state, group: int) -> None:
         """After group `group`: keep the step's sequences' rows of `state`."""
         n = state.stacked.shape[0]
