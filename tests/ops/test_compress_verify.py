@@ -72,3 +72,61 @@ def test_compress_verify_refuses_bad_groups():
     inputs, state = _step(True, 4, G=4)
     with pytest.raises(ValueError, match="groups"):
         compress_verify(**inputs, state=state, groups=3)
+
+
+# ---- GPU, full shapes: the production kernels, bit for bit against G decode launches ----
+_GPU_CASES = {  # (overlap, ratio, d, packed row format, hadamard): Flash's CSA, indexer keys, HCA
+    "csa": (True, 4, 512, "fp8_e8m0_b64_rope64", False),
+    "index": (True, 4, 128, "fp4_e8m0_b32", True),
+    "hca": (False, 128, 512, "fp8_e8m0_b64_rope64", False),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", list(_GPU_CASES))
+def test_gpu_compress_verify_equals_decode_launches(case):
+    from v4serve.formats import row_format
+
+    overlap, ratio, d, fmt, rotate = _GPU_CASES[case]
+    S, G, slots_total = 8, 4, 16
+    gen = torch.Generator().manual_seed(ratio * d)
+    width = (2 if overlap else 1) * d
+    slots = torch.randperm(slots_total, generator=gen)[:S].cuda()
+    starts = torch.randint(0, 4 * ratio, (S,), generator=gen)
+    starts[0] = ratio - 1  # completes a block in group 0
+    positions = (starts[None, :] + torch.arange(G)[:, None]).reshape(-1).cuda()
+    rows_of = torch.arange(S * 8, dtype=torch.int32).view(S, 8).repeat(G, 1).cuda()
+    angles = (positions + 1 - ratio).float()[:, None] * torch.linspace(0.01, 1, 32, device="cuda")[None]
+    inputs = dict(kv=torch.randn(G * S, width, generator=gen).cuda(),
+                  score=(torch.randn(G * S, width, generator=gen) * 2).cuda(), positions=positions, slots=slots,
+                  position_bias=torch.randn(ratio, width, generator=gen).cuda(), ratio=ratio,
+                  norm_weight=(torch.rand(d, generator=gen) + 0.5).cuda(), eps=1e-6, cos=angles.cos(),
+                  sin=angles.sin(), rows_of=rows_of, scratch=S * 8, out_dtype=torch.bfloat16, hadamard=rotate)
+    f = row_format(fmt)
+    row_bytes = -(-f.row_bytes(d) // 16) * 16
+    n = 2 if overlap else 3
+    state0 = (torch.randn(n, slots_total, 2 * ratio, width, generator=gen) if overlap else
+              torch.stack([torch.randn(slots_total, d, generator=gen), torch.rand(slots_total, d, generator=gen) + 1,
+                           torch.randn(slots_total, d, generator=gen)])).cuda()
+    out = {}
+    for way in ("verify", "decode"):
+        stacked = state0.clone()
+        state = tuple(stacked)
+        pool = torch.zeros(S * 8 + 1, row_bytes, dtype=torch.uint8, device="cuda")
+        if way == "verify":
+            saved = torch.full((G, S * n, *state0.shape[2:]), float("nan"), device="cuda")
+            rows, target = compress_verify(**inputs, state=state, groups=G, saved=saved, pool=pool, row_format=fmt)
+        else:
+            got, saved = [], []
+            for g in range(G):
+                at = slice(g * S, (g + 1) * S)
+                group = {k: (v[at] if k in ("kv", "score", "positions", "cos", "sin", "rows_of") else v)
+                         for k, v in inputs.items()}
+                got.append(compress_decode(**group, state=state, pool=pool, row_format=fmt))
+                saved.append(stacked[:, slots].transpose(0, 1).flatten(0, 1))
+            rows, target, saved = torch.cat([r for r, _ in got]), torch.cat([t for _, t in got]), torch.stack(saved)
+        out[way] = rows, target, stacked, saved, pool[:S * 8]  # the scratch row's last write depends on order
+    for a, b in zip(out["verify"], out["decode"]):
+        assert torch.equal(a, b)
+    assert (out["verify"][1] != S * 8).any()  # some block completed and was written
