@@ -18,10 +18,13 @@ concurrencies only.
   A step of k drafts at mean acceptance length L gives L tokens per sequence, so its TPOT is
   (verify + commit/draft) / L, against plain decode's one token per step. `--spec-profile` adds,
   per k, the kernels whose time grows most from the plain step to the verify step (torch profiler
-  over 10 replays of each graph). `--routing zipf` re-draws the routers first (Zipf(--zipf-exponent)
-  expected expert use, as in the end-to-end Flash runs): a verify step's k + 1 tokens then share
-  experts as skewed routing makes them, where uniform random routers send them to ~(k + 1) x 6.
-* **End to end** at k = --spec-e2e-k: per concurrency, a greedy run with the MTP draft (random
+  over 10 replays of each graph). Every timed step must replay a CUDA graph on the GPU (as
+  production does; the bench refuses to time an eager one). The step costs run once per
+  `--routing` mode on the same engine (`--routing uniform zipf`): zipf re-draws the routers
+  (Zipf(--zipf-exponent) expected expert use, as in the end-to-end Flash runs), so a verify step's
+  k + 1 tokens share experts as skewed routing makes them, where uniform random routers send them
+  to ~(k + 1) x 6.
+* **End to end** at k = --spec-e2e-k (in the first routing mode only): per concurrency, a greedy run with the MTP draft (random
   weights: ~nothing accepted) records each request's output, then one run per L with the
   `ForcedAcceptance` draft (`bench/forced_draft.py`) over the same prompts: TPOT as a client sees it
   (`measure_tpot`) and vLLM's spec-decode counters of that run.

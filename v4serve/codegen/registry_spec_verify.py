@@ -34,7 +34,7 @@ SPEC_VERIFY_KERNELS: tuple[KernelSpec, ...] = (
                      "stride_in", "stride_slot", "stride_pool", "stride_saved"),
             constexprs=dict(PDL=False, RATIO=ratio, OVERLAP=overlap, BLOCK_R=block_r, BLOCK_D=512, SAVE=True,
                             BLOCK_COPY=BLOCK_COPY, PACKED=True, **_FP8, HADAMARD=False, LOG2_D=0),
-            num_warps=4, num_stages=3, expect=Expect(max_regs=168),
+            num_warps=4, num_stages=1, expect=Expect(max_regs=168),
         )
         for kind, ratio, overlap, block_r in (("csa", 4, True, 4), ("hca", 128, False, 1))
     ),
@@ -42,6 +42,6 @@ SPEC_VERIFY_KERNELS: tuple[KernelSpec, ...] = (
         "state_commit", "v4serve.ops.state_commit_triton:_state_commit_kernel",
         types=dict(table_ptr="*i64", slots_ptr="*i64", accepted_ptr="*i64"),
         aligned=("table_ptr", "slots_ptr", "accepted_ptr"),
-        constexprs=dict(BLOCK=COMMIT_BLOCK, PDL=False), num_warps=4, num_stages=3, expect=Expect(max_regs=128),
+        constexprs=dict(BLOCK=COMMIT_BLOCK, PDL=False), num_warps=4, num_stages=1, expect=Expect(max_regs=128),
     ),
 )

@@ -101,7 +101,9 @@ def compress_verify_triton(kv, score, positions, slots, position_bias, state, ra
         s, groups, d, cos.shape[1], scratch, float(eps), kv.stride(0), s0.stride(0), rows_of.stride(0),
         cos.stride(0), 0 if pool is None else pool.stride(0), 0 if saved is None else saved.stride(0),
         RATIO=ratio, OVERLAP=overlap, BLOCK_R=triton.next_power_of_2(ratio) if overlap else 1,
-        BLOCK_D=block_d, SAVE=saved is not None, BLOCK_COPY=BLOCK_COPY, num_warps=4, **pdl_launch(kv), **pk,
+        # num_stages 1: the groups loop is sequential (each group reads the state the last one wrote)
+        BLOCK_D=block_d, SAVE=saved is not None, BLOCK_COPY=BLOCK_COPY, num_warps=4, num_stages=1, **pdl_launch(kv),
+        **pk,
         **(dict(HADAMARD=True, LOG2_D=d.bit_length() - 1) if hadamard else {}),
     )
     return rows, target

@@ -57,5 +57,6 @@ def commit_table(stacked: list[torch.Tensor], saved: list[torch.Tensor]) -> torc
 def state_commit_triton(table: torch.Tensor, slots: torch.Tensor, accepted: torch.Tensor) -> None:
     if table.shape[0] == 0 or slots.shape[0] == 0:
         return
+    # num_stages 1: the copy loops are not software-pipelined (no dot; registers stay low)
     _state_commit_kernel[(table.shape[0], slots.shape[0])](table, slots, accepted, BLOCK=BLOCK, num_warps=4,
-                                                            **pdl_launch(slots))
+                                                            num_stages=1, **pdl_launch(slots))
