@@ -6,11 +6,11 @@ SPEC_VERIFY_KERNELS.
 Shapes: V4-Flash's CSA kv compressor (overlap, ratio 4, head_dim 512) and HCA compressor (online,
 ratio 128, head_dim 512), writing packed fp8_e8m0_b64_rope64 rows (the GPU default cache) and the
 state checkpoints (SAVE). The groups loop is a runtime loop (k + 1 groups, any k); the state copy
-moves fp32 in BLOCK_COPY tiles. Registers under Triton 3.6 (bounds ~10% above): CSA 209 on
-sm_80 / sm_120, 139 on sm_90, 154 on sm_100 (the decode kernel: 124-130; the groups loop keeps the
-pooling tiles of the overlap step live longer); HCA 56, with an 8-byte spill (2 STL/LDL) on sm_80
-only, where in the SASS not analysed yet (a launch runs once per HCA layer a step: its cost is
-nil beside the state copies).
+moves fp32 in BLOCK_COPY tiles. Registers measured under Triton 3.6 / 3.8 / 3.9 (bounds ~10% above
+the most): CSA 139-216 by arch and version (the decode kernel: 124-130; the groups loop keeps the
+pooling tiles of the overlap step live longer), no spills; HCA 54-64, with an 8-byte spill (2
+STL/LDL) on sm_80 under 3.6 only, where in the SASS not analysed yet (one launch per HCA layer a
+step).
 The commit reads its pointers from an int64 table (int -> pointer casts) and copies fp32 rows.
 """
 from v4serve.formats import row_format
@@ -41,8 +41,8 @@ SPEC_VERIFY_KERNELS: tuple[KernelSpec, ...] = (
             num_warps=4, num_stages=1, expect=expect,
         )
         for kind, ratio, overlap, block_r, expect in (
-            ("csa", 4, True, 4, Expect(max_regs={80: 232, 90: 160, 100: 176, 120: 232})),
-            ("hca", 128, False, 1, Expect(max_regs=64, max_spill_ops=2)),
+            ("csa", 4, True, 4, Expect(max_regs=240)),
+            ("hca", 128, False, 1, Expect(max_regs=72, max_spill_ops=2)),
         )
     ),
     KernelSpec(
