@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from v4serve.formats import row_format as row_format_of
 from v4serve.ops._dispatch import use_triton
 from v4serve.ops.compress_decode import check_compress_inputs
 from v4serve.ops.compress_verify_reference import compress_verify_reference
