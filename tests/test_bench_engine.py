@@ -62,14 +62,18 @@ def test_kernel_growth_lists_the_kernels_a_verify_step_adds_time_to_first():
     assert rows[0] == ("moe", 2.0, 50.0, 2.0, 190.0) and rows[2] == ("accept", 0.0, 0.0, 1.0, 3.0)
 
 
-def test_spec_verify_rows_run_on_the_cpu_with_skewed_routing(capsys):
-    args = ["--model", "tiny", "--hf-overrides", "{}", "--spec-verify", "--routing", "zipf", "--spec-k", "1",
-            "--spec-e2e-k", "1", "--spec-lengths", "2.0", "--concurrency", "1", "--output-len", "4",
+def test_spec_verify_rows_run_on_the_cpu_in_both_routings(capsys):
+    args = ["--model", "tiny", "--hf-overrides", "{}", "--spec-verify", "--routing", "uniform", "zipf", "--spec-k",
+            "1", "--spec-e2e-k", "1", "--spec-lengths", "2.0", "--concurrency", "1", "--output-len", "4",
             "--max-model-len", "512", "--spec-profile"]
     assert bench_engine.main(args) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert result["routing"] == {"mode": "zipf", "zipf_exponent": 1.0}
-    (row,) = result["speculative"]["step_costs"]
-    assert row["plain_ms"] > 0 and [r["k"] for r in row["k"]] == [1]
-    assert "kernel_growth" not in row["k"][0]  # CUDA kernels only: no profile on the CPU
-    assert [r["forced_length"] for r in result["speculative"]["end_to_end"]] == [None, 2.0]
+    uniform, zipf = result["speculative"]
+    assert (uniform["routing"], zipf["routing"], zipf["zipf_exponent"]) == ("uniform", "zipf", 1.0)
+    for mode in (uniform, zipf):
+        (row,) = mode["step_costs"]
+        assert row["plain_ms"] > 0 and [r["k"] for r in row["k"]] == [1]
+        assert not row["plain_graph"] and not row["k"][0]["graphs"]  # the CPU captures nothing
+        assert "kernel_growth" not in row["k"][0]  # CUDA kernels only: no profile on the CPU
+    assert [r["forced_length"] for r in uniform["end_to_end"]] == [None, 2.0]
+    assert zipf["end_to_end"] == []  # end to end in the first mode only

@@ -302,7 +302,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--routing", choices=["uniform", "zipf"], nargs="+", default=["uniform"],
                         help="routing modes, measured in turn on one engine: the preset's routers (uniform expected "
                              "use), or routers re-drawn so expected expert use follows Zipf(--zipf-exponent) "
-                             "(model/router_skew.py)")
+                             "(model/router_skew.py); with --spec-verify, step costs in every mode")
     parser.add_argument("--zipf-exponent", type=float, default=1.0, help="exponent a of the Zipf routing (use of rank r ~ r^-a)")
     parser.add_argument("--placement", choices=["static", "by-use"], nargs="+", default=["static"],
                         help="offloaded experts, per routing mode (one value: every mode): as they are (loaded: the "
@@ -408,16 +408,26 @@ def main(argv: list[str] | None = None) -> int:
               "graph_capture_s": round(engine.runner.capture_seconds, 2),
               "memory": memory_summary(engine.model, engine.kv_budget.total_bytes, engine.cache.device), "banner": banner,
               "offload_overlap": not args.no_offload_overlap, "offload_prefetch": args.offload_prefetch}
+    graphs = f"decode CUDA graphs: {result['cuda_graphs']}"
+    if engine.spec is not None:  # the speculative steps replace the decode graphs with their own
+        result["speculative_cuda_graphs"] = engine.spec.verify_runner.uses_cuda_graphs
+        graphs = f"speculative-step CUDA graphs: {result['speculative_cuda_graphs']} (no plain decode graphs)"
     print(f"load {load_s:.1f} s (weights {engine.runner.load_seconds:.1f} s, decode graphs "
-          f"{engine.runner.capture_seconds:.1f} s); decode CUDA graphs: {result['cuda_graphs']}, max_num_seqs: {result['max_num_seqs']}, "
+          f"{engine.runner.capture_seconds:.1f} s); {graphs}, max_num_seqs: {result['max_num_seqs']}, "
           f"KV pages: {result['kv_pages']}", flush=True)
     if args.spec_verify:
         from v4serve.bench.spec_decode import run_spec_rows
 
-        if args.routing == ["zipf"]:  # a verify step's tokens share experts as often as skewed routing makes them
-            apply_zipf_routing(engine.model, engine.config, args.zipf_exponent)
-        result["routing"] = {"mode": args.routing[0], "zipf_exponent": args.zipf_exponent if args.routing == ["zipf"] else 0.0}
-        result["speculative"] = run_spec_rows(engine, args)
+        # Step costs per routing mode (zipf: a verify step's tokens share experts as skewed routing
+        # makes them; uniform: ~(k + 1) x top-k experts), end to end in the first mode only.
+        result["speculative"] = []
+        for seed, routing in enumerate(args.routing):
+            exponent = args.zipf_exponent if routing == "zipf" else 0.0
+            if routing == "zipf" or seed:
+                apply_zipf_routing(engine.model, engine.config, exponent, seed=seed)
+            print(f"routing {routing} (zipf exponent {exponent})", flush=True)
+            rows = run_spec_rows(engine, args, with_end_to_end=seed == 0)
+            result["speculative"].append({"routing": routing, "zipf_exponent": exponent, **rows})
         print(json.dumps(result))
         return 0
     if args.host_profile:

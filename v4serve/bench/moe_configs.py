@@ -60,8 +60,12 @@ PREFILL_VARIANTS = [
     ("up stages 3", dict(PREFILL_SWIGLU, num_stages=3), PREFILL, True),
     ("production", None, None, True),
 ]
+# Speculative verify batches at c8 (k = 1: 16 tokens, k = 3: 32): production (`gemv_picks`) against
+# the tensor-core kernel it replaced there and the multi-pick GEMV.
+VERIFY_VARIANTS = [DECODE_VARIANTS[i] for i in (0, 1, 2, 3)] + [DECODE_VARIANTS[0]]
 SHAPES = {"moe flash c1": ("flash", 1), "moe flash c8": ("flash", 8), "moe flash c64": ("flash", 64),
-          "moe flash prefill S2048": ("flash", 2048)}
+          "moe flash prefill S2048": ("flash", 2048),
+          "moe flash verify c16": ("flash", 16), "moe flash verify c32": ("flash", 32)}
 
 
 def _matmul(x, w, s, rows, ends, picks, cfg, swiglu_limit=None):
@@ -100,7 +104,7 @@ def sweep(only: str) -> None:
         _, nbytes, flops, _, peak = build("mxfp4_moe", (model, tokens), "cuda")
         floor_us = max(nbytes / (H200_TBPS * 1e6), flops / (peak * 1e6))
         case = mxfp4_moe_case(model, tokens, "cuda")
-        variants = PREFILL_VARIANTS if tokens >= 2048 else DECODE_VARIANTS
+        variants = PREFILL_VARIANTS if tokens >= 2048 else VERIFY_VARIANTS if "verify" in name else DECODE_VARIANTS
         ref = layer(case, *variants[0][1:])().float()
         for i, (label, up_cfg, down_cfg, fused) in enumerate(variants):
             try:

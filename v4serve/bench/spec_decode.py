@@ -18,10 +18,13 @@ concurrencies only.
   A step of k drafts at mean acceptance length L gives L tokens per sequence, so its TPOT is
   (verify + commit/draft) / L, against plain decode's one token per step. `--spec-profile` adds,
   per k, the kernels whose time grows most from the plain step to the verify step (torch profiler
-  over 10 replays of each graph). `--routing zipf` re-draws the routers first (Zipf(--zipf-exponent)
-  expected expert use, as in the end-to-end Flash runs): a verify step's k + 1 tokens then share
-  experts as skewed routing makes them, where uniform random routers send them to ~(k + 1) x 6.
-* **End to end** at k = --spec-e2e-k: per concurrency, a greedy run with the MTP draft (random
+  over 10 replays of each graph). Every timed step must replay a CUDA graph on the GPU (as
+  production does; the bench refuses to time an eager one). The step costs run once per
+  `--routing` mode on the same engine (`--routing uniform zipf`): zipf re-draws the routers
+  (Zipf(--zipf-exponent) expected expert use, as in the end-to-end Flash runs), so a verify step's
+  k + 1 tokens share experts as skewed routing makes them, where uniform random routers send them
+  to ~(k + 1) x 6.
+* **End to end** at k = --spec-e2e-k (in the first routing mode only): per concurrency, a greedy run with the MTP draft (random
   weights: ~nothing accepted) records each request's output, then one run per L with the
   `ForcedAcceptance` draft (`bench/forced_draft.py`) over the same prompts: TPOT as a client sees it
   (`measure_tpot`) and vLLM's spec-decode counters of that run.
@@ -78,6 +81,14 @@ def _graph_or_eager(graphs: dict, size: int, index: int, eager):
     return graphs[size][index].replay if size in graphs else eager
 
 
+def _require_graphs(on_gpu: bool, what: str, graphs: dict, size: int) -> bool:
+    """Whether `what` replays a CUDA graph of `size` rows; on the GPU an eager step is refused: a
+    measurement of the steps production replays as graphs must time graphs too."""
+    if on_gpu and size not in graphs:
+        raise RuntimeError(f"{what} at {size} rows has no CUDA graph: the step would be timed eagerly")
+    return size in graphs
+
+
 def _decoding_requests(engine: Engine, c: int) -> list:
     """c requests of PROMPT_LEN random tokens, stepped until every one decodes."""
     gen = torch.Generator().manual_seed(1000 + c)
@@ -131,8 +142,9 @@ def step_costs(engine: Engine, concurrencies: list[int], ks: list[int], profile:
     for c in concurrencies:
         plain = DecodeRunner(engine.model, engine.cache, c, use_cuda_graphs=on_gpu, graph_sizes=(c,))
         plain.run(last[:c], starts[:c], slots[:c])
+        graphed = _require_graphs(on_gpu, "the plain decode step", plain._graphs, c)
         plain_replay = _graph_or_eager(plain._graphs, c, 0, functools.partial(plain._forward, c))
-        rows.append({"concurrency": c, "k": [], "plain_ms": replay_ms(plain_replay)})
+        rows.append({"concurrency": c, "k": [], "plain_ms": replay_ms(plain_replay), "plain_graph": graphed})
         if profile:
             rows[-1]["plain_kernels"] = kernel_times(plain_replay)
         del plain, plain_replay
@@ -143,12 +155,14 @@ def step_costs(engine: Engine, concurrencies: list[int], ks: list[int], profile:
             c = row["concurrency"]
             outputs = runner.verify([[t] * (k + 1) for t in last[:c]], starts[:c], slots[:c])  # c: a graph size
             runner.commit_and_draft([0] * c)
+            graphed = _require_graphs(on_gpu, f"the k={k} verify step", runner._graphs, c)
             verify = _graph_or_eager(runner._graphs, c, 0, lambda: runner._verify(c))
             after = _graph_or_eager(runner._graphs, c, 2, lambda: runner._commit_and_draft(c, outputs))
             verify_ms, after_ms = replay_ms(verify), replay_ms(after)
             both_ms = replay_ms(lambda: (verify(), after()))
             row["k"].append({"k": k, "verify_ms": verify_ms, "commit_draft_ms": after_ms, "step_ms": both_ms,
-                             "step_over_plain": both_ms / row["plain_ms"]})
+                             "step_over_plain": both_ms / row["plain_ms"], "verify_over_plain": verify_ms / row["plain_ms"],
+                             "graphs": graphed})
             if profile:
                 row["k"][-1]["kernel_growth"] = kernel_growth(row["plain_kernels"], kernel_times(verify))
     for r in requests:
@@ -186,23 +200,27 @@ def _counters(m: SpecDecodeMetrics) -> dict:
             "mean_acceptance_length": round(m.mean_acceptance_length, 3)}
 
 
-def run_spec_rows(engine: Engine, args) -> dict:
+def run_spec_rows(engine: Engine, args, with_end_to_end: bool = True) -> dict:
+    """Step costs at every concurrency and k on `engine` as its routers stand (`with_end_to_end`:
+    also the TPOT rows)."""
     if not engine.spec.verify_runner.uses_cuda_graphs:
         print("no CUDA graphs captured: the times below are eager steps (a smoke run, not a measurement)")
     profile = args.spec_profile and engine.cache.device.type == "cuda"  # CUDA kernels only
     costs = step_costs(engine, sorted(set(args.concurrency)), args.spec_k, profile=profile)
     for row in costs:
-        print(f"c={row['concurrency']}: plain decode step {row['plain_ms']:.3f} ms", flush=True)
+        print(f"c={row['concurrency']}: plain decode step {row['plain_ms']:.3f} ms "
+              f"({'CUDA graph' if row['plain_graph'] else 'eager'})", flush=True)
         for r in row["k"]:
             tpot = "  ".join(f"L={L}: {r['step_ms'] / L:.3f} ms ({r['step_ms'] / L / row['plain_ms']:.2f}x)"
                              for L in args.spec_lengths if L <= r["k"] + 1)
-            print(f"  k={r['k']}: verify {r['verify_ms']:.3f} + commit/draft {r['commit_draft_ms']:.3f} = "
-                  f"{r['step_ms']:.3f} ms ({r['step_over_plain']:.2f}x plain); TPOT {tpot}", flush=True)
+            print(f"  k={r['k']}: verify {r['verify_ms']:.3f} ({r['verify_over_plain']:.2f}x plain) + commit/draft "
+                  f"{r['commit_draft_ms']:.3f} = {r['step_ms']:.3f} ms ({r['step_over_plain']:.2f}x plain, "
+                  f"{'CUDA graphs' if r['graphs'] else 'eager'}); TPOT {tpot}", flush=True)
             for name, n0, us0, n1, us1 in r.get("kernel_growth", ()):
                 print(f"    {name:60s} plain {n0:6.1f} x {us0:8.1f} µs   verify {n1:6.1f} x {us1:8.1f} µs", flush=True)
     e2e = []
     lengths = [L for L in args.spec_lengths if L <= args.spec_e2e_k + 1]
-    for c in sorted(set(args.concurrency)):
+    for c in sorted(set(args.concurrency)) if with_end_to_end else ():
         rows = end_to_end(engine, c, args.spec_e2e_k, lengths, args.output_len)
         for row in rows:
             print("e2e", row, flush=True)

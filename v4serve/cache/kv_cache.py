@@ -449,7 +449,7 @@ class PagedKVCache:
             positions=positions,
             chunks=(),
             window_columns=torch.where(window >= 0, ring, -1).to(torch.int32),
-            staging_rows=ring[:, -1],  # the ring row of position p itself
+            staging_rows=ring[:, -1].contiguous(),  # the ring row of position p (one copy, not one a layer)
             ring_src=empty,
             ring_dst=empty,
             compressed_rows={r: table[slots] for r, table in self.device_compressed_row_table.items()},

@@ -20,14 +20,17 @@ row or index key it completed is visible only to positions >= its own, which a l
 
 Layout: a state object's tensors are views of one allocation `stacked` [n, slots, ...] (n = 2:
 kv, score; n = 3: max, sum, acc), read here as rows [n * slots, ...] (row t * slots + slot); the
-saved copies are [groups, max_rows * n, ...], row b * n + t. So a save is one gather per state and
-group, a commit one gather and one scatter per state. Memory: (k + 1) x max_rows copies of a
-slot's compressor and indexer states (`checkpoint_bytes`).
+saved copies are [groups, max_rows * n, ...], row b * n + t. The verify step's compressor kernel
+writes them itself (`ops/compress_verify.py`; `save` is the one-gather-per-state equivalent), and a
+commit is one launch for every state object (`ops/state_commit.py`). Memory: (k + 1) x max_rows
+copies of a slot's compressor and indexer states (`checkpoint_bytes`).
 """
 
 from __future__ import annotations
 
 import torch
+
+from v4serve.ops.state_commit import StateCommit
 
 
 def checkpoint_bytes(state_bytes_per_slot: int, groups: int, max_rows: int) -> int:
@@ -38,7 +41,8 @@ def checkpoint_bytes(state_bytes_per_slot: int, groups: int, max_rows: int) -> i
 class StateCheckpoints:
     """Saved states for verify steps of up to `max_rows` sequences and `groups` tokens each, for
     `states` (the cache's CompressorState / OnlinePoolState objects). A step calls `begin(slots)`,
-    then `save(state, j)` after each group j, then `commit(accepted)`."""
+    then the compressors write the states after each group j (`saved_rows`, or `save(state, j)`),
+    then `commit(accepted)`."""
 
     def __init__(self, states, groups: int, max_rows: int):
         if groups < 1 or max_rows < 1:
@@ -54,11 +58,9 @@ class StateCheckpoints:
                                                  device=state.stacked.device)
         device = self._states[0].stacked.device if self._states else torch.device("cpu")
         self._parts = {n: torch.arange(n, device=device) for n in widths}  # tensor index t within a state
-        self._row_index = torch.arange(max_rows, device=device)
-        # The state rows of a step's S sequences per width n, [S * n] (b-major), kept per S: a CUDA
-        # graph of S rows computes them in its verify half and reads them in its commit half.
-        self._rows: dict[tuple[int, int], torch.Tensor] = {}
         self._size = 0
+        self._slots: torch.Tensor | None = None  # the step's slots [S]
+        self._commit = StateCommit([s.stacked for s in self._states], [self._saved[id(s)] for s in self._states])
 
     @property
     def nbytes(self) -> int:
@@ -66,15 +68,18 @@ class StateCheckpoints:
 
     def begin(self, slots: torch.Tensor) -> None:
         """Start a step over the sequences in cache slots `slots` [S] (device tensor)."""
-        self._size = size = slots.shape[0]
-        for n, parts in self._parts.items():
-            total = self._states[0].stacked.shape[1]  # slots of the cache (every state has them all)
-            self._rows[n, size] = (slots[:, None] + parts[None, :] * total).reshape(-1)
+        self._size = slots.shape[0]
+        self._slots = slots
+
+    def saved_rows(self, state) -> torch.Tensor:
+        """The saved copies of `state` [groups, max_rows * n, ...] (row b * n + t after group j at
+        [j]), for a kernel that writes them itself (`ops/compress_verify.py`) in place of `save`."""
+        return self._saved[id(state)]
 
     def save(self, state, group: int) -> None:
         """After group `group`: keep the step's sequences' rows of `state`."""
-        n = state.stacked.shape[0]
-        rows = self._rows[n, self._size]
+        n, total = state.stacked.shape[:2]
+        rows = (self._slots[:, None] + self._parts[n][None, :] * total).reshape(-1)  # row t * slots + slot
         torch.index_select(state.stacked.flatten(0, 1), 0, rows, out=self._saved[id(state)][group, :rows.shape[0]])
 
     def commit(self, accepted: torch.Tensor) -> None:
@@ -82,11 +87,4 @@ class StateCheckpoints:
         drafts it accepted, 0..groups - 1)."""
         if accepted.shape[0] != self._size:
             raise ValueError(f"commit of {accepted.shape[0]} sequences after a step of {self._size}")
-        kept = accepted.clamp(0, self.groups - 1)
-        b = self._row_index[:kept.shape[0]]
-        for state in self._states:
-            n = state.stacked.shape[0]
-            saved = self._saved[id(state)]
-            source = ((kept * (self.max_rows * n) + b * n)[:, None] + self._parts[n][None, :]).reshape(-1)
-            state.stacked.flatten(0, 1).index_copy_(0, self._rows[n, self._size],
-                                                    saved.flatten(0, 1).index_select(0, source))
+        self._commit(self._slots, accepted.clamp(0, self.groups - 1))

@@ -32,6 +32,7 @@ from .registry_decode_fusion import DECODE_FUSION_KERNELS
 from .registry_fp8_decode import FP8_DECODE_KERNELS
 from .registry_kv_compact import KV_COMPACT_KERNELS
 from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS
+from .registry_spec_verify import SPEC_VERIFY_KERNELS
 from .registry_packed_kv import INDEX_ALIGNED, INDEX_TYPES, PACKED_KV_KERNELS
 from .registry_v41_engine import V41_ENGINE_KERNELS
 from .registry_v41_index import V41_INDEX_KERNELS
@@ -577,6 +578,7 @@ KERNELS: tuple[KernelSpec, ...] = (
     # ---- MXFP4 MoE GEMV for few picks an expert: v4serve/codegen/registry_mxfp4_gemv.py ----
     *MXFP4_GEMV_KERNELS,
     *DECODE_FUSION_KERNELS,
+    *SPEC_VERIFY_KERNELS,  # the verify step's compressor steps and state commit
     # ---- FP8 linear, weights-first decode kernel: v4serve/codegen/registry_fp8_decode.py ----
     *FP8_DECODE_KERNELS,
     # ---- DeepSeek-V4.1 indexer over packed fp4 keys: v4serve/codegen/registry_v41_index.py ----

@@ -29,6 +29,7 @@ from v4serve.model.norm import RMSNorm
 from v4serve.model.rope import StepRope, rotary_angles
 from v4serve.ops.compress_decode import compress_decode
 from v4serve.ops.compress_decode_reference import fold_online
+from v4serve.ops.compress_verify import compress_verify
 from v4serve.ops.gated_pool import gated_pool
 from v4serve.ops.hadamard import hadamard
 from v4serve.ops.norm_rope import rms_norm_rope
@@ -87,27 +88,27 @@ class Compressor(UsesKernels, nn.Module):
         """One token per sequence, no host decisions (`ops/compress_decode.py`): every sequence
         records its token in the open block; sequences whose block did not complete write to the
         pool's scratch row. A verify step (`batch.verify_groups` tokens per sequence, group-major)
-        runs one such step per group, in position order, saving the states after each group.
-        The kernel also applies the keys' Hadamard rotation (`rotate`) and packs packed pools."""
+        folds its groups in position order in one call (`ops/compress_verify.py`), which also
+        writes the states after each group to the step's checkpoints.
+        The kernels also apply the keys' Hadamard rotation (`rotate`) and pack packed pools."""
         r = self.ratio
         angles = rope.block_starts(r)  # rows are rotated at their block's start position
         fused = pool.packed  # the kernel packs its rows into the pool itself
+        packed = dict(pool=pool.data, row_format=pool.row_format) if fused else {}
+        args = (kv, score, batch.positions)
+        common = (self.position_bias, state.tensors(), r, self.kv_norm.weight, self.kv_norm.eps, angles.cos,
+                  angles.sin, batch.compressed_rows[r], pool.scratch_row, pool.value_dtype)
         groups = batch.verify_groups
-        n = kv.shape[0] // groups
-        rows_of = batch.compressed_rows[r]
-        for g in range(groups):
-            at = slice(g * n, (g + 1) * n)
-            slots = batch.slots[at]
-            rows, target = compress_decode(
-                kv[at], score[at], batch.positions[at], slots, self.position_bias, state.tensors(), r,
-                self.kv_norm.weight, self.kv_norm.eps, angles.cos[at], angles.sin[at], rows_of[at], pool.scratch_row,
-                pool.value_dtype, impl=self.impl, hadamard=rotate,
-                **(dict(pool=pool.data, row_format=pool.row_format) if fused else {}),
-            )
-            if not fused:
-                pool.store(target, rows, self.impl)
-            if batch.checkpoints is not None:
-                batch.checkpoints.save(state, g)
+        if groups == 1:
+            rows, target = compress_decode(*args, batch.slots, *common, impl=self.impl, hadamard=rotate, **packed)
+        else:
+            checkpoints = batch.checkpoints
+            saved = None if checkpoints is None else checkpoints.saved_rows(state)
+            slots = batch.slots[:kv.shape[0] // groups]  # group 0's: one per sequence
+            rows, target = compress_verify(*args, slots, *common, groups, saved, impl=self.impl, hadamard=rotate,
+                                           **packed)
+        if not fused:
+            pool.store(target, rows, self.impl)
 
     def normalize_and_rotate(self, rows: torch.Tensor, starts: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
         """kv_norm, then RoPE at each row's block start position."""

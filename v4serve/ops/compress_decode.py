@@ -31,14 +31,32 @@ def compress_decode(
 
     `hadamard`: the rows (in out_dtype) go through the normalised Walsh-Hadamard transform
     (`ops/hadamard.py`; d a power of two) before they are returned and packed: the indexer's keys."""
+    fmt = check_compress_inputs(kv, score, position_bias, state, ratio, norm_weight, cos, sin, pool, row_format,
+                                hadamard)
+    if kv.stride(0) != score.stride(0):  # the kernel reads both with one row stride
+        kv, score = kv.contiguous(), score.contiguous()
+    if use_triton(impl, kv, score, *state):
+        return compress_decode_triton(kv, score, positions, slots, position_bias, state, ratio, norm_weight, eps,
+                                      cos, sin, rows_of, scratch, out_dtype, pool=pool, row_format=fmt,
+                                      hadamard=hadamard)
+    rows, target = compress_decode_reference(kv, score, positions, slots, position_bias, state, ratio, norm_weight,
+                                             eps, cos, sin, rows_of, scratch, out_dtype)
+    if hadamard:
+        rows = hadamard_reference(rows)
+    if fmt is not None:
+        store_rows_reference(pool, target, rows, fmt)
+    return rows, target
+
+
+def check_compress_inputs(kv, score, position_bias, state, ratio, norm_weight, cos, sin, pool, row_format,
+                          hadamard):
+    """Raise a clear error for inputs a compressor step cannot take; returns the packed RowFormat (or None)."""
     B, d = kv.shape[0], norm_weight.shape[0]
     width = (2 if len(state) == 2 else 1) * d
     for name, t in (("kv", kv), ("score", score)):
         if t.shape != (B, width) or t.dtype != torch.float32 or t.stride(1) != 1:
             raise ValueError(f"{name} must be fp32 [{B}, {width}] with unit column stride, got {t.dtype} "
                              f"{tuple(t.shape)} strides {t.stride()}")
-    if kv.stride(0) != score.stride(0):
-        kv, score = kv.contiguous(), score.contiguous()
     if position_bias.shape != (ratio, width):
         raise ValueError(f"position_bias must be [{ratio}, {width}], got {tuple(position_bias.shape)}")
     if cos.shape != sin.shape or cos.shape[0] != B or 2 * cos.shape[1] > d:
@@ -51,14 +69,4 @@ def compress_decode(
         check_pool("pool", pool, fmt, d)
     if hadamard:
         check_hadamard_dim(d)
-    if use_triton(impl, kv, score, *state):
-        return compress_decode_triton(kv, score, positions, slots, position_bias, state, ratio, norm_weight, eps,
-                                      cos, sin, rows_of, scratch, out_dtype, pool=pool, row_format=fmt,
-                                      hadamard=hadamard)
-    rows, target = compress_decode_reference(kv, score, positions, slots, position_bias, state, ratio, norm_weight,
-                                             eps, cos, sin, rows_of, scratch, out_dtype)
-    if hadamard:
-        rows = hadamard_reference(rows)
-    if fmt is not None:
-        store_rows_reference(pool, target, rows, fmt)
-    return rows, target
+    return fmt

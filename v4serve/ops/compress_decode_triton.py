@@ -91,6 +91,40 @@ def _pool_online_step(kv_ptr, score_ptr, bias_ptr, state_max, state_sum, state_a
 
 
 @triton.jit
+def _finish_row(row, b, p, complete, ch, ch_ok, d, R, eps, w_ptr, cos_ptr, sin_ptr, stride_cs, rows_ptr,
+                rows_of_ptr, stride_rows_of, target_ptr, scratch, pool_ptr, stride_pool, RATIO: tl.constexpr,
+                BLOCK_D: tl.constexpr, HADAMARD: tl.constexpr, LOG2_D: tl.constexpr, PACKED: tl.constexpr,
+                PK_FP4: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
+                PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr, PK_PAYLOAD: tl.constexpr,
+                PK_ROW_BYTES: tl.constexpr):
+    """Token row b's pooled row (meaningful where `complete`) -> kv_norm, RoPE at the block start,
+    Hadamard, its target pool row; writes rows[b], target[b] and, PACKED, the packed pool row."""
+    # kv_norm, rounded to the pool dtype at the reference's rounding points
+    y = tl.where(ch_ok, row, 0.0).to(rows_ptr.dtype.element_ty).to(tl.float32)
+    scale = tl.math.rsqrt(tl.sum(y * y, 0) / d + eps)
+    y = tl.load(w_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32) * (y * scale)
+    y = y.to(rows_ptr.dtype.element_ty).to(tl.float32)
+    # RoPE on the last R pairs at the block start
+    even, odd = tl.split(tl.reshape(y, (BLOCK_D // 2, 2)))
+    pair = tl.arange(0, BLOCK_D // 2) - (d // 2 - R)
+    in_rope = (pair >= 0) & (pair < R)
+    cos = tl.load(cos_ptr + b * stride_cs + pair, mask=in_rope, other=1.0)
+    sin = tl.load(sin_ptr + b * stride_cs + pair, mask=in_rope, other=0.0)
+    y = tl.reshape(tl.join(even * cos - odd * sin, odd * cos + even * sin), (BLOCK_D,))
+    if HADAMARD:  # d == BLOCK_D; a step that completes no block transforms its zero row to zeros
+        y = hadamard_fp32(tl.where(complete, y, 0.0).to(rows_ptr.dtype.element_ty).to(tl.float32), BLOCK_D, LOG2_D)
+    tl.store(rows_ptr + b * d + ch, tl.where(complete, y, 0.0).to(rows_ptr.dtype.element_ty), mask=ch_ok)
+
+    group = tl.maximum((p + 1) // RATIO - 1, 0)
+    target = tl.load(rows_of_ptr + b * stride_rows_of + group).to(tl.int64)
+    target = tl.where(complete & (target >= 0), target, scratch)
+    tl.store(target_ptr + b, target)
+    if PACKED:
+        y = tl.where(complete & ch_ok, y, 0.0).to(rows_ptr.dtype.element_ty).to(tl.float32)
+        pack_row(pool_ptr + target * stride_pool, y, d, BLOCK_D, PK_FP4, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_PAYLOAD, PK_ROW_BYTES)
+
+
+@triton.jit
 def _compress_decode_kernel(
     kv_ptr, score_ptr, pos_ptr, slot_ptr, bias_ptr, s0_ptr, s1_ptr, s2_ptr,
     w_ptr, cos_ptr, sin_ptr, rows_of_ptr, rows_ptr, target_ptr, pool_ptr,
@@ -116,29 +150,10 @@ def _compress_decode_kernel(
         row = _pool_online_step(kv_ptr, score_ptr, bias_ptr, s0_ptr + slot * stride_slot, s1_ptr + slot * stride_slot,
                                 s2_ptr + slot * stride_slot, b, stride_in, j, complete, d, ch, ch_ok)
 
-    # kv_norm, rounded to the pool dtype at the reference's rounding points
-    y = tl.where(ch_ok, row, 0.0).to(rows_ptr.dtype.element_ty).to(tl.float32)
-    scale = tl.math.rsqrt(tl.sum(y * y, 0) / d + eps)
-    y = tl.load(w_ptr + ch, mask=ch_ok, other=0.0).to(tl.float32) * (y * scale)
-    y = y.to(rows_ptr.dtype.element_ty).to(tl.float32)
-    # RoPE on the last R pairs at the block start
-    even, odd = tl.split(tl.reshape(y, (BLOCK_D // 2, 2)))
-    pair = tl.arange(0, BLOCK_D // 2) - (d // 2 - R)
-    in_rope = (pair >= 0) & (pair < R)
-    cos = tl.load(cos_ptr + b * stride_cs + pair, mask=in_rope, other=1.0)
-    sin = tl.load(sin_ptr + b * stride_cs + pair, mask=in_rope, other=0.0)
-    y = tl.reshape(tl.join(even * cos - odd * sin, odd * cos + even * sin), (BLOCK_D,))
-    if HADAMARD:  # d == BLOCK_D; a step that completes no block transforms its zero row to zeros
-        y = hadamard_fp32(tl.where(complete, y, 0.0).to(rows_ptr.dtype.element_ty).to(tl.float32), BLOCK_D, LOG2_D)
-    tl.store(rows_ptr + b * d + ch, tl.where(complete, y, 0.0).to(rows_ptr.dtype.element_ty), mask=ch_ok)
-
-    group = tl.maximum((p + 1) // RATIO - 1, 0)
-    target = tl.load(rows_of_ptr + b * stride_rows_of + group).to(tl.int64)
-    target = tl.where(complete & (target >= 0), target, scratch)
-    tl.store(target_ptr + b, target)
-    if PACKED:
-        y = tl.where(complete & ch_ok, y, 0.0).to(rows_ptr.dtype.element_ty).to(tl.float32)
-        pack_row(pool_ptr + target * stride_pool, y, d, BLOCK_D, PK_FP4, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_PAYLOAD, PK_ROW_BYTES)
+    _finish_row(row, b, p, complete, ch, ch_ok, d, R, eps, w_ptr, cos_ptr, sin_ptr, stride_cs, rows_ptr,
+                rows_of_ptr, stride_rows_of, target_ptr, scratch, pool_ptr, stride_pool, RATIO, BLOCK_D, HADAMARD,
+                LOG2_D, PACKED, PK_FP4, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_PAYLOAD,
+                PK_ROW_BYTES)
 
 
 def compress_decode_triton(kv, score, positions, slots, position_bias, state, ratio, norm_weight, eps, cos, sin,

@@ -258,8 +258,12 @@ def gemv_picks(n_picks: int, n_experts: int) -> int | None:
     Above that the tensor-core kernel runs, as measured on the H200 (session 11, Flash layer):
     P = 1 at c1 / c8 46.5 / 258 µs against 93 / 467 for the tensor-core kernel, but P = 2 at c64
     (1.5 E picks) 2204 µs against 2033, and a c8 speculative verify (192 picks, 0.75 E) 0.25 ms a
-    layer slower with P = 2. P = 2 and 4 stay selectable (bench/moe_configs.py)."""
-    if 4 * n_picks <= n_experts:
+    layer slower with P = 2. P = 2 and 4 stay selectable (bench/moe_configs.py).
+    Speculative verify batches (c x (k + 1) tokens: 16-32 at c8) take P = 1 up to 0.75 E picks
+    (32 tokens at top-6 of 256): the tensor-core kernel measured 360 / 568 µs a launch there
+    (c8 k = 1 / 3, session 13 profile), against an estimate of ~260 / ~520 µs for P = 1 (its c8 cost
+    scaled by the picks; repeated experts come from L2). `kernel_configs 'moe flash verify'` times both."""
+    if 4 * n_picks <= 3 * n_experts:
         return 1
     return None
 

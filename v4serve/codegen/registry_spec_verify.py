@@ -1,0 +1,54 @@
+"""Codegen registry entries of the speculative verify step's kernels: the compressor steps
+(v4serve/ops/compress_verify_triton.py) and the state commit (v4serve/ops/state_commit_triton.py),
+in their own file so merges with other registry edits stay trivial; registry.py appends
+SPEC_VERIFY_KERNELS.
+
+Shapes: V4-Flash's CSA kv compressor (overlap, ratio 4, head_dim 512) and HCA compressor (online,
+ratio 128, head_dim 512), writing packed fp8_e8m0_b64_rope64 rows (the GPU default cache) and the
+state checkpoints (SAVE). The groups loop is a runtime loop (k + 1 groups, any k); the state copy
+moves fp32 in BLOCK_COPY tiles. Registers measured under Triton 3.6 / 3.8 / 3.9 (bounds ~10% above
+the most): CSA 139-216 by arch and version (the decode kernel: 124-130; the groups loop keeps the
+pooling tiles of the overlap step live longer), no spills; HCA 54-64, with an 8-byte spill (2
+STL/LDL) on sm_80 under 3.6 only, where in the SASS not analysed yet (one launch per HCA layer a
+step).
+The commit reads its pointers from an int64 table (int -> pointer casts) and copies fp32 rows.
+"""
+from v4serve.formats import row_format
+from v4serve.ops.compress_verify_triton import BLOCK_COPY
+from v4serve.ops.kv_pack_triton import packed_constexprs
+from v4serve.ops.state_commit_triton import BLOCK as COMMIT_BLOCK
+
+from .spec import Expect, KernelSpec
+
+_OPS = "v4serve.ops"
+_FP8 = packed_constexprs(row_format("fp8_e8m0_b64_rope64"), 512)
+
+SPEC_VERIFY_KERNELS: tuple[KernelSpec, ...] = (
+    *(
+        KernelSpec(
+            f"compress_verify.{kind}_fp8kv", f"{_OPS}.compress_verify_triton:_compress_verify_kernel",
+            types=dict(kv_ptr="*fp32", score_ptr="*fp32", pos_ptr="*i64", slot_ptr="*i64", bias_ptr="*fp32",
+                       s0_ptr="*fp32", s1_ptr="*fp32", s2_ptr="*fp32", w_ptr="*bf16", cos_ptr="*fp32",
+                       sin_ptr="*fp32", rows_of_ptr="*i32", rows_ptr="*bf16", target_ptr="*i64", pool_ptr="*u8",
+                       saved_ptr="*fp32", S="i32", groups="i32", d="i32", R="i32", scratch="i32", eps="fp32",
+                       stride_in="i32", stride_slot="i32", stride_rows_of="i32", stride_cs="i32", stride_pool="i32",
+                       stride_saved="i32"),
+            aligned=("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_ptr", "s0_ptr", "s1_ptr", "s2_ptr", "w_ptr",
+                     "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "pool_ptr", "saved_ptr", "d",
+                     "stride_in", "stride_slot", "stride_pool", "stride_saved"),
+            constexprs=dict(PDL=False, RATIO=ratio, OVERLAP=overlap, BLOCK_R=block_r, BLOCK_D=512, SAVE=True,
+                            BLOCK_COPY=BLOCK_COPY, PACKED=True, **_FP8, HADAMARD=False, LOG2_D=0),
+            num_warps=4, num_stages=1, expect=expect,
+        )
+        for kind, ratio, overlap, block_r, expect in (
+            ("csa", 4, True, 4, Expect(max_regs=240)),
+            ("hca", 128, False, 1, Expect(max_regs=72, max_spill_ops=2)),
+        )
+    ),
+    KernelSpec(
+        "state_commit", "v4serve.ops.state_commit_triton:_state_commit_kernel",
+        types=dict(table_ptr="*i64", slots_ptr="*i64", accepted_ptr="*i64"),
+        aligned=("table_ptr", "slots_ptr", "accepted_ptr"),
+        constexprs=dict(BLOCK=COMMIT_BLOCK, PDL=False), num_warps=4, num_stages=1, expect=Expect(max_regs=128),
+    ),
+)
