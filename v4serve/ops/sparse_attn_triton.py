@@ -171,7 +171,10 @@ DECODE_CONFIG_TWO_PASS = dict(KERNEL="two_pass", BLOCK_H=64, BLOCK_T=64, BLOCK_K
 # K loop's per-slice dequantization chains at 4 warps bound it (H200 sweep, session 10: r4 B8 13.81
 # µs against 15.06 for the K loop). Q and the tile take 128 KB of shared memory (codegen check): past
 # the 99 KB of sm_86 / sm_89 / sm_120, where it also spills (152 B on sm_120), so those archs (and
-# sm_80, not timed) keep the K loop. The values pass keeps the bf16 tiles.
+# sm_80, not timed) keep the K loop. The values pass keeps the bf16 tiles. Sweep variant
+# UNPACKED_ROWS=True (sparse_attn_two_pass.py): the scores pass writes its dequantized tiles as bf16
+# rows and the values pass runs the bf16 loop over them (session 13: predicted to win at r4 / r128
+# B8; switch here if the sweep agrees at every B8 shape).
 DECODE_CONFIG_TWO_PASS_PACKED = dict(DECODE_CONFIG_TWO_PASS, WHOLE_TILE=True, SCORES=dict(num_warps=8, num_stages=1))
 
 

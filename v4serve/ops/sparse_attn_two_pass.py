@@ -40,7 +40,14 @@ Over packed rows (issue 17) the scores pass can take its whole tile at once (WHO
 round of loads, dequantized together, S as one dot; production on sm_90 / sm_100, where its 128
 KB of shared memory fit); the values pass can load the next step's bytes into registers one step
 ahead (PREFETCH, _packed_values_prefetched), a variant the tile sweep times
-(bench/kernel_configs.py).
+(bench/kernel_configs.py). UNPACKED_ROWS (a sweep variant, with WHOLE_TILE): the scores pass also
+stores the tile it dequantized as bf16 rows,
+    rows[t, c] = unpack(row of column c of token t)     bf16 [T, n_tiles * BLOCK_T, D], holes 0,
+for the live tiles only, and the values pass reads rows[t, c] in place of the pool row (the bf16
+loop: 16-byte cp.async of contiguous rows, no dequantization; the columns' live mask still from
+idx, so tiles the scores pass skipped are never read). The same values into the same dots as
+over the unpacked pools, so the bits of the bf16 kernels at these tiles; the cost moves to the
+scores pass (64 KB of stores a tile, and Triton 3.6 dequantizes the tile twice, once per layout).
 
 Measured on the H200 (docs/performance.md item 16): decode B8 r4 / r128 / r0 9.75 / 8.22 / 6.71
 µs against split-K's 15.2 / 11.4 / 7.3; split-K stays for single-token steps.
