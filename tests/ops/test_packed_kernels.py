@@ -171,6 +171,44 @@ def test_prefetched_values_pass_has_the_bits_of_the_bf16_kernel_over_unpacked_ro
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16)) and ref.abs().amax() > 0
 
 
+def test_values_pass_over_the_scores_pass_rows_has_the_bits_of_the_bf16_kernel():
+    """UNPACKED_ROWS (the scores pass writes its dequantized tiles as bf16 rows, the values pass reads
+    those instead of the packed rows) against the same tiles over the rows unpacked by the torch
+    reference, bit for bit: five tiles (the last step's second tile never written by the scores
+    pass, so it must stay masked), holes, columns past the live count, rows of different scales,
+    output dims in the codes and the rope tail. A row written at the wrong column, a token's rows
+    read at another token's offset or an unwritten tile read unmasked all change the output."""
+    from v4serve.formats import row_format
+    from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
+    from v4serve.ops.sparse_attn_two_pass import two_pass_scores
+
+    fmt, D, n_window = "fp8_e8m0_b64_rope64", 128, 8
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(2, 1, 64, D, n_window, 300, seed=17)
+    win[::2] *= 16.0
+    pw, pc = pack_rows(win, fmt), pack_rows(cmp, fmt)
+    uw, uc = unpack_rows(pw, fmt, D, impl="torch"), unpack_rows(pc, fmt, D, impl="torch")
+    assert (idx < 0).any() and (counts < 300).any() and int(counts.max()) + n_window > 4 * 64
+    tiles = DECODE_CONFIG_TWO_PASS_PACKED
+    out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.1, counts, row_format=row_format(fmt),
+                                   tile_config=dict(tiles, UNPACKED_ROWS=True))
+    ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 0.1, counts, tile_config=dict(tiles))
+    assert ref[..., :64].abs().amax() > 0 and ref[..., 64:].abs().amax() > 0
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+    # the rows themselves: each live column's unpacked row at (token, column), holes zero
+    from v4serve.ops.kv_pack_triton import packed_constexprs
+
+    T, C = idx.shape[0], idx.shape[-1]
+    it, ct = idx.reshape(T, C), counts.reshape(T)
+    pk = dict(PACKED=True, **packed_constexprs(row_format(fmt), D), PK_FP8_CVT=False)
+    *_, rows = two_pass_scores(q.reshape(T, 64, D), pw, pc, it, ct, sink, n_window, 0.1, True, False,
+                               dict(tiles, UNPACKED_ROWS=True), pk)
+    for t in range(T):
+        for c in range(int(ct[t]) + n_window):
+            r = int(it[t, c])
+            want = torch.zeros(D, dtype=torch.bfloat16) if r < 0 else (uw if c < n_window else uc)[r]
+            assert torch.equal(rows[t, c].view(torch.int16), want.view(torch.int16)), (t, c)
+
+
 @pytest.mark.parametrize("tail_programs,block_dv", [(True, 32), (True, 64), (False, 32)])
 def test_values_programs_over_codes_or_tail_have_the_bits_of_the_bf16_kernel(tail_programs, block_dv):
     """TAIL_PROGRAMS (each two-pass values program reads either e4m3 codes or the bf16 rope tail,

@@ -140,6 +140,24 @@ def test_packed_decode_variants_are_the_bf16_kernel_over_unpacked_rows(name, var
     assert (diff <= torch.maximum(mag * 2.0**-7, mag.amax() * 1e-6)).all() and float((diff > 0).float().mean()) < 1e-3
 
 
+B8_SHAPES = [n for n in DECODE_SHAPES if "B1" not in n]
+
+
+@pytest.mark.parametrize("name", B8_SHAPES)
+def test_values_over_the_scores_pass_rows_have_the_bits_of_the_bf16_kernel(name):
+    """UNPACKED_ROWS (the scores pass writes its dequantized tiles as bf16 rows, the values pass runs
+    the bf16 loop over them) against the same tiles over the rows unpacked by the torch reference, bit
+    for bit at the PR's B8 shapes: the scores pass gets the same values into the same dot, and the
+    values pass is the bf16 code over the same values (a row at the wrong column, a token's rows at
+    another's offset or a race with the scores pass changes outputs)."""
+    _, (q, idx, n_window, sink, scale, counts), (pw, pc), (uw, uc) = _packed_case(name)
+    tiles = decode_config(q.shape[0], idx.shape[-1], packed=True, device=q.device)
+    out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, scale, counts, row_format=row_format(KV_FORMAT),
+                                   tile_config=dict(tiles, UNPACKED_ROWS=True))
+    ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts, tile_config=dict(tiles))
+    assert ref.abs().amax() > 0 and _same_bits(out, ref), f"{name}: rel err {rel_err(out, ref):.3g}"
+
+
 @pytest.mark.parametrize("name", DECODE_SHAPES)
 def test_hardware_e4m3_conversion_has_the_bits_of_the_integer_one(name):
     _, (q, idx, n_window, sink, scale, counts), (pw, pc), _ = _packed_case(name)

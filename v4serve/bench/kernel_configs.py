@@ -64,22 +64,21 @@ DECODE_CANDIDATES = [
 # B1 16-column splits 12.44, 64 heads a program 10.84, 64-column splits with 2 stages 11.33, the
 # two-pass kernels 13.03, S from fp16 codes with the block scales on the partial scores 9.16 (at
 # B8 21.13: deleted); B8 the scores' K loop 14.65, 16-warp scores 14.60, 32-column tiles 19.72,
-# prefetch with 16-warp scores 16.17.
+# prefetch with 16-warp scores 16.17. Session 13's first call (r4, production 13.36 / 13.35 at B8,
+# bf16 rows 9.92 / 9.80): tail programs 14.60, values over 8 warps 15.39, 64 dims a values
+# program 23.89, 16 dims 17.43, prefetch 13.62: all dropped from the list (still selectable).
 PACKED_DECODE_B1_CANDIDATES = [
-    None,  # split-K, whole [32, 512] tile dequantized once, 16 heads, 8 warps, 1 stage, bf16 operand layout
+    None,  # split-K, whole [32, 512] tile dequantized once, 16 heads, 4 warps, 1 stage, bf16 operand layout
     "bf16 rows",
-    dict(DECODE_CONFIG_SMALL_PACKED, BF16_OPERAND=False),  # the operand layout of the 8-bit code loads (s11)
-    dict(DECODE_CONFIG_SMALL_PACKED, num_warps=4),  # 4 warps now that the operands take no register moves
+    dict(DECODE_CONFIG_SMALL_PACKED, num_warps=8),  # production until session 13 (r4: 7.02 / 7.20 against 4 warps' 6.79)
     None,
 ]
 PACKED_DECODE_B8_CANDIDATES = [
-    None,  # two-pass: whole-tile scores over 8 warps (sm_90); values programs select code / tail per value
+    None,  # two-pass: whole-tile scores over 8 warps (sm_90); the values pass dequantizes its dims again
     "bf16 rows",
-    dict(DECODE_CONFIG_TWO_PASS_PACKED, TAIL_PROGRAMS=True),  # values programs read codes or the tail, not both
-    dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUES=dict(num_warps=8, num_stages=3)),  # values: half the codes a thread
-    dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=64, VALUES=dict(num_warps=8, num_stages=3)),  # one scale block a program
-    dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=16),  # values: two programs an SM, half the codes each
-    dict(DECODE_CONFIG_TWO_PASS_PACKED, PREFETCH=True),  # values: next step's bytes loaded one step ahead
+    # the scores pass writes its dequantized tiles as bf16 rows; the values pass is the bf16 loop over them
+    dict(DECODE_CONFIG_TWO_PASS_PACKED, UNPACKED_ROWS=True),
+    dict(KERNEL="unpack", INNER=DECODE_CONFIG_TWO_PASS),  # every column unpacked first, then the bf16 launch
     "bf16 rows",
     None,
 ]
@@ -142,7 +141,7 @@ def _label(cfg) -> str:
         return cfg
     short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
                  BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh", FP8_CVT="cvt", TAIL_APART="tail_apart",
-                 WHOLE_TILE="whole_tile", PREFETCH="prefetch", TAIL_PROGRAMS="tail_programs", BF16_OPERAND="bf16_operand", BLOCK_Q="q",
+                 WHOLE_TILE="whole_tile", UNPACKED_ROWS="unpacked_rows", PREFETCH="prefetch", TAIL_PROGRAMS="tail_programs", BF16_OPERAND="bf16_operand", BLOCK_Q="q",
                  BLOCKS_PER_SPLIT="split", DECODE_FIRST="decode_first")
     if cfg.get("KERNEL") == "unpack":
         return "unpack columns, then the production bf16 launch (unpack)"
@@ -211,14 +210,16 @@ def _pass_times(label, case):
     out, pdl = torch.empty_like(qt), pdl_supported(q.device)
     packed = dict(PACKED=True, **packed_constexprs(fmt, D), PK_FP8_CVT=fp8_conversion_supported(q.device))
     times, qk = [], scale * LOG2E
-    for w, c, pk in ((unpack_rows(pw, fmt, D), unpack_rows(pc, fmt, D), {}), (pw, pc, packed)):
-        cfg = decode_config(T, it.shape[1], bool(pk), q.device)
+    packed_cfg = decode_config(T, it.shape[1], True, q.device)
+    for w, c, pk, cfg in ((unpack_rows(pw, fmt, D), unpack_rows(pc, fmt, D), {}, decode_config(T, it.shape[1])),
+                          (pw, pc, packed, packed_cfg), (pw, pc, packed, dict(packed_cfg, UNPACKED_ROWS=True))):
         scores = lambda: two_pass_scores(qt, w, c, it, ct, sink, n_window, qk, True, pdl, cfg, pk)  # noqa: E731
-        p, m, l = scores()
-        values = lambda: two_pass_values(w, c, it, ct, sink, p, m, l, out, n_window, True, pdl, cfg, pk)  # noqa: E731
+        p, m, l, rows = scores()
+        values = lambda: two_pass_values(w, c, it, ct, sink, p, m, l, out, n_window, True, pdl, cfg, pk,  # noqa: E731
+                                         rows)
         times += [do_bench_cudagraph(f, rep=30, return_mode="median") * 1e3 for f in (scores, values)]
-    print(f"{label:20s} passes: scores {times[0]:.2f} (bf16 rows) / {times[2]:.2f} (packed) µs, "
-          f"values {times[1]:.2f} / {times[3]:.2f} µs", flush=True)
+    print(f"{label:20s} passes: scores {times[0]:.2f} (bf16 rows) / {times[2]:.2f} (packed) / {times[4]:.2f} "
+          f"(packed, unpacked_rows) µs, values {times[1]:.2f} / {times[3]:.2f} / {times[5]:.2f} µs", flush=True)
 
 
 def _compact_run(case):

@@ -84,12 +84,12 @@ _MERGE_ALIGNED = ("part_ptr", "m_ptr", "l_ptr", "sink_ptr", "out_ptr", "H", "D",
 _TWO_PASS_STRIDES = ("stride_pool", "stride_it", "stride_pt", "stride_ph", "stride_mt", "stride_mj")
 _SCORES_TYPES = dict(
     q_ptr="*bf16", win_ptr="*bf16", cmp_ptr="*bf16", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
-    p_ptr="*bf16", m_ptr="*fp32", l_ptr="*fp32", H="i32", D="i32", C="i32", n_window="i32",
-    qk_scale_log2="fp32", **dict.fromkeys(("stride_qt", "stride_qh", *_TWO_PASS_STRIDES), "i32"))
+    p_ptr="*bf16", m_ptr="*fp32", l_ptr="*fp32", rows_ptr="*bf16", H="i32", D="i32", C="i32", n_window="i32",
+    qk_scale_log2="fp32", **dict.fromkeys(("stride_qt", "stride_qh", *_TWO_PASS_STRIDES, "stride_rt"), "i32"))
 _VALUES_TYPES = dict(
     win_ptr="*bf16", cmp_ptr="*bf16", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32", p_ptr="*bf16",
     m_ptr="*fp32", l_ptr="*fp32", out_ptr="*bf16", H="i32", D="i32", C="i32", n_window="i32",
-    **dict.fromkeys((*_TWO_PASS_STRIDES, "stride_ot", "stride_oh"), "i32"))
+    **dict.fromkeys((*_TWO_PASS_STRIDES, "stride_ot", "stride_oh", "stride_rt"), "i32"))
 # H 64, D 512, C 640, 10 tiles of 64: every pointer and integer but qk_scale_log2 is 16-aligned.
 _SCORES_ALIGNED = tuple(k for k in _SCORES_TYPES if k != "qk_scale_log2")
 _VALUES_ALIGNED = tuple(_VALUES_TYPES)
@@ -257,7 +257,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=_SCORES_TYPES, aligned=_SCORES_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
                             BLOCK_K=_TWO_PASS["BLOCK_K"], PDL=pdl, TAIL_APART=True, WHOLE_TILE=False,
-                            BLOCK_D=512, **_NO_PK_LOAD),
+                            BLOCK_D=512, STORE_ROWS=False, **_NO_PK_LOAD),
             archs=archs, **_TWO_PASS["SCORES"],
             expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=192, tensor_cores=True),
         )
@@ -269,7 +269,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=_VALUES_TYPES, aligned=_VALUES_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
                             BLOCK_DV=_TWO_PASS["BLOCK_DV"], BLOCK_J=16, EVEN_D=True, PDL=pdl, PREFETCH=False,
-                            TAIL_PROGRAMS=False,
+                            TAIL_PROGRAMS=False, TOKEN_ROWS=False,
                             **_NO_PK_LOAD),
             archs=archs, **_TWO_PASS["VALUES"],
             # Triton 3.8's sm_100 build keeps one 8-byte value in local memory (2 STL/LDL); the

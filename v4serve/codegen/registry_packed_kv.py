@@ -71,12 +71,12 @@ _CVT = {arch: arch >= 89 for arch in (80, 90, 100, 120)}
 _TP_STRIDES = ("stride_pool", "stride_it", "stride_pt", "stride_ph", "stride_mt", "stride_mj")
 _SCORES_TYPES = dict(
     q_ptr="*bf16", win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
-    p_ptr="*bf16", m_ptr="*fp32", l_ptr="*fp32", H="i32", D="i32", C="i32", n_window="i32",
-    qk_scale_log2="fp32", **dict.fromkeys(("stride_qt", "stride_qh", *_TP_STRIDES), "i32"))
+    p_ptr="*bf16", m_ptr="*fp32", l_ptr="*fp32", rows_ptr="*bf16", H="i32", D="i32", C="i32", n_window="i32",
+    qk_scale_log2="fp32", **dict.fromkeys(("stride_qt", "stride_qh", *_TP_STRIDES, "stride_rt"), "i32"))
 _VALUES_TYPES = dict(
     win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32", p_ptr="*bf16",
     m_ptr="*fp32", l_ptr="*fp32", out_ptr="*bf16", H="i32", D="i32", C="i32", n_window="i32",
-    **dict.fromkeys((*_TP_STRIDES, "stride_ot", "stride_oh"), "i32"))
+    **dict.fromkeys((*_TP_STRIDES, "stride_ot", "stride_oh", "stride_rt"), "i32"))
 
 PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
     # ---- sparse attention over packed rows: prefill (the tl kernel: packed prefill never takes the
@@ -114,18 +114,41 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
             types=_SCORES_TYPES, aligned=tuple(k for k in _SCORES_TYPES if k != "qk_scale_log2"),
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=cfg["BLOCK_H"], BLOCK_T=cfg["BLOCK_T"],
                             BLOCK_K=cfg["BLOCK_K"], PDL=True, PACKED=True, PK_FP8_CVT=True, TAIL_APART=tail_apart,
-                            WHOLE_TILE=cfg.get("WHOLE_TILE", False), BLOCK_D=512, **_LOAD_PK),
+                            WHOLE_TILE=cfg.get("WHOLE_TILE", False), BLOCK_D=512, STORE_ROWS=False,
+                            **_LOAD_PK),
             archs=archs, **cfg["SCORES"],
             expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
         )
         for suffix, archs, tail_apart, cfg in (("", (90, 100), True, _TPP), ("_sm120", (120,), False, _TP))
+    ),
+    # UNPACKED_ROWS (sm_90 / sm_100, WHOLE_TILE): the scores pass also stores its dequantized tile as
+    # bf16 rows (16-byte stores), and the values pass reads those rows in column order (the bf16
+    # loop: 16-byte cp.async, no dequantization)
+    KernelSpec(
+        "sparse_attn.two_pass_scores_fp8kv_rows_pdl", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",
+        types=_SCORES_TYPES, aligned=tuple(k for k in _SCORES_TYPES if k != "qk_scale_log2"),
+        constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TPP["BLOCK_H"], BLOCK_T=_TPP["BLOCK_T"], BLOCK_K=_TPP["BLOCK_K"],
+                        PDL=True, PACKED=True, PK_FP8_CVT=True, TAIL_APART=True, WHOLE_TILE=True, BLOCK_D=512,
+                        STORE_ROWS=True, **_LOAD_PK),
+        archs=(90, 100), **_TPP["SCORES"],
+        expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
+    ),
+    KernelSpec(
+        "sparse_attn.two_pass_values_rows_pdl", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
+        types=dict(_VALUES_TYPES, win_ptr="*bf16", cmp_ptr="*bf16"), aligned=tuple(_VALUES_TYPES),
+        constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
+                        BLOCK_J=16, EVEN_D=True, PDL=True, PREFETCH=False, TAIL_PROGRAMS=False, TOKEN_ROWS=True,
+                        PACKED=False, PK_NQ=0, PK_BLOCK=1, PK_TAIL_OFF=0, PK_SCALE_OFF=0, PK_HAS_TAIL=False,
+                        PK_FP8_CVT=False),  # the launch's defaults: the rows are bf16
+        archs=(90, 100), **_TP["VALUES"],
+        expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", tensor_cores=True),
     ),
     KernelSpec(
         "sparse_attn.two_pass_values_fp8kv_pdl", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
         types=_VALUES_TYPES, aligned=tuple(_VALUES_TYPES),
         constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
                         BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, PREFETCH=False,
-                        TAIL_PROGRAMS=False, **_LOAD_PK),
+                        TAIL_PROGRAMS=False, TOKEN_ROWS=False, **_LOAD_PK),
         archs=(90, 100, 120), **_TP["VALUES"],
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),

@@ -139,15 +139,18 @@ PREFILL_CONFIGS_PACKED = {arch: _sliced(dict(PREFILL_CONFIG_SMALL_SMEM, num_stag
 # [32, 512] tile gathered once (codes, rope tail and scale words: one round of 16- and 4-byte
 # loads), dequantized once in registers (the hardware e4m3 conversion on sm_89+, load_packed's
 # FP8_CVT) and used by both dots, as the bf16 kernel uses its gathered tile (S is one dot; the
-# same values as the bf16 kernel's at these tiles, up to the k order inside the mma). 8 warps (216
-# registers, 80 KB of shared memory, no spills under 3.6 on sm_90 / 100 / 120; at 4 warps 252).
+# same values as the bf16 kernel's at these tiles, up to the k order inside the mma). 4 warps since
+# session 13 (the H200 sweep at r4 B1: 6.79 µs against 7.02 / 7.20 at 8 warps and 6.75 over bf16
+# rows, once the bf16 operand boundary removed the register moves; 235-242 registers, 49 KB of
+# shared memory, no spills under Triton 3.6 / 3.8 / 3.9 on sm_90 / 100 / 120). LARGE (64-column
+# splits, two tiles a program, V4-Pro's columns; not timed) keeps 8 warps.
 # One stage (at 32 columns per split a program has one tile: a cp.async stage would only add a
 # shared-memory round trip before the dequantization; at 64, two stages would prefetch the second
 # tile but need 101 KB of shared memory, past sm_120's 99 KB).
 # Session 9's sliced tiles (S as a chain of 128-wide slices, each gathered and dequantized on its
 # own, then the whole tile again for P V; 10.19 / 9.59 / 9.39 µs at r4 / r128 / r0 B1 on the H200
 # against the bf16 rows' 6.81 / 6.12 / 5.72): DECODE_CONFIG_SMALL_PACKED_SLICED.
-DECODE_CONFIG_SMALL_PACKED = dict(DECODE_CONFIG_SMALL, num_warps=8, num_stages=1)
+DECODE_CONFIG_SMALL_PACKED = dict(DECODE_CONFIG_SMALL, num_warps=4, num_stages=1)
 DECODE_CONFIG_LARGE_PACKED = dict(DECODE_CONFIG_LARGE, num_warps=8, num_stages=1)
 DECODE_CONFIG_SMALL_PACKED_SLICED = _sliced(dict(DECODE_CONFIG_SMALL, num_warps=8))
 SMALL_DECODE_PAIRS = 1024
@@ -168,7 +171,10 @@ DECODE_CONFIG_TWO_PASS = dict(KERNEL="two_pass", BLOCK_H=64, BLOCK_T=64, BLOCK_K
 # K loop's per-slice dequantization chains at 4 warps bound it (H200 sweep, session 10: r4 B8 13.81
 # µs against 15.06 for the K loop). Q and the tile take 128 KB of shared memory (codegen check): past
 # the 99 KB of sm_86 / sm_89 / sm_120, where it also spills (152 B on sm_120), so those archs (and
-# sm_80, not timed) keep the K loop. The values pass keeps the bf16 tiles.
+# sm_80, not timed) keep the K loop. The values pass keeps the bf16 tiles. Sweep variant
+# UNPACKED_ROWS=True (sparse_attn_two_pass.py): the scores pass writes its dequantized tiles as bf16
+# rows and the values pass runs the bf16 loop over them (session 13: predicted to win at r4 / r128
+# B8; switch here if the sweep agrees at every B8 shape).
 DECODE_CONFIG_TWO_PASS_PACKED = dict(DECODE_CONFIG_TWO_PASS, WHOLE_TILE=True, SCORES=dict(num_warps=8, num_stages=1))
 
 

@@ -40,7 +40,14 @@ Over packed rows (issue 17) the scores pass can take its whole tile at once (WHO
 round of loads, dequantized together, S as one dot; production on sm_90 / sm_100, where its 128
 KB of shared memory fit); the values pass can load the next step's bytes into registers one step
 ahead (PREFETCH, _packed_values_prefetched), a variant the tile sweep times
-(bench/kernel_configs.py).
+(bench/kernel_configs.py). UNPACKED_ROWS (a sweep variant, with WHOLE_TILE): the scores pass also
+stores the tile it dequantized as bf16 rows,
+    rows[t, c] = unpack(row of column c of token t)     bf16 [T, n_tiles * BLOCK_T, D], holes 0,
+for the live tiles only, and the values pass reads rows[t, c] in place of the pool row (the bf16
+loop: 16-byte cp.async of contiguous rows, no dequantization; the columns' live mask still from
+idx, so tiles the scores pass skipped are never read). The same values into the same dots as
+over the unpacked pools, so the bits of the bf16 kernels at these tiles; the cost moves to the
+scores pass (64 KB of stores a tile, and Triton 3.6 dequantizes the tile twice, once per layout).
 
 Measured on the H200 (docs/performance.md item 16): decode B8 r4 / r128 / r0 9.75 / 8.22 / 6.71
 µs against split-K's 15.2 / 11.4 / 7.3; split-K stays for single-token steps.
@@ -98,14 +105,14 @@ def _sliced_scores(q_rows, head_ok, row_ptrs, live, D, BLOCK_H: tl.constexpr, BL
 
 @triton.jit
 def _scores_kernel(
-    q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr,
+    q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr, rows_ptr,
     H, D, C, n_window, qk_scale_log2,
-    stride_qt, stride_qh, stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj,
+    stride_qt, stride_qh, stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj, stride_rt,
     HAS_COUNTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False, PACKED: tl.constexpr = False, PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1,
     PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0, PK_HAS_TAIL: tl.constexpr = False,
     PK_FP8_CVT: tl.constexpr = False, TAIL_APART: tl.constexpr = True, WHOLE_TILE: tl.constexpr = False,
-    BLOCK_D: tl.constexpr = 0,
+    BLOCK_D: tl.constexpr = 0, STORE_ROWS: tl.constexpr = False,
 ):
     tok = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
@@ -127,6 +134,19 @@ def _scores_kernel(
             if PACKED:
                 kv = load_packed(row_ptrs, live, 0, D, BLOCK_D, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
                                  PK_HAS_TAIL, tl.bfloat16, PK_FP8_CVT)
+                if STORE_ROWS:
+                    # The dequantized tile as bf16 rows (token tok, columns `cols`; holes zero) for the
+                    # values pass, stored before the dot so the stores drain while it runs. Triton
+                    # 3.6 computes the dequantization twice for this, once in the store's register
+                    # layout and once in the dot operand's (an opaque inline-asm identity before both
+                    # uses is cloned too). Stored per scale block ([BLOCK_T, NG, PK_BLOCK], the shape
+                    # of the code loads) it costs least: sm_90 SASS 1681 instructions, 162 registers
+                    # (as a [BLOCK_T, BLOCK_D] store 1898 and 229; without the store 1116 and 72).
+                    NG: tl.constexpr = BLOCK_D // PK_BLOCK
+                    tl.static_assert(NG * PK_BLOCK == BLOCK_D)
+                    ch = tl.arange(0, NG)[:, None] * PK_BLOCK + tl.arange(0, PK_BLOCK)[None, :]
+                    tl.store(rows_ptr + tok * stride_rt + cols[:, None, None] * D + ch[None, :, :],
+                             tl.reshape(kv, (BLOCK_T, NG, PK_BLOCK)), mask=(ch < D)[None, :, :])
             else:
                 kv = tl.load(row_ptrs[:, None] + dims[None, :], mask=live[:, None] & (dims < D)[None, :], other=0.0)
             s = tl.dot(q, tl.trans(kv))
@@ -146,11 +166,13 @@ def _scores_kernel(
 
 # What a values program's dims read (the V_* constexprs of _tile_values): bf16 pool rows; packed rows,
 # dims in the codes and the rope tail alike (one select per element: the program's dims are known
-# at run time only); packed rows, dims in the codes only; packed rows, dims in the bf16 tail only.
+# at run time only); packed rows, dims in the codes only; packed rows, dims in the bf16 tail only;
+# the token's bf16 rows in column order that the scores pass wrote (UNPACKED_ROWS: row = column).
 V_BF16 = tl.constexpr(0)
 V_PACKED = tl.constexpr(1)
 V_CODES = tl.constexpr(2)
 V_TAIL = tl.constexpr(3)
+V_TOKEN_ROWS = tl.constexpr(4)
 
 
 @triton.jit
@@ -159,9 +181,14 @@ def _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows, m_j, m, n_live, n_window
                  READS: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
                  PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr):
     """f_j (p_j @ kv_j[:, dims]) of tile j, whose pool rows and max are `rows` and `m_j`; 0 when
-    j >= n_live (p masked: the scores pass did not write that tile). READS: what the dims read (V_*)."""
+    j >= n_live (p masked: the scores pass did not write that tile). READS: what the dims read (V_*);
+    V_TOKEN_ROWS reads row `col` of the token's rows at win_ptr, masked by `rows` like a pool gather
+    (the scores pass wrote only the live tiles)."""
     cols = j * BLOCK_T + tl.arange(0, BLOCK_T)
-    row_ptrs = row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)
+    if READS == V_TOKEN_ROWS:
+        row_ptrs = win_ptr + cols * stride_pool  # win_ptr: the token's first row
+    else:
+        row_ptrs = row_pointers(win_ptr, cmp_ptr, rows, cols, n_window, stride_pool)
     if READS == V_PACKED or READS == V_CODES:
         kv = load_packed(row_ptrs, rows >= 0, d0, D, BLOCK_DV, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
                          PK_HAS_TAIL and READS == V_PACKED, tl.bfloat16, PK_FP8_CVT)
@@ -260,12 +287,12 @@ def _packed_values_prefetched(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, 
 def _values_kernel(
     win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr, out_ptr,
     H, D, C, n_window,
-    stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj, stride_ot, stride_oh,
+    stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj, stride_ot, stride_oh, stride_rt,
     HAS_COUNTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DV: tl.constexpr,
     BLOCK_J: tl.constexpr, EVEN_D: tl.constexpr, PDL: tl.constexpr = False, PACKED: tl.constexpr = False,
     PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
     PK_HAS_TAIL: tl.constexpr = False, PK_FP8_CVT: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-    TAIL_PROGRAMS: tl.constexpr = False,
+    TAIL_PROGRAMS: tl.constexpr = False, TOKEN_ROWS: tl.constexpr = False,
 ):
     tok = tl.program_id(0).to(tl.int64)
     d0 = tl.program_id(1) * BLOCK_DV
@@ -314,6 +341,13 @@ def _values_kernel(
                                stride_it, stride_pt, stride_ph, stride_mj, heads, head_ok, dims, dim_ok, d0, D,
                                BLOCK_H, BLOCK_T, BLOCK_DV, V_CODES, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF,
                                PK_HAS_TAIL, PK_FP8_CVT)
+    elif TOKEN_ROWS:
+        # win_ptr: bf16 rows in column order, stride_rt apart per token (the scores pass's STORE_ROWS)
+        token_rows = win_ptr + tok * stride_rt
+        acc = _values_loop(token_rows, token_rows, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, n_window, stride_pool,
+                           stride_it, stride_pt, stride_ph, stride_mj, heads, head_ok, dims, dim_ok, d0, D, BLOCK_H,
+                           BLOCK_T, BLOCK_DV, V_TOKEN_ROWS, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL,
+                           PK_FP8_CVT)
     else:
         acc = _values_loop(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, n_window, stride_pool,
                            stride_it, stride_pt, stride_ph, stride_mj, heads, head_ok, dims, dim_ok, d0, D, BLOCK_H,
@@ -343,53 +377,66 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
     values pass's heads per program; default BLOCK_H), TAIL_APART (packed rows: the rope tail slice
     gathered before the code slices; default two_pass_tail_apart(device)), WHOLE_TILE (the scores
     pass gathers its whole tile at once and computes S as one dot instead of the K loop; default
-    False), PREFETCH (packed rows: the values pass loads the next step's bytes into registers one
-    step ahead; default False), TAIL_PROGRAMS (packed rows with a bf16 tail, BLOCK_DV dividing the
-    quantized channels: each values program reads either codes or the tail, a branch per program
-    instead of a select per value; default False), and the launch options of each pass as
-    SCORES / VALUES = dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
+    False), UNPACKED_ROWS (packed rows, WHOLE_TILE: the scores pass also writes its dequantized
+    tile as bf16 rows, [T, n_tiles * BLOCK_T, D] in column order, and the values pass reads those
+    instead of dequantizing the packed rows again; default False), PREFETCH (packed rows: the
+    values pass loads the next step's bytes into registers one step ahead; default False),
+    TAIL_PROGRAMS (packed rows with a bf16 tail, BLOCK_DV dividing the quantized channels: each
+    values program reads either codes or the tail, a branch per program instead of a select per
+    value; default False), and the launch options of each pass as SCORES / VALUES =
+    dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
     (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
-    p, m, l = two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_counts, pdl, cfg, pk)
-    return two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, cfg, pk)
+    p, m, l, rows = two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_counts, pdl, cfg, pk)
+    return two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, cfg, pk, rows)
 
 
 def two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_counts, pdl, cfg, pk):
     """The scores pass alone (sparse_attn_two_pass's arguments): p [T, H, n_tiles * BLOCK_T] bf16,
-    m and l [T, n_tiles, H] fp32."""
+    m and l [T, n_tiles, H] fp32, and rows: the dequantized tiles [T, n_tiles * BLOCK_T, D] bf16
+    (cfg UNPACKED_ROWS over packed rows; only the live tiles written) or None."""
     pk = _launch_pk(pk)
     T, H, D = qt.shape
     C = it.shape[1]
     block_t, block_h = cfg["BLOCK_T"], cfg["BLOCK_H"]
     block_d = max(16, triton.next_power_of_2(D))
     n_tiles = max(1, triton.cdiv(C, block_t))
+    whole_tile = cfg.get("WHOLE_TILE", False)
+    store_rows = bool(pk) and cfg.get("UNPACKED_ROWS", False)
+    if store_rows and not whole_tile:
+        raise ValueError("UNPACKED_ROWS needs WHOLE_TILE: the scores pass writes the whole tile it dequantized")
     p = torch.empty(T, H, n_tiles * block_t, dtype=torch.bfloat16, device=qt.device)
     m = torch.empty(T, n_tiles, H, dtype=torch.float32, device=qt.device)
     l = torch.empty_like(m)
+    rows = torch.empty(T, n_tiles * block_t, D, dtype=torch.bfloat16, device=qt.device) if store_rows else None
     _scores_kernel[(T, n_tiles, triton.cdiv(H, block_h))](
-        qt, win, cmp, it, ct, sink, p, m, l,
+        qt, win, cmp, it, ct, sink, p, m, l, p if rows is None else rows,
         H, D, C, n_window, qk_scale_log2,
         qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1),
+        0 if rows is None else rows.stride(0),
         HAS_COUNTS=has_counts, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=min(cfg["BLOCK_K"], block_d), PDL=pdl,
-        TAIL_APART=cfg.get("TAIL_APART", two_pass_tail_apart(qt.device)), WHOLE_TILE=cfg.get("WHOLE_TILE", False),
-        BLOCK_D=block_d,
+        TAIL_APART=cfg.get("TAIL_APART", two_pass_tail_apart(qt.device)), WHOLE_TILE=whole_tile,
+        BLOCK_D=block_d, STORE_ROWS=store_rows,
         **cfg["SCORES"], **pk,
     )
-    return p, m, l
+    return p, m, l, rows
 
 
-def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, cfg, pk):
-    """The values pass alone over the scores pass's p, m, l: writes and returns out [T, H, D]."""
-    pk = _launch_pk(pk)
+def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, cfg, pk, rows=None):
+    """The values pass alone over the scores pass's p, m, l: writes and returns out [T, H, D]. rows
+    (the scores pass's dequantized tiles, or None): read instead of the pools, as bf16 rows."""
+    pk = {} if rows is not None else _launch_pk(pk)
     T, H, D = out.shape
     C = it.shape[1]
     block_t, block_hv = cfg["BLOCK_T"], cfg.get("VALUE_BLOCK_H", cfg["BLOCK_H"])
     block_dv = min(cfg["BLOCK_DV"], max(16, triton.next_power_of_2(D)))
     n_tiles = m.shape[1]
+    if rows is not None:
+        win = cmp = rows
     _values_kernel[(T, triton.cdiv(D, block_dv), triton.cdiv(H, block_hv))](
         win, cmp, it, ct, sink, p, m, l, out,
         H, D, C, n_window,
-        win.stride(0), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1), out.stride(0),
-        out.stride(1),
+        win.stride(-2), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1), out.stride(0),
+        out.stride(1), 0 if rows is None else rows.stride(0),
         HAS_COUNTS=has_counts, BLOCK_H=block_hv, BLOCK_T=block_t, BLOCK_DV=block_dv,
         BLOCK_J=triton.next_power_of_2(n_tiles), EVEN_D=D % block_dv == 0,
         PREFETCH=bool(pk) and cfg.get("PREFETCH", False),
@@ -398,6 +445,7 @@ def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, 
         # without them; the same run also changed the scale multiply): off until the sweep's
         # "tail_programs" row (kernel_configs "fp8kv r4") settles which change cost it.
         TAIL_PROGRAMS=bool(pk) and cfg.get("TAIL_PROGRAMS", False) and pk["PK_NQ"] % block_dv == 0,
+        TOKEN_ROWS=rows is not None,
         **cfg["VALUES"], **pk,
         **(dict(PDL=True, launch_pdl=True) if pdl else {}),
     )
