@@ -2,7 +2,11 @@
 # CI stage: compile every registered Triton kernel without a GPU under each given Triton version
 # and check its machine code (docs/codegen.md).
 #
-#   scripts/codegen_check.sh 3.6.0 3.8.0 3.9.0 [extra args for python -m v4serve.codegen]
+#   scripts/codegen_check.sh 3.6.0:90 3.8.0:90 3.9.0 [extra args for python -m v4serve.codegen]
+#
+# VERSION:ARCHS compiles for those archs only (`--arch ARCHS`, comma-separated SM numbers);
+# a bare VERSION compiles for every default arch (sm_80, sm_90, sm_100, sm_120). CI checks every
+# arch under the newest Triton and only sm_90, the GPU we run, under the older ones.
 #
 # Creates or reuses .venv-triton-VERSION for every version at once (scripts/make_triton_env.sh:
 # pip mostly waits on downloads and disk, so the venvs build side by side), then, as each venv is
@@ -14,11 +18,13 @@
 set -euo pipefail
 
 versions=()
-while (($#)) && [[ $1 =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]]; do
-    versions+=("$1")
+declare -A arch_args
+while (($#)) && [[ $1 =~ ^([0-9]+\.[0-9]+\.[0-9]+)(:([0-9]+(,[0-9]+)*))?$ ]]; do
+    versions+=("${BASH_REMATCH[1]}")
+    arch_args[${BASH_REMATCH[1]}]=${BASH_REMATCH[3]:+--arch ${BASH_REMATCH[3]}}
     shift
 done
-((${#versions[@]})) || { echo "usage: $0 TRITON_VERSION... [args]" >&2; exit 2; }
+((${#versions[@]})) || { echo "usage: $0 TRITON_VERSION[:ARCHS]... [args]" >&2; exit 2; }
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
@@ -29,13 +35,14 @@ unset TRITON_INTERPRET
 check() {
     local version=$1 venv=$2
     shift 2
+    local archs=${arch_args[$version]:-every default arch}
     local -x TRITON_CACHE_DIR="$venv/triton-cache"
     local t1=$SECONDS tests=0
     # --noconftest: tests/conftest.py sets up the interpreter for the pinned Triton only.
     "$venv/bin/python" -m pytest -q --noconftest -p no:cacheprovider tests/test_codegen.py || tests=$?
     local t2=$SECONDS report=0
     "$venv/bin/python" -m v4serve.codegen --check --json "$venv/codegen-report.json" "$@" || report=$?
-    echo "[codegen_check] triton $version: tests $((t2 - t1))s (exit $tests)," \
+    echo "[codegen_check] triton $version ($archs): tests $((t2 - t1))s (exit $tests)," \
          "report $((SECONDS - t2))s (exit $report)" >&2
     ((tests == 0 && report == 0))
 }
@@ -52,7 +59,8 @@ status=0
 for version in "${versions[@]}"; do
     if wait "${env_pid[$version]}"; then
         echo "[codegen_check] triton $version: venv ready at ${SECONDS}s" >&2
-        check "$version" "$(tail -n 1 "$paths/$version")" "$@" || status=1
+        # shellcheck disable=SC2086 # "--arch LIST" or nothing: two words or none
+        check "$version" "$(tail -n 1 "$paths/$version")" ${arch_args[$version]} "$@" || status=1
     else
         echo "[codegen_check] triton $version: creating the venv failed" >&2
         status=1

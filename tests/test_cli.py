@@ -46,13 +46,18 @@ def test_generate_from_a_checkpoint_folder(tiny_continuation, tmp_path):
     assert done.stdout == tiny_continuation + "\n"
 
 
-def test_bad_input_exits_2_with_a_clear_message():
+def test_bad_input_exits_2_with_a_clear_message(capsys):
+    """One case as a user runs it (the exit status of `python -m v4serve.cli`), the others through
+    `main` in this process: the same code path without another interpreter start and model build."""
+    from v4serve.cli import main
+
     unknown = _cli("generate", "--model", "no-such-model", "hi")
     assert unknown.returncode == 2 and "neither a preset" in unknown.stderr
-    empty = _cli("generate", "--model", "tiny", "--device", "cpu", "")
-    assert empty.returncode == 2 and "empty" in empty.stderr
-    zero = _cli("generate", "--model", "tiny", "--device", "cpu", "--max-tokens", "0", "hi")
-    assert zero.returncode == 2 and "max_tokens" in zero.stderr
+    capsys.readouterr()
+    assert main(["generate", "--model", "tiny", "--device", "cpu", ""]) == 2
+    assert "empty" in capsys.readouterr().err
+    assert main(["generate", "--model", "tiny", "--device", "cpu", "--max-tokens", "0", "hi"]) == 2
+    assert "max_tokens" in capsys.readouterr().err
 
 
 def _help(main, *argv: str) -> str:

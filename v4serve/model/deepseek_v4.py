@@ -80,7 +80,11 @@ class DeepseekV4Model(nn.Module):
     def __init__(self, config: ModelConfig, plan: ModelPlan):
         super().__init__()
         self.hc_mult = config.hc_mult
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # The loader builds on "meta" and fills every weight itself: Embedding's own normal_ init
+        # would run there through torch's Python decomposition, whose first call imports
+        # torch._dynamo (~3 s of CPU in every process that builds a model). An empty weight skips it.
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config, p) for p in plan)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.hc_head = HyperHead(config) if plan.hc_head else None

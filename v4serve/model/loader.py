@@ -104,7 +104,7 @@ def build_model(
                 del module._parameters[tensor]
             module.offload = offloads[name]
         with engram_tables_in_host_memory(net, pinned=torch.device(device).type == "cuda"):
-            net.to_empty(device=device)
+            _materialize(net, device)
         if scan is None:
             init_random_weights(net, config, seed=PRESET_SEED, shards=shards)
             if any(isinstance(m, Engram) for m in net.modules()):  # no tokenizer: a fixed token map
@@ -122,6 +122,14 @@ def build_model(
         raise
     net.eval()
     return net, config
+
+
+def _materialize(net: torch.nn.Module, device: torch.device) -> None:
+    """`net.to_empty(device=device)` without `empty_like` on a contiguous "meta" tensor: that call
+    runs torch's Python decomposition, whose first use imports sympy (~1 s of CPU in every process
+    that builds a model). The tensors it allocates are the same."""
+    net._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device) if t.is_contiguous()
+               else torch.empty_like(t, device=device))
 
 
 def fp32_parameters(net: torch.nn.Module, config: ModelConfig) -> set[str]:
