@@ -165,10 +165,11 @@ class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
 
     def _head(self, streams: torch.Tensor, last_pre: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """fp32 logits of the final streams; `last_pre`: the last block's ffn pre."""
+        norm = self.model.norm  # the final RMSNorm runs in the collapse's launch on the GPU
         if self.model.hc_head is not None:
-            h = self.model.norm(self.model.hc_head(streams, batch.tickets))
+            h = self.model.hc_head(streams, batch.tickets, norm)
         else:  # V4.1: the last block's ffn pre collapses the streams
-            h = self.model.norm(hc_collapse(streams, last_pre, impl=self.impl))
+            h = hc_collapse(streams, last_pre, norm.weight, norm.eps, impl=self.impl)
         return self._logits(h)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
