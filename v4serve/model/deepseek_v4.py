@@ -65,12 +65,16 @@ class DecoderLayer(nn.Module):
             streams = self.engram(streams, step.engram_rows[self.engram_table])
         a_pre, post, comb = self.attn_hc.coefficients(streams, batch.tickets)
         y = self.attn_hc.collapse(streams, pre_in if self.lagged_hc else a_pre, self.input_layernorm)
-        streams = self.attn_hc.expand(self.self_attn(y, batch, cache, step), streams, post, comb)
+        attn_out = self.self_attn(y, batch, cache, step)
         token_ids, route_rows = batch.token_ids, batch.route_rows
-        if keep is not None:
+        if keep is None:  # the expand and the ffn's coefficients in one launch on the GPU
+            streams, f_pre, post, comb = self.ffn_hc.coefficients_after_expand(attn_out, streams, post, comb,
+                                                                               batch.tickets)
+        else:
+            streams = self.attn_hc.expand(attn_out, streams, post, comb)
             rows, route_rows = keep
             streams, token_ids, a_pre = (t.index_select(0, rows) for t in (streams, token_ids, a_pre))
-        f_pre, post, comb = self.ffn_hc.coefficients(streams, batch.tickets)
+            f_pre, post, comb = self.ffn_hc.coefficients(streams, batch.tickets)
         y = self.ffn_hc.collapse(streams, a_pre if self.lagged_hc else f_pre, self.post_attention_layernorm)
         out = self.mlp(y, token_ids, route_rows)
         return self.ffn_hc.expand(out, streams, post, comb), f_pre

@@ -22,6 +22,7 @@ from v4serve.config import ModelConfig
 from v4serve.model.kernels import UsesKernels
 from v4serve.ops.hc_collapse import hc_collapse
 from v4serve.ops.hc_expand import hc_expand
+from v4serve.ops.hc_expand_coefficients import hc_expand_coefficients
 from v4serve.ops.hc_head_pre import hc_head_pre
 from v4serve.ops.hc_stream_coefficients import hc_stream_coefficients
 
@@ -49,6 +50,15 @@ class HyperConnection(UsesKernels, nn.Module):
         (V4.1's lagged wiring, `LayerPlan.lagged_hc`)."""
         return hc_stream_coefficients(streams.flatten(1), self.fn, self.rms_eps, self.base, self.scale, self.hc_mult,
                                       self.sinkhorn_iters, self.hc_eps, tickets, impl=self.impl)
+
+    def coefficients_after_expand(self, output: torch.Tensor, streams: torch.Tensor, post: torch.Tensor,
+                                  comb: torch.Tensor, tickets: torch.Tensor | None = None
+                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(X', pre, post, comb): the previous sublayer's `output` expanded into the streams with its
+        post and comb (`expand`), then this sublayer's `coefficients` of X': one launch on the GPU
+        (`hc_expand_coefficients`, the two ops' bits)."""
+        return hc_expand_coefficients(output, streams, post, comb, self.fn, self.rms_eps, self.base, self.scale,
+                                      self.hc_mult, self.sinkhorn_iters, self.hc_eps, tickets, impl=self.impl)
 
     def collapse(self, streams: torch.Tensor, pre: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
         """sum_j pre_j X_j -> [T, D] in streams.dtype; with `norm` (the sublayer's RMSNorm) normalised

@@ -74,6 +74,20 @@ def _hc_mix_kernel(
         w = tl.load(fn_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         acc += tl.dot(x, tl.trans(w), input_precision="ieee")
         sq += tl.sum(x * x, axis=1)
+    finish_mix(acc, sq, t, t_ok, m, m_ok, block, split, part_ptr, mix_ptr, row_scale_ptr, ticket_ptr, base_ptr,
+               scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, M, n_splits, eps, BLOCK_T, BLOCK_M, BLOCK_S, SPLIT,
+               COEFFS, N, ITERS, HC_EPS, COEFF_T, HEAD_PRE)
+
+
+@triton.jit
+def finish_mix(acc, sq, t, t_ok, m, m_ok, block, split, part_ptr, mix_ptr, row_scale_ptr, ticket_ptr, base_ptr,
+               scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, M, n_splits, eps,
+               BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, SPLIT: tl.constexpr,
+               COEFFS: tl.constexpr, N: tl.constexpr, ITERS: tl.constexpr, HC_EPS: tl.constexpr,
+               COEFF_T: tl.constexpr, HEAD_PRE: tl.constexpr):
+    """After a program's K range: its partial row (acc [BLOCK_T, BLOCK_M] mixes, sq [BLOCK_T] sums of
+    squares) to the split reduction, whose last program writes the block's mixes and RMS factors and
+    runs the epilogue; without a split, straight to the outputs (any mixer kernel's tail)."""
     if SPLIT:
         part = tl.where(m[None, :] == M, sq[:, None], acc)  # column M carries the sum of squares
         part_rows = part_ptr + (t.to(tl.int64)[:, None] * n_splits + split) * BLOCK_M + m[None, :]
