@@ -3,6 +3,8 @@ the launch sequence it replaced where that still runs (`bench kernels --only 'fu
 
 * `fused mhc coefficients T{T}`: the mixer with its coefficients epilogue (one launch; the two
   launches it replaced are the `mhc mix` + `mhc coefficients` rows);
+* `fused mhc expand coefficients T{T}`: the attention's expand fused with the ffn's mixer and
+  coefficients (one launch) against `unfused ...` (hc_expand, then the mixer with its epilogue);
 * `fused mhc head T{T}`: the head's pre (the mixer's HEAD_PRE epilogue) and its collapse with the
   final norm (2 launches) against `unfused mhc head T{T}` (mixer, 5 torch elementwise, collapse, norm);
 * `fused mhc collapse norm T{T}` (the collapse with the sublayer's RMSNorm, one launch) against
@@ -27,6 +29,8 @@ import torch.nn.functional as F
 from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.hadamard import hadamard
 from v4serve.ops.hc_collapse import hc_collapse
+from v4serve.ops.hc_expand import hc_expand
+from v4serve.ops.hc_expand_coefficients import hc_expand_coefficients
 from v4serve.ops.hc_head_pre import hc_head_pre
 from v4serve.ops.hc_mix import hc_mix
 from v4serve.ops.hadamard_reference import hadamard_reference
@@ -46,6 +50,8 @@ def decode_fusion_shapes() -> dict:
     for T in (1, 8):
         for fused in (True, False):
             shapes[f"{'' if fused else 'un'}fused mhc head T{T}"] = ("fused_mhc_head", (T, fused))
+        for fused in (True, False):
+            shapes[f"{'' if fused else 'un'}fused mhc expand coefficients T{T}"] = ("fused_mhc_expand", (T, fused))
     for T in (1, 8, 64):
         for fused in (True, False):
             shapes[f"{'' if fused else 'un'}fused mhc collapse norm T{T}"] = ("fused_collapse_norm", (T, fused))
@@ -75,6 +81,23 @@ def build_decode_fusion(kind, args, device, seed=0, mhc_case=None):
         nbytes = x.numel() * 2 + fn.numel() * 4 + T * (2 * n + n * n) * 4
         return (lambda: hc_stream_coefficients(x, fn, 1e-6, base, scale, n, 20, 1e-6, tickets)[2]), nbytes, \
             2 * T * fn.numel(), nbytes
+    if kind == "fused_mhc_expand":  # the attention's expand, then the ffn's mixer + coefficients
+        T, fused = args
+        streams, fn, base, scale = mhc_case(T, device=device, seed=seed)
+        n = streams.shape[1]
+        output = torch.randn(T, HIDDEN, generator=g, device=device).bfloat16()
+        post = 2 * torch.rand(T, n, generator=g, device=device)
+        comb = torch.softmax(torch.randn(T, n, n, generator=g, device=device), dim=1)
+        tickets = torch.zeros(64, dtype=torch.int32, device=device)
+        nbytes = 3 * streams.numel() * 2 + output.numel() * 2 + fn.numel() * 4
+        if fused:
+            return (lambda: hc_expand_coefficients(output, streams, post, comb, fn, 1e-6, base, scale, n, 20, 1e-6,
+                                                   tickets)[3]), nbytes, 2 * T * fn.numel(), nbytes
+
+        def unfused():
+            new_streams = hc_expand(output, streams, post, comb)
+            return hc_stream_coefficients(new_streams.flatten(1), fn, 1e-6, base, scale, n, 20, 1e-6, tickets)[2]
+        return unfused, nbytes, 2 * T * fn.numel(), nbytes
     if kind == "fused_mhc_head":  # the head: pre, collapse and the final norm (2 launches; 8 unfused)
         T, fused = args
         streams, fn, base, scale = mhc_case(T, device=device, seed=seed)

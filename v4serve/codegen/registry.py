@@ -439,6 +439,18 @@ KERNELS: tuple[KernelSpec, ...] = (
         constexprs=dict(PDL=False, N=4, BLOCK_D=512), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
     ),
+    KernelSpec(  # the attention's expand fused with the ffn's mixer + coefficients (hc_expand_mix_triton.py), T = 1
+        "mhc.expand_mix_decode", f"{_OPS}.hc_expand_mix_triton:_hc_expand_mix_kernel",
+        types=dict(f_ptr="*bf16", x_ptr="*bf16", post_in_ptr="*fp32", comb_in_ptr="*fp32", y_ptr="*bf16",
+                   **{k: v for k, v in _HC_MIX_TYPES.items() if k not in ("x_ptr", "K", "stride_x")},
+                   D="i32", stride_ft="i32", stride_xt="i32", stride_xn="i32"),
+        aligned=("f_ptr", "x_ptr", "post_in_ptr", "comb_in_ptr", "y_ptr", "D", "stride_ft", "stride_xt", "stride_xn",
+                 *(a for a in _HC_MIX_ALIGNED if a not in ("x_ptr", "K", "stride_x")), "n_splits"),
+        constexprs=dict(PDL=False, BLOCK_T=_MIX["decode"]["BLOCK_T"], BLOCK_M=32, BLOCK_K=_MIX["decode"]["BLOCK_K"],
+                        BLOCK_S=128, SPLIT=True, N=4, ITERS=20, HC_EPS=1e-6, COEFF_T=2),
+        num_warps=_MIX["decode"]["num_warps"], num_stages=3,
+        expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
+    ),
     # ---- MoE routing, pick sort, clamped SwiGLU, combine (ops/moe_*_triton.py, swiglu_triton.py):
     # V4-Flash, 256 experts, top-6, hidden 4096, intermediate 2048, bf16 ----
     *(

@@ -16,7 +16,8 @@ program whose K range holds it), and feeds the rounded values to the mixer's dot
 would have read them back. The split reduction and the coefficients epilogue are the mixer's
 (`finish_mix`), so mixes and coefficients have the bits of hc_expand followed by
 hc_stream_coefficients at the same tiles. One launch where the expand and the mixer were two; the
-expand reads each stream N times (from L2: 4 x 32 KB a token at V4-Flash).
+expand reads each stream N times (from L2 at decode sizes: 4 x 32 KB a token at V4-Flash), so the op
+runs it below PREFILL_FROM_T tokens only.
 """
 
 import torch
@@ -26,7 +27,7 @@ from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import pdl_launch
 from v4serve.ops.hc_expand_triton import expanded
-from v4serve.ops.hc_mix_triton import finish_mix, tile_config
+from v4serve.ops.hc_mix_triton import PREFILL_FROM_T, finish_mix, tile_config
 
 
 @triton.jit
@@ -71,8 +72,10 @@ def _hc_expand_mix_kernel(
 
 
 def expand_mix_fits(D: int, T: int) -> bool:
-    """Whether the fused kernel takes these widths: each BLOCK_K-wide block of K in one stream."""
-    return D % tile_config(T, D)["BLOCK_K"] == 0
+    """Whether the fused kernel runs: decode sizes (the mixer's decode tiles; at prefill sizes the N
+    reads of every stream would cost more HBM traffic than the launch it saves), each BLOCK_K-wide
+    block of K in one stream."""
+    return T < PREFILL_FROM_T and D % tile_config(T, D)["BLOCK_K"] == 0
 
 
 def hc_expand_mix_triton(output: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,

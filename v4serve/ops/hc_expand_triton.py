@@ -32,11 +32,11 @@ def expanded(f, post_k, comb_k_ptr, comb_ok, x_ptrs, x_ok, stride_xn, y_ptr, N: 
     post, comb_k_ptr pointers to comb[t, 0, k] (comb_ok: their mask; stride N along j), x_ptrs
     pointers to X[t, 0, d] (x_ok: their mask; stride_xn along j)."""
     dtype = y_ptr.dtype.element_ty
-    mixed = tl.load(comb_k_ptr, mask=comb_ok, other=0.0).to(dtype).to(tl.float32) * \
-        tl.load(x_ptrs, mask=x_ok, other=0.0).to(tl.float32)
+    x = tl.load(x_ptrs, mask=x_ok, other=0.0).to(tl.float32)
+    mixed = tl.load(comb_k_ptr, mask=comb_ok, other=0.0).to(dtype).to(tl.float32) * x
     for j in tl.static_range(1, N):
-        comb = tl.load(comb_k_ptr + j * N, mask=comb_ok, other=0.0).to(dtype).to(tl.float32)
-        mixed += comb * tl.load(x_ptrs + j * stride_xn, mask=x_ok, other=0.0).to(tl.float32)
+        x = tl.load(x_ptrs + j * stride_xn, mask=x_ok, other=0.0).to(tl.float32)
+        mixed += tl.load(comb_k_ptr + j * N, mask=comb_ok, other=0.0).to(dtype).to(tl.float32) * x
     mixed = mixed.to(dtype).to(tl.float32)
     scaled = (post_k.to(dtype).to(tl.float32) * f).to(dtype).to(tl.float32)
     return (scaled + mixed).to(dtype)
