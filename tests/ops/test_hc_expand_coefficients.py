@@ -75,10 +75,9 @@ def test_bad_arguments_are_named():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 2, 8, 64, 2048])
+@pytest.mark.parametrize("T", [1, 8, 64])
 def test_one_launch_at_flash_shapes_on_gpu(T):
-    """4 streams x 4096 channels, the production tiles of T: the two launches' bits (T = 2048: the op
-    runs the two launches)."""
+    """4 streams x 4096 channels, the production tiles of T: the two launches' bits."""
     args = _inputs(T, 4096, seed=T, device="cuda")
     got = hc_expand_coefficients(*args[:5], RMS_EPS, *args[5:], N, ITERS, HC_EPS)
     for g, w in zip(got, _two_launches(*args, tile_config(T, N * 4096))):

@@ -48,7 +48,7 @@ def test_bad_arguments_are_named():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 8, 64])
+@pytest.mark.parametrize("T", [1, 8])
 def test_one_launch_at_flash_shapes_on_gpu(T):
     x, fn, base, scale = _inputs(T, 4 * 4096, seed=T, device="cuda")
     got = hc_head_pre(x, fn, RMS_EPS, base, scale, HC_EPS)

@@ -75,14 +75,14 @@ def test_bad_arguments_are_named():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 2, 8, 64])
+@pytest.mark.parametrize("T", [1, 8])
 def test_sub_blocks_and_splits_on_gpu(T):
     """Flash shapes: every COEFF_T the sweep times gives the production bits; other split counts (the
     sweep's 64 / 256 programs) move the mixes' fp32 sums only (tolerance of a reordered sum)."""
     x, fn, base, scale = _inputs(T, 4 * 4096, seed=T, device="cuda")
     coefficients = dict(base=base, scale=scale, n=N, iters=ITERS, hc_eps=HC_EPS)
     want = hc_mix_triton(x, fn, RMS_EPS, coefficients=coefficients)
-    for coeff_t in (2, 4, 8, 16):
+    for coeff_t in (2, 8, 16):
         got = hc_mix_triton(x, fn, RMS_EPS, config=dict(tile_config(T, 4 * 4096), COEFF_T=coeff_t),
                             coefficients=coefficients)
         for g, w in zip(got, want):

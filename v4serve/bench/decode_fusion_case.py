@@ -5,8 +5,8 @@ the launch sequence it replaced where that still runs (`bench kernels --only 'fu
   launches it replaced are the `mhc mix` + `mhc coefficients` rows);
 * `fused mhc expand coefficients T{T}`: the attention's expand fused with the ffn's mixer and
   coefficients (one launch) against `unfused ...` (hc_expand, then the mixer with its epilogue);
-* `fused mhc head T{T}`: the head's pre (the mixer's HEAD_PRE epilogue) and its collapse with the
-  final norm (2 launches) against `unfused mhc head T{T}` (mixer, 5 torch elementwise, collapse, norm);
+* `fused mhc head T1`: the head's pre (the mixer's HEAD_PRE epilogue) and its collapse with the
+  final norm (2 launches) against `unfused mhc head T1` (mixer, 5 torch elementwise, collapse, norm);
 * `fused mhc collapse norm T{T}` (the collapse with the sublayer's RMSNorm, one launch) against
   `unfused mhc collapse norm T{T}` (the collapse kernel, then the norm kernel);
 * `fused index query T{T}` (RoPE + Hadamard in the norm_rope kernel) against `unfused index query
@@ -47,9 +47,9 @@ def decode_fusion_shapes() -> dict:
     shapes = {}
     for T in (1, 8, 64):
         shapes[f"fused mhc coefficients T{T}"] = ("fused_mhc", (T,))
+    for fused in (True, False):
+        shapes[f"{'' if fused else 'un'}fused mhc head T1"] = ("fused_mhc_head", (1, fused))
     for T in (1, 8):
-        for fused in (True, False):
-            shapes[f"{'' if fused else 'un'}fused mhc head T{T}"] = ("fused_mhc_head", (T, fused))
         for fused in (True, False):
             shapes[f"{'' if fused else 'un'}fused mhc expand coefficients T{T}"] = ("fused_mhc_expand", (T, fused))
     for T in (1, 8, 64):

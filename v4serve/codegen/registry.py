@@ -436,7 +436,7 @@ KERNELS: tuple[KernelSpec, ...] = (
         types=dict(f_ptr="*bf16", x_ptr="*bf16", post_ptr="*fp32", comb_ptr="*fp32", y_ptr="*bf16", D="i32",
                    stride_ft="i32", stride_xt="i32", stride_xn="i32"),
         aligned=("f_ptr", "x_ptr", "post_ptr", "comb_ptr", "y_ptr", "D", "stride_ft", "stride_xt", "stride_xn"),
-        constexprs=dict(PDL=False, N=4, BLOCK_D=512), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, N=4, BLOCK_D=1024), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
     ),
     KernelSpec(  # the attention's expand fused with the ffn's mixer + coefficients (hc_expand_mix_triton.py), T = 1

@@ -56,9 +56,9 @@ def _hc_expand_mix_kernel(
         s = k0 // D  # the block's stream
         d = k0 - s * D + tl.arange(0, BLOCK_K)
         ok = t_ok[:, None] & (d < D)[None, :]
-        f = tl.load(f_ptr + rows[:, None] * stride_ft + d[None, :], mask=ok, other=0.0).to(tl.float32)
         post = tl.load(post_in_ptr + rows * N + s, mask=t_ok, other=0.0)
-        x_new = expanded(f, post[:, None], (comb_in_ptr + rows * (N * N) + s)[:, None], t_ok[:, None],
+        x_new = expanded(f_ptr + rows[:, None] * stride_ft + d[None, :], ok, post[:, None],
+                         (comb_in_ptr + rows * (N * N) + s)[:, None], t_ok[:, None],
                          x_ptr + rows[:, None] * stride_xt + d[None, :], ok, stride_xn, y_ptr, N)
         tl.store(y_ptr + rows[:, None] * K + s * D + d[None, :], x_new, mask=ok)
         x = x_new.to(tl.float32)

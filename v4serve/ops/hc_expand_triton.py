@@ -22,15 +22,17 @@ from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import pdl_launch
 
-HC_EXPAND_CONFIG = dict(BLOCK_D=512, num_warps=4)
+# 8 channels a thread: one 16-byte load per stream (the streams are loaded one by one).
+HC_EXPAND_CONFIG = dict(BLOCK_D=1024, num_warps=4)
 
 
 @triton.jit
-def expanded(f, post_k, comb_k_ptr, comb_ok, x_ptrs, x_ok, stride_xn, y_ptr, N: tl.constexpr):
+def expanded(f_ptrs, f_ok, post_k, comb_k_ptr, comb_ok, x_ptrs, x_ok, stride_xn, y_ptr, N: tl.constexpr):
     """X'_k = round(round(post_k f) + round(sum_j comb[j, k] X_j)) in y_ptr's element type, for
-    broadcastable tiles: f (fp32) the sublayer's output at the channels, post_k (fp32) the stream's
-    post, comb_k_ptr pointers to comb[t, 0, k] (comb_ok: their mask; stride N along j), x_ptrs
-    pointers to X[t, 0, d] (x_ok: their mask; stride_xn along j)."""
+    broadcastable tiles: f_ptrs pointers to the sublayer's output at the channels (f_ok: mask),
+    post_k (fp32) the stream's post, comb_k_ptr pointers to comb[t, 0, k] (comb_ok: their mask;
+    stride N along j), x_ptrs pointers to X[t, 0, d] (x_ok: their mask; stride_xn along j). The
+    output is loaded last, after the streams: fewer registers live at once."""
     dtype = y_ptr.dtype.element_ty
     x = tl.load(x_ptrs, mask=x_ok, other=0.0).to(tl.float32)
     mixed = tl.load(comb_k_ptr, mask=comb_ok, other=0.0).to(dtype).to(tl.float32) * x
@@ -38,6 +40,7 @@ def expanded(f, post_k, comb_k_ptr, comb_ok, x_ptrs, x_ok, stride_xn, y_ptr, N: 
         x = tl.load(x_ptrs + j * stride_xn, mask=x_ok, other=0.0).to(tl.float32)
         mixed += tl.load(comb_k_ptr + j * N, mask=comb_ok, other=0.0).to(dtype).to(tl.float32) * x
     mixed = mixed.to(dtype).to(tl.float32)
+    f = tl.load(f_ptrs, mask=f_ok, other=0.0).to(tl.float32)
     scaled = (post_k.to(dtype).to(tl.float32) * f).to(dtype).to(tl.float32)
     return (scaled + mixed).to(dtype)
 
@@ -53,10 +56,10 @@ def _hc_expand_kernel(
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < D
     k = tl.arange(0, N)
-    f = tl.load(f_ptr + t * stride_ft + d, mask=d_ok, other=0.0).to(tl.float32)
     post = tl.load(post_ptr + t * N + k)
-    out = expanded(f[None, :], post[:, None], (comb_ptr + t * N * N + k)[:, None], k[:, None] < N,
-                   (x_ptr + t * stride_xt + d)[None, :], d_ok[None, :], stride_xn, y_ptr, N)
+    # The stream and output loads are [BLOCK_D] rows (16 bytes a thread), broadcast over the N outputs.
+    out = expanded(f_ptr + t * stride_ft + d, d_ok, post[:, None], (comb_ptr + t * N * N + k)[:, None],
+                   k[:, None] < N, x_ptr + t * stride_xt + d, d_ok, stride_xn, y_ptr, N)
     tl.store(y_ptr + t * N * D + k[:, None] * D + d[None, :], out, mask=d_ok[None, :])
 
 
