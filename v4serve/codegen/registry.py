@@ -414,7 +414,8 @@ KERNELS: tuple[KernelSpec, ...] = (
         constexprs=dict(PDL=False, BLOCK_T=_MIX["decode"]["BLOCK_T"], BLOCK_M=32, BLOCK_K=_MIX["decode"]["BLOCK_K"],
                         BLOCK_S=128, SPLIT=True, COEFF_T=2, **_HC_COEFFS),
         num_warps=_MIX["decode"]["num_warps"], num_stages=3,
-        expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
+        # Triton 3.8 on sm_90 gives the 2-token epilogue 182 registers (3.6 / 3.9: <= 128); 2 warps, 128 programs.
+        expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs={80: 128, 90: 200, 100: 128, 120: 128}),
     ),
     KernelSpec(  # the prefill mixer with the coefficients epilogue, T = 2048
         "mhc.mix_coefficients_prefill", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
@@ -449,8 +450,10 @@ KERNELS: tuple[KernelSpec, ...] = (
         constexprs=dict(PDL=False, BLOCK_T=_MIX["decode"]["BLOCK_T"], BLOCK_M=32, BLOCK_K=_MIX["decode"]["BLOCK_K"],
                         BLOCK_S=128, SPLIT=True, N=4, ITERS=20, HC_EPS=1e-6, COEFF_T=2),
         num_warps=_MIX["decode"]["num_warps"], num_stages=3,
-        # sm_80 (ptxas 12.8) spills 8 B (4 STL/LDL) at 128 registers; sm_90 / 100 / 120 none (112-118 registers).
-        expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128, max_spill_ops=4),
+        # Triton 3.6 on sm_80 spills 8 B (4 STL/LDL) at 128 registers, 3.8 / 3.9 there take 158 and none;
+        # sm_90 / 100 / 120 112-128 with every version.
+        expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs={80: 176, 90: 140, 100: 140, 120: 140},
+                      max_spill_ops=4),
     ),
     # ---- MoE routing, pick sort, clamped SwiGLU, combine (ops/moe_*_triton.py, swiglu_triton.py):
     # V4-Flash, 256 experts, top-6, hidden 4096, intermediate 2048, bf16 ----
