@@ -8,6 +8,7 @@ import torch
 from v4serve.model.kernels import bind_kernels
 from v4serve.model.mhc import HyperConnection, HyperHead
 from v4serve.model.moe import MoE
+from v4serve.model.norm import RMSNorm
 from v4serve.presets import preset_config
 
 CONFIG = preset_config("tiny", {"n_routed_experts": 16, "num_experts_per_tok": 3})
@@ -45,7 +46,17 @@ def test_hyper_connection_and_head_kernels_match_torch():
     for g, w in zip(got, want):
         torch.testing.assert_close(g.float(), w.float(), rtol=1e-2, atol=1e-5)
     torch.testing.assert_close(got_expanded, hc.expand(out, streams, *got[1:]), rtol=0, atol=0)
+    ffn_hc = bind_kernels(_randomize(HyperConnection(CONFIG), seed=4), "triton")
+    fused = ffn_hc.coefficients_after_expand(out, streams, *got[1:])  # one launch: the two ops' bits
+    assert torch.equal(fused[0], got_expanded)
+    for g, w in zip(fused[1:], ffn_hc.coefficients(got_expanded)):
+        assert torch.equal(g, w)
     torch.testing.assert_close(got_head.float(), bind_kernels(head, "torch")(streams).float(), rtol=1e-2, atol=1e-5)
+    norm = RMSNorm(CONFIG.hidden_size, CONFIG.rms_norm_eps)
+    norm.weight.data = torch.rand(CONFIG.hidden_size) + 0.5
+    got_normed = bind_kernels(head, "triton")(streams, norm=norm)  # the final norm in the collapse's launch
+    want_normed = norm(bind_kernels(head, "torch")(streams))
+    torch.testing.assert_close(got_normed.float(), want_normed.float(), rtol=1e-2, atol=1e-5)
 
 
 @pytest.mark.parametrize("layer", [0, 1])

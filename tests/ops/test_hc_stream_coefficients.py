@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from v4serve.ops.hc_coefficients import hc_coefficients
-from v4serve.ops.hc_mix_triton import hc_mix_triton
+from v4serve.ops.hc_mix_triton import hc_mix_triton, tile_config
 from v4serve.ops.hc_stream_coefficients import hc_stream_coefficients
 
 N, ITERS, HC_EPS, RMS_EPS = 4, 20, 1e-6, 1e-6
@@ -45,6 +45,19 @@ def test_one_launch_matches_the_two_kernels_bit_for_bit(T, n_splits):
             assert torch.equal(g, w)
 
 
+@pytest.mark.parametrize("T, coeff_t", [(1, 2), (5, 4), (19, 8)])
+def test_epilogue_sub_blocks_give_the_same_bits(T, coeff_t):
+    """The epilogue's token sub-block (COEFF_T: fewer tokens a thread at decode sizes) changes no bit:
+    the Sinkhorn sums are fixed pairwise trees, whatever the tile."""
+    x, fn, base, scale = _inputs(T, 256, seed=T + coeff_t)
+    cfg = _split(256, 2)
+    coefficients = dict(base=base, scale=scale, n=N, iters=ITERS, hc_eps=HC_EPS)
+    want = hc_mix_triton(x, fn, RMS_EPS, config=dict(cfg, COEFF_T=16), coefficients=coefficients)
+    got = hc_mix_triton(x, fn, RMS_EPS, config=dict(cfg, COEFF_T=coeff_t), coefficients=coefficients)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
 def test_op_matches_the_references():
     x, fn, base, scale = _inputs(5, 320, seed=11)
     got = hc_stream_coefficients(x, fn, RMS_EPS, base, scale, N, ITERS, HC_EPS, impl="triton")
@@ -59,6 +72,25 @@ def test_bad_arguments_are_named():
         hc_stream_coefficients(x, fn[:, :63], RMS_EPS, base, scale, N, ITERS, HC_EPS)
     with pytest.raises(ValueError, match="base"):
         hc_stream_coefficients(x, fn, RMS_EPS, base[:23], scale, N, ITERS, HC_EPS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 8])
+def test_sub_blocks_and_splits_on_gpu(T):
+    """Flash shapes: every COEFF_T the sweep times gives the production bits; other split counts (the
+    sweep's 64 / 256 programs) move the mixes' fp32 sums only (tolerance of a reordered sum)."""
+    x, fn, base, scale = _inputs(T, 4 * 4096, seed=T, device="cuda")
+    coefficients = dict(base=base, scale=scale, n=N, iters=ITERS, hc_eps=HC_EPS)
+    want = hc_mix_triton(x, fn, RMS_EPS, coefficients=coefficients)
+    for coeff_t in (2, 8, 16):
+        got = hc_mix_triton(x, fn, RMS_EPS, config=dict(tile_config(T, 4 * 4096), COEFF_T=coeff_t),
+                            coefficients=coefficients)
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)
+    for programs in (64, 256):
+        got = hc_mix_triton(x, fn, RMS_EPS, config=tile_config(T, 4 * 4096, programs), coefficients=coefficients)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-6)
 
 
 @pytest.mark.gpu

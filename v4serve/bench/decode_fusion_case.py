@@ -3,6 +3,10 @@ the launch sequence it replaced where that still runs (`bench kernels --only 'fu
 
 * `fused mhc coefficients T{T}`: the mixer with its coefficients epilogue (one launch; the two
   launches it replaced are the `mhc mix` + `mhc coefficients` rows);
+* `fused mhc expand coefficients T{T}`: the attention's expand fused with the ffn's mixer and
+  coefficients (one launch) against `unfused ...` (hc_expand, then the mixer with its epilogue);
+* `fused mhc head T1`: the head's pre (the mixer's HEAD_PRE epilogue) and its collapse with the
+  final norm (2 launches) against `unfused mhc head T1` (mixer, 5 torch elementwise, collapse, norm);
 * `fused mhc collapse norm T{T}` (the collapse with the sublayer's RMSNorm, one launch) against
   `unfused mhc collapse norm T{T}` (the collapse kernel, then the norm kernel);
 * `fused index query T{T}` (RoPE + Hadamard in the norm_rope kernel) against `unfused index query
@@ -25,6 +29,10 @@ import torch.nn.functional as F
 from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.hadamard import hadamard
 from v4serve.ops.hc_collapse import hc_collapse
+from v4serve.ops.hc_expand import hc_expand
+from v4serve.ops.hc_expand_coefficients import hc_expand_coefficients
+from v4serve.ops.hc_head_pre import hc_head_pre
+from v4serve.ops.hc_mix import hc_mix
 from v4serve.ops.hadamard_reference import hadamard_reference
 from v4serve.ops.hc_stream_coefficients import hc_stream_coefficients
 from v4serve.ops.norm_rope import rms_norm_rope
@@ -39,6 +47,11 @@ def decode_fusion_shapes() -> dict:
     shapes = {}
     for T in (1, 8, 64):
         shapes[f"fused mhc coefficients T{T}"] = ("fused_mhc", (T,))
+    for fused in (True, False):
+        shapes[f"{'' if fused else 'un'}fused mhc head T1"] = ("fused_mhc_head", (1, fused))
+    for T in (1, 8):
+        for fused in (True, False):
+            shapes[f"{'' if fused else 'un'}fused mhc expand coefficients T{T}"] = ("fused_mhc_expand", (T, fused))
     for T in (1, 8, 64):
         for fused in (True, False):
             shapes[f"{'' if fused else 'un'}fused mhc collapse norm T{T}"] = ("fused_collapse_norm", (T, fused))
@@ -68,6 +81,40 @@ def build_decode_fusion(kind, args, device, seed=0, mhc_case=None):
         nbytes = x.numel() * 2 + fn.numel() * 4 + T * (2 * n + n * n) * 4
         return (lambda: hc_stream_coefficients(x, fn, 1e-6, base, scale, n, 20, 1e-6, tickets)[2]), nbytes, \
             2 * T * fn.numel(), nbytes
+    if kind == "fused_mhc_expand":  # the attention's expand, then the ffn's mixer + coefficients
+        T, fused = args
+        streams, fn, base, scale = mhc_case(T, device=device, seed=seed)
+        n = streams.shape[1]
+        output = torch.randn(T, HIDDEN, generator=g, device=device).bfloat16()
+        post = 2 * torch.rand(T, n, generator=g, device=device)
+        comb = torch.softmax(torch.randn(T, n, n, generator=g, device=device), dim=1)
+        tickets = torch.zeros(64, dtype=torch.int32, device=device)
+        nbytes = 3 * streams.numel() * 2 + output.numel() * 2 + fn.numel() * 4
+        if fused:
+            return (lambda: hc_expand_coefficients(output, streams, post, comb, fn, 1e-6, base, scale, n, 20, 1e-6,
+                                                   tickets)[3]), nbytes, 2 * T * fn.numel(), nbytes
+
+        def unfused():
+            new_streams = hc_expand(output, streams, post, comb)
+            return hc_stream_coefficients(new_streams.flatten(1), fn, 1e-6, base, scale, n, 20, 1e-6, tickets)[2]
+        return unfused, nbytes, 2 * T * fn.numel(), nbytes
+    if kind == "fused_mhc_head":  # the head: pre, collapse and the final norm (2 launches; 8 unfused)
+        T, fused = args
+        streams, fn, base, scale = mhc_case(T, device=device, seed=seed)
+        x, n = streams.flatten(1), streams.shape[1]
+        fn, base, scale = fn[:n].contiguous(), base[:n].contiguous(), scale[:1].contiguous()
+        weight = (torch.rand(HIDDEN, generator=g, device=device) + 0.5).bfloat16()
+        tickets = torch.zeros(64, dtype=torch.int32, device=device)
+        nbytes = x.numel() * 2 + fn.numel() * 4 + T * HIDDEN * 2
+        if fused:
+            return (lambda: hc_collapse(streams, hc_head_pre(x, fn, 1e-6, base, scale, 1e-6, tickets), weight,
+                                        1e-6)), nbytes, 2 * T * fn.numel(), nbytes
+
+        def unfused():
+            mixes, row_scale = hc_mix(x, fn, 1e-6, tickets)
+            pre = torch.sigmoid(mixes * (row_scale[:, None] * scale) + base) + 1e-6
+            return rms_norm_rope(hc_collapse(streams, pre), 1e-6, weight)
+        return unfused, nbytes, 2 * T * fn.numel(), nbytes
     if kind == "fused_collapse_norm":
         T, fused = args
         streams = mhc_case(T, device=device, seed=seed)[0]

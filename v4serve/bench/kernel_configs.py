@@ -272,6 +272,9 @@ def main() -> int:
     from v4serve.bench import v41_attn_configs
 
     v41_attn_configs.sweep(only)  # V4.1's decode attention routes over two packed formats ("two-format decode B1")
+    from v4serve.bench import mhc_configs
+
+    mhc_configs.sweep(only)  # the mHC mixer + coefficients epilogue ("mhc coeffs T1", ...)
     return 0
 
 

@@ -119,8 +119,10 @@ _HC_MIX_ALIGNED = ("x_ptr", "fn_ptr", "part_ptr", "mix_ptr", "row_scale_ptr", "t
                    "pre_ptr", "post_ptr", "comb_ptr", "K", "k_per_split", "stride_x")
 # The coefficients epilogue as the model runs it (hc_stream_coefficients): V4's 4 streams, 20 rounds;
 # off, the mixer alone (the head's collapse weights).
-_HC_COEFFS = dict(COEFFS=True, N=4, ITERS=20, HC_EPS=1e-6)
-_NO_HC_COEFFS = dict(COEFFS=False, N=1, ITERS=1, HC_EPS=0.0)
+_HC_COEFFS = dict(COEFFS=True, N=4, ITERS=20, HC_EPS=1e-6, HEAD_PRE=False)
+_NO_HC_COEFFS = dict(COEFFS=False, N=1, ITERS=1, HC_EPS=0.0, HEAD_PRE=False, COEFF_T=16)
+# The head's mixer (fn [4, 16384]) with its pre epilogue (ops/hc_head_pre.py), 2-token sub-blocks.
+_HC_HEAD_PRE = dict(COEFFS=False, N=4, ITERS=1, HC_EPS=1e-6, HEAD_PRE=True, COEFF_T=2)
 # The Walsh-Hadamard epilogue of norm_rope / compress_decode (registry_decode_fusion.py), off.
 _NO_HADAMARD = dict(HADAMARD=False, LOG2_D=0)
 
@@ -390,11 +392,12 @@ KERNELS: tuple[KernelSpec, ...] = (
     # ---- mHC mixer input, collapse, expand (ops/hc_mix_triton.py, hc_collapse_triton.py,
     # hc_expand_triton.py): V4-Flash, 4 streams of 4096, fn [24, 16384] fp32, bf16 streams ----
     # No tensor_cores for mhc.mix: its tl.dot is fp32 in IEEE precision (no TF32), which compiles to FFMA.
-    KernelSpec(  # HC_MIX_CONFIGS["decode"], T = 1: 128 splits of two 64-wide K blocks, ticket merge
-        "mhc.mix_decode", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
+    KernelSpec(  # HC_MIX_CONFIGS["decode"], T = 1: 128 splits of two 64-wide K blocks, ticket merge; the
+        # head's 4 mixes (BLOCK_M 16) with its pre epilogue, as the model runs it
+        "mhc.mix_head_pre_decode", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
         types=_HC_MIX_TYPES, aligned=(*_HC_MIX_ALIGNED, "n_splits"),
-        constexprs=dict(PDL=False, BLOCK_T=_MIX["decode"]["BLOCK_T"], BLOCK_M=32, BLOCK_K=_MIX["decode"]["BLOCK_K"],
-                        BLOCK_S=128, SPLIT=True, **_NO_HC_COEFFS),
+        constexprs=dict(PDL=False, BLOCK_T=_MIX["decode"]["BLOCK_T"], BLOCK_M=16, BLOCK_K=_MIX["decode"]["BLOCK_K"],
+                        BLOCK_S=128, SPLIT=True, **_HC_HEAD_PRE),
         num_warps=_MIX["decode"]["num_warps"], num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
     ),
@@ -406,19 +409,20 @@ KERNELS: tuple[KernelSpec, ...] = (
         num_warps=_MIX["prefill"]["num_warps"], num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
     ),
-    KernelSpec(  # the decode mixer with the coefficients epilogue (the model's sublayers), T = 1
+    KernelSpec(  # the decode mixer with the coefficients epilogue (the model's sublayers), T = 1: 2-token sub-block
         "mhc.mix_coefficients_decode", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
         types=_HC_MIX_TYPES, aligned=(*_HC_MIX_ALIGNED, "n_splits"),
         constexprs=dict(PDL=False, BLOCK_T=_MIX["decode"]["BLOCK_T"], BLOCK_M=32, BLOCK_K=_MIX["decode"]["BLOCK_K"],
-                        BLOCK_S=128, SPLIT=True, **_HC_COEFFS),
+                        BLOCK_S=128, SPLIT=True, COEFF_T=2, **_HC_COEFFS),
         num_warps=_MIX["decode"]["num_warps"], num_stages=3,
-        expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
+        # Triton 3.8 on sm_90 gives the 2-token epilogue 182 registers (3.6 / 3.9: <= 128); 2 warps, 128 programs.
+        expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs={80: 128, 90: 200, 100: 128, 120: 128}),
     ),
     KernelSpec(  # the prefill mixer with the coefficients epilogue, T = 2048
         "mhc.mix_coefficients_prefill", f"{_OPS}.hc_mix_triton:_hc_mix_kernel",
         types=_HC_MIX_TYPES, aligned=_HC_MIX_ALIGNED,
         constexprs=dict(PDL=False, BLOCK_T=_MIX["prefill"]["BLOCK_T"], BLOCK_M=32, BLOCK_K=_MIX["prefill"]["BLOCK_K"],
-                        BLOCK_S=2, SPLIT=True, **_HC_COEFFS),
+                        BLOCK_S=2, SPLIT=True, COEFF_T=16, **_HC_COEFFS),
         num_warps=_MIX["prefill"]["num_warps"], num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
     ),
@@ -434,8 +438,23 @@ KERNELS: tuple[KernelSpec, ...] = (
         types=dict(f_ptr="*bf16", x_ptr="*bf16", post_ptr="*fp32", comb_ptr="*fp32", y_ptr="*bf16", D="i32",
                    stride_ft="i32", stride_xt="i32", stride_xn="i32"),
         aligned=("f_ptr", "x_ptr", "post_ptr", "comb_ptr", "y_ptr", "D", "stride_ft", "stride_xt", "stride_xn"),
-        constexprs=dict(PDL=False, N=4, BLOCK_D=512), num_warps=4, num_stages=3,
+        constexprs=dict(PDL=False, N=4, BLOCK_D=1024), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs=128),
+    ),
+    KernelSpec(  # the attention's expand fused with the ffn's mixer + coefficients (hc_expand_mix_triton.py), T = 1
+        "mhc.expand_mix_decode", f"{_OPS}.hc_expand_mix_triton:_hc_expand_mix_kernel",
+        types=dict(f_ptr="*bf16", x_ptr="*bf16", post_in_ptr="*fp32", comb_in_ptr="*fp32", y_ptr="*bf16",
+                   **{k: v for k, v in _HC_MIX_TYPES.items() if k not in ("x_ptr", "K", "stride_x")},
+                   D="i32", stride_ft="i32", stride_xt="i32", stride_xn="i32"),
+        aligned=("f_ptr", "x_ptr", "post_in_ptr", "comb_in_ptr", "y_ptr", "D", "stride_ft", "stride_xt", "stride_xn",
+                 *(a for a in _HC_MIX_ALIGNED if a not in ("x_ptr", "K", "stride_x")), "n_splits"),
+        constexprs=dict(PDL=False, BLOCK_T=_MIX["decode"]["BLOCK_T"], BLOCK_M=32, BLOCK_K=_MIX["decode"]["BLOCK_K"],
+                        BLOCK_S=128, SPLIT=True, N=4, ITERS=20, HC_EPS=1e-6, COEFF_T=2),
+        num_warps=_MIX["decode"]["num_warps"], num_stages=3,
+        # Triton 3.6 on sm_80 spills 8 B (4 STL/LDL) at 128 registers, 3.8 / 3.9 there take 158 and none;
+        # sm_90 / 100 / 120 112-128 with every version.
+        expect=Expect(kv_load_bytes=16, kv_lines=r"x = tl\.load", max_regs={80: 176, 90: 140, 100: 140, 120: 140},
+                      max_spill_ops=4),
     ),
     # ---- MoE routing, pick sort, clamped SwiGLU, combine (ops/moe_*_triton.py, swiglu_triton.py):
     # V4-Flash, 256 experts, top-6, hidden 4096, intermediate 2048, bf16 ----

@@ -20,6 +20,8 @@ checkpoint loads by name; `weights.py` maps the official V4 checkpoint's names o
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -37,6 +39,15 @@ from v4serve.model.norm import RMSNorm
 from v4serve.model.rope import RopeTables
 from v4serve.model.step_plan import StepPlan, plan_step
 from v4serve.ops.hc_collapse import hc_collapse
+
+
+class PendingExpand(NamedTuple):
+    """A block's ffn output and the streams, post and comb it expands into (`HyperConnection.expand`),
+    not yet expanded: the next block's first mixer runs the expand."""
+    output: torch.Tensor
+    streams: torch.Tensor
+    post: torch.Tensor
+    comb: torch.Tensor
 
 
 class DecoderLayer(nn.Module):
@@ -61,19 +72,43 @@ class DecoderLayer(nn.Module):
         their MoE routing rows or None), only those rows' [R, n, D] and [R, n] (the attention still
         writes every token's KV rows: a draft pass that needs the cache of all its tokens and the
         output of a few)."""
-        if self.engram is not None:
-            streams = self.engram(streams, step.engram_rows[self.engram_table])
-        a_pre, post, comb = self.attn_hc.coefficients(streams, batch.tickets)
+        pending, f_pre = self.forward_deferred(streams, pre_in, batch, cache, step, keep)
+        return self.ffn_hc.expand(*pending), f_pre
+
+    def forward_deferred(self, streams: torch.Tensor | PendingExpand, pre_in: torch.Tensor | None,
+                         batch: ForwardBatch, cache: LayerCache, step: StepPlan,
+                         keep: tuple[torch.Tensor, torch.Tensor | None] | None = None
+                         ) -> tuple[PendingExpand, torch.Tensor]:
+        """`forward` without its last expand: (the ffn's output with the streams, post and comb it
+        expands into, f_pre). `streams` may be the previous block's `PendingExpand`: its expand then
+        runs in this block's first mixer launch (`coefficients_after_expand`), one launch a block
+        fewer; the caller expands the last block's (`expand_pending`)."""
+        if isinstance(streams, PendingExpand) and self.engram is None:
+            streams, a_pre, post, comb = self.attn_hc.coefficients_after_expand(*streams, batch.tickets)
+        else:
+            if isinstance(streams, PendingExpand):
+                streams = self.attn_hc.expand(*streams)
+            if self.engram is not None:
+                streams = self.engram(streams, step.engram_rows[self.engram_table])
+            a_pre, post, comb = self.attn_hc.coefficients(streams, batch.tickets)
         y = self.attn_hc.collapse(streams, pre_in if self.lagged_hc else a_pre, self.input_layernorm)
-        streams = self.attn_hc.expand(self.self_attn(y, batch, cache, step), streams, post, comb)
+        attn_out = self.self_attn(y, batch, cache, step)
         token_ids, route_rows = batch.token_ids, batch.route_rows
-        if keep is not None:
+        if keep is None:  # the expand and the ffn's coefficients in one launch on the GPU
+            streams, f_pre, post, comb = self.ffn_hc.coefficients_after_expand(attn_out, streams, post, comb,
+                                                                               batch.tickets)
+        else:
+            streams = self.attn_hc.expand(attn_out, streams, post, comb)
             rows, route_rows = keep
             streams, token_ids, a_pre = (t.index_select(0, rows) for t in (streams, token_ids, a_pre))
-        f_pre, post, comb = self.ffn_hc.coefficients(streams, batch.tickets)
+            f_pre, post, comb = self.ffn_hc.coefficients(streams, batch.tickets)
         y = self.ffn_hc.collapse(streams, a_pre if self.lagged_hc else f_pre, self.post_attention_layernorm)
         out = self.mlp(y, token_ids, route_rows)
-        return self.ffn_hc.expand(out, streams, post, comb), f_pre
+        return PendingExpand(out, streams, post, comb), f_pre
+
+    def expand_pending(self, pending: PendingExpand) -> torch.Tensor:
+        """The streams a block's `forward_deferred` left unexpanded (its ffn's expand)."""
+        return self.ffn_hc.expand(*pending)
 
 
 class DeepseekV4Model(nn.Module):
@@ -162,17 +197,19 @@ class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
                 raise RuntimeError("a DeepSeek-V4.1 model with Engram layers needs `set_token_map` before it runs")
             rows = self.ngrams.rows(batch, cache.token_history)
         step = plan_step(batch, self.rope(), rows)
-        for i, layer in enumerate(self.model.layers):
-            streams, pre = layer(streams, pre, batch, cache.view(i), step)
+        for i, layer in enumerate(self.model.layers):  # each block's last expand runs in the next one's first mixer
+            streams, pre = layer.forward_deferred(streams, pre, batch, cache.view(i), step)
+        streams = self.model.layers[-1].expand_pending(streams)
         keep = slice(None) if batch.is_decode else batch.logits_indices  # decode: every token's logits
         return self._head(streams[keep], pre[keep], batch), streams
 
     def _head(self, streams: torch.Tensor, last_pre: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """fp32 logits of the final streams; `last_pre`: the last block's ffn pre."""
+        norm = self.model.norm  # the final RMSNorm runs in the collapse's launch on the GPU
         if self.model.hc_head is not None:
-            h = self.model.norm(self.model.hc_head(streams, batch.tickets))
+            h = self.model.hc_head(streams, batch.tickets, norm)
         else:  # V4.1: the last block's ffn pre collapses the streams
-            h = self.model.norm(hc_collapse(streams, last_pre, impl=self.impl))
+            h = hc_collapse(streams, last_pre, norm.weight, norm.eps, impl=self.impl)
         return self._logits(h)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,8 @@ from v4serve.config import ModelConfig
 from v4serve.model.kernels import UsesKernels
 from v4serve.ops.hc_collapse import hc_collapse
 from v4serve.ops.hc_expand import hc_expand
-from v4serve.ops.hc_mix import hc_mix
+from v4serve.ops.hc_expand_coefficients import hc_expand_coefficients
+from v4serve.ops.hc_head_pre import hc_head_pre
 from v4serve.ops.hc_stream_coefficients import hc_stream_coefficients
 
 
@@ -50,6 +51,15 @@ class HyperConnection(UsesKernels, nn.Module):
         return hc_stream_coefficients(streams.flatten(1), self.fn, self.rms_eps, self.base, self.scale, self.hc_mult,
                                       self.sinkhorn_iters, self.hc_eps, tickets, impl=self.impl)
 
+    def coefficients_after_expand(self, output: torch.Tensor, streams: torch.Tensor, post: torch.Tensor,
+                                  comb: torch.Tensor, tickets: torch.Tensor | None = None
+                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(X', pre, post, comb): the previous sublayer's `output` expanded into the streams with its
+        post and comb (`expand`), then this sublayer's `coefficients` of X': one launch on the GPU
+        (`hc_expand_coefficients`, the two ops' bits)."""
+        return hc_expand_coefficients(output, streams, post, comb, self.fn, self.rms_eps, self.base, self.scale,
+                                      self.hc_mult, self.sinkhorn_iters, self.hc_eps, tickets, impl=self.impl)
+
     def collapse(self, streams: torch.Tensor, pre: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
         """sum_j pre_j X_j -> [T, D] in streams.dtype; with `norm` (the sublayer's RMSNorm) normalised
         by it, in the same launch on the GPU."""
@@ -75,9 +85,13 @@ class HyperHead(UsesKernels, nn.Module):
         self.hc_base = nn.Parameter(torch.zeros(n, dtype=torch.float32))
         self.hc_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
 
-    def forward(self, streams: torch.Tensor, tickets: torch.Tensor | None = None) -> torch.Tensor:
-        """pre_j = sigmoid(scale m[j] rms + base[j]) + hc_eps with m = hc_fn @ flatten(X); returns
-        sum_j pre_j X_j [T, D] in streams.dtype."""
-        mixes, row_scale = hc_mix(streams.flatten(1), self.hc_fn, self.rms_eps, tickets, impl=self.impl)
-        pre = torch.sigmoid(mixes * (row_scale[:, None] * self.hc_scale) + self.hc_base) + self.hc_eps
-        return hc_collapse(streams, pre, impl=self.impl)
+    def forward(self, streams: torch.Tensor, tickets: torch.Tensor | None = None, norm: nn.Module | None = None
+                ) -> torch.Tensor:
+        """pre_j = sigmoid(m[j] (rms scale) + base[j]) + hc_eps with m = hc_fn @ flatten(X) (`hc_head_pre`:
+        one launch on the GPU); returns sum_j pre_j X_j [T, D] in streams.dtype, normalised by `norm`
+        (the model's final RMSNorm) when given, in the collapse's launch on the GPU."""
+        pre = hc_head_pre(streams.flatten(1), self.hc_fn, self.rms_eps, self.hc_base, self.hc_scale, self.hc_eps,
+                          tickets, impl=self.impl)
+        if norm is None:
+            return hc_collapse(streams, pre, impl=self.impl)
+        return hc_collapse(streams, pre, norm.weight, norm.eps, impl=self.impl)

@@ -13,6 +13,13 @@ def hc_expand(output: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, c
     """X' [T, n, D] in streams.dtype: X'[:, k] = post[:, k] output + sum_j comb[:, j, k] streams[:, j].
 
     output [T, D] in streams.dtype; streams [T, n, D]; post [T, n], comb [T, n, n] fp32."""
+    check_expand_args(output, streams, post, comb)
+    if use_triton(impl, output, streams, post, comb):
+        return hc_expand_triton(output, streams, post, comb)
+    return hc_expand_reference(output, streams, post, comb)
+
+
+def check_expand_args(output: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> None:
     if streams.dim() != 3 or output.shape != (streams.shape[0], streams.shape[2]):
         raise ValueError(f"streams must be [T, n, D] and output [T, D], got {tuple(streams.shape)} and "
                          f"{tuple(output.shape)}")
@@ -23,6 +30,3 @@ def hc_expand(output: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, c
     if output.dtype != streams.dtype or n & (n - 1):
         raise ValueError(f"output must have the streams' dtype {streams.dtype} (got {output.dtype}) and the "
                          f"number of streams must be a power of two (got {n})")
-    if use_triton(impl, output, streams, post, comb):
-        return hc_expand_triton(output, streams, post, comb)
-    return hc_expand_reference(output, streams, post, comb)

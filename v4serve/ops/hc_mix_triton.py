@@ -30,6 +30,7 @@ from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import pdl_launch
 from v4serve.ops.hc_coefficients_triton import coefficients_of_tokens
+from v4serve.ops.hc_head_pre_triton import head_pre_of_tokens
 
 
 # Production tiles: small T (decode) spreads K over ~TARGET_PROGRAMS programs; large T (prefill)
@@ -52,6 +53,7 @@ def _hc_mix_kernel(
     BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr,
     SPLIT: tl.constexpr, PDL: tl.constexpr = False,
     COEFFS: tl.constexpr = False, N: tl.constexpr = 1, ITERS: tl.constexpr = 1, HC_EPS: tl.constexpr = 0.0,
+    COEFF_T: tl.constexpr = 16, HEAD_PRE: tl.constexpr = False,
 ):
     if PDL:
         gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
@@ -72,6 +74,20 @@ def _hc_mix_kernel(
         w = tl.load(fn_ptr + m[:, None] * K + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         acc += tl.dot(x, tl.trans(w), input_precision="ieee")
         sq += tl.sum(x * x, axis=1)
+    finish_mix(acc, sq, t, t_ok, m, m_ok, block, split, part_ptr, mix_ptr, row_scale_ptr, ticket_ptr, base_ptr,
+               scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, M, n_splits, eps, BLOCK_T, BLOCK_M, BLOCK_S, SPLIT,
+               COEFFS, N, ITERS, HC_EPS, COEFF_T, HEAD_PRE)
+
+
+@triton.jit
+def finish_mix(acc, sq, t, t_ok, m, m_ok, block, split, part_ptr, mix_ptr, row_scale_ptr, ticket_ptr, base_ptr,
+               scale_ptr, pre_ptr, post_ptr, comb_ptr, T, K, M, n_splits, eps,
+               BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, SPLIT: tl.constexpr,
+               COEFFS: tl.constexpr, N: tl.constexpr, ITERS: tl.constexpr, HC_EPS: tl.constexpr,
+               COEFF_T: tl.constexpr, HEAD_PRE: tl.constexpr):
+    """After a program's K range: its partial row (acc [BLOCK_T, BLOCK_M] mixes, sq [BLOCK_T] sums of
+    squares) to the split reduction, whose last program writes the block's mixes and RMS factors and
+    runs the epilogue; without a split, straight to the outputs (any mixer kernel's tail)."""
     if SPLIT:
         part = tl.where(m[None, :] == M, sq[:, None], acc)  # column M carries the sum of squares
         part_rows = part_ptr + (t.to(tl.int64)[:, None] * n_splits + split) * BLOCK_M + m[None, :]
@@ -92,32 +108,51 @@ def _hc_mix_kernel(
                 tl.store(mix_ptr + row * M + m, total, mask=m_ok)
                 tl.store(row_scale_ptr + row, tl.rsqrt(sum_sq / K + eps))
             tl.atomic_xchg(ticket_at, 0)  # ready for the next launch (graph replays too)
-            if COEFFS:
-                tl.debug_barrier()
-                coefficients_of_tokens(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
-                                       t, t_ok, M, N, ITERS, HC_EPS, BLOCK_T)
+            _epilogue(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, block, T, M,
+                      BLOCK_T, COEFFS, N, ITERS, HC_EPS, COEFF_T, HEAD_PRE)
     else:
         tl.store(mix_ptr + t.to(tl.int64)[:, None] * M + m[None, :], acc, mask=t_ok[:, None] & m_ok[None, :])
         tl.store(row_scale_ptr + t, tl.rsqrt(sq / K + eps), mask=t_ok)
-        if COEFFS:
-            tl.debug_barrier()
-            coefficients_of_tokens(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, t, t_ok,
-                                   M, N, ITERS, HC_EPS, BLOCK_T)
+        _epilogue(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, block, T, M,
+                  BLOCK_T, COEFFS, N, ITERS, HC_EPS, COEFF_T, HEAD_PRE)
 
 
-def tile_config(T: int, K: int) -> dict:
-    """The production tiles for T tokens, with the split of K: n_splits ranges of k_per_split."""
+@triton.jit
+def _epilogue(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, block, T, M,
+              BLOCK_T: tl.constexpr, COEFFS: tl.constexpr, N: tl.constexpr, ITERS: tl.constexpr,
+              HC_EPS: tl.constexpr, COEFF_T: tl.constexpr, HEAD_PRE: tl.constexpr):
+    """The token block's coefficients (COEFFS: COEFF_T tokens at a time, only as many sub-blocks as
+    the block has live tokens) or the head's pre (HEAD_PRE), from the mixes this program wrote."""
+    if COEFFS or HEAD_PRE:
+        tl.debug_barrier()  # the block's mixes and RMS factors, stored above, visible to every thread
+        first = block * BLOCK_T
+        for s in range(first, tl.minimum(first + BLOCK_T, T), COEFF_T):
+            t = s + tl.arange(0, COEFF_T)
+            t_ok = t < T
+            if COEFFS:
+                coefficients_of_tokens(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr,
+                                       t, t_ok, M, N, ITERS, HC_EPS, COEFF_T)
+            else:
+                head_pre_of_tokens(mix_ptr, row_scale_ptr, base_ptr, scale_ptr, pre_ptr, t, t_ok, N, HC_EPS)
+
+
+def tile_config(T: int, K: int, target_programs: int = TARGET_PROGRAMS) -> dict:
+    """The production tiles for T tokens, with the split of K (n_splits ranges of k_per_split) and
+    the epilogue's token sub-block COEFF_T: the next power of two of T, 2 to BLOCK_T (its bits do not
+    depend on it; fewer tokens a thread, shorter serial Sinkhorn chains)."""
     cfg = dict(HC_MIX_CONFIGS["prefill" if T >= PREFILL_FROM_T else "decode"])
     k_blocks = triton.cdiv(K, cfg["BLOCK_K"])
-    wanted = max(1, min(k_blocks, TARGET_PROGRAMS // triton.cdiv(T, cfg["BLOCK_T"])))
+    wanted = max(1, min(k_blocks, target_programs // triton.cdiv(T, cfg["BLOCK_T"])))
     k_per_split = triton.cdiv(k_blocks, wanted) * cfg["BLOCK_K"]
-    return dict(cfg, k_per_split=k_per_split, n_splits=triton.cdiv(K, k_per_split))
+    coeff_t = min(cfg["BLOCK_T"], max(2, triton.next_power_of_2(T)))
+    return dict(cfg, k_per_split=k_per_split, n_splits=triton.cdiv(K, k_per_split), COEFF_T=coeff_t)
 
 
 def hc_mix_triton(x: torch.Tensor, fn: torch.Tensor, eps: float, tickets: torch.Tensor | None = None,
-                  config=None, coefficients: dict | None = None) -> tuple[torch.Tensor, ...]:
+                  config=None, coefficients: dict | None = None, head: dict | None = None) -> tuple[torch.Tensor, ...]:
     """(mixes, row_scale); with `coefficients` (base, scale fp32 contiguous, n, iters, hc_eps: the
-    COEFFS epilogue) also (pre, post, comb)."""
+    COEFFS epilogue) also (pre, post, comb); with `head` (base [M], scale [1] fp32 contiguous, hc_eps:
+    the HEAD_PRE epilogue) also pre [T, M]. `config`: tile_config's keys (a sweep's variant)."""
     T, K = x.shape
     M = fn.shape[0]
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -125,7 +160,7 @@ def hc_mix_triton(x: torch.Tensor, fn: torch.Tensor, eps: float, tickets: torch.
     mixes = torch.empty(T, M, dtype=torch.float32, device=x.device)
     row_scale = torch.empty(T, dtype=torch.float32, device=x.device)
     epilogue, outs = {}, (mixes, row_scale)
-    coefficient_ptrs = (mixes,) * 5  # base, scale, pre, post, comb: unused without the epilogue
+    coefficient_ptrs = (mixes,) * 5  # base, scale, pre, post, comb: unused without an epilogue
     if coefficients is not None:
         n = coefficients["n"]
         pre, post = (torch.empty(T, n, dtype=torch.float32, device=x.device) for _ in range(2))
@@ -133,10 +168,18 @@ def hc_mix_triton(x: torch.Tensor, fn: torch.Tensor, eps: float, tickets: torch.
         outs += (pre, post, comb)
         coefficient_ptrs = (coefficients["base"], coefficients["scale"], pre, post, comb)
         epilogue = dict(COEFFS=True, N=n, ITERS=coefficients["iters"], HC_EPS=coefficients["hc_eps"])
+    elif head is not None:
+        pre = torch.empty(T, M, dtype=torch.float32, device=x.device)
+        outs += (pre,)
+        coefficient_ptrs = (head["base"], head["scale"], pre, pre, pre)
+        epilogue = dict(HEAD_PRE=True, N=M, HC_EPS=head["hc_eps"])
     if T == 0:
         return outs
     cfg = dict(tile_config(T, K) if config is None else config)
     k_per_split, n_splits = cfg.pop("k_per_split"), cfg.pop("n_splits")
+    cfg.setdefault("COEFF_T", cfg["BLOCK_T"])
+    if cfg["COEFF_T"] > cfg["BLOCK_T"]:
+        raise ValueError(f"COEFF_T {cfg['COEFF_T']} must divide BLOCK_T {cfg['BLOCK_T']}")
     block_m = max(16, triton.next_power_of_2(M + 1))  # room for the sum of squares in column M
     n_blocks = triton.cdiv(T, cfg["BLOCK_T"])
     split = n_splits > 1
