@@ -70,11 +70,12 @@ DECODE_PROGRAMS_PER_SM = 2
 # and 128-channel steps; V4-Flash: wkv 1, wq_a 2, shared w1 / w3 / w2 and the indexer's q_b 4, wq_b 8,
 # wo_b 16): KERNEL "ahead" (weights-first) or "tiles", plus that kernel's keys. SUM_LAST (the last
 # program of a tile sums the split partials: one launch) applies where the caller keeps counters
-# (`arrivals`: FP8Linear does), the sum kernel runs otherwise. Written before any GPU run (session 13):
-# the weights-first kernel up to 2 steps (it won there in the act_block sweep of session 12: wkv 3.5-3.8
-# vs 6.3 µs, wq_a 5.4 vs 6.8), the tile kernel (its bits) beyond; change it from the sweep
-# `python -m v4serve.bench.kernel_configs 'fp8 decode w8a16'` (its rows name these configs).
-W8A16_DECODE_RULE = {1: dict(KERNEL="ahead", SUM_LAST=True), 2: dict(KERNEL="ahead", SUM_LAST=True)}
+# (`arrivals`: FP8Linear does), the sum kernel runs otherwise. From the H200 sweep of session 13
+# (`python -m v4serve.bench.kernel_configs 'fp8 decode w8a16'`, Triton 3.6, µs): at 1 step the
+# weights-first kernel (wkv M1 3.99-4.09 against the tiles' 5.01); at 2 steps the tiles (wq_a M1 4.60
+# against 6.97, M8 5.05 against 7.44); beyond, the tiles (shared w1 5.09, w2 4.99, indexer q_b 4.95,
+# q_a + kv fused 4.84: weights-first 6.5-6.9).
+W8A16_DECODE_RULE = {1: dict(KERNEL="ahead", SUM_LAST=True)}
 W8A16_DECODE_OTHERWISE = dict(KERNEL="tiles", SUM_LAST=True)
 
 

@@ -358,10 +358,15 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
     candidate source, an earlier layer. (A .contiguous() copy of them in the dispatch would: it turns
     the early chain off.)
 
-    config["TRIGGER"] (default on): with programmatic dependent launch, each program calls
-    griddepcontrol.launch_dependents right after its griddepcontrol.wait, so that the kernel launched
-    after this one (if launched with PDL) starts its own pre-wait work while this one scores; its wait
-    still waits for this whole grid and its memory. config["SPLIT_STORE"] (default on): the scores and
+    config["TRIGGER"] (default: on when the grid has at most one program per SM): with programmatic
+    dependent launch, each program calls griddepcontrol.launch_dependents right after its
+    griddepcontrol.wait, so that the kernel launched after this one (if launched with PDL) starts its
+    own pre-wait work while this one scores; its wait still waits for this whole grid and its memory.
+    The early programs of the next kernel hold SM slots while they wait, which a grid of more than one
+    wave needs: on the H200 (session 13) the three changes together took B1 decode over 128 tiles from
+    2.51 / 2.67 to 2.03 / 2.04 µs (full ctx32768, candidates) but grids of 512 tiles (B4, ctx131072)
+    from 5.15 / 5.42 / 5.12 to 6.03 / 6.22 / 6.00; the trigger is the change that can cost a multi-wave
+    grid, so it is kept to one program per SM (not yet measured alone: `v41_index_configs`). config["SPLIT_STORE"] (default on): the scores and
     the -inf of the slots that are not live are written by two stores with disjoint masks in the slots'
     layout, instead of a select whose liveness operand had to be moved into the scores' layout (through
     shared memory, two barriers). config["SKIP_BY_LIST"] (default on, where empty tiles are skipped): a
@@ -378,7 +383,6 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
     cfg = dict(stream_config(q.device, candidates and S > 1) if config is None else config)
     cfg.setdefault("EARLY_CHAIN", True if early_chain is None else early_chain)
     cfg.setdefault("SPLIT_STORE", True)
-    cfg.setdefault("TRIGGER", True)
     block_t = cfg.pop("BLOCK_T")
     predecoded = predecode and packed
     if predecoded:
@@ -389,6 +393,7 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
         pool, packed = keys, False
     tiles_per_row = triton.cdiv(C, block_t)
     programs = programs_per_row(tiles_per_row, S * B, cfg, q.device)
+    cfg.setdefault("TRIGGER", compiled_on_cuda(q.device) and programs * S * B <= _sm_count(q.device))
     cfg.pop("TILES", None)
     cfg.pop("PROGRAMS_PER_SM", None)
     w = _weight_words(weights)
