@@ -369,7 +369,8 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
     grid, so it is kept to one program per SM (not yet measured alone: `v41_index_configs`).
     config["SPLIT_STORE"] (default on): the scores and the -inf of the slots that are not live are
     written by two stores with disjoint masks in the slots' layout, instead of a select whose liveness
-    operand had to be moved into the scores' layout (through shared memory, two barriers). config["SKIP_BY_LIST"] (default on, where empty tiles are skipped): a
+    operand had to be moved into the scores' layout (through shared memory, two barriers).
+    config["SKIP_BY_LIST"] (default on, where empty tiles are skipped): a
     tile is skipped when none of its candidate blocks is listed, a max within each warp, instead of when
     none of its slots is live, a max across the warpgroup (3 barriers a tile); a tile with listed blocks but
     no live slot is then scored and written as -inf. All three leave every output bit as it was."""
