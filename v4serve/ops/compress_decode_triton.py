@@ -156,13 +156,9 @@ def _compress_decode_kernel(
                 PK_ROW_BYTES)
 
 
-def compress_decode_triton(kv, score, positions, slots, position_bias, state, ratio, norm_weight, eps, cos, sin,
-                           rows_of, scratch, out_dtype, pool=None, row_format=None, hadamard=False):
-    B, d = kv.shape[0], norm_weight.shape[0]
-    rows = torch.empty(B, d, dtype=out_dtype, device=kv.device)
-    target = torch.empty(B, dtype=torch.int64, device=kv.device)
-    if B == 0:
-        return rows, target
+def launch_layout(state, d, pool, row_format):
+    """What a compressor launch (decode or verify) derives from its state and row format: (overlap,
+    the three state pointers s0, s1, s2 (s2 = s0 when unused), the packed-row constexprs, BLOCK_D)."""
     overlap = len(state) == 2
     s0, s1 = state[0], state[1]
     s2 = state[2] if not overlap else s0
@@ -170,6 +166,17 @@ def compress_decode_triton(kv, score, positions, slots, position_bias, state, ra
     block_d = triton.next_power_of_2(d)
     if pk and block_d < row_format.block:
         raise ValueError(f"rows of {d} channels are narrower than a {row_format.name} block")
+    return overlap, s0, s1, s2, pk, block_d
+
+
+def compress_decode_triton(kv, score, positions, slots, position_bias, state, ratio, norm_weight, eps, cos, sin,
+                           rows_of, scratch, out_dtype, pool=None, row_format=None, hadamard=False):
+    B, d = kv.shape[0], norm_weight.shape[0]
+    rows = torch.empty(B, d, dtype=out_dtype, device=kv.device)
+    target = torch.empty(B, dtype=torch.int64, device=kv.device)
+    if B == 0:
+        return rows, target
+    overlap, s0, s1, s2, pk, block_d = launch_layout(state, d, pool, row_format)
     _compress_decode_kernel[(B,)](
         kv, score, positions, slots, position_bias, s0, s1, s2,
         norm_weight, cos, sin, rows_of, rows, target, rows if pool is None else pool,

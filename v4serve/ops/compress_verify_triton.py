@@ -21,8 +21,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import pdl_launch
-from v4serve.ops.compress_decode_triton import _finish_row, _pool_online_step, _pool_overlap_step
-from v4serve.ops.kv_pack_triton import packed_constexprs
+from v4serve.ops.compress_decode_triton import _finish_row, _pool_online_step, _pool_overlap_step, launch_layout
 
 BLOCK_COPY = 1024  # floats a copy step: 4 warps x 32 threads x 8 (two 16-byte vectors each)
 
@@ -87,13 +86,7 @@ def compress_verify_triton(kv, score, positions, slots, position_bias, state, ra
     target = torch.empty(groups * s, dtype=torch.int64, device=kv.device)
     if s == 0:
         return rows, target
-    overlap = len(state) == 2
-    s0, s1 = state[0], state[1]
-    s2 = state[2] if not overlap else s0
-    pk = {} if pool is None else dict(PACKED=True, **packed_constexprs(row_format, d))
-    block_d = triton.next_power_of_2(d)
-    if pk and block_d < row_format.block:
-        raise ValueError(f"rows of {d} channels are narrower than a {row_format.name} block")
+    overlap, s0, s1, s2, pk, block_d = launch_layout(state, d, pool, row_format)
     _compress_verify_kernel[(s,)](
         kv, score, positions, slots, position_bias, s0, s1, s2,
         norm_weight, cos, sin, rows_of, rows, target, rows if pool is None else pool,
