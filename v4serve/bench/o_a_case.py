@@ -21,11 +21,11 @@ BLOCK = (128, 128)
 
 def o_a_shapes() -> dict:
     shapes = {}
-    for t in (1, 2, 8, 64, 2048):
+    for t in (1, 2, 4, 8, 64, 2048):
         shapes[f"o_a bf16 einsum T{t}"] = ("o_a", ("einsum", t))
     for t in (1, 2, 4, 8):
         shapes[f"o_a fp8 blockdiag T{t}"] = ("o_a", ("blockdiag", t))
-    for t in (1, 2, 8, 64, 2048):
+    for t in (1, 2, 4, 8, 64, 2048):
         shapes[f"o_a fp8 groups T{t}"] = ("o_a", ("groups", t))
     return shapes
 
