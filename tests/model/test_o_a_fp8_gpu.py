@@ -43,9 +43,10 @@ def test_flash_o_a_fp8_decodes_in_graphs_like_the_dequantized_einsum():
     batches = [[torch.randint(2, 4096, (300,), generator=g).tolist()],
                [torch.randint(2, 4096, (n,), generator=g).tolist() for n in (200, 260, 330)]]
     fp8 = [_runs(llm, prompts) for prompts in batches]
+    dtype = llm.engine.model.model.embed_tokens.weight.dtype  # bf16 on the GPU
     for layer in layers:
         o_a = layer.self_attn.o_a_proj
-        plain = nn.Linear(o_a.in_features, o_a.out_features, bias=False, device=DEVICE, dtype=torch.bfloat16)
+        plain = nn.Linear(o_a.in_features, o_a.out_features, bias=False, device=DEVICE, dtype=dtype)
         plain.weight.data.copy_(o_a.dequantized())
         layer.self_attn.o_a_proj = plain
     dequantized = [_runs(llm, prompts) for prompts in batches]
