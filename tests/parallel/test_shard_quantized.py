@@ -10,7 +10,7 @@ import torch
 
 from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
 from v4serve.model.loader import build_model, resolve_config
-from v4serve.model.quantized import FP8Linear, MXFP4Experts
+from v4serve.model.quantized import FP8GroupedLinear, FP8Linear, MXFP4Experts
 from v4serve.model.quantized_install import install, official_plan
 from v4serve.ops.weight_formats import quantize_fp8_blocks
 from v4serve.parallel.shard import ShardSpec, shard_model
@@ -56,6 +56,8 @@ def test_checkpoint_ranks_read_their_parts(request, naming, expert_parallel):
     assert isinstance(layer.self_attn.o_b_proj, FP8Linear) and isinstance(layer.mlp.experts, MXFP4Experts)
     o_b = layer.self_attn.o_b_proj  # [hidden 64, K 64] cut to K 32: one 32-column block of scales
     assert o_b.weight.shape == (64, 32) and o_b.weight_scale_inv.shape == (4, 1)
+    o_a = layer.self_attn.o_a_proj  # FP8 [2 groups x 32, 256] cut to this rank's group: two 16-row blocks
+    assert isinstance(o_a, FP8GroupedLinear) and o_a.weight.shape == (32, 256) and o_a.weight_scale_inv.shape == (2, 8)
     experts = layer.mlp.experts
     if expert_parallel:
         assert experts.gate_up_proj.shape[0] == experts.n_experts == 4
@@ -114,6 +116,8 @@ def test_flash_and_pro_cut_on_whole_blocks(name, size):
     attn, mlp = net.model.layers[1].self_attn, net.model.layers[1].mlp
     assert attn.q_b_proj.weight.shape == (c.num_attention_heads // size * c.head_dim, c.q_lora_rank)
     assert attn.o_b_proj.weight_scale_inv.shape == (c.hidden_size // 128, c.o_groups // size * c.o_lora_rank // 128)
+    assert isinstance(attn.o_a_proj, FP8GroupedLinear) and attn.o_a_proj.weight_scale_inv.shape == (
+        c.o_groups // size * c.o_lora_rank // 128, c.num_attention_heads * c.head_dim // c.o_groups // 128)
     assert mlp.shared_experts.down_proj.weight_scale_inv.shape == (c.hidden_size // 128,
                                                                   c.moe_intermediate_size // size // 128)
     assert mlp.experts.down_proj_scale_inv.shape == (c.n_routed_experts, c.hidden_size,

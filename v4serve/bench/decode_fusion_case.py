@@ -14,19 +14,14 @@ the launch sequence it replaced where that still runs (`bench kernels --only 'fu
 * `fused hadamard R{rows}`: the standalone kernel (prefill's index keys), rows x 128 bf16;
 * `fused compressor proj {csa|hca} M{m} {bf16|fp32}`: the compressor / indexer projections of a
   Flash layer (CSA: 2624 rows, HCA: 1024, K 4096), bf16 weights multiplied into fp32 by cuBLAS
-  (production) against the fp32 weights and the widening of x they replaced;
-* `unfused o_a einsum M{m}`: the grouped output projection as it runs (cuBLAS batched bf16, 64 MB),
-  the largest non-FP8 read of a decode layer left, against `fp8 blockdiag o_a M{m}`: the official
-  FP8 wo_a (32 MB) through the production `fp8_linear` on all T*G group rows at once (the G x G
-  blocks of the product, of which the diagonal ones are kept: the weight is read once, the MMA
-  waste is free at decode sizes), then the diagonal copied out: not wired into the model (it
-  would keep wo_a in FP8; larger T need another route), a measurement for that decision.
+  (production) against the fp32 weights and the widening of x they replaced.
+(The grouped output projection's rows, `unfused o_a einsum` / `fp8 blockdiag o_a`, moved to
+bench/o_a_case.py once o_a_proj was kept in FP8: `o_a ...`.)
 """
 
 import torch
 import torch.nn.functional as F
 
-from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.hadamard import hadamard
 from v4serve.ops.hc_collapse import hc_collapse
 from v4serve.ops.hc_expand import hc_expand
@@ -39,7 +34,6 @@ from v4serve.ops.norm_rope import rms_norm_rope
 
 HIDDEN, INDEX_HEADS, INDEX_DIM, ROPE_PAIRS = 4096, 64, 128, 32
 COMPRESSOR_ROWS = {"csa": 2 * 1024 + 2 * 256 + 64, "hca": 2 * 512}  # kv + gate (+ indexer kv, gate, weights)
-O_GROUPS, O_RANK, O_IN = 8, 1024, 64 * 512 // 8
 ROUTED_EXPERTS = 256
 
 
@@ -63,10 +57,6 @@ def decode_fusion_shapes() -> dict:
         for m in (1, 8):
             for dtype in ("bf16", "fp32"):
                 shapes[f"fused compressor proj {layer} M{m} {dtype}"] = ("fused_compressor", (layer, m, dtype))
-    for m in (1, 8):
-        shapes[f"unfused o_a einsum M{m}"] = ("o_a_einsum", (m,))
-    for m in (1, 2):
-        shapes[f"fp8 blockdiag o_a M{m}"] = ("fused_o_a_fp8", (m,))
     return shapes
 
 
@@ -149,23 +139,4 @@ def build_decode_fusion(kind, args, device, seed=0, mhc_case=None):
         w32 = w.float()
         nbytes = w32.numel() * 4 + m * (HIDDEN * 2 + n * 4)
         return (lambda: F.linear(x.float(), w32)), nbytes, flops, nbytes
-    if kind == "o_a_einsum":
-        (m,) = args
-        o = torch.randn(m, O_GROUPS, O_IN, generator=g, device=device).bfloat16()
-        w = (torch.randn(O_GROUPS, O_RANK, O_IN, generator=g, device=device) * 0.02).bfloat16()
-        nbytes = w.numel() * 2 + o.numel() * 2 + m * O_GROUPS * O_RANK * 2
-        return (lambda: torch.einsum("tgi,goi->tgo", o, w)), nbytes, 2 * m * w.numel(), nbytes
-    if kind == "fused_o_a_fp8":
-        (m,) = args
-        o = torch.randn(m, O_GROUPS, O_IN, generator=g, device=device).bfloat16()
-        w = (torch.randn(O_GROUPS * O_RANK, O_IN, generator=g, device=device) * 16).to(torch.float8_e4m3fn)
-        scale = torch.exp2(torch.randint(-14, -8, (O_GROUPS * O_RANK // 128, O_IN // 128), generator=g,
-                                         device=device).float())
-
-        def blockdiag():
-            full = fp8_linear(o.view(m * O_GROUPS, O_IN), w, scale).view(m, O_GROUPS, O_GROUPS, O_RANK)
-            return full.diagonal(dim1=1, dim2=2).transpose(1, 2).contiguous()  # [m, G, o_rank]
-
-        nbytes = w.numel() + scale.numel() * 4 + o.numel() * 2 + m * O_GROUPS * O_GROUPS * O_RANK * 2
-        return blockdiag, nbytes, 2 * m * O_GROUPS * w.numel(), nbytes
     raise ValueError(f"not a decode-fusion row: {kind}")

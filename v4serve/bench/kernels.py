@@ -180,7 +180,11 @@ def build(kind, args, device, seed=0):
         return _build_fp8kv(kind.removesuffix("_fp8kv"), args, device, seed)
     if kind == "kv_compact":
         return _build_kv_compact(args, device, seed)
-    if kind.startswith("fused_") or kind == "o_a_einsum":
+    if kind == "o_a":
+        from v4serve.bench.o_a_case import build_o_a
+
+        return build_o_a(*args, device=device, seed=seed)
+    if kind.startswith("fused_"):
         from v4serve.bench.decode_fusion_case import build_decode_fusion
 
         return build_decode_fusion(kind, args, device, seed, mhc_case=mhc_case)

@@ -297,6 +297,9 @@ def all_shapes():
     from v4serve.bench.decode_fusion_case import decode_fusion_shapes
 
     shapes.update(decode_fusion_shapes())  # the decode step's fused small kernels (session 12)
+    from v4serve.bench.o_a_case import o_a_shapes
+
+    shapes.update(o_a_shapes())  # the grouped output projection, bf16 vs FP8 routes (bench/o_a_case.py)
     shapes.update(v41_index_shapes())  # DeepSeek-V4.1 indexer over packed fp4 keys (bench/v41_index_case.py)
     from v4serve.bench.v41_attn_case import v41_attn_shapes  # (imports this module)
 

@@ -25,6 +25,7 @@ from v4serve.model.fusion import bf16_storage_fits, fp32_product, fuse_fp8_rows,
 from v4serve.model.indexer import Indexer
 from v4serve.model.kernels import UsesKernels
 from v4serve.model.norm import RMSNorm
+from v4serve.model.quantized import FP8GroupedLinear
 from v4serve.model.step_plan import StepPlan
 from v4serve.ops.norm_rope import rms_norm_rope
 from v4serve.ops.sparse_attn import sparse_attn_paged
@@ -102,10 +103,15 @@ class Attention(UsesKernels, nn.Module):
             window.copy_rows(batch.ring_dst, batch.ring_src)
 
         o = rms_norm_rope(o.to(x.dtype), cos=angles.cos, sin=angles.sin, inverse=True, impl=self.impl)
-        groups = o.reshape(t, self.o_groups, -1)  # [T, G, H*D/G]
-        w_a = self.o_a_proj.weight.view(self.o_groups, -1, groups.shape[-1])  # [G, o_rank, H*D/G]
-        z = torch.einsum("tgi,goi->tgo", groups, w_a)
+        z = self._project_groups(o.reshape(t, self.o_groups, -1))  # [T, G, H*D/G] -> [T, G, o_rank]
         return self.o_b_proj(z.flatten(1))
+
+    def _project_groups(self, groups: torch.Tensor) -> torch.Tensor:
+        """z[t, g] = Wo_a[g] groups[t, g]: the FP8 module where the loader kept o_a_proj FP8
+        (`FP8GroupedLinear`), else one einsum over the model-dtype weight viewed [G, o_rank, H*D/G]."""
+        if isinstance(self.o_a_proj, FP8GroupedLinear):
+            return self.o_a_proj(groups)
+        return torch.einsum("tgi,goi->tgo", groups, self.o_a_proj.weight.view(self.o_groups, -1, groups.shape[-1]))
 
     def _compress_and_select(
         self, x: torch.Tensor, qr: torch.Tensor, batch: ForwardBatch, cache: LayerCache, step: StepPlan

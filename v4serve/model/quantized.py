@@ -34,6 +34,7 @@ from torch import nn
 
 from v4serve.config import ModelConfig
 from v4serve.model.kernels import UsesKernels
+from v4serve.ops.fp8_grouped_linear import BLOCKDIAG_MAX_ROWS, fp8_grouped_linear
 from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.moe_combine import moe_combine
 from v4serve.ops.moe_sort import moe_sort
@@ -81,6 +82,24 @@ class FP8Linear(UsesKernels, nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, block={self.block}, act_block={self.act_block}"
+
+
+class FP8GroupedLinear(FP8Linear):
+    """The attention's grouped output projection (`o_a_proj`, official `wo_a`) kept in FP8:
+    z[t, g] = W[g] x[t, g] for x [T, G, I], W = the e4m3 codes [G*R, I] with their block scales,
+    group g owning rows g*R .. (g+1)*R - 1 (`ops/fp8_grouped_linear.py`: one block-diagonal FP8 GEMM
+    up to `blockdiag_max_rows` rows T*G, one GEMM a group beyond). Always weight-only numerics
+    (the official code multiplies this weight dequantized to bf16). Installed only where each
+    group's R rows are whole scale blocks (`quantized_install.grouped_fp8_fits`), so a
+    tensor-parallel cut by groups keeps whole blocks; G is read from x (a cut keeps fewer)."""
+
+    def __init__(self, in_features: int, out_features: int, block: tuple[int, int]):
+        super().__init__(in_features, out_features, block, act_block=None)
+        self.blockdiag_max_rows = BLOCKDIAG_MAX_ROWS
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8_grouped_linear(x, self.weight, self.weight_scale_inv, self.block, impl=self.impl,
+                                  arrivals=self.split_counters(x), blockdiag_max_rows=self.blockdiag_max_rows)
 
 
 class MXFP4Experts(UsesKernels, nn.Module):

@@ -4,10 +4,13 @@ Which modules: for a checkpoint, what its tensors are (an F8_E4M3 weight makes i
 `FP8Linear`, packed e2m1 experts make the layer's experts `MXFP4Experts`); for a preset, the
 official layout (`OFFICIAL_FP8` below, MXFP4 experts when `expert_dtype` is fp4).
 
-`o_a_proj` (the official `wo_a`) is FP8 on disk, but the grouped output projection multiplies
-each head group by its own row block (an einsum over the weight); the official inference code
-dequantizes this one weight to BF16 when it converts the checkpoint, and so do we: at load, into
-the model dtype (`DEQUANTIZE_AT_LOAD`).
+`o_a_proj` (the official `wo_a`) is FP8 on disk and multiplies each head group by its own row
+block. The official inference code dequantizes it to BF16 when it converts the checkpoint; we keep
+it FP8 (`FP8GroupedLinear`: half the bytes, 32 MB less a V4-Flash layer, weight-only numerics =
+the official bf16 product up to the fp32 sum order) wherever each group's rows are whole scale
+blocks (`grouped_fp8_fits`: every official V4 checkpoint), and dequantize it at load into the model
+dtype otherwise (`DEQUANTIZE_AT_LOAD`), as the MTP input projections always are. DeepSeek-V4.1
+checkpoints load through `v41_weights.py` (every weight dequantized); its presets keep o_a_proj bf16.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import torch
 from torch import nn
 
 from v4serve.config import ModelConfig, QuantConfig
-from v4serve.model.quantized import FP8Linear, MXFP4Experts
+from v4serve.model.quantized import FP8GroupedLinear, FP8Linear, MXFP4Experts
 from v4serve.model.v41_quant import ACT_BLOCK, act_quant
+from v4serve.ops.fp8_grouped_linear import groups_are_whole_blocks
 
 # Linears that run as `module(x)` and may be FP8: the official checkpoint's FP8 set (suffixes
 # under `model.layers.N.`).
@@ -29,9 +33,23 @@ OFFICIAL_FP8 = (
     "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj",
     "self_attn.indexer.q_b_proj", "engram.wkv",  # DeepSeek-V4.1's indexer and Engram
 )
+# The grouped output projection: FP8 where `grouped_fp8_fits`, dequantized at load otherwise.
+GROUPED_FP8 = "self_attn.o_a_proj"
 # The MTP layer's input projections (`mtp.N.e_proj` / `h_proj`) are bf16 in our model as well.
-DEQUANTIZE_AT_LOAD = ("self_attn.o_a_proj", "e_proj", "h_proj")
+DEQUANTIZE_AT_LOAD = (GROUPED_FP8, "e_proj", "h_proj")
 EXPERTS = "mlp.experts"
+
+
+def grouped_fp8_fits(config: ModelConfig) -> bool:
+    """o_a_proj stays FP8 (`FP8GroupedLinear`): a V4 model with a quantization config whose row block
+    divides o_lora_rank (each group's rows whole scale blocks). V4-Flash / Pro: 1024 rows of 128."""
+    q = config.quantization
+    return q is not None and config.v41 is None and groups_are_whole_blocks(config.o_lora_rank, q.weight_block_size)
+
+
+def fp8_kind(suffix: str | None, config: ModelConfig) -> bool:
+    """A module (by its layer suffix) that an FP8 checkpoint tensor makes an FP8 module."""
+    return suffix in OFFICIAL_FP8 or (suffix == GROUPED_FP8 and grouped_fp8_fits(config))
 
 
 def layer_suffix(module_name: str) -> str | None:
@@ -67,7 +85,7 @@ def official_plan(net: nn.Module, config: ModelConfig) -> QuantPlan:
         raise ValueError("FP8 routed experts (expert_dtype fp8) are not supported yet; use fp4 or bf16")
     for name, _ in net.named_modules():
         suffix = layer_suffix(name)
-        if suffix in OFFICIAL_FP8:
+        if fp8_kind(suffix, config):
             plan.fp8.add(name)
         elif suffix == EXPERTS and q.expert_dtype == "fp4":
             plan.mxfp4.add(name)
@@ -89,7 +107,9 @@ def install(net: nn.Module, plan: QuantPlan, quant: QuantConfig | None, config: 
         parent = net.get_submodule(parent_name)
         old = getattr(parent, child)
         with torch.device(next(old.parameters()).device):  # meta while building: no memory
-            if name in plan.fp8:
+            if name in plan.fp8 and layer_suffix(name) == GROUPED_FP8:
+                new = FP8GroupedLinear(old.in_features, old.out_features, quant.weight_block_size)
+            elif name in plan.fp8:
                 new = FP8Linear(old.in_features, old.out_features, quant.weight_block_size, act_block)
             else:
                 new = MXFP4Experts(config)

@@ -262,7 +262,7 @@ def scan_checkpoint(net: torch.nn.Module, path: Path, config: ModelConfig, insta
     rank's part and returns its ShardSpecs by parameter name: a cut target's checkpoint tensor is
     checked against the FULL shape (`full_shape`, of the target's expert / rows); tensors of other
     ranks' experts (expert parallel) get no job and are not missing."""
-    from v4serve.model.quantized_install import DEQUANTIZE_AT_LOAD, EXPERTS, OFFICIAL_FP8, QuantPlan, layer_suffix
+    from v4serve.model.quantized_install import DEQUANTIZE_AT_LOAD, EXPERTS, QuantPlan, fp8_kind, layer_suffix
 
     files = checkpoint_files(path)
     entries, file_problems = [], []
@@ -301,7 +301,7 @@ def scan_checkpoint(net: torch.nn.Module, path: Path, config: ModelConfig, insta
         module = _module_of(target.name)
         suffix = layer_suffix(module)
         if e.dtype == _FP8:
-            if suffix in OFFICIAL_FP8:
+            if fp8_kind(suffix, config):
                 plan.fp8.add(module)
             elif suffix in DEQUANTIZE_AT_LOAD:
                 plan.dequantize.add(module)

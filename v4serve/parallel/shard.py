@@ -26,8 +26,9 @@ lm_head: vocabulary rows likewise; logits all-gathered along the vocabulary
 mHC, norms, the head's hyper-connection: replicated.
 Quantized modules (`shard_quantized.py`): an FP8Linear is cut with its block scales and only on
 whole blocks, MXFP4 experts with their ue8m0 bytes on whole 32-channel groups; a cut inside a block
-raises naming the layer. An FP8 checkpoint's o_a_proj is dequantized at load: each rank dequantizes
-the blocks its rows touch (`ShardSpec.read_dequantized`).
+raises naming the layer. o_a_proj is FP8 (`FP8GroupedLinear`) where each group's rows are whole
+scale blocks, so a cut by groups is one on whole blocks; where they are not, it is dequantized at
+load and each rank dequantizes the blocks its rows touch (`ShardSpec.read_dequantized`).
 
 The sums run in a different order than one process's GEMMs: float results agree to rounding.
 """
@@ -207,7 +208,7 @@ def shard_model(model: nn.Module, group: Group, expert_parallel: bool = False) -
     for layer in model.model.layers:
         attn = layer.self_attn
         s.cut_linear(attn.q_b_proj, 0, [i for hh in heads for i in range(hh * d, (hh + 1) * d)])
-        s.cut_linear(attn.o_a_proj, 0, o_cols)  # bf16 (an FP8 checkpoint's is dequantized at load)
+        s.cut_linear(attn.o_a_proj, 0, o_cols)  # FP8 on whole blocks, or dequantized at load
         s.cut_linear(attn.o_b_proj, 1, o_cols)
         s.cut(attn, "sinks", 0, list(heads))
         attn.n_heads, attn.o_groups = len(heads), len(groups)
