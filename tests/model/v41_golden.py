@@ -56,12 +56,16 @@ class GoldenRunner:
         return runner
 
     def _wrap_layer(self, i: int, layer) -> None:
-        run = layer.forward
+        """Feed (teacher forcing) and record each block. The model runs its blocks through
+        `forward_deferred`, which returns the block's last expand still pending (the next block's
+        first mixer runs it): the wrapper records the expanded output beside it (the same bits) and
+        passes the pending expand on, so the model's own path is what runs."""
+        run = layer.forward_deferred
         if layer.engram is not None:  # a fed block input is the golden one after Engram
             engram = layer.engram.forward
             layer.engram.forward = lambda streams, rows: streams if self.feed is not None else engram(streams, rows)
 
-        def forward(streams, pre, batch, cache, step):
+        def forward_deferred(streams, pre, batch, cache, step, keep=None):
             if self.feed is not None:
                 phase, rows = self.feed
                 g = self.golden
@@ -71,15 +75,15 @@ class GoldenRunner:
                 elif i:
                     src = g[f"{phase}.layers.{i - 1}.h_out"]
                 else:
-                    src = g[f"{phase}.embed"][:, None].expand(-1, streams.shape[1], -1) if phase == "prefill" else None
+                    src = g[f"{phase}.embed"][:, None].expand(-1, self.config.hc_mult, -1) if phase == "prefill" else None
                 if src is not None:
-                    streams = src[rows].to(streams.dtype).contiguous()
+                    streams = src[rows].to(self.model.model.embed_tokens.weight.dtype).contiguous()
                 pre = g[f"{phase}.layers.{i}.pre_mix_in"][rows].float()
-            out, f_pre = run(streams, pre, batch, cache, step)
-            self.record.h_out.setdefault(i, []).append(out.detach().clone())
-            return out, f_pre
+            pending, f_pre = run(streams, pre, batch, cache, step, keep)
+            self.record.h_out.setdefault(i, []).append(layer.expand_pending(pending).detach().clone())
+            return pending, f_pre
 
-        layer.forward = forward
+        layer.forward_deferred = forward_deferred
         indexer = layer.self_attn.indexer
         if indexer is not None:
             select = indexer.select
