@@ -73,17 +73,19 @@ class Attention(UsesKernels, nn.Module):
         t = x.shape[0]
         angles = step.rope.for_ratio(self.ratio)
         q_low, kv = self._project_input(x)
-        qr = self.q_a_norm(q_low)
+        window = cache.window
+        q_a_norm = (q_low, self.q_a_norm.weight)  # normalised in the kv norm's launch
+        if window.packed:  # the norm kernel quantizes and packs the rows into the window pool too
+            _, qr = rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=self.impl,
+                                  pool=window.data, rows=batch.staging_rows, row_format=window.row_format,
+                                  also_norm=q_a_norm)
+        else:
+            kv, qr = rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=self.impl,
+                                   also_norm=q_a_norm)
+            window.store(batch.staging_rows, kv, self.impl)
         q_eps = self.eps if self.plan.q_head_rms else None  # V4.1: no per-head q RMS
         q = rms_norm_rope(self.q_b_proj(qr).view(t, self.n_heads, self.head_dim), q_eps,
                           cos=angles.cos, sin=angles.sin, impl=self.impl)
-        window = cache.window
-        if window.packed:  # the norm kernel quantizes and packs the rows into the window pool too
-            rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=self.impl,
-                          pool=window.data, rows=batch.staging_rows, row_format=window.row_format)
-        else:
-            kv = rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=self.impl)
-            window.store(batch.staging_rows, kv, self.impl)
         cmp, columns, counts = window, batch.window_columns, None
         if self.plan.v41 and self.ratio:  # V4.1: a non-source layer's compressed pool is its source's
             cmp = cache.compressed
