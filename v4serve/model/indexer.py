@@ -63,12 +63,12 @@ class Indexer(Compressor):
         q = keys.round(q, self.impl)
         pool = keys.data
         packed = {"row_format": keys.read_format}
-        weights = head_weights * self.weight_scale
+        scaled = dict(weight_scale=self.weight_scale, impl=self.impl, **packed)  # the scale inside the kernel
         rows_of = batch.compressed_rows[self.ratio]
         k = min(self.topk, rows_of.shape[1])
         if batch.is_decode:  # one query per sequence: one call over every sequence's rows
             visible = batch.visible_compressed(self.ratio)[:, None]
-            scores = index_scores(q[:, None], weights[:, None], pool, rows_of, visible, impl=self.impl, **packed)
+            scores = index_scores(q[:, None], head_weights[:, None], pool, rows_of, visible, **scaled)
             # Masked keys score -inf and sort last, past the `live_picks` count where the attention
             # stops reading: they need no -1 (every visible row is allocated and scores finitely).
             _, picks = sorted_top(scores[:, 0], k)  # [B, k] compressed row ids
@@ -81,8 +81,7 @@ class Indexer(Compressor):
             span = slice(c.offset, c.offset + c.length)
             key_rows = rows_of[b:b + 1, :n_rows]
             visible = ((batch.positions[span] + 1) // self.ratio).to(torch.int32)[None]
-            scores = index_scores(q[None, span], weights[None, span], pool, key_rows, visible, impl=self.impl,
-                                  **packed)
+            scores = index_scores(q[None, span], head_weights[None, span], pool, key_rows, visible, **scaled)
             picks = select_topk(scores, k)[0]  # [L, k] compressed row ids, -1 = none
             rows = key_rows[0, picks.clamp(min=0)]
             selected[span] = torch.where(picks >= 0, rows, -1)
