@@ -119,9 +119,10 @@ class Attention(UsesKernels, nn.Module):
         self.compressor.compress(kv_all, score_all, batch, cache.compressor_state, cache.compressed, step.rope)
         if self.compressor.indexer is None:  # HCA: every complete compressed row
             return batch.columns_of_all_rows(self.ratio), batch.visible_compressed(self.ratio)
-        picks = self.compressor.indexer.select(index_projected, qr, batch, cache, step.rope)
+        columns = self.compressor.indexer.select(index_projected, qr, batch, cache, step.rope)
         # Picks come best first with the holes last, so the kernel can stop at the visible ones.
-        return torch.cat((batch.window_columns, picks), dim=1), batch.live_picks(self.ratio, picks.shape[1])
+        k = columns.shape[1] - batch.window_columns.shape[1]
+        return columns, batch.live_picks(self.ratio, k)
 
     def fuse_projections(self) -> None:
         """One GEMM for the two projections of the layer input (q_a_proj, kv_proj), one fp32 GEMM for
