@@ -180,6 +180,10 @@ def build(kind, args, device, seed=0):
         return _build_fp8kv(kind.removesuffix("_fp8kv"), args, device, seed)
     if kind == "kv_compact":
         return _build_kv_compact(args, device, seed)
+    if kind.startswith("glue_"):
+        from v4serve.bench.launch_glue_case import build_launch_glue
+
+        return build_launch_glue(kind, args, device, seed)
     if kind.startswith("fused_") or kind == "o_a_einsum":
         from v4serve.bench.decode_fusion_case import build_decode_fusion
 

@@ -297,6 +297,9 @@ def all_shapes():
     from v4serve.bench.decode_fusion_case import decode_fusion_shapes
 
     shapes.update(decode_fusion_shapes())  # the decode step's fused small kernels (session 12)
+    from v4serve.bench.launch_glue_case import launch_glue_shapes
+
+    shapes.update(launch_glue_shapes())  # the decode step's launch-glue fusions (session 14)
     shapes.update(v41_index_shapes())  # DeepSeek-V4.1 indexer over packed fp4 keys (bench/v41_index_case.py)
     from v4serve.bench.v41_attn_case import v41_attn_shapes  # (imports this module)
 
