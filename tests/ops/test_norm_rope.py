@@ -104,9 +104,9 @@ def test_triton_kernel_at_model_shapes_on_gpu(mode, shape):
     assert (got != want).float().mean() < 0.01  # nearly all values bit-identical
 
 
-def _pair_inputs(t, d, d2, dtype, seed):
+def _pair_inputs(t, d, d2, dtype, seed, rope_half=8):
     """kv [t, d] and q_low [t, d2] as column views of one projection (the fused q_a + kv GEMM)."""
-    x, weight, cos, sin = _inputs((t, d2 + d), 8, dtype=dtype, seed=seed)
+    x, weight, cos, sin = _inputs((t, d2 + d), rope_half, dtype=dtype, seed=seed)
     gen = torch.Generator().manual_seed(seed + 1)
     weight2 = torch.rand(d2, generator=gen) + 0.5
     return x[:, d2:], weight[:d], cos, sin, x[:, :d2], weight2
@@ -155,8 +155,7 @@ def test_also_norm_bad_arguments_are_named():
 @pytest.mark.parametrize("t", [1, 8, 64])
 @pytest.mark.parametrize("d2", [1024, 1536])  # Flash / Pro q_lora_rank beside the 512 kv latent
 def test_also_norm_kernel_at_model_shapes_on_gpu(t, d2):
-    kv, w, cos, sin, q_low, w2 = (a.cuda() for a in _pair_inputs(t, 512, d2, torch.bfloat16, seed=t))
-    cos, sin = (a[:, :32].contiguous() for a in (cos, sin))  # rope 64
+    kv, w, cos, sin, q_low, w2 = (a.cuda() for a in _pair_inputs(t, 512, d2, torch.bfloat16, seed=t, rope_half=32))
     w, w2 = w.bfloat16(), w2.bfloat16()
     y, y2 = rms_norm_rope(kv, 1e-6, w, cos, sin, impl="triton", also_norm=(q_low, w2))
     for got, want in ((y, rms_norm_rope(kv, 1e-6, w, cos, sin, impl="torch")),
