@@ -19,3 +19,17 @@ def test_mhc_rows_build_and_run_on_the_cpu():
         out = fn()
         assert out.shape == ((T, 24) if op == "mix" else (T, 4, 4)), name
         assert torch.isfinite(out).all() and nbytes > 0 and (flops > 0) == (op == "mix"), name
+
+
+def test_launch_glue_rows_compute_what_their_unglued_rows_compute_on_the_cpu():
+    """Each `glue` row and its `unglue` row (the launches it replaced) give the same result."""
+    shapes = {name: spec for name, spec in all_shapes().items() if spec[0].startswith("glue_")}
+    assert len(shapes) == 8
+    for name, (kind, args) in shapes.items():
+        if not name.startswith("glue ") or args[0] > 1:
+            continue
+        glued, nbytes, _, _ = build(kind, args, "cpu")
+        unglued = build(kind, (*args[:-1], False), "cpu")[0]
+        got, want = glued(), unglued()
+        got = got[1] if isinstance(got, tuple) else got  # the pair: (kv, q_a_norm(q_low))
+        assert nbytes > 0 and torch.equal(got, want), name

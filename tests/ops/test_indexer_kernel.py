@@ -85,3 +85,21 @@ def test_fp4_word_decode_is_the_reference_unpack_for_every_code_and_scale(device
     got = _pair_order_to_channels(slab.cpu())
     assert torch.equal(got.view(torch.int16), ref.view(torch.int16))
     assert torch.equal(slab_rows.cpu(), torch.where(key_rows >= 0, torch.arange(64, dtype=torch.int32).view(2, 32), -1))
+
+
+@pytest.mark.parametrize("config", ["prefill", "decode"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_weight_scale_in_the_kernel_is_the_scaled_weights_bit_for_bit(config, packed):
+    """The model's constant head-weight scale (index_head_dim^-0.5 * index_n_heads^-0.5, not a power
+    of two) multiplied in the kernel scores exactly as the weights multiplied by torch beforehand."""
+    q, w, keys, key_rows, n_visible = _case(seed=3, Dk=128)
+    fmt = dict(row_format=FP4) if packed else {}
+    pool = pack_rows(keys, FP4, impl="torch") if packed else keys
+    scale = 128**-0.5 * 20**-0.5
+    scaled = index_scores_triton(q, w, pool, key_rows, n_visible, config=CONFIGS[config], weight_scale=scale, **fmt)
+    want = index_scores_triton(q, w * scale, pool, key_rows, n_visible, config=CONFIGS[config], **fmt)
+    assert torch.equal(scaled, want) and torch.isfinite(want).any()
+    ref = index_scores(q, w, pool, key_rows, n_visible, impl="torch", weight_scale=scale, **fmt)
+    assert torch.equal(ref, index_scores(q, w * scale, pool, key_rows, n_visible, impl="torch", **fmt))
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(scaled), finite) and rel_err(scaled[finite], ref[finite]) < 1e-5

@@ -70,3 +70,17 @@ def test_packed_keys_score_exactly_as_their_values_on_integer_inputs(name):
     bf16 = index_scores(q, w, k_pool, key_rows, n_visible, impl="triton")
     ref = index_scores(q, w, k_pool, key_rows, n_visible, impl="torch")
     assert torch.isfinite(ref).any() and torch.equal(out, ref) and torch.equal(bf16, ref)
+
+
+@pytest.mark.parametrize("keys", ["bf16", "fp4"])
+@pytest.mark.parametrize("name", [n for n in SHAPES if "decode" in n])
+def test_weight_scale_in_the_kernel_is_the_scaled_weights_bit_for_bit(name, keys):
+    """The model's head-weight scale (128^-0.5 * 64^-0.5) multiplied in the kernel gives the bits of
+    the weights multiplied by torch beforehand (the model's path until session 13)."""
+    q, w, k_pool, key_rows, n_visible = _case(name)
+    fmt = None if keys == "bf16" else FP4
+    pool = k_pool if fmt is None else pack_rows(k_pool, FP4)
+    scale = 128**-0.5 * 64**-0.5
+    got = index_scores(q, w, pool, key_rows, n_visible, row_format=fmt, weight_scale=scale)
+    want = index_scores(q, w * scale, pool, key_rows, n_visible, row_format=fmt)
+    assert torch.isfinite(want).any() and torch.equal(got, want)

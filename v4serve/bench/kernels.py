@@ -184,6 +184,10 @@ def build(kind, args, device, seed=0):
         from v4serve.bench.o_a_case import build_o_a
 
         return build_o_a(*args, device=device, seed=seed)
+    if kind.startswith("glue_"):
+        from v4serve.bench.launch_glue_case import build_launch_glue
+
+        return build_launch_glue(kind, args, device, seed)
     if kind.startswith("fused_"):
         from v4serve.bench.decode_fusion_case import build_decode_fusion
 

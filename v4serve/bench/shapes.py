@@ -300,6 +300,9 @@ def all_shapes():
     from v4serve.bench.o_a_case import o_a_shapes
 
     shapes.update(o_a_shapes())  # the grouped output projection, bf16 vs FP8 routes (bench/o_a_case.py)
+    from v4serve.bench.launch_glue_case import launch_glue_shapes
+
+    shapes.update(launch_glue_shapes())  # the decode step's launch-glue fusions (session 13)
     shapes.update(v41_index_shapes())  # DeepSeek-V4.1 indexer over packed fp4 keys (bench/v41_index_case.py)
     from v4serve.bench.v41_attn_case import v41_attn_shapes  # (imports this module)
 

@@ -31,6 +31,7 @@ from .spec import Expect, KernelSpec
 from .registry_decode_fusion import DECODE_FUSION_KERNELS
 from .registry_fp8_decode import FP8_DECODE_KERNELS
 from .registry_kv_compact import KV_COMPACT_KERNELS
+from .registry_launch_glue import LAUNCH_GLUE_KERNELS
 from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS
 from .registry_spec_verify import SPEC_VERIFY_KERNELS
 from .registry_packed_kv import INDEX_ALIGNED, INDEX_TYPES, PACKED_KV_KERNELS
@@ -597,6 +598,7 @@ KERNELS: tuple[KernelSpec, ...] = (
     # ---- MXFP4 MoE GEMV for few picks an expert: v4serve/codegen/registry_mxfp4_gemv.py ----
     *MXFP4_GEMV_KERNELS,
     *DECODE_FUSION_KERNELS,
+    *LAUNCH_GLUE_KERNELS,
     *SPEC_VERIFY_KERNELS,  # the verify step's compressor steps and state commit
     # ---- FP8 linear, weights-first decode kernel: v4serve/codegen/registry_fp8_decode.py ----
     *FP8_DECODE_KERNELS,

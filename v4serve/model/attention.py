@@ -74,17 +74,19 @@ class Attention(UsesKernels, nn.Module):
         t = x.shape[0]
         angles = step.rope.for_ratio(self.ratio)
         q_low, kv = self._project_input(x)
-        qr = self.q_a_norm(q_low)
+        window = cache.window
+        q_a_norm = (q_low, self.q_a_norm.weight)  # normalised in the kv norm's launch
+        if window.packed:  # the norm kernel quantizes and packs the rows into the window pool too
+            _, qr = rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=self.impl,
+                                  pool=window.data, rows=batch.staging_rows, row_format=window.row_format,
+                                  also_norm=q_a_norm)
+        else:
+            kv, qr = rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=self.impl,
+                                   also_norm=q_a_norm)
+            window.store(batch.staging_rows, kv, self.impl)
         q_eps = self.eps if self.plan.q_head_rms else None  # V4.1: no per-head q RMS
         q = rms_norm_rope(self.q_b_proj(qr).view(t, self.n_heads, self.head_dim), q_eps,
                           cos=angles.cos, sin=angles.sin, impl=self.impl)
-        window = cache.window
-        if window.packed:  # the norm kernel quantizes and packs the rows into the window pool too
-            rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=self.impl,
-                          pool=window.data, rows=batch.staging_rows, row_format=window.row_format)
-        else:
-            kv = rms_norm_rope(kv, self.eps, self.kv_norm.weight, angles.cos, angles.sin, impl=self.impl)
-            window.store(batch.staging_rows, kv, self.impl)
         cmp, columns, counts = window, batch.window_columns, None
         if self.plan.v41 and self.ratio:  # V4.1: a non-source layer's compressed pool is its source's
             cmp = cache.compressed
@@ -123,9 +125,10 @@ class Attention(UsesKernels, nn.Module):
         self.compressor.compress(kv_all, score_all, batch, cache.compressor_state, cache.compressed, step.rope)
         if self.compressor.indexer is None:  # HCA: every complete compressed row
             return batch.columns_of_all_rows(self.ratio), batch.visible_compressed(self.ratio)
-        picks = self.compressor.indexer.select(index_projected, qr, batch, cache, step.rope)
+        columns = self.compressor.indexer.select(index_projected, qr, batch, cache, step.rope)
         # Picks come best first with the holes last, so the kernel can stop at the visible ones.
-        return torch.cat((batch.window_columns, picks), dim=1), batch.live_picks(self.ratio, picks.shape[1])
+        k = columns.shape[1] - batch.window_columns.shape[1]
+        return columns, batch.live_picks(self.ratio, k)
 
     def fuse_projections(self) -> None:
         """One GEMM for the two projections of the layer input (q_a_proj, kv_proj), one fp32 GEMM for

@@ -21,6 +21,7 @@ from v4serve.model.rope import StepRope
 from v4serve.ops.indexer import index_scores, select_topk, sorted_top
 from v4serve.ops.hadamard import hadamard
 from v4serve.ops.norm_rope import rms_norm_rope
+from v4serve.ops.pick_columns import pick_columns
 
 
 class IndexScorer(nn.Module):
@@ -45,8 +46,9 @@ class Indexer(Compressor):
     def select(
         self, projected: list[torch.Tensor], qr: torch.Tensor, batch: ForwardBatch, cache: LayerCache, rope: StepRope,
     ) -> torch.Tensor:
-        """Index the step's new blocks, then return [T, K] compressed-pool rows per token, best first
-        (-1 = none; a decode step leaves the entries past `batch.live_picks` unmarked instead).
+        """Index the step's new blocks, then return each token's attention columns [T, W + K]: its
+        window columns (`batch.window_columns`), then K compressed-pool rows, best first (-1 = none;
+        a decode step leaves the entries past `batch.live_picks` unmarked instead).
         projected: the layer input through `projections()` (fp32); qr: the attention's low-rank q.
         Queries and keys are Hadamard-rotated (the rotation cancels in q . k; it spreads outliers
         before the fp4 rounding) and rounded to the keys' format when the cache quantizes them."""
@@ -63,16 +65,16 @@ class Indexer(Compressor):
         q = keys.round(q, self.impl)
         pool = keys.data
         packed = {"row_format": keys.read_format}
-        weights = head_weights * self.weight_scale
+        scaled = dict(weight_scale=self.weight_scale, impl=self.impl, **packed)  # the scale inside the kernel
         rows_of = batch.compressed_rows[self.ratio]
         k = min(self.topk, rows_of.shape[1])
         if batch.is_decode:  # one query per sequence: one call over every sequence's rows
             visible = batch.visible_compressed(self.ratio)[:, None]
-            scores = index_scores(q[:, None], weights[:, None], pool, rows_of, visible, impl=self.impl, **packed)
+            scores = index_scores(q[:, None], head_weights[:, None], pool, rows_of, visible, **scaled)
             # Masked keys score -inf and sort last, past the `live_picks` count where the attention
             # stops reading: they need no -1 (every visible row is allocated and scores finitely).
-            _, picks = sorted_top(scores[:, 0], k)  # [B, k] compressed row ids
-            return rows_of.gather(1, picks)
+            _, order = sorted_top(scores[:, 0], k)  # [B, k] columns of rows_of
+            return pick_columns(batch.window_columns, rows_of, order, k, impl=self.impl)  # one launch
         selected = torch.full((batch.num_tokens, k), -1, dtype=torch.int32, device=qr.device)
         for b, c in enumerate(batch.chunks):
             n_rows = c.end // self.ratio
@@ -81,9 +83,8 @@ class Indexer(Compressor):
             span = slice(c.offset, c.offset + c.length)
             key_rows = rows_of[b:b + 1, :n_rows]
             visible = ((batch.positions[span] + 1) // self.ratio).to(torch.int32)[None]
-            scores = index_scores(q[None, span], weights[None, span], pool, key_rows, visible, impl=self.impl,
-                                  **packed)
+            scores = index_scores(q[None, span], head_weights[None, span], pool, key_rows, visible, **scaled)
             picks = select_topk(scores, k)[0]  # [L, k] compressed row ids, -1 = none
             rows = key_rows[0, picks.clamp(min=0)]
             selected[span] = torch.where(picks >= 0, rows, -1)
-        return selected
+        return torch.cat((batch.window_columns, selected), dim=1)

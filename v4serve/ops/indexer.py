@@ -11,10 +11,12 @@ from v4serve.ops.indexer_reference import index_scores_reference
 from v4serve.ops.indexer_triton import index_scores_triton
 
 
-def index_scores(q, weights, k_pool, key_rows, n_visible, row_format=None, impl="auto") -> torch.Tensor:
-    """fp32 [B, S, T]: sum_h weights[b,s,h] * relu(q[b,s,h] . k_pool[key_rows[b,t]]), -inf where masked.
+def index_scores(q, weights, k_pool, key_rows, n_visible, row_format=None, impl="auto",
+                 weight_scale: float = 1.0) -> torch.Tensor:
+    """fp32 [B, S, T]: sum_h w[b,s,h] * relu(q[b,s,h] . k_pool[key_rows[b,t]]), -inf where masked,
+    w = weights * weight_scale (one fp32 multiply, in the kernel on CUDA: no launch of its own).
 
-    q [B, S, H, Dk]; weights [B, S, H] fp32 with every scale already applied; k_pool [N, Dk];
+    q [B, S, H, Dk]; weights [B, S, H] fp32; k_pool [N, Dk];
     key_rows [B, T] int32 (-1 = hole); n_visible [B, S] int32 (keys t >= n_visible are masked).
     row_format None / "bf16": k_pool holds values; "fp4_e8m0_b32": k_pool is uint8 [N, >= 68] packed
     keys (v4serve/formats.py), read by the kernel as 17 int32 words per row and decoded in registers.
@@ -37,14 +39,15 @@ def index_scores(q, weights, k_pool, key_rows, n_visible, row_format=None, impl=
         if use_triton(impl, q, weights, k_pool, key_rows, n_visible) and (q.dtype == torch.bfloat16 or impl == "triton"):
             if q.dtype != torch.bfloat16:
                 raise ValueError(f"the Triton kernel takes bf16 q, got {q.dtype}")
-            return index_scores_triton(q, weights, k_pool, key_rows, n_visible, row_format=fmt)
-        return index_scores_reference(q, weights, k_pool, key_rows, n_visible, fmt)
+            return index_scores_triton(q, weights, k_pool, key_rows, n_visible, row_format=fmt,
+                                       weight_scale=weight_scale)
+        return index_scores_reference(q, weights, k_pool, key_rows, n_visible, fmt, weight_scale)
     bf16 = q.dtype == k_pool.dtype == torch.bfloat16
     if use_triton(impl, q, weights, k_pool, key_rows, n_visible) and (bf16 or impl == "triton"):
         if not bf16:
             raise ValueError(f"the Triton kernel takes bf16 q and k_pool, got {q.dtype} and {k_pool.dtype}")
-        return index_scores_triton(q, weights, k_pool, key_rows, n_visible)
-    return index_scores_reference(q, weights, k_pool, key_rows, n_visible)
+        return index_scores_triton(q, weights, k_pool, key_rows, n_visible, weight_scale=weight_scale)
+    return index_scores_reference(q, weights, k_pool, key_rows, n_visible, weight_scale=weight_scale)
 
 
 def sorted_top(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

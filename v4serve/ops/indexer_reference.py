@@ -2,8 +2,9 @@
 
     score[b, s, t] = sum_h weights[b, s, h] * relu(q[b, s, h] . k_pool[key_rows[b, t]])
 
-in fp32, and -inf where t >= n_visible[b, s] or key_rows[b, t] == -1 (a hole). `weights` already
-carries every scale factor. Work is chunked over query tokens to bound the [S, H, T] logits.
+in fp32, and -inf where t >= n_visible[b, s] or key_rows[b, t] == -1 (a hole). `weights` carries
+every scale factor but the constant `weight_scale`, which multiplies it first (fp32). Work is
+chunked over query tokens to bound the [S, H, T] logits.
 Packed keys (row_format given, k_pool uint8 [N, >= row_bytes(Dk)]) are unpacked to bf16 first.
 """
 
@@ -20,8 +21,10 @@ def visible_keys(key_rows: torch.Tensor, n_visible: torch.Tensor) -> torch.Tenso
     return (t[None, None, :] < n_visible[..., None].to(torch.int64)) & (key_rows[:, None, :] >= 0)
 
 
-def index_scores_reference(q, weights, k_pool, key_rows, n_visible, row_format=None):
+def index_scores_reference(q, weights, k_pool, key_rows, n_visible, row_format=None, weight_scale=1.0):
     B, S, H, Dk = q.shape
+    if weight_scale != 1.0:
+        weights = weights.float() * weight_scale
     T = key_rows.shape[1]
     if k_pool.shape[0] == 0 or T == 0:
         keys = torch.zeros(B, T, Dk, dtype=torch.float32, device=q.device)

@@ -1,6 +1,8 @@
 """Triton kernel of the indexer scores (math: indexer_reference.py).
 
     score[b, s, t] = sum_h w[b, s, h] * relu(q[b, s, h] . k_pool[key_rows[b, t]])   (fp32)
+    w[b, s, h] = weights[b, s, h] * w_scale   (fp32; the indexer's constant head-weight scale, so
+    the model needs no elementwise launch for it)
     -inf where t >= n_visible[b, s] or key_rows[b, t] == -1
 
 Layouts: q [B, S, H, Dk] bf16 (last dim contiguous), w [B, S, H] fp32, key_rows [B, T] int32,
@@ -85,10 +87,11 @@ def _load_keys(k_ptr, rows, live, stride_k, Dk, BLOCK_D: tl.constexpr, PACKED: t
 
 
 @triton.jit
-def _load_queries(q_ptr, w_ptr, b, q0, S, H, Dk, stride_qb, stride_qs, stride_qh, stride_wb, stride_ws,
+def _load_queries(q_ptr, w_ptr, b, q0, S, H, Dk, stride_qb, stride_qs, stride_qh, stride_wb, stride_ws, w_scale,
                   BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PAIR_ORDER: tl.constexpr):
     """(Q^T bf16 [BLOCK_D, BLOCK_Q * BLOCK_H], w fp32 [BLOCK_Q * BLOCK_H]) of queries q0.. : column =
-    (query, head), zeros past S / H / Dk; Q^T's rows in the decoded keys' column order when PAIR_ORDER."""
+    (query, head), zeros past S / H / Dk; Q^T's rows in the decoded keys' column order when PAIR_ORDER.
+    w is the loaded weight times w_scale, one fp32 multiply (the rounding of torch's `weights * w_scale`)."""
     cols = tl.arange(0, BLOCK_Q * BLOCK_H)
     col_s, col_h = q0 + cols // BLOCK_H, cols % BLOCK_H
     col_ok = (col_s < S) & (col_h < H)
@@ -97,7 +100,7 @@ def _load_queries(q_ptr, w_ptr, b, q0, S, H, Dk, stride_qb, stride_qs, stride_qh
                   mask=col_ok[None, :] & (dims < Dk)[:, None], other=0.0)
     if PAIR_ORDER:
         q_t = to_pair_order(q_t, BLOCK_D)
-    w = tl.load(w_ptr + b * stride_wb + col_s * stride_ws + col_h, mask=col_ok, other=0.0)
+    w = tl.load(w_ptr + b * stride_wb + col_s * stride_ws + col_h, mask=col_ok, other=0.0) * w_scale
     return q_t, w
 
 
@@ -117,7 +120,7 @@ def _score_block(k, live, q_t, w, t0, n_visible, out_rows, out_ok, T,
 @triton.jit
 def _index_scores_kernel(
     q_ptr, w_ptr, k_ptr, rows_ptr, n_visible_ptr, out_ptr,
-    S, H, Dk, T, blocks_per_split,
+    S, H, Dk, T, blocks_per_split, w_scale,
     stride_qb, stride_qs, stride_qh, stride_wb, stride_ws, stride_k, stride_rb, stride_nb,
     stride_ob, stride_os,
     BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -141,13 +144,13 @@ def _index_scores_kernel(
     if ONE_BLOCK:  # (decode) everything requested at once: key rows, then keys, beside Q and the counts
         rows = tl.load(rows_at + t_begin + offs, mask=offs < t_end - t_begin, other=-1)
         q_t, w = _load_queries(q_ptr, w_ptr, b, q0, S, H, Dk, stride_qb, stride_qs, stride_qh, stride_wb, stride_ws,
-                               BLOCK_Q, BLOCK_H, BLOCK_D, PACKED or PAIR_ORDER)
+                               w_scale, BLOCK_Q, BLOCK_H, BLOCK_D, PACKED or PAIR_ORDER)
         k = _load_keys(k_ptr, rows, rows >= 0, stride_k, Dk, BLOCK_D, PACKED)
         if t_begin < t_live:
             _score_block(k, rows >= 0, q_t, w, t_begin, n_visible, out_rows, out_ok, T, BLOCK_T, BLOCK_Q, BLOCK_H)
     elif t_begin < t_live:
         q_t, w = _load_queries(q_ptr, w_ptr, b, q0, S, H, Dk, stride_qb, stride_qs, stride_qh, stride_wb, stride_ws,
-                               BLOCK_Q, BLOCK_H, BLOCK_D, PACKED or PAIR_ORDER)
+                               w_scale, BLOCK_Q, BLOCK_H, BLOCK_D, PACKED or PAIR_ORDER)
         for t0 in range(t_begin, t_live, BLOCK_T):
             rows = tl.load(rows_at + t0 + offs, mask=offs < t_live - t0, other=-1)
             k = _load_keys(k_ptr, rows, rows >= 0, stride_k, Dk, BLOCK_D, PACKED)
@@ -207,7 +210,8 @@ def _arch_major(device: torch.device) -> int:
     return torch.cuda.get_device_capability(device)[0]
 
 
-def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None, row_format=None) -> torch.Tensor:
+def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None, row_format=None,
+                        weight_scale=1.0) -> torch.Tensor:
     B, S, H, Dk = q.shape
     packed = row_format is not None
     if packed:
@@ -252,7 +256,7 @@ def index_scores_triton(q, weights, k_pool, key_rows, n_visible, config=None, ro
     cfg["ONE_BLOCK"] = blocks_per_split == 1
     _index_scores_kernel[grid](
         q, weights, k_pool, key_rows, n_visible, out,
-        S, H, Dk, T, blocks_per_split,
+        S, H, Dk, T, blocks_per_split, float(weight_scale),
         q.stride(0), q.stride(1), q.stride(2), weights.stride(0), weights.stride(1), k_pool.stride(0),
         key_rows.stride(0), n_visible.stride(0), out.stride(0), out.stride(1),
         BLOCK_Q=block_q, BLOCK_H=max(16, triton.next_power_of_2(H)), BLOCK_D=max(16, triton.next_power_of_2(Dk)),

@@ -40,18 +40,16 @@ def _normalized(x_ptr, w_ptr, cols, mask, scale, HAS_WEIGHT: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_rope_kernel(
-    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pool_ptr, pool_rows_ptr,
+def _norm_rope_row(
+    row, x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pool_ptr, pool_rows_ptr,
     D, R, heads, eps, stride_x, stride_o, stride_cs, stride_pool,
     NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROPE: tl.constexpr, INVERSE: tl.constexpr,
-    BLOCK_D: tl.constexpr, PDL: tl.constexpr = False, HADAMARD: tl.constexpr = False, LOG2_D: tl.constexpr = 0,
-    PACKED: tl.constexpr = False, PK_FP4: tl.constexpr = False, PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1,
-    PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0, PK_HAS_TAIL: tl.constexpr = False,
-    PK_PAYLOAD: tl.constexpr = 0, PK_ROW_BYTES: tl.constexpr = 0,
+    BLOCK_D: tl.constexpr, HADAMARD: tl.constexpr, LOG2_D: tl.constexpr,
+    PACKED: tl.constexpr, PK_FP4: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr,
+    PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr,
+    PK_PAYLOAD: tl.constexpr, PK_ROW_BYTES: tl.constexpr,
 ):
-    if PDL:
-        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
-    row = tl.program_id(0).to(tl.int64)
+    """One row (int64 `row`): norm, rope, Hadamard, store, packed store, as the flags say."""
     cols = tl.arange(0, BLOCK_D)
     ok = cols < D
     x_row = x_ptr + row * stride_x
@@ -81,6 +79,50 @@ def _rms_norm_rope_kernel(
         if target >= 0:
             pack_row(pool_ptr + target * stride_pool, tl.where(ok, y, 0.0).to(out_ptr.dtype.element_ty).to(tl.float32),
                      D, BLOCK_D, PK_FP4, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_PAYLOAD, PK_ROW_BYTES)
+
+
+@triton.jit
+def _rms_norm_rope_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pool_ptr, pool_rows_ptr,
+    D, R, heads, eps, stride_x, stride_o, stride_cs, stride_pool,
+    NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, ROPE: tl.constexpr, INVERSE: tl.constexpr,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr = False, HADAMARD: tl.constexpr = False, LOG2_D: tl.constexpr = 0,
+    PACKED: tl.constexpr = False, PK_FP4: tl.constexpr = False, PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1,
+    PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0, PK_HAS_TAIL: tl.constexpr = False,
+    PK_PAYLOAD: tl.constexpr = 0, PK_ROW_BYTES: tl.constexpr = 0,
+):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
+    _norm_rope_row(tl.program_id(0).to(tl.int64), x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pool_ptr, pool_rows_ptr,
+                   D, R, heads, eps, stride_x, stride_o, stride_cs, stride_pool, NORM, HAS_WEIGHT, ROPE, INVERSE,
+                   BLOCK_D, HADAMARD, LOG2_D, PACKED, PK_FP4, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL,
+                   PK_PAYLOAD, PK_ROW_BYTES)
+
+
+@triton.jit
+def _rms_norm_rope_pair_kernel(
+    x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pool_ptr, pool_rows_ptr,
+    D, R, heads, eps, stride_x, stride_o, stride_cs, stride_pool,
+    x2_ptr, w2_ptr, out2_ptr, D2, stride_x2, n_rows,
+    ROPE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr, PDL: tl.constexpr = False,
+    PACKED: tl.constexpr = False, PK_FP4: tl.constexpr = False, PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1,
+    PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0, PK_HAS_TAIL: tl.constexpr = False,
+    PK_PAYLOAD: tl.constexpr = 0, PK_ROW_BYTES: tl.constexpr = 0,
+):
+    """Programs 0..n_rows-1: weighted norm (+ rope, + packed store) of x's rows, as the kernel
+    above; programs n_rows.. : the weighted RMSNorm of x2's rows (same eps) into out2."""
+    if PDL:
+        gdc_wait()
+    row = tl.program_id(0).to(tl.int64)
+    if row < n_rows:
+        _norm_rope_row(row, x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, pool_ptr, pool_rows_ptr,
+                       D, R, heads, eps, stride_x, stride_o, stride_cs, stride_pool, True, True, ROPE, False,
+                       BLOCK_D, False, 0, PACKED, PK_FP4, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL,
+                       PK_PAYLOAD, PK_ROW_BYTES)
+    else:
+        _norm_rope_row(row - n_rows, x2_ptr, w2_ptr, x2_ptr, x2_ptr, out2_ptr, x2_ptr, x2_ptr,
+                       D2, 0, 1, eps, stride_x2, D2, 0, 0, True, True, False, False,
+                       BLOCK_D2, False, 0, False, False, 0, 1, 0, 0, False, 0, 0)
 
 
 def norm_rope_warps(block_d: int) -> int:
@@ -115,3 +157,33 @@ def rms_norm_rope_triton(x, eps=None, weight=None, cos=None, sin=None, inverse=F
         **(dict(HADAMARD=True, LOG2_D=D.bit_length() - 1) if hadamard else {}),
     )
     return out
+
+
+def rms_norm_rope_pair_triton(x, eps, weight, cos, sin, x2, weight2, pool=None, rows=None, row_format=None):
+    """(weighted norm + rope [+ packed store] of x [T, D], weighted norm of x2 [T2, D2]) in one
+    launch of T + T2 programs; warps from the wider row (the narrower row's sum runs over the
+    same number of warps, which may change its fp32 sum order against its own launch)."""
+    D, D2 = x.shape[-1], x2.shape[-1]
+    rows_out = rows
+    xr = x if x.stride(-1) == 1 else x.contiguous()
+    x2r = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out2 = torch.empty(x2.shape, dtype=x2.dtype, device=x2.device)
+    n, n2 = xr.shape[0], x2r.shape[0]
+    if n + n2 == 0:
+        return out, out2
+    block_d, block_d2 = triton.next_power_of_2(D), triton.next_power_of_2(D2)
+    pk = {} if pool is None else dict(PACKED=True, **packed_constexprs(row_format, D))
+    if pk:
+        block_d = max(block_d, row_format.block)
+    rope = cos is not None
+    _rms_norm_rope_pair_kernel[(n + n2,)](
+        xr, weight, cos if rope else xr, sin if rope else xr, out,
+        xr if pool is None else pool, xr if pool is None else rows_out.contiguous(),
+        D, cos.shape[-1] if rope else 0, 1, float(eps), xr.stride(0), D, cos.stride(0) if rope else 0,
+        0 if pool is None else pool.stride(0),
+        x2r, weight2, out2, D2, x2r.stride(0), n,
+        ROPE=rope, BLOCK_D=block_d, BLOCK_D2=block_d2, num_warps=norm_rope_warps(max(block_d, block_d2)),
+        **pdl_launch(xr), **pk,
+    )
+    return out, out2
