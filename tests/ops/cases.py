@@ -2,6 +2,8 @@
 
 import torch
 
+from v4serve.ops.weight_formats import quantize_fp8_blocks
+
 
 def sparse_attn_inputs(B, M, H, D, n_window, K, *, device="cpu", row_offset=16, hole_fraction=0.2, seed=0):
     """bf16 q and pools (pool views start `row_offset` rows into a larger buffer), idx with holes."""
@@ -22,3 +24,13 @@ def sparse_attn_inputs(B, M, H, D, n_window, K, *, device="cpu", row_offset=16, 
 
 def rel_err(out, ref):
     return float((out.double() - ref.double()).norm() / ref.double().norm().clamp(min=1e-30))
+
+
+def fp8_linear_case(m, n, k, block, seed=0, device="cpu"):
+    """An FP8 block-scaled weight [n, k] (ue8m0 scales; row magnitudes spread over 3 decades) and bf16
+    activations [m, k] (channel magnitudes over 5 decades): (x, weight, scale)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    w = torch.randn(n, k, generator=gen, device=device) * torch.logspace(-2, 1, n, device=device)[:, None]
+    weight, scale = quantize_fp8_blocks(w, block, "ue8m0")
+    x = (torch.randn(m, k, generator=gen, device=device) * torch.logspace(-3, 2, k, device=device)).bfloat16()
+    return x, weight, scale

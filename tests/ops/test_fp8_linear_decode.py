@@ -4,19 +4,11 @@ each other bit for bit where they must agree, and the plan that picks it."""
 
 import pytest
 import torch
+from cases import fp8_linear_case
 
 from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.fp8_linear_decode_triton import ahead_steps
 from v4serve.ops.fp8_linear_triton import decode_ahead_plan, fp8_linear_triton
-from v4serve.ops.weight_formats import quantize_fp8_blocks
-
-
-def _case(m, n, k, block, seed=0, device="cpu"):
-    gen = torch.Generator(device=device).manual_seed(seed)
-    w = torch.randn(n, k, generator=gen, device=device) * torch.logspace(-2, 1, n, device=device)[:, None]
-    weight, scale = quantize_fp8_blocks(w, block, "ue8m0")
-    x = (torch.randn(m, k, generator=gen, device=device) * torch.logspace(-3, 2, k, device=device)).bfloat16()
-    return x, weight, scale
 
 
 def _ahead(x, weight, scale, block, act_block, split_k, arrivals=None, **cfg):
@@ -37,7 +29,7 @@ _CASES = [
 @pytest.mark.parametrize("quant_a", [True, False], ids=["quant_a", "codes"])
 @pytest.mark.parametrize("m, n, k, block, act_block, split_k", _CASES)
 def test_ahead_kernel_matches_the_reference(m, n, k, block, act_block, split_k, quant_a):
-    x, weight, scale = _case(m, n, k, block, seed=m + n)
+    x, weight, scale = fp8_linear_case(m, n, k, block, seed=m + n)
     assert decode_ahead_plan(m, n, k, block, act_block, True, x.device, dict(MAX_STEPS=8), split_k) is not None
     want = fp8_linear(x, weight, scale, block, act_block=act_block, impl="torch").float()
     got = _ahead(x, weight, scale, block, act_block, split_k, QUANT_A=quant_a).float()
@@ -49,7 +41,7 @@ def test_ahead_kernel_matches_the_reference(m, n, k, block, act_block, split_k, 
 def test_variants_give_the_same_bits(m, n, k, block, act_block, split_k):
     """Quantizing in the kernel gives act_quant's codes; the last-arriving sum adds the partials in
     split order, as the sum kernel does; the counters are left at zero for the next launch."""
-    x, weight, scale = _case(m, n, k, block, seed=k)
+    x, weight, scale = fp8_linear_case(m, n, k, block, seed=k)
     base = _ahead(x, weight, scale, block, act_block, split_k, QUANT_A=False)
     assert torch.equal(_ahead(x, weight, scale, block, act_block, split_k, QUANT_A=True), base)
     arrivals = torch.zeros(n, dtype=torch.int32)
@@ -82,7 +74,7 @@ def test_plan_splits_into_power_of_two_steps_and_keeps_long_programs_on_the_tile
 
 
 def test_x_it_cannot_read_as_words_is_quantized_by_act_quant_first():
-    x, weight, scale = _case(2, 64, 258, (128, 128))
+    x, weight, scale = fp8_linear_case(2, 64, 258, (128, 128))
     assert decode_ahead_plan(2, 64, 258, (128, 128), 128, True, x.device, x_words=False)[0]["QUANT_A"] is False
     wide = torch.cat([x[:, :1], x, x[:, :1]], 1)  # [2, 260]: x at a 2-byte offset
     odd_stride = torch.cat([x, x[:, :1]], 1)[:, :258]  # row stride 259 elements
@@ -105,7 +97,7 @@ _FLASH = {"wq_a": (1024, 4096), "wq_b": (32768, 1024), "wkv": (512, 4096), "wo_b
 @pytest.mark.parametrize("name", list(_FLASH))
 def test_gpu_flash_projections_every_variant(name, m):
     n, k = _FLASH[name]
-    x, weight, scale = _case(m, n, k, (128, 128), seed=n + m, device="cuda")
+    x, weight, scale = fp8_linear_case(m, n, k, (128, 128), seed=n + m, device="cuda")
     want = fp8_linear(x, weight, scale, act_block=128, impl="torch").float()
     prod = fp8_linear(x, weight, scale, act_block=128, impl="triton")
     tol = dict(rtol=2**-6, atol=1e-3 * want.abs().max().item())
@@ -135,7 +127,7 @@ def test_gpu_flash_projections_every_variant(name, m):
 @pytest.mark.parametrize("m", [1, 8])
 def test_gpu_v41_blocks(m):
     """32-channel groups and steps (V4.1): production picks the weights-first kernel at this shape."""
-    x, weight, scale = _case(m, 256, 1024, (32, 32), seed=m, device="cuda")
+    x, weight, scale = fp8_linear_case(m, 256, 1024, (32, 32), seed=m, device="cuda")
     assert decode_ahead_plan(m, 256, 1024, (32, 32), 32, True, x.device) is not None
     want = fp8_linear(x, weight, scale, (32, 32), act_block=32, impl="torch").float()
     got = fp8_linear(x, weight, scale, (32, 32), act_block=32, impl="triton").float()

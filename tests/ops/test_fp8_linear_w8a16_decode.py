@@ -5,19 +5,11 @@ each other bit for bit where they add the same numbers in the same order, and th
 
 import pytest
 import torch
+from cases import fp8_linear_case
 
 from v4serve.ops import fp8_linear_triton as triton_path
 from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.fp8_linear_triton import W8A16_DECODE_OTHERWISE, W8A16_DECODE_RULE, fp8_linear_triton
-from v4serve.ops.weight_formats import quantize_fp8_blocks
-
-
-def _case(m, n, k, block, seed=0, device="cpu"):
-    gen = torch.Generator(device=device).manual_seed(seed)
-    w = torch.randn(n, k, generator=gen, device=device) * torch.logspace(-2, 1, n, device=device)[:, None]
-    weight, scale = quantize_fp8_blocks(w, block, "ue8m0")
-    x = (torch.randn(m, k, generator=gen, device=device) * torch.logspace(-3, 2, k, device=device)).bfloat16()
-    return x, weight, scale
 
 
 def _run(x, weight, scale, block, split_k, kernel, arrivals=None, **cfg):
@@ -43,7 +35,7 @@ _CASES = [
 @pytest.mark.parametrize("in_order", [False, True], ids=["tree", "in_order"])
 @pytest.mark.parametrize("m, n, k, block, split_k", _CASES)
 def test_weights_first_weight_only_matches_the_reference(m, n, k, block, split_k, in_order):
-    x, weight, scale = _case(m, n, k, block, seed=m + n)
+    x, weight, scale = fp8_linear_case(m, n, k, block, seed=m + n)
     want = fp8_linear(x, weight, scale, block, impl="torch")
     arrivals = torch.zeros(n, dtype=torch.int32)
     _close(_run(x, weight, scale, block, split_k, "ahead", IN_ORDER=in_order), want)
@@ -53,7 +45,7 @@ def test_weights_first_weight_only_matches_the_reference(m, n, k, block, split_k
 
 @pytest.mark.parametrize("m, n, k, block, split_k", _CASES)
 def test_last_program_sum_gives_the_sum_kernels_bits_and_leaves_zeros(m, n, k, block, split_k):
-    x, weight, scale = _case(m, n, k, block, seed=k)
+    x, weight, scale = fp8_linear_case(m, n, k, block, seed=k)
     arrivals = torch.zeros(n, dtype=torch.int32)
     for kernel in ("tiles", "ahead"):
         base = _run(x, weight, scale, block, split_k, kernel)
@@ -66,7 +58,7 @@ def test_last_program_sum_gives_the_sum_kernels_bits_and_leaves_zeros(m, n, k, b
 def test_in_order_steps_give_the_tile_kernels_bits_where_the_splits_agree():
     """4 steps a program in both kernels (K 1024, 2 splits): the weights-first kernel adding its
     steps' scaled partials in order from zero is the tile kernel's loop, bit for bit."""
-    x, weight, scale = _case(3, 130, 1024, (128, 128), seed=5)
+    x, weight, scale = fp8_linear_case(3, 130, 1024, (128, 128), seed=5)
     tiles = _run(x, weight, scale, (128, 128), 2, "tiles")
     assert torch.equal(_run(x, weight, scale, (128, 128), 2, "ahead", IN_ORDER=True), tiles)
 
@@ -89,7 +81,7 @@ def test_production_rule_by_steps_a_program(monkeypatch):
 def test_production_weight_only_decode_with_and_without_counters():
     """fp8_linear's production path (CPU interpreter: one split) with the caller's counters equals
     the one without, and both the reference; fp32 x takes the tiles."""
-    x, weight, scale = _case(2, 130, 300, (128, 128), seed=9)
+    x, weight, scale = fp8_linear_case(2, 130, 300, (128, 128), seed=9)
     want = fp8_linear(x, weight, scale, impl="torch")
     arrivals = torch.zeros(3, dtype=torch.int32)
     got = fp8_linear(x, weight, scale, impl="triton")
@@ -111,7 +103,7 @@ _FLASH = {"wq_a": (1024, 4096), "wq_b": (32768, 1024), "wkv": (512, 4096), "wo_b
 @pytest.mark.parametrize("name, m", [(name, 1) for name in _FLASH] + [("wq_a", 8), ("shared w1", 8)])
 def test_gpu_w8a16_flash_projections(name, m):
     n, k = _FLASH[name]
-    x, weight, scale = _case(m, n, k, (128, 128), seed=n + m, device="cuda")
+    x, weight, scale = fp8_linear_case(m, n, k, (128, 128), seed=n + m, device="cuda")
     want = fp8_linear(x, weight, scale, impl="torch")
     tol = dict(rtol=2**-7, atol=1e-4 * want.float().abs().max().item())
     tiles = _run(x, weight, scale, (128, 128), None, "tiles")  # production before session 13: its bits
