@@ -1,57 +1,35 @@
 #!/usr/bin/env bash
-# Create (or reuse) .venv-triton-VERSION: CPU torch 2.13.0, triton==VERSION, numpy, pytest, the
-# project's other runtime dependencies, and the project itself (editable, --no-deps).
+# Create (or reuse) .triton-VERSION: a folder whose site/ holds only triton==VERSION, to be put
+# first on PYTHONPATH in front of the project's .venv (which supplies torch, numpy, pytest and
+# v4serve itself). When .venv's own triton is VERSION, site/ stays empty.
 #
-#   scripts/make_triton_env.sh 3.8.0        # prints the venv path on its last line
+#   scripts/make_triton_env.sh 3.8.0        # prints the folder's path on its last line
 #
-# A venv is reused when its triton has the requested version (otherwise only triton and numpy
-# are swapped, in seconds) and the runtime dependencies are reinstalled only when pyproject.toml
-# changes. PYTHON picks the interpreter (default python3; the project needs 3.11 or newer).
+# Only the triton wheel is installed (--no-deps, no pip cache): three venvs with a torch each
+# ran CI's disk out of space. The folder also holds the version's compile cache and codegen
+# report (scripts/codegen_check.sh). It is reused while its triton has the requested version.
 set -euo pipefail
 
 version=${1:?usage: $0 TRITON_VERSION}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-venv="$root/.venv-triton-$version"
-python=${PYTHON:-python3}
-pip_q=(-q --no-compile)
+python="$root/.venv/bin/python"
+dir="$root/.triton-$version"
+[[ -x $python ]] || { echo "[make_triton_env] $python is missing: run scripts/test.sh first" >&2; exit 1; }
 
-# NOTE: Triton 3.6's interpreter breaks with numpy >= 2.4; 3.8 and 3.9 work with it.
-case "$version" in
-    3.[0-6].*) numpy_spec="numpy<2.4" ;;
-    *) numpy_spec="numpy" ;;
-esac
-
-installed_triton() {
-    "$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("triton"))' 2>/dev/null || true
+triton_version() {  # the triton that `PYTHONPATH=$1 .venv/bin/python` imports
+    PYTHONPATH=$1 "$python" -c 'import importlib.metadata as m; print(m.version("triton"))' 2>/dev/null || true
 }
 
-if [[ ! -x "$venv/bin/python" ]]; then
-    echo "[make_triton_env] creating $venv" >&2
-    "$python" -m venv "$venv"
-    "$venv/bin/pip" install "${pip_q[@]}" torch==2.13.0 "triton==$version" "$numpy_spec" pytest >&2
-elif [[ "$(installed_triton)" != "$version" ]]; then
-    echo "[make_triton_env] switching $venv to triton $version" >&2
-    "$venv/bin/pip" install "${pip_q[@]}" "triton==$version" "$numpy_spec" >&2
-fi
-
-# The package's __init__ imports the engine, so the other runtime dependencies must be there;
-# torch, triton and numpy stay as pinned above.
-stamp="$venv/.v4serve-deps"
-want=$(sha256sum "$root/pyproject.toml" | cut -c1-16)
-if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
-    mapfile -t deps < <("$venv/bin/python" - "$root/pyproject.toml" <<'PY'
-import re, sys, tomllib
-for dep in tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]:
-    if re.split(r"[\s<>=!~;\[]", dep, maxsplit=1)[0].lower() not in ("torch", "triton", "numpy"):
-        print(dep)
-PY
-    )
-    if ((${#deps[@]})); then
-        "$venv/bin/pip" install "${pip_q[@]}" "${deps[@]}" "triton==$version" "$numpy_spec" >&2
+mkdir -p "$dir"
+if [[ "$(triton_version "$dir/site")" != "$version" ]]; then
+    rm -rf "$dir/site" "$dir/site.partial"
+    if [[ "$(triton_version "")" != "$version" ]]; then
+        echo "[make_triton_env] installing triton $version into $dir/site" >&2
+        "$python" -m pip install -q --no-compile --no-deps --no-cache-dir \
+            --target "$dir/site.partial" "triton==$version" >&2
+        mv "$dir/site.partial" "$dir/site"
+    else
+        mkdir "$dir/site"  # .venv's own triton is this version
     fi
-    # The editable install writes $root/v4serve.egg-info: one venv at a time (codegen_check.sh
-    # builds several at once).
-    flock "$root" "$venv/bin/pip" install "${pip_q[@]}" --no-deps -e "$root" >&2
-    echo "$want" > "$stamp"
 fi
-echo "$venv"
+echo "$dir"
