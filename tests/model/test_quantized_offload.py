@@ -176,3 +176,18 @@ def test_memory_summary_counts_weights_on_a_device_named_with_or_without_an_inde
     for device in (torch.device("cpu"), torch.device("cpu", 0)):
         m = memory_summary(model, 0, device)
         assert m["device_weights"] == expected and m["engram_tables"] == 0, (device, m)
+
+
+def test_memory_summary_counts_a_fused_projection_once():
+    """Fused projections (model/fusion.py) keep one stacked weight as a buffer and make each
+    member's weight a view of its rows: the summary counted those bytes twice."""
+    from v4serve.engine.offload import memory_summary
+    from v4serve.model.fusion import fuse_rows
+
+    model = torch.nn.Module()
+    model.a = torch.nn.Linear(2048, 4096, bias=False)
+    model.b = torch.nn.Linear(2048, 4096, bias=False)
+    expected = round(2 * 2048 * 4096 * 4 / 2**30, 2)
+    assert memory_summary(model, 0, torch.device("cpu"))["device_weights"] == expected
+    model.register_buffer("fused", fuse_rows([model.a, model.b]), persistent=False)
+    assert memory_summary(model, 0, torch.device("cpu"))["device_weights"] == expected

@@ -60,11 +60,15 @@ def memory_summary(model: torch.nn.Module, kv_total_bytes: int, device: torch.de
     from v4serve.model.loader import offloads_of
 
     offloads = offloads_of(model)
-    tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.device.type != "meta"]
+    # Each storage once: a fused projection's weight is one buffer whose rows are its members'
+    # weights (model/fusion.py), so parameters and buffers share storage.
+    storages = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.device.type != "meta":
+            storages[(t.device, t.untyped_storage().data_ptr())] = t
     # By device type: `device` may be given as "cuda" and the tensors live on "cuda:0".
-    on_device = [t.device.type == device.type for t in tensors]
-    params = sum(t.numel() * t.element_size() for t, here in zip(tensors, on_device) if here)
-    tables = sum(t.numel() * t.element_size() for t, here in zip(tensors, on_device) if not here)  # V4.1's Engram tables
+    params = sum(t.untyped_storage().nbytes() for t in storages.values() if t.device.type == device.type)
+    tables = sum(t.untyped_storage().nbytes() for t in storages.values() if t.device.type != device.type)  # V4.1's Engram tables
     resident = sum(o.device_bytes()[0] for o in offloads)
     slots = sum(o.device_bytes()[1] for o in offloads)
     gib = 2**30
