@@ -1,5 +1,6 @@
-"""Lightning indexer of DeepSeek-V4: scores and top-k (math in indexer_reference.py,
-kernel in indexer_triton.py; bf16 q and keys on CUDA run the kernel)."""
+"""Lightning indexer of DeepSeek-V4: scores and top-k (scores: math in indexer_reference.py, kernel
+in indexer_triton.py, bf16 q and keys on CUDA run the kernel; top-k: index_topk_reference.py and
+index_topk_triton.py, the kernel under the TOPK_KERNEL_ON_CUDA rule)."""
 
 import torch
 import torch.nn.functional as F
@@ -7,6 +8,8 @@ import torch.nn.functional as F
 from v4serve.formats import row_format as _row_format
 from v4serve.ops._dispatch import use_triton
 from v4serve.ops.kv_pack import check_pool
+from v4serve.ops.index_topk_reference import index_topk_reference
+from v4serve.ops.index_topk_triton import index_topk_triton
 from v4serve.ops.indexer_reference import index_scores_reference
 from v4serve.ops.indexer_triton import index_scores_triton
 
@@ -50,22 +53,38 @@ def index_scores(q, weights, k_pool, key_rows, n_visible, row_format=None, impl=
     return index_scores_reference(q, weights, k_pool, key_rows, n_visible, weight_scale=weight_scale)
 
 
-def sorted_top(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+# The production rule for impl="auto" on CUDA: the Triton top-k (index_topk_triton.py) or torch.sort.
+# torch.sort until the GPU sweep (`kernel_configs 'index topk'`) measures the kernel at the decode /
+# verify shapes; switching is this one line.
+TOPK_KERNEL_ON_CUDA = False
+
+
+def _topk_on_device(impl: str, scores: torch.Tensor) -> bool:
+    """The Triton top-k: impl="triton", or "auto" on CUDA under TOPK_KERNEL_ON_CUDA."""
+    return use_triton(impl, scores) and (impl == "triton" or TOPK_KERNEL_ON_CUDA) and scores.dtype == torch.float32
+
+
+def sorted_top(scores: torch.Tensor, k: int, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """The k <= T largest scores [..., k], largest first, and their columns (int64, the sort's index
     dtype, ready to index with). Equal scores go to the lower column, so the pick does not depend on
     T or the backend (random weights make exact ties common: a key whose every head has
-    relu(q.k) = 0 scores 0). -inf scores (masked keys) come last, unmarked."""
-    values, columns = torch.sort(scores, dim=-1, descending=True, stable=True)
-    return values[..., :k], columns[..., :k]
+    relu(q.k) = 0 scores 0). -inf scores (masked keys) come last, unmarked. The Triton kernel picks
+    exactly these columns in this order (a radix select and a sort of the k picks, no host sync)."""
+    if _topk_on_device(impl, scores):
+        return index_topk_triton(scores, k)
+    return index_topk_reference(scores, k)
 
 
-def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+def select_topk(scores: torch.Tensor, k: int, impl: str = "auto") -> torch.Tensor:
     """int64 [..., k]: the columns of `sorted_top`, -1 where the pick is -inf or k > T."""
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
     live = min(k, scores.shape[-1])
     if live == 0:
         return torch.full((*scores.shape[:-1], k), -1, dtype=torch.int64, device=scores.device)
-    values, columns = sorted_top(scores, live)
-    picked = torch.where(torch.isneginf(values), -1, columns)
+    if _topk_on_device(impl, scores):
+        picked = index_topk_triton(scores, live, mark_masked=True, write_values=False)[1]
+    else:
+        values, columns = index_topk_reference(scores, live)
+        picked = torch.where(torch.isneginf(values), -1, columns)
     return F.pad(picked, (0, k - live), value=-1) if live < k else picked

@@ -1,0 +1,202 @@
+"""Triton kernel of the indexer's top-k (math: index_topk_reference.py): the first k entries of a
+stable descending sort of each fp32 score row, without sorting the row.
+
+Keys. A score s (fp32, never NaN; -0.0 is first made +0.0, which torch.sort holds equal to it)
+maps to an int32 `hi` whose signed order is the score order (bits = s's bits; hi = bits for
+s >= 0, bits ^ 0x7fffffff for s < 0; -inf -> -2139095041 > INT32_MIN), and an element of column c
+to the int64 key
+
+    key = hi << 32 | (~c as uint32)           (signed compare = score desc, then column asc)
+
+Every key of a row is distinct, so "the k largest keys, largest first" is exactly the stable
+sort's first k (ties to the lower column, -inf last in column order). INT64_MIN (hi = INT32_MIN)
+is below every key: the padding of a short buffer.
+
+One program does, over its columns [lo, end) of a row (n = end - lo, m = min(k, n) picks):
+1. Radix select of the m-th largest hi: four passes over the columns, one 8-bit digit of
+   u = hi ^ INT32_MIN (the unsigned image) each, most significant first: a 256-bin histogram of
+   the digit among the columns whose higher digits equal the prefix found so far, then the bin
+   where the count from the top reaches the picks still needed. After pass 4: the threshold v and
+   `need` = how many columns of hi == v belong to the picks (>= 1).
+2. Compaction: one more pass keeps every column with hi > v and the first `need` columns with
+   hi == v (a running count in column order: the lower columns), writing their keys in column
+   order to out[0:m] (exclusive prefix sums; INT64_MIN pads out[m:k]).
+3. FINAL: after a barrier, the k keys are read back into one power-of-two block (KP >= k lanes,
+   INT64_MIN padding), sorted descending (tl.sort, bitonic), and written as columns (~low word),
+   with values gathered from the scores at those columns; MARK writes -1 for a -inf value.
+
+Schedules (`topk_splits`):
+- one launch, grid (B,): a program per row runs 1-3 over all T columns (FINAL);
+- two launches when a row is long and the rows few: grid (B, P), program p runs 1-2 over columns
+  [p * chunk, (p + 1) * chunk) into ws[b, p, 0:k]; then grid (B,), FROM_KEYS, runs 1-3 over the
+  P * k keys of ws[b] (padding included). Exact: a key among the row's k largest has fewer than
+  k larger keys in its own chunk, so it is among its chunk's picks; ws[b] holds the chunks' picks
+  in column order, so "the first `need` of hi == v" is again the lowest columns.
+
+Layouts: scores [B, T] fp32 (row stride stride_sb, unit column stride); ws [B, P, k] int64;
+scratch [B, k] int64 (the FINAL program's picks before the sort); values [B, k] fp32 and
+columns [B, k] int64 (row strides stride_vb, stride_cb). Reads: the T scores 5 times (the first
+from HBM, then L1 / L2), writes 8 bytes a pick.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import pdl_launch
+
+INT64_MIN = -(2**63)
+# A program's columns per loop step and its warps (8 columns a thread).
+BLOCK, NUM_WARPS = 2048, 8
+# The split rule: split a row only into chunks of at least max(SPLIT_COLUMNS, 4 k) columns, into
+# at most ROW_PROGRAMS programs over all rows (the H200 has 132 SMs), and at most sqrt(T / k) (the
+# merge reads P * k keys: P * k <= T / P).
+SPLIT_COLUMNS, ROW_PROGRAMS = 4096, 128
+
+
+def topk_splits(rows: int, T: int, k: int) -> int:
+    """Programs per row of the first launch (1: the one-launch schedule)."""
+    if k <= 0 or T <= 0:
+        return 1
+    splits = min(T // max(SPLIT_COLUMNS, 4 * k), ROW_PROGRAMS // max(rows, 1), math.isqrt(T // k))
+    return splits if splits >= 2 else 1
+
+
+@triton.jit
+def _row_keys(src_ptr, pos, live, FROM_KEYS: tl.constexpr):
+    """(hi int32, key int64) of the entries at `pos` (the columns, or ws positions); the padding of
+    dead lanes (`live` false) is INT64_MIN / INT32_MIN."""
+    if FROM_KEYS:
+        key = tl.load(src_ptr + pos, mask=live, other=-9223372036854775808)
+        hi = (key >> 32).to(tl.int32)
+    else:
+        s = tl.load(src_ptr + pos, mask=live, other=0.0)
+        s = tl.where(s == 0.0, 0.0, s)  # -0.0 -> +0.0: torch.sort holds them equal
+        bits = s.to(tl.int32, bitcast=True)
+        hi = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        hi = tl.where(live, hi, -2147483648)
+        low = (~pos.to(tl.int32)).to(tl.uint32).to(tl.int64)  # ~column, zero-extended
+        key = (hi.to(tl.int64) << 32) | low
+    return hi, key
+
+
+@triton.jit
+def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, n_cols, K, chunk,
+                       stride_sb, stride_vb, stride_cb,
+                       FROM_KEYS: tl.constexpr, FINAL: tl.constexpr, MARK: tl.constexpr,
+                       WRITE_VALUES: tl.constexpr, BLOCK: tl.constexpr, KP: tl.constexpr,
+                       PDL: tl.constexpr = False):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
+    b = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    n_split = tl.num_programs(1)
+    if FROM_KEYS:
+        src = src_ptr + b * n_cols  # ws[b]: n_cols = P * k keys
+    else:
+        src = src_ptr + b * stride_sb
+    lo = p * chunk
+    end = tl.minimum(lo + chunk, n_cols)
+    m = tl.minimum(K, end - lo)
+    out = out_ptr + (b * n_split + p) * K
+    lanes = tl.arange(0, BLOCK)
+    bins = tl.arange(0, 256)
+
+    # 1. radix select of the m-th largest hi (u = hi ^ INT32_MIN, 8 bits a pass, high digit first)
+    prefix = tl.full([], 0, tl.int32)
+    need = m
+    for step in tl.static_range(4):
+        shift: tl.constexpr = 24 - 8 * step
+        hist = tl.zeros([256], dtype=tl.int32)
+        for start in range(lo, end, BLOCK):
+            pos = start + lanes
+            live = pos < end
+            hi, _ = _row_keys(src, pos, live, FROM_KEYS)
+            u = hi ^ -2147483648
+            if shift == 24:
+                match = live
+            else:
+                match = live & ((u >> (shift + 8)) == (prefix >> (shift + 8)))
+            hist += tl.histogram((u >> shift) & 255, 256, mask=match)
+        above = tl.sum(hist, 0) - tl.cumsum(hist, 0)  # matching entries in the bins above each bin
+        digit = tl.max(tl.where(above + hist >= need, bins, 0), 0)
+        need -= tl.sum(tl.where(bins > digit, hist, 0), 0)
+        prefix = prefix | (digit << shift)
+    v = prefix ^ -2147483648  # the threshold, as a hi
+
+    # 2. compaction: hi > v, and the first `need` of hi == v, in column order
+    seen = tl.full([], 0, tl.int32)
+    taken = tl.full([], 0, tl.int32)
+    for start in range(lo, end, BLOCK):
+        pos = start + lanes
+        live = pos < end
+        hi, key = _row_keys(src, pos, live, FROM_KEYS)
+        eq = (live & (hi == v)).to(tl.int32)
+        keep = (live & (hi > v)) | ((eq != 0) & (seen + tl.cumsum(eq, 0) - eq < need))
+        kept = keep.to(tl.int32)
+        tl.store(out + taken + tl.cumsum(kept, 0) - kept, key, mask=keep)
+        seen += tl.sum(eq, 0)
+        taken += tl.sum(kept, 0)
+
+    if not FINAL:
+        for start in range(m, K, BLOCK):  # pad a short chunk's picks
+            pad = start + lanes
+            tl.store(out + pad, tl.full([BLOCK], -9223372036854775808, tl.int64), mask=pad < K)
+    else:
+        # 3. sort the k picks (keys are distinct), write columns and values
+        tl.debug_barrier()  # the compaction's stores are visible to every thread of the program
+        ranks = tl.arange(0, KP)
+        picks = tl.load(out + ranks, mask=ranks < K, other=-9223372036854775808)
+        picks = tl.sort(picks, descending=True)
+        column = ~(picks.to(tl.int32))
+        written = ranks < K
+        value = tl.load(score_ptr + b * stride_sb + column, mask=written, other=0.0)
+        if WRITE_VALUES:
+            tl.store(val_ptr + b * stride_vb + ranks, value, mask=written)
+        if MARK:
+            column = tl.where(value == float("-inf"), -1, column)
+        tl.store(col_ptr + b * stride_cb + ranks, column.to(tl.int64), mask=written)
+
+
+def index_topk_triton(scores: torch.Tensor, k: int, mark_masked: bool = False, splits: int | None = None,
+                      block: int = BLOCK, num_warps: int = NUM_WARPS,
+                      write_values: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(values [..., k] fp32 or None, columns [..., k] int64) of scores [..., T] fp32, 0 <= k <= T;
+    mark_masked: -1 for a -inf pick. splits None: `topk_splits`; block: the loop step (a power of
+    two >= 256, tests use small ones)."""
+    T = scores.shape[-1]
+    lead = scores.shape[:-1]
+    if scores.dtype != torch.float32:
+        raise ValueError(f"scores must be fp32, got {scores.dtype}")
+    if not 0 <= k <= T:
+        raise ValueError(f"k must be in [0, T = {T}], got {k}")
+    rows = scores.reshape(-1, T)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    B = rows.shape[0]
+    dev = scores.device
+    values = torch.empty(B, k, dtype=torch.float32, device=dev) if write_values else None
+    columns = torch.empty(B, k, dtype=torch.int64, device=dev)
+    if B == 0 or k == 0:
+        return (None if values is None else values.reshape(*lead, k)), columns.reshape(*lead, k)
+    P = topk_splits(B, T, k) if splits is None else max(1, min(splits, T))
+    chunk = triton.cdiv(triton.cdiv(T, P), block) * block
+    P = triton.cdiv(T, chunk)
+    scratch = torch.empty(B, k, dtype=torch.int64, device=dev)
+    common = dict(MARK=mark_masked, WRITE_VALUES=write_values, BLOCK=block, KP=triton.next_power_of_2(k),
+                  num_warps=num_warps, **pdl_launch(rows))
+    vals = values if write_values else columns  # a placeholder pointer when no values are written
+    stride_v = values.stride(0) if write_values else 0
+    if P == 1:
+        _index_topk_kernel[(B, 1)](rows, rows, scratch, vals, columns, T, k, chunk, rows.stride(0), stride_v,
+                                   columns.stride(0), FROM_KEYS=False, FINAL=True, **common)
+    else:
+        ws = torch.empty(B, P, k, dtype=torch.int64, device=dev)
+        _index_topk_kernel[(B, P)](rows, rows, ws, vals, columns, T, k, chunk, rows.stride(0), stride_v,
+                                   columns.stride(0), FROM_KEYS=False, FINAL=False, **common)
+        _index_topk_kernel[(B, 1)](ws, rows, scratch, vals, columns, P * k, k, P * k, rows.stride(0), stride_v,
+                                   columns.stride(0), FROM_KEYS=True, FINAL=True, **common)
+    return (None if values is None else values.reshape(*lead, k)), columns.reshape(*lead, k)
