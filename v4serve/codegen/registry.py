@@ -30,6 +30,7 @@ from v4serve.ops.sparse_attn_triton import (
 from .spec import Expect, KernelSpec
 from .registry_decode_fusion import DECODE_FUSION_KERNELS
 from .registry_fp8_decode import FP8_DECODE_KERNELS
+from .registry_index_topk import INDEX_TOPK_KERNELS
 from .registry_kv_compact import KV_COMPACT_KERNELS
 from .registry_launch_glue import LAUNCH_GLUE_KERNELS
 from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS
@@ -600,6 +601,7 @@ KERNELS: tuple[KernelSpec, ...] = (
     *DECODE_FUSION_KERNELS,
     *LAUNCH_GLUE_KERNELS,
     *SPEC_VERIFY_KERNELS,  # the verify step's compressor steps and state commit
+    *INDEX_TOPK_KERNELS,  # the indexer's top-k without torch.sort (registry_index_topk.py)
     # ---- FP8 linear, weights-first decode kernel: v4serve/codegen/registry_fp8_decode.py ----
     *FP8_DECODE_KERNELS,
     # ---- DeepSeek-V4.1 indexer over packed fp4 keys: v4serve/codegen/registry_v41_index.py ----

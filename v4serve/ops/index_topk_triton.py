@@ -109,22 +109,21 @@ def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, n_cols, K,
     prefix = tl.full([], 0, tl.int32)
     need = m
     for step in tl.static_range(4):
-        shift: tl.constexpr = 24 - 8 * step
         hist = tl.zeros([256], dtype=tl.int32)
         for start in range(lo, end, BLOCK):
             pos = start + lanes
             live = pos < end
             hi, _ = _row_keys(src, pos, live, FROM_KEYS)
             u = hi ^ -2147483648
-            if shift == 24:
+            if step == 0:
                 match = live
-            else:
-                match = live & ((u >> (shift + 8)) == (prefix >> (shift + 8)))
-            hist += tl.histogram((u >> shift) & 255, 256, mask=match)
+            else:  # the digits above this one equal the prefix's
+                match = live & ((u >> (32 - 8 * step)) == (prefix >> (32 - 8 * step)))
+            hist += tl.histogram((u >> (24 - 8 * step)) & 255, 256, mask=match)
         above = tl.sum(hist, 0) - tl.cumsum(hist, 0)  # matching entries in the bins above each bin
         digit = tl.max(tl.where(above + hist >= need, bins, 0), 0)
         need -= tl.sum(tl.where(bins > digit, hist, 0), 0)
-        prefix = prefix | (digit << shift)
+        prefix = prefix | (digit << (24 - 8 * step))
     v = prefix ^ -2147483648  # the threshold, as a hi
 
     # 2. compaction: hi > v, and the first `need` of hi == v, in column order
