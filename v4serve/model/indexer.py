@@ -73,7 +73,7 @@ class Indexer(Compressor):
             scores = index_scores(q[:, None], head_weights[:, None], pool, rows_of, visible, **scaled)
             # Masked keys score -inf and sort last, past the `live_picks` count where the attention
             # stops reading: they need no -1 (every visible row is allocated and scores finitely).
-            _, order = sorted_top(scores[:, 0], k)  # [B, k] columns of rows_of
+            _, order = sorted_top(scores[:, 0], k, self.impl)  # [B, k] columns of rows_of
             return pick_columns(batch.window_columns, rows_of, order, k, impl=self.impl)  # one launch
         selected = torch.full((batch.num_tokens, k), -1, dtype=torch.int32, device=qr.device)
         for b, c in enumerate(batch.chunks):
@@ -84,7 +84,7 @@ class Indexer(Compressor):
             key_rows = rows_of[b:b + 1, :n_rows]
             visible = ((batch.positions[span] + 1) // self.ratio).to(torch.int32)[None]
             scores = index_scores(q[None, span], head_weights[None, span], pool, key_rows, visible, **scaled)
-            picks = select_topk(scores, k)[0]  # [L, k] compressed row ids, -1 = none
+            picks = select_topk(scores, k, self.impl)[0]  # [L, k] compressed row ids, -1 = none
             rows = key_rows[0, picks.clamp(min=0)]
             selected[span] = torch.where(picks >= 0, rows, -1)
         return torch.cat((batch.window_columns, selected), dim=1)

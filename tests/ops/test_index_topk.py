@@ -1,0 +1,155 @@
+"""The indexer's top-k kernel (ops/index_topk_triton.py, interpreted on the CPU) against the stable
+descending torch.sort (ops/index_topk_reference.py): the same columns in the same order and the same
+value bits, over ties, all-equal rows, -inf masks, -0.0 beside +0.0, k = T, T not a power of two,
+both schedules (one launch; split + merge) and short loop steps; the dispatch (`sorted_top`,
+`select_topk`) and its marks; a GPU test at the decode / verify shapes, in a CUDA graph."""
+
+import pytest
+import torch
+
+from v4serve.ops.index_topk_reference import index_topk_reference
+from v4serve.ops.index_topk_triton import index_topk_triton, topk_splits
+from v4serve.ops.indexer import select_topk, sorted_top
+
+NEG_INF = float("-inf")
+
+
+def _scores(kind: str, B: int, T: int, seed: int, device="cpu") -> torch.Tensor:
+    """fp32 [B, T] score rows of one kind (all of them the shapes the indexer produces: finite or -inf)."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "randn":
+        s = torch.randn(B, T, generator=g)
+    elif kind == "ties":  # few distinct values: long runs of equal scores, zeros of both signs
+        s = torch.randint(-2, 3, (B, T), generator=g).float() * 0.5
+        s = torch.where(torch.rand(B, T, generator=g) < 0.3, -0.0, s)
+    elif kind == "equal":  # every score of a row equal
+        s = torch.full((B, T), 0.25)
+        s[0] = 0.0
+    elif kind == "masked":  # visible prefixes of different lengths (0 .. T), -inf past them
+        s = torch.randint(-3, 4, (B, T), generator=g).float()
+        visible = torch.randint(0, T + 1, (B,), generator=g)
+        visible[0] = 0
+        s = torch.where(torch.arange(T)[None] < visible[:, None], s, NEG_INF)
+    elif kind == "holes":  # -inf scattered (holes in the key rows) among ties
+        s = torch.randint(0, 3, (B, T), generator=g).float()
+        s = torch.where(torch.rand(B, T, generator=g) < 0.4, NEG_INF, s)
+    elif kind == "extremes":  # the float range's ends: largest finite, smallest subnormals, signs
+        vals = torch.tensor([3.4028235e38, -3.4028235e38, 1e-45, -1e-45, 1.1754944e-38, -0.0, 0.0, 1.0, -1.0,
+                             2.0, -2.0, NEG_INF])
+        s = vals[torch.randint(0, len(vals), (B, T), generator=g)]
+    else:
+        raise ValueError(kind)
+    return s.to(device)
+
+
+def _same(got, want):
+    """Columns equal, values equal bit for bit (-0.0 is not +0.0)."""
+    (gv, gc), (wv, wc) = got, want
+    assert gc.dtype == torch.int64 and gc.shape == wc.shape
+    assert torch.equal(gc, wc)
+    assert torch.equal(gv.view(torch.int32), wv.view(torch.int32))
+
+
+KINDS = ("randn", "ties", "equal", "masked", "holes", "extremes")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("B, T, k, splits, block", [
+    (3, 37, 5, 1, 256),        # T < one loop step, not a power of two
+    (2, 300, 17, 1, 256),      # two loop steps, the second partial
+    (1, 1000, 40, 3, 256),     # split: three chunks of 512, 512, ... (last one short)
+    (2, 700, 64, 2, 256),
+    (2, 513, 129, 4, 256),     # split into chunks shorter than k: a chunk keeps all of its columns
+    (2, 50, 50, 1, 256),       # k = T
+    (1, 9, 1, 1, 256),         # k = 1
+])
+def test_kernel_is_the_stable_sort(kind, B, T, k, splits, block):
+    s = _scores(kind, B, T, seed=B * 1000 + T + k)
+    _same(index_topk_triton(s, k, splits=splits, block=block), index_topk_reference(s, k))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_shapes_and_schedules(seed):
+    """Random T, k <= T, split counts (1 .. 5) and kinds: many small cases at once."""
+    g = torch.Generator().manual_seed(100 + seed)
+    for _ in range(4):
+        T = int(torch.randint(1, 900, (1,), generator=g))
+        k = int(torch.randint(1, T + 1, (1,), generator=g))
+        splits = int(torch.randint(1, 6, (1,), generator=g))
+        kind = KINDS[int(torch.randint(0, len(KINDS), (1,), generator=g))]
+        s = _scores(kind, 2, T, seed=seed * 7 + T)
+        _same(index_topk_triton(s, k, splits=splits, block=256), index_topk_reference(s, k))
+
+
+def test_leading_dims_strided_rows_and_marks():
+    """[B, S, T] scores (a prefill chunk's), a strided row view; mark_masked writes -1 for -inf."""
+    full = _scores("holes", 6, 130, seed=3)
+    s = full[:, 1:121].reshape(2, 3, 120)  # rows of stride 130
+    values, columns = index_topk_triton(s, 70, mark_masked=True, block=256)
+    want_v, want_c = index_topk_reference(s, 70)
+    assert columns.shape == (2, 3, 70)
+    assert torch.equal(columns, torch.where(torch.isneginf(want_v), -1, want_c))
+    assert torch.equal(values, want_v)
+    assert index_topk_triton(s, 70, write_values=False, block=256)[0] is None
+
+
+@pytest.mark.parametrize("k", [0, 3, 40, 55])
+def test_select_topk_and_sorted_top_dispatch(k):
+    """impl="triton" gives the torch path's result: marks, and the -1 padding for k > T."""
+    s = _scores("masked", 4, 40, seed=k)
+    assert torch.equal(select_topk(s, k, impl="triton"), select_topk(s, k, impl="torch"))
+    if k <= 40:
+        _same(sorted_top(s, k, impl="triton"), sorted_top(s, k, impl="torch"))
+
+
+def test_reference_select_topk_marks():
+    scores = torch.tensor([[[1.0, NEG_INF, 5.0, 3.0, 2.0]]])
+    assert select_topk(scores, 3, impl="triton").tolist() == [[[2, 3, 4]]]
+    assert select_topk(scores, 6, impl="triton").tolist() == [[[2, 3, 4, 0, -1, -1]]]
+
+
+def test_split_rule():
+    assert topk_splits(1, 2048, 512) == 1  # a short row: one launch
+    assert topk_splits(4, 8192, 512) == 2  # chunks of >= 4096 columns
+    assert topk_splits(1, 32768, 512) == 8
+    assert topk_splits(32, 32768, 512) == 4
+    assert topk_splits(1, 32768, 1024) == 5  # sqrt(32); the launch rounds chunks to the loop step: 4
+    assert topk_splits(1, 262144, 512) == 22  # sqrt(512): the merge reads 22 x 512 keys
+    assert topk_splits(200, 32768, 512) == 1
+
+
+def test_bad_arguments_are_named():
+    s = torch.zeros(2, 8)
+    with pytest.raises(ValueError, match="fp32"):
+        index_topk_triton(s.half(), 2)
+    with pytest.raises(ValueError, match="k must be"):
+        index_topk_triton(s, 9)
+
+
+GPU_SHAPES = [(B, T, k) for k in (512, 1024) for B, T in ((1, 2048), (4, 2048), (1, 8192), (16, 8192), (1, 32768),
+                                                          (32, 32768), (2, 131072))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B, T, k", GPU_SHAPES)
+@pytest.mark.parametrize("kind", ("randn", "ties", "masked"))
+def test_kernel_is_the_stable_sort_on_gpu(B, T, k, kind):
+    s = _scores(kind, B, T, seed=B + T + k, device="cuda")
+    want = index_topk_reference(s, k)
+    for splits in (None, 1, 4):
+        _same(index_topk_triton(s, k, splits=splits), want)
+
+
+@pytest.mark.gpu
+def test_kernel_in_a_cuda_graph():
+    """Captured once (split schedule and one launch), replayed over new scores: no host sync."""
+    for B, T in ((4, 2048), (1, 32768)):
+        s = _scores("ties", B, T, seed=T, device="cuda")
+        index_topk_triton(s, 512)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            values, columns = index_topk_triton(s, 512)
+        for seed in range(3):
+            s.copy_(_scores("masked", B, T, seed=seed, device="cuda"))
+            graph.replay()
+            _same((values, columns), index_topk_reference(s, 512))
