@@ -7,6 +7,7 @@ both schedules (one launch; split + merge) and short loop steps; the dispatch (`
 import pytest
 import torch
 
+from v4serve.bench.index_topk_configs import SHAPES, topk_case, topk_runner
 from v4serve.ops.index_topk_reference import index_topk_reference
 from v4serve.ops.index_topk_triton import index_topk_triton, topk_splits
 from v4serve.ops.indexer import select_topk, sorted_top
@@ -124,6 +125,17 @@ def test_bad_arguments_are_named():
         index_topk_triton(s.half(), 2)
     with pytest.raises(ValueError, match="k must be"):
         index_topk_triton(s, 9)
+
+
+def test_sweep_candidates_run_on_the_cpu():
+    """`kernel_configs 'index topk'`: its case and a few of its candidates, exact at a small shape."""
+    assert len(SHAPES) == 14 and all(k in (512, 1024) for _, _, k in SHAPES.values())
+    scores = topk_case(2, 600, "cpu")
+    assert torch.isneginf(scores[:, -18:]).all() and not torch.isneginf(scores[:, :-19]).any()
+    run = topk_runner(scores, 40)
+    want = run("torch.sort")
+    for cfg in (None, dict(splits=2, block=256), dict(block=512, num_warps=4)):
+        assert torch.equal(run(cfg), want), cfg
 
 
 GPU_SHAPES = [(B, T, k) for k in (512, 1024) for B, T in ((1, 2048), (4, 2048), (1, 8192), (16, 8192), (1, 32768),

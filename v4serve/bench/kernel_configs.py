@@ -275,6 +275,9 @@ def main() -> int:
     from v4serve.bench import mhc_configs
 
     mhc_configs.sweep(only)  # the mHC mixer + coefficients epilogue ("mhc coeffs T1", ...)
+    from v4serve.bench import index_topk_configs
+
+    index_topk_configs.sweep(only)  # the indexer's top-k against torch.sort ("index topk B1 T2048 k512", ...)
     return 0
 
 
