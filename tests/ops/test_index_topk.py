@@ -59,8 +59,7 @@ KINDS = ("randn", "ties", "equal", "masked", "holes", "extremes")
     (3, 37, 5, 1, 256),        # T < one loop step, not a power of two
     (2, 300, 17, 1, 256),      # two loop steps, the second partial
     (1, 1000, 40, 3, 256),     # split: three chunks of 512, 512, ... (last one short)
-    (2, 700, 64, 2, 256),
-    (2, 513, 129, 4, 256),     # split into chunks shorter than k: a chunk keeps all of its columns
+    (2, 300, 70, 4, 256),      # split: a 44-column chunk, shorter than k, keeps all of its columns
     (2, 50, 50, 1, 256),       # k = T
     (1, 9, 1, 1, 256),         # k = 1
 ])
@@ -69,7 +68,7 @@ def test_kernel_is_the_stable_sort(kind, B, T, k, splits, block):
     _same(index_topk_triton(s, k, splits=splits, block=block), index_topk_reference(s, k))
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(4))
 def test_random_shapes_and_schedules(seed):
     """Random T, k <= T, split counts (1 .. 5) and kinds: many small cases at once."""
     g = torch.Generator().manual_seed(100 + seed)
@@ -94,7 +93,7 @@ def test_leading_dims_strided_rows_and_marks():
     assert index_topk_triton(s, 70, write_values=False, block=256)[0] is None
 
 
-@pytest.mark.parametrize("k", [0, 3, 40, 55])
+@pytest.mark.parametrize("k", [0, 3, 40, 45])
 def test_select_topk_and_sorted_top_dispatch(k):
     """impl="triton" gives the torch path's result: marks, and the -1 padding for k > T."""
     s = _scores("masked", 4, 40, seed=k)
