@@ -32,7 +32,8 @@ CANDIDATES = [
     dict(splits=8),
     dict(splits=16),
     dict(block=1024, num_warps=4),
-    dict(block=4096, num_warps=8),
+    dict(block=4096, num_warps=8),  # T = 2112 (max_model_len 8448) in one loop step instead of 2048 + 64
+    dict(block=4096, num_warps=16),
     dict(block=2048, num_warps=16),
     None,
 ]
