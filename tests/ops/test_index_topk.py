@@ -128,7 +128,7 @@ def test_bad_arguments_are_named():
 
 def test_sweep_candidates_run_on_the_cpu():
     """`kernel_configs 'index topk'`: its case and a few of its candidates, exact at a small shape."""
-    assert len(SHAPES) == 14 and all(k in (512, 1024) for _, _, k in SHAPES.values())
+    assert len(SHAPES) == 17 and all(k in (512, 1024) for _, _, k in SHAPES.values())
     scores = topk_case(2, 600, "cpu")
     assert torch.isneginf(scores[:, -18:]).all() and not torch.isneginf(scores[:, :-19]).any()
     run = topk_runner(scores, 40)

@@ -2,8 +2,8 @@
 shapes (`python -m v4serve.bench.kernel_configs 'index topk'`).
 
 Rows: B query rows (decode c1 = 1; verify c1 k3 = 4; c8 decode 8, c8 k1 verify 16, c8 k3 32) over
-T static cache columns (max_model_len / 4: 8K -> 2048, 32K -> 8192, 128K -> 32768), k = 512
-(V4-Flash) or 1024 (V4-Pro). The scores are what the decode step sorts: a visible prefix of random
+T static cache columns (max_model_len / 4: `bench engine`'s default 4096 -> 1024, 8K -> 2048, 32K ->
+8192, 128K -> 32768), k = 512 (V4-Flash) or 1024 (V4-Pro). The scores are what the decode step sorts: a visible prefix of random
 scores with ties (a tenth exact zeros, as relu(q.k) = 0 for every head gives) and -inf past it
 (the last 3% of columns). Candidates: "torch.sort" (production while TOPK_KERNEL_ON_CUDA is off:
 `sorted_top`'s stable sort, then the [:, :k] slices), the kernel at its split rule (`topk_splits`),
@@ -18,7 +18,7 @@ from v4serve.ops.index_topk_reference import index_topk_reference
 from v4serve.ops.index_topk_triton import index_topk_triton, topk_splits
 
 SHAPES = {f"index topk B{B} T{T} k{k}": (B, T, k) for k, pairs in (
-    (512, ((1, 2048), (4, 2048), (8, 2048), (32, 2048), (1, 8192), (4, 8192), (32, 8192), (1, 32768), (4, 32768),
+    (512, ((1, 1024), (4, 1024), (32, 1024), (1, 2048), (4, 2048), (8, 2048), (32, 2048), (1, 8192), (4, 8192), (32, 8192), (1, 32768), (4, 32768),
            (32, 32768))),
     (1024, ((1, 2048), (4, 2048), (1, 32768), (4, 32768))),
 ) for B, T in pairs}
