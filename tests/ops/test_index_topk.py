@@ -145,10 +145,25 @@ GPU_SHAPES = [(B, T, k) for k in (512, 1024) for B, T in ((1, 2048), (4, 2048), 
 @pytest.mark.parametrize("B, T, k", GPU_SHAPES)
 @pytest.mark.parametrize("kind", ("randn", "ties", "masked"))
 def test_kernel_is_the_stable_sort_on_gpu(B, T, k, kind):
+    """Against the CPU's stable sort (the definition: -0.0 equal to +0.0; see the next test)."""
     s = _scores(kind, B, T, seed=B + T + k, device="cuda")
-    want = index_topk_reference(s, k)
+    want = index_topk_reference(s.cpu(), k)
     for splits in (None, 1, 4):
-        _same(index_topk_triton(s, k, splits=splits), want)
+        _same(tuple(t.cpu() for t in index_topk_triton(s, k, splits=splits)), want)
+
+
+@pytest.mark.gpu
+def test_torch_cuda_sort_holds_signed_zeros_equal():
+    """Whether torch.sort on CUDA (CUB's radix sorts: the production path while the kernel is off)
+    also keeps -0.0 and +0.0 in column order, both below and above its 4096-column block sort. If
+    this fails, the kernel (= the CPU sort) orders such ties differently from the torch CUDA path
+    the engine ran before: the only difference, and no wrong pick."""
+    for T in (2048, 8192):
+        s = torch.zeros(2, T)
+        s[:, ::3] = -0.0
+        s[:, 5::7] = 1.0
+        want = torch.sort(s, dim=-1, descending=True, stable=True).indices
+        assert torch.equal(torch.sort(s.cuda(), dim=-1, descending=True, stable=True).indices.cpu(), want)
 
 
 @pytest.mark.gpu
@@ -163,4 +178,4 @@ def test_kernel_in_a_cuda_graph():
         for seed in range(3):
             s.copy_(_scores("masked", B, T, seed=seed, device="cuda"))
             graph.replay()
-            _same((values, columns), index_topk_reference(s, 512))
+            _same((values.cpu(), columns.cpu()), index_topk_reference(s.cpu(), 512))
