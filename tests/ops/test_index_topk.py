@@ -68,6 +68,14 @@ def test_kernel_is_the_stable_sort(kind, B, T, k, splits, block):
     _same(index_topk_triton(s, k, splits=splits, block=block), index_topk_reference(s, k))
 
 
+@pytest.mark.parametrize("kind", ("ties", "masked", "extremes"))
+@pytest.mark.parametrize("B, T, k", [(2, 37, 5), (2, 100, 100), (1, 130, 64)])
+def test_sort_all_variant_is_the_stable_sort(kind, B, T, k):
+    """The sweep's sort-everything variant (short rows: every key sorted, no select)."""
+    s = _scores(kind, B, T, seed=T + k)
+    _same(index_topk_triton(s, k, sort_all=True), index_topk_reference(s, k))
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_random_shapes_and_schedules(seed):
     """Random T, k <= T, split counts (1 .. 5) and kinds: many small cases at once."""
@@ -124,6 +132,8 @@ def test_bad_arguments_are_named():
         index_topk_triton(s.half(), 2)
     with pytest.raises(ValueError, match="k must be"):
         index_topk_triton(s, 9)
+    with pytest.raises(ValueError, match="sort_all"):
+        index_topk_triton(torch.zeros(1, 4097), 2, sort_all=True)
 
 
 def test_sweep_candidates_run_on_the_cpu():

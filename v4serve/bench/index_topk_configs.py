@@ -7,7 +7,7 @@ T static cache columns (max_model_len / 4: `bench engine`'s default 4096 -> 1024
 scores with ties (a tenth exact zeros, as relu(q.k) = 0 for every head gives) and -inf past it
 (the last 3% of columns). Candidates: "torch.sort" (production while TOPK_KERNEL_ON_CUDA is off:
 `sorted_top`'s stable sort, then the [:, :k] slices), the kernel at its split rule (`topk_splits`),
-forced split counts, and other loop steps / warps. Each line: median µs (do_bench_cudagraph) and
+forced split counts, other loop steps / warps, and the sort-everything variant (T <= 4096). Each line: median µs (do_bench_cudagraph) and
 whether the columns equal torch.sort's (they must: "exact").
 """
 
@@ -15,7 +15,7 @@ import torch
 from triton.testing import do_bench_cudagraph
 
 from v4serve.ops.index_topk_reference import index_topk_reference
-from v4serve.ops.index_topk_triton import index_topk_triton, topk_splits
+from v4serve.ops.index_topk_triton import SORT_ALL_COLUMNS, index_topk_triton, topk_splits
 
 SHAPES = {f"index topk B{B} T{T} k{k}": (B, T, k) for k, pairs in (
     (512, ((1, 1024), (4, 1024), (32, 1024), (1, 2048), (4, 2048), (8, 2048), (32, 2048), (1, 8192), (4, 8192), (32, 8192), (1, 32768), (4, 32768),
@@ -35,6 +35,8 @@ CANDIDATES = [
     dict(block=4096, num_warps=8),  # T = 2112 (max_model_len 8448) in one loop step instead of 2048 + 64
     dict(block=4096, num_warps=16),
     dict(block=2048, num_warps=16),
+    dict(sort_all=True),  # T <= 4096 only: every key of the row sorted, no select
+    dict(sort_all=True, num_warps=16),
     None,
 ]
 
@@ -72,6 +74,8 @@ def sweep(only: str = "") -> None:
         want = run("torch.sort")
         print(f"{name}: production splits {topk_splits(B, T, k)}", flush=True)
         for i, cfg in enumerate(CANDIDATES):
+            if isinstance(cfg, dict) and cfg.get("sort_all") and T > SORT_ALL_COLUMNS:
+                continue
             try:
                 exact = "exact" if torch.equal(run(cfg), want) else "MISMATCH"
                 us = do_bench_cudagraph(lambda: run(cfg), rep=30, return_mode="median") * 1e3

@@ -25,6 +25,10 @@ One program does, over its columns [lo, end) of a row (n = end - lo, m = min(k, 
    INT64_MIN padding), sorted descending (tl.sort, bitonic), and written as columns (~low word),
    with values gathered from the scores at those columns; MARK writes -1 for a -inf value.
 
+A variant for short rows (SORT_ALL, sweep only): one program sorts all T keys of its row in one
+block of next_power_of_2(T) lanes and writes the first k (no select; the bitonic sort's cost grows
+as T log^2 T, the select's as T).
+
 Schedules (`topk_splits`):
 - one launch, grid (B,): a program per row runs 1-3 over all T columns (FINAL);
 - two launches when a row is long and the rows few: grid (B, P), program p runs 1-2 over columns
@@ -55,6 +59,8 @@ BLOCK, NUM_WARPS = 2048, 8
 # at most ROW_PROGRAMS programs over all rows (the H200 has 132 SMs), and at most sqrt(T / k) (the
 # merge reads P * k keys: P * k <= T / P).
 SPLIT_COLUMNS, ROW_PROGRAMS = 4096, 128
+# The sort-everything variant (a sweep candidate, not production): rows up to this many columns.
+SORT_ALL_COLUMNS = 4096
 
 
 def topk_splits(rows: int, T: int, k: int) -> int:
@@ -84,11 +90,28 @@ def _row_keys(src_ptr, pos, live, FROM_KEYS: tl.constexpr):
 
 
 @triton.jit
+def _write_picks(picks, score_row, val_row, col_row, K, KP: tl.constexpr, MARK: tl.constexpr,
+                 WRITE_VALUES: tl.constexpr):
+    """Sort KP keys (the picks, INT64_MIN padding) descending; write the first K as columns (-1 for a
+    -inf value under MARK) and their scores."""
+    ranks = tl.arange(0, KP)
+    picks = tl.sort(picks, descending=True)
+    column = ~(picks.to(tl.int32))
+    written = ranks < K
+    value = tl.load(score_row + column, mask=written, other=0.0)
+    if WRITE_VALUES:
+        tl.store(val_row + ranks, value, mask=written)
+    if MARK:
+        column = tl.where(value == float("-inf"), -1, column)
+    tl.store(col_row + ranks, column.to(tl.int64), mask=written)
+
+
+@triton.jit
 def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, n_cols, K, chunk,
                        stride_sb, stride_vb, stride_cb,
                        FROM_KEYS: tl.constexpr, FINAL: tl.constexpr, MARK: tl.constexpr,
                        WRITE_VALUES: tl.constexpr, BLOCK: tl.constexpr, KP: tl.constexpr,
-                       PDL: tl.constexpr = False):
+                       SORT_ALL: tl.constexpr = False, PDL: tl.constexpr = False):
     if PDL:
         gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
     b = tl.program_id(0).to(tl.int64)
@@ -98,6 +121,14 @@ def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, n_cols, K,
         src = src_ptr + b * n_cols  # ws[b]: n_cols = P * k keys
     else:
         src = src_ptr + b * stride_sb
+    score_row = score_ptr + b * stride_sb
+    val_row = val_ptr + b * stride_vb
+    col_row = col_ptr + b * stride_cb
+    if SORT_ALL:  # the variant for short rows (KP >= n_cols): sort every key of the row, no select
+        ranks = tl.arange(0, KP)
+        _, keys = _row_keys(src, ranks, ranks < n_cols, False)
+        _write_picks(keys, score_row, val_row, col_row, K, KP, MARK, WRITE_VALUES)
+        return
     lo = p * chunk
     end = tl.minimum(lo + chunk, n_cols)
     m = tl.minimum(K, end - lo)
@@ -149,23 +180,16 @@ def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, n_cols, K,
         tl.debug_barrier()  # the compaction's stores are visible to every thread of the program
         ranks = tl.arange(0, KP)
         picks = tl.load(out + ranks, mask=ranks < K, other=-9223372036854775808)
-        picks = tl.sort(picks, descending=True)
-        column = ~(picks.to(tl.int32))
-        written = ranks < K
-        value = tl.load(score_ptr + b * stride_sb + column, mask=written, other=0.0)
-        if WRITE_VALUES:
-            tl.store(val_ptr + b * stride_vb + ranks, value, mask=written)
-        if MARK:
-            column = tl.where(value == float("-inf"), -1, column)
-        tl.store(col_ptr + b * stride_cb + ranks, column.to(tl.int64), mask=written)
+        _write_picks(picks, score_row, val_row, col_row, K, KP, MARK, WRITE_VALUES)
 
 
 def index_topk_triton(scores: torch.Tensor, k: int, mark_masked: bool = False, splits: int | None = None,
                       block: int = BLOCK, num_warps: int = NUM_WARPS,
-                      write_values: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+                      write_values: bool = True, sort_all: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
     """(values [..., k] fp32 or None, columns [..., k] int64) of scores [..., T] fp32, 0 <= k <= T;
     mark_masked: -1 for a -inf pick. splits None: `topk_splits`; block: the loop step (a power of
-    two >= 256, tests use small ones)."""
+    two >= 256, tests use small ones). sort_all: the variant that sorts all T keys in one block of
+    next_power_of_2(T) lanes (short rows only: T <= SORT_ALL_COLUMNS), no select."""
     T = scores.shape[-1]
     lead = scores.shape[:-1]
     if scores.dtype != torch.float32:
@@ -180,6 +204,16 @@ def index_topk_triton(scores: torch.Tensor, k: int, mark_masked: bool = False, s
     values = torch.empty(B, k, dtype=torch.float32, device=dev) if write_values else None
     columns = torch.empty(B, k, dtype=torch.int64, device=dev)
     if B == 0 or k == 0:
+        return (None if values is None else values.reshape(*lead, k)), columns.reshape(*lead, k)
+    if sort_all:
+        if T > SORT_ALL_COLUMNS:
+            raise ValueError(f"sort_all sorts rows of at most {SORT_ALL_COLUMNS} columns, got {T}")
+        vals = values if write_values else columns
+        _index_topk_kernel[(B, 1)](rows, rows, columns, vals, columns, T, k, T, rows.stride(0),
+                                   values.stride(0) if write_values else 0, columns.stride(0), FROM_KEYS=False,
+                                   FINAL=True, MARK=mark_masked, WRITE_VALUES=write_values, BLOCK=block,
+                                   KP=triton.next_power_of_2(T), SORT_ALL=True, num_warps=num_warps,
+                                   **pdl_launch(rows))
         return (None if values is None else values.reshape(*lead, k)), columns.reshape(*lead, k)
     P = topk_splits(B, T, k) if splits is None else max(1, min(splits, T))
     chunk = triton.cdiv(triton.cdiv(T, P), block) * block
