@@ -6,7 +6,8 @@ file so that merges with other registry edits stay trivial; registry.py appends 
 - `index_topk.split_k512`: the split schedule's first launch (a chunk's picks into the workspace);
 - `index_topk.merge_k512`: its second launch (FROM_KEYS: the same steps over the chunks' int64 keys);
 - `index_topk.sort_all_4096`: the sweep's sort-everything variant at its widest row (4096 keys).
-All at the production loop step (BLOCK 2048, 8 warps). The scores' row stride is T (a multiple of
+All at the production loop step (BLOCK 2048, 8 warps). Registers (Triton 3.6): 64-80, no spill; the
+sort-everything entry 104-128 (16 int64 keys a thread), hence its own bound. The scores' row stride is T (a multiple of
 16 at every cache width); the counts n_cols / K / chunk are left unaligned (any T and k).
 """
 from v4serve.ops.index_topk_triton import BLOCK, NUM_WARPS, SORT_ALL_COLUMNS
@@ -18,13 +19,14 @@ _TYPES = dict(src_ptr="*fp32", score_ptr="*fp32", out_ptr="*i64", val_ptr="*fp32
 _ALIGNED = ("src_ptr", "score_ptr", "out_ptr", "val_ptr", "col_ptr", "stride_sb")
 
 
-def _spec(name: str, k: int, from_keys: bool, final: bool, mark: bool, sort_all: bool = False) -> KernelSpec:
+def _spec(name: str, k: int, from_keys: bool, final: bool, mark: bool, sort_all: bool = False,
+          max_regs: int = 128) -> KernelSpec:
     types = dict(_TYPES, src_ptr="*i64") if from_keys else _TYPES
     return KernelSpec(
         name, "v4serve.ops.index_topk_triton:_index_topk_kernel", types=types, aligned=_ALIGNED,
         constexprs=dict(FROM_KEYS=from_keys, FINAL=final, MARK=mark, WRITE_VALUES=True, BLOCK=BLOCK, KP=k,
                         SORT_ALL=sort_all, PDL=False),
-        num_warps=NUM_WARPS, num_stages=1, expect=Expect(max_regs=128),
+        num_warps=NUM_WARPS, num_stages=1, expect=Expect(max_regs=max_regs),
     )
 
 
@@ -33,5 +35,6 @@ INDEX_TOPK_KERNELS = (
     _spec("index_topk.row_k1024", 1024, from_keys=False, final=True, mark=True),
     _spec("index_topk.split_k512", 512, from_keys=False, final=False, mark=False),
     _spec("index_topk.merge_k512", 512, from_keys=True, final=True, mark=False),
-    _spec("index_topk.sort_all_4096", SORT_ALL_COLUMNS, from_keys=False, final=True, mark=False, sort_all=True),
+    _spec("index_topk.sort_all_4096", SORT_ALL_COLUMNS, from_keys=False, final=True, mark=False, sort_all=True,
+          max_regs=160),
 )

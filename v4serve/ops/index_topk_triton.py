@@ -126,8 +126,8 @@ def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, n_cols, K,
     col_row = col_ptr + b * stride_cb
     if SORT_ALL:  # the variant for short rows (KP >= n_cols): sort every key of the row, no select
         ranks = tl.arange(0, KP)
-        _, keys = _row_keys(src, ranks, ranks < n_cols, False)
-        _write_picks(keys, score_row, val_row, col_row, K, KP, MARK, WRITE_VALUES)
+        all_hi, all_keys = _row_keys(src, ranks, ranks < n_cols, False)
+        _write_picks(all_keys, score_row, val_row, col_row, K, KP, MARK, WRITE_VALUES)
         return
     lo = p * chunk
     end = tl.minimum(lo + chunk, n_cols)
@@ -144,7 +144,7 @@ def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, n_cols, K,
         for start in range(lo, end, BLOCK):
             pos = start + lanes
             live = pos < end
-            hi, _ = _row_keys(src, pos, live, FROM_KEYS)
+            hi, unused_key = _row_keys(src, pos, live, FROM_KEYS)
             u = hi ^ -2147483648
             if step == 0:
                 match = live
