@@ -52,7 +52,6 @@ from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import pdl_launch
 
-INT64_MIN = -(2**63)
 # A program's columns per loop step and its warps (8 columns a thread).
 BLOCK, NUM_WARPS = 2048, 8
 # The split rule: split a row only into chunks of at least max(SPLIT_COLUMNS, 4 k) columns, into
@@ -73,8 +72,8 @@ def topk_splits(rows: int, T: int, k: int) -> int:
 
 @triton.jit
 def _row_keys(src_ptr, pos, live, FROM_KEYS: tl.constexpr):
-    """(hi int32, key int64) of the entries at `pos` (the columns, or ws positions); the padding of
-    dead lanes (`live` false) is INT64_MIN / INT32_MIN."""
+    """(hi int32, key int64) of the entries at `pos` (the columns, or ws positions); dead lanes
+    (`live` false) get hi = INT32_MIN, so keys below every real key (INT64_MIN when read from ws)."""
     if FROM_KEYS:
         key = tl.load(src_ptr + pos, mask=live, other=-9223372036854775808)
         hi = (key >> 32).to(tl.int32)
