@@ -34,7 +34,8 @@ from .registry_kv_compact import KV_COMPACT_KERNELS
 from .registry_launch_glue import LAUNCH_GLUE_KERNELS
 from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS
 from .registry_spec_verify import SPEC_VERIFY_KERNELS
-from .registry_packed_kv import INDEX_ALIGNED, INDEX_TYPES, PACKED_KV_KERNELS
+from .registry_packed_kv import (COMPRESS_DECODE_ALIGNED, INDEX_ALIGNED, INDEX_TYPES, PACKED_KV_KERNELS,
+                                 compress_decode_types)
 from .registry_v41_engine import V41_ENGINE_KERNELS
 from .registry_v41_index import V41_INDEX_KERNELS
 
@@ -127,15 +128,9 @@ _HC_HEAD_PRE = dict(COEFFS=False, N=4, ITERS=1, HC_EPS=1e-6, HEAD_PRE=True, COEF
 # The Walsh-Hadamard epilogue of norm_rope / compress_decode (registry_decode_fusion.py), off.
 _NO_HADAMARD = dict(HADAMARD=False, LOG2_D=0)
 
-_COMPRESS_DECODE_TYPES = dict(
-    kv_ptr="*fp32", score_ptr="*fp32", pos_ptr="*i64", slot_ptr="*i64", bias_ptr="*fp32", s0_ptr="*fp32",
-    s1_ptr="*fp32", s2_ptr="*fp32", w_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32", rows_of_ptr="*i32",
-    rows_ptr="*bf16", target_ptr="*i64", pool_ptr="*bf16", d="i32", R="i32", scratch="i32", eps="fp32",
-    stride_in="i32", stride_slot="i32", stride_rows_of="i32", stride_cs="i32", stride_pool="i32")
 # Without a packed store pool_ptr is the rows again and stride_pool 0.
-_COMPRESS_DECODE_ALIGNED = ("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_ptr", "s0_ptr", "s1_ptr", "s2_ptr",
-                            "w_ptr", "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "pool_ptr", "d",
-                            "stride_in", "stride_slot", "stride_pool")
+_COMPRESS_DECODE_TYPES = compress_decode_types(pool_ptr="*bf16")
+_COMPRESS_DECODE_ALIGNED = (*COMPRESS_DECODE_ALIGNED, "stride_pool")
 # Register bounds, per arch, about 10% above the most measured under Triton 3.6 / 3.8 / 3.9
 # (docs/codegen.md): prefill 183 / 195 (32 heads; 3.9) / 184 / 169, decode 151 / 150 / 138 / 147.
 # Quantized-weight kernels: ~1.1 x the registers measured under Triton 3.6 (255 = the hardware

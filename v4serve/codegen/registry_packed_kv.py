@@ -68,6 +68,23 @@ _TPP = DECODE_CONFIG_TWO_PASS_PACKED
 _DEC = DECODE_CONFIG_SMALL_PACKED
 # The hardware e4m3 conversion (load_packed's FP8_CVT) where production uses it: sm_89 and newer.
 _CVT = {arch: arch >= 89 for arch in (80, 90, 100, 120)}
+
+
+def compress_decode_types(pool_ptr: str, **extra: str) -> dict[str, str]:
+    """Argument types of the compressor's decode kernel (compress_decode_triton) and of the verify
+    kernel built on its body (`extra`: its own arguments). pool_ptr: "*u8" for packed rows, "*bf16"
+    when the kernel stores bf16 rows (then pool_ptr is the rows again)."""
+    return dict(kv_ptr="*fp32", score_ptr="*fp32", pos_ptr="*i64", slot_ptr="*i64", bias_ptr="*fp32",
+                s0_ptr="*fp32", s1_ptr="*fp32", s2_ptr="*fp32", w_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32",
+                rows_of_ptr="*i32", rows_ptr="*bf16", target_ptr="*i64", pool_ptr=pool_ptr, d="i32", R="i32",
+                scratch="i32", eps="fp32", stride_in="i32", stride_slot="i32", stride_rows_of="i32", stride_cs="i32",
+                stride_pool="i32", **extra)
+
+
+# stride_pool is left out: 68-byte fp4 rows are not 16-byte multiples (the callers add it where it is).
+COMPRESS_DECODE_ALIGNED = ("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_ptr", "s0_ptr", "s1_ptr", "s2_ptr",
+                           "w_ptr", "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "pool_ptr", "d",
+                           "stride_in", "stride_slot")
 _TP_STRIDES = ("stride_pool", "stride_it", "stride_pt", "stride_ph", "stride_mt", "stride_mj")
 _SCORES_TYPES = dict(
     q_ptr="*bf16", win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
@@ -218,14 +235,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
     *(
         KernelSpec(
             f"compress_decode.{kind}_fp8kv", f"{_OPS}.compress_decode_triton:_compress_decode_kernel",
-            types=dict(kv_ptr="*fp32", score_ptr="*fp32", pos_ptr="*i64", slot_ptr="*i64", bias_ptr="*fp32",
-                       s0_ptr="*fp32", s1_ptr="*fp32", s2_ptr="*fp32", w_ptr="*bf16", cos_ptr="*fp32",
-                       sin_ptr="*fp32", rows_of_ptr="*i32", rows_ptr="*bf16", target_ptr="*i64", pool_ptr="*u8",
-                       d="i32", R="i32", scratch="i32", eps="fp32", stride_in="i32", stride_slot="i32",
-                       stride_rows_of="i32", stride_cs="i32", stride_pool="i32"),
-            aligned=("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_ptr", "s0_ptr", "s1_ptr", "s2_ptr", "w_ptr",
-                     "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "pool_ptr", "d", "stride_in",
-                     "stride_slot", "stride_pool"),
+            types=compress_decode_types(pool_ptr="*u8"), aligned=(*COMPRESS_DECODE_ALIGNED, "stride_pool"),
             constexprs=dict(PDL=False, RATIO=ratio, OVERLAP=overlap, BLOCK_R=block_r, BLOCK_D=512, PACKED=True,
                             **_FP8, HADAMARD=False, LOG2_D=0),
             num_warps=4, num_stages=3, expect=Expect(max_regs=168),
