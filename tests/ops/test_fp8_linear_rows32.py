@@ -64,7 +64,7 @@ def test_rows_of_a_32_row_batch_get_the_bits_of_smaller_batches(monkeypatch, n, 
 @pytest.mark.parametrize("m, dtype", [(17, torch.bfloat16), (24, torch.float32), (32, torch.bfloat16),
                                       (32, torch.float32)])
 def test_tile_variants_at_32_rows_give_production_bits(monkeypatch, m, dtype):
-    """The sweep's variants: 8 warps, 3 stages, the last-program sum, 128 weight rows a program (the K
+    """The sweep's variants: 8 warps, 3 stages, the last-program sum, 128 / 256 weight rows a program (the K
     split stays the 64-row tiling's; bf16 only: another dot shape in the interpreter, see above); the
     prefill tiles (production before session 14 where they filled the GPU) agree within the fp32
     order; sm_80's integer decode of the codes: the same bits."""
@@ -76,7 +76,7 @@ def test_tile_variants_at_32_rows_give_production_bits(monkeypatch, m, dtype):
     prod = _production(x, weight, scale, arrivals=arrivals)
     variants = [dict(num_warps=8), dict(num_stages=3), dict(SUM_LAST=True)]
     if dtype == torch.bfloat16:
-        variants += [dict(BLOCK_N=128), dict(BLOCK_N=128, num_warps=8)]
+        variants += [dict(BLOCK_N=128), dict(BLOCK_N=128, num_warps=8), dict(BLOCK_N=256, num_warps=8, num_stages=3)]
     for cfg in variants:
         got = fp8_linear_triton(x, weight, scale, (128, 128), None, config=dict(KERNEL="tiles", **cfg),
                                 arrivals=arrivals)
@@ -144,7 +144,7 @@ def test_gpu_w8a16_32_rows(model, name):
         assert torch.equal(_production(x[rows], weight, scale, arrivals=arrivals), prod[rows]), rows
     if triton_path.W8A16_DECODE_ALWAYS_M >= 32:  # the decode tiles at 32 rows: the variants' bits
         for cfg in (dict(), dict(SUM_LAST=True), dict(BLOCK_N=128), dict(BLOCK_N=128, num_warps=8),
-                    dict(num_stages=3)):
+                    dict(BLOCK_N=256, num_warps=8, num_stages=3), dict(num_stages=3)):
             got = fp8_linear_triton(x, weight, scale, (128, 128), None, config=dict(KERNEL="tiles", **cfg),
                                     arrivals=arrivals)
             assert torch.equal(got, prod), cfg

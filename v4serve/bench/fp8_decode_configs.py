@@ -29,7 +29,8 @@ k = 3, and plain decode at c16 / c32; the Flash and Pro projections), production
   tiles       the decode tiles, 16 / 32 rows in one tile, the sum kernel (production at 32 rows
               elsewhere before session 14)
   tiles sum_last (where the shape has several splits), tiles n128 (128 weight rows a program: half
-  the x re-reads from L2), tiles n128 8 warps, tiles 3 stages: the tile variants, all with the
+  the x re-reads from L2; at 32 rows a program reads as many x bytes as weight bytes at 64 rows),
+  tiles n128 8 warps, tiles n256 8 warps (3 stages: a quarter), tiles 3 stages: the tile variants, all with the
   1-16-row path's K split (`fp8_linear_triton._split_k`), so every row but "prefill" has the bits of
   the plain step's rows (err 0 against production where production is a tile row).
 The 32-row row to keep goes into W8A16_ROWS32_RULE (keys: the tile config; by steps a program).
@@ -85,6 +86,7 @@ ROWS_CANDIDATES = [
     ("tiles sum_last", dict(KERNEL="tiles", SUM_LAST=True), None, "split"),
     ("tiles n128", dict(KERNEL="tiles", BLOCK_N=128, SUM_LAST=True), None, "all"),
     ("tiles n128 8 warps", dict(KERNEL="tiles", BLOCK_N=128, num_warps=8, SUM_LAST=True), None, "all"),
+    ("tiles n256 8 warps", dict(KERNEL="tiles", BLOCK_N=256, num_warps=8, num_stages=3, SUM_LAST=True), None, "all"),
     ("tiles 3 stages", dict(KERNEL="tiles", num_stages=3, SUM_LAST=True), None, "all"),
     ("production", None, None, "all"),
 ]

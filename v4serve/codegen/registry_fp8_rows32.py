@@ -7,12 +7,14 @@ The decode tile kernel `_fp8_linear_decode_kernel` with BLOCK_M 32 (every row in
 weight byte crosses HBM once): production's FP8_DECODE_CONFIG (64 weight rows, 128-channel steps,
 4 warps, 4 stages) at Flash wq_b [32768, 1024] (one split: y written directly) and at wq_a
 [1024, 4096] (16 splits, summed by the last program: the SUM_LAST rule variant), and the sweep's
-128-row tile (half the x re-reads from L2) at 4 and 8 warps. (The weights-first kernel at BLOCK_M 32,
+128-row tile (half the x re-reads from L2) at 4 and 8 warps, and the 256-row one (a quarter) at 8
+warps and 3 stages. (The weights-first kernel at BLOCK_M 32,
 1 step, spilled: 255 registers + 32 B of local memory at 4 warps, Triton 3.6 sm_90; not a candidate.)
 bf16 x and y, e4m3 weight rows as 16-byte loads; sm_90 / 100 / 120 (sm_80 compiles the
 same tile kernel with NATIVE_FP8 False: registry.py's sm80 rows cover that path's decode).
-Triton 3.6 sm_90: 108 / 110 / 182 / 128 registers, 48 / 48 / 72 / 72 KB of shared memory, no spills
-(docs/performance.md "Session 14: FP8 W8A16 at 17..32 rows"); the bounds ~1.1 x those.
+Triton 3.6 sm_90 (100 / 120 within 4): 108 / 110 / 182 / 128 / 182 registers, 48 / 48 / 72.5 / 72 / 81 KB
+of shared memory, no spills (docs/performance.md "Session 14: FP8 W8A16 at 17..32 rows"); the bounds
+~1.1 x those.
 """
 from v4serve.ops.fp8_linear_triton import FP8_DECODE_CONFIG
 
@@ -44,4 +46,5 @@ FP8_ROWS32_KERNELS: tuple[KernelSpec, ...] = (
     _tiles("sum_last", 16, True, 128),                  # wq_a [1024, 4096]: 16 tiles x 16 splits
     _tiles("n128", 1, False, 200, BLOCK_N=128),         # sweep: wq_b in 256 tiles of 128 rows
     _tiles("n128_w8", 1, False, 128, BLOCK_N=128, num_warps=8),
+    _tiles("n256_w8", 1, False, 200, BLOCK_N=256, num_warps=8, num_stages=3),
 )

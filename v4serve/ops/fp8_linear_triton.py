@@ -21,13 +21,86 @@ the reference differ in the order of the fp32 sums (and, on FP8 tensor cores, in
 the sum inside one BLOCK_K step).
 
 Decode (M <= 16, weight-only M <= W8A16_DECODE_ALWAYS_M = 32, or M <= DECODE_MAX_M = 64 where the
-prefill tiles would not fill the GPU) is bandwidth-bound: BLOCK_M (16, 32 or 64) covers every row, so each weight byte crosses HBM once;
-the K range is split over SPLIT_K programs per N tile when N / 64 alone would not fill the GPU
-(`decode_split_k`: the same split for every M and tile variant, so a row's bits do not depend on
-the batch it is computed in), each writing an fp32 partial [SPLIT_K, M, N] that a second kernel sums in split order
-(deterministic) and rounds, or, with SUM_LAST and counters the caller keeps (`arrivals`), the last
-program of the tile to arrive (`fp8_linear_decode_triton.store_split`: the same order, the same
-bits, one launch). In act mode on FP8 GPUs, M <= 16 takes the weights-first decode kernel
+prefill tiles would not fill the GPU) is bandwidth-bound: BLOCK_M (16, 32 or 64) covers every row,
+so each weight byte crosses HBM once; the K range is split over SPLIT_K programs per N tile when
+N / 64 alone would not fill the GPU (`decode_split_k`: the same split for every M and tile
+variant, so a row's bits do not depend on the batch it is computed in), each writing an fp32
+partial [SPLIT_K, M, N] that a second kernel sums in split order (deterministic) and rounds, or,
+with SUM_LAST and counters the caller keeps (`arrivals`), the last program of the tile to arrive
+(`fp8_linear_decode_triton.store_split`: the same order, the same bits, one launch). In act mode
+on FP8 GPUs, M <= 16 takes the weights-first decode kernel
+(fp8_linear_decode_triton.py: weights requested before the wait on the previous kernel, the
+activations quantized in the same launch) wherever a program's K range fits its registers
+(`decode_ahead_plan`); the rest (e.g. Flash wq_b / wo_b, 8-13 steps a program) these tiles.
+Weight-only (W8A16, the models' default) at M <= 16 follows W8A16_DECODE_RULE: by the K steps a
+program holds, the weights-first kernel in weight-only numerics or these tiles, each summing its
+splits in the last program where the caller keeps counters; at 17..32 rows (verify batches)
+W8A16_ROWS32_RULE (these tiles, BLOCK_M 32).
+Prefill uses large tiles and writes y directly.
+"""
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
+from v4serve.ops.fp8_act_quant_triton import act_quant_triton
+from v4serve.ops.fp8_linear_decode_triton import (FP8_AHEAD_CONFIG, ahead_steps, fp8_linear_decode_ahead,
+                                                  split_counters, split_k_sum, store_split)
+from v4serve.ops.quant_decode_triton import e4m3_bits_to_f32
+
+__all__ = ["act_quant_triton", "decode_ahead_plan", "decode_programs_wanted", "decode_split_k", "fp8_linear_triton",
+           "native_fp8", "w8a16_decode_choice"]
+
+# Decode tiles: BLOCK_M the smallest of 16 / 32 / 64 that holds every row (one pass over the
+# weights), the K range split to fill the GPU. Up to 16 rows always; up to DECODE_MAX_M where the
+# prefill tiles would leave SMs idle (H200, M64: wq_a ran 27 µs on 8 prefill programs).
+DECODE_ALWAYS_M = 16
+DECODE_MAX_M = 64
+FP8_DECODE_CONFIG = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4)
+FP8_PREFILL_CONFIG = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
+# Weight-only, or no fp8 on the GPU (sm_80): the tiles are decoded in registers, so a shorter K step.
+FP8_PREFILL_DEQUANT_CONFIG = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
+# sm_80 with act quantization: both operands decoded from bytes.
+FP8_PREFILL_SM80_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
+# Split-K until the decode grid has at least this many programs per SM.
+DECODE_PROGRAMS_PER_SM = 2
+# The weight-only (W8A16, the models' default) decode kernel for M <= 16 rows, by the K steps a program
+# of the weights-first kernel holds at the split that fills the GPU (FP8_AHEAD_CONFIG's 64-row tiles
+# and 128-channel steps; V4-Flash: wkv 1, wq_a 2, shared w1 / w3 / w2 and the indexer's q_b 4, wq_b 8,
+# wo_b 16): KERNEL "ahead" (weights-first) or "tiles", plus that kernel's keys. SUM_LAST (the last
+# program of a tile sums the split partials: one launch) applies where the caller keeps counters
+# (`arrivals`: FP8Linear does), the sum kernel runs otherwise. From the H200 sweep of session 13
+# (`python -m v4serve.bench.kernel_configs 'fp8 decode w8a16'`, Triton 3.6, µs): at 1 step the
+# weights-first kernel (wkv M1 3.99-4.09 against the tiles' 5.01); at 2 steps the tiles (wq_a M1 4.60
+# against 6.97, M8 5.05 against 7.44); beyond, the tiles (shared w1 5.09, w2 4.99, indexer q_b 4.95,
+# q_a + kv fused 4.84: weights-first 6.5-6.9).
+W8A16_DECODE_RULE = {1: dict(KERNEL="ahead", SUM_LAST=True)}
+W8A16_DECODE_OTHERWISE = dict(KERNEL="tiles", SUM_LAST=True)
+# Weight-only batches of 17..32 rows (the verify step at c8 k = 3 or c16 k = 1, plain decode at
+# c17..c32; issues 18, 21). W8A16_DECODE_ALWAYS_M: weight-only batches up to this many rows take the
+# decode tiles whatever the prefill grid. At 16 (before session 14) Flash / Pro wq_b (256 / 512
+# prefill programs) took the 128 x 128 prefill tiles at 32 rows: ~33 µs a layer in the c8 k = 3
+# verify step (session 13 profile), against 10.8 µs for the decode tiles at one row; every other
+# projection already took the decode tiles. At 32 rows the decode tiles hold every row in one
+# BLOCK_M = 32 tile (the weights read once, x from L2; one wave of 4 programs a SM: 108 registers,
+# 48 KB), with the K split of the 1-16-row path, so a verify row gets the plain step's bits; bound in
+# docs/performance.md "Session 14: FP8 W8A16 at 17..32 rows" (at most ~19 µs; 16 puts wq_b back on
+# the prefill tiles). W8A16_ROWS32_RULE / _OTHERWISE: the kernel at 17..32 rows by steps a program,
+# as W8A16_DECODE_RULE; today's (the tiles, the sum kernel) until the GPU sweep
+# `kernel_configs 'fp8 decode rows'` says which tile row wins (its configs are the rule's values).
+W8A16_DECODE_ALWAYS_M = 32, or M <= DECODE_MAX_M = 64 where the
+prefill tiles would not fill the GPU) is bandwidth-bound: BLOCK_M (16, 32 or 64) covers every row,
+so each weight byte crosses HBM once; the K range is split over SPLIT_K programs per N tile when
+N / 64 alone would not fill the GPU (`decode_split_k`: the same split for every M and tile
+variant, so a row's bits do not depend on the batch it is computed in), each writing an fp32
+partial [SPLIT_K, M, N] that a second kernel sums in split order (deterministic) and rounds, or,
+with SUM_LAST and counters the caller keeps (`arrivals`), the last program of the tile to arrive
+(`fp8_linear_decode_triton.store_split`: the same order, the same bits, one launch). In act mode
+on FP8 GPUs, M <= 16 takes the weights-first decode kernel
 (fp8_linear_decode_triton.py: weights requested before the wait on the previous kernel, the
 activations quantized in the same launch) wherever a program's K range fits its registers
 (`decode_ahead_plan`); the rest (e.g. Flash wq_b / wo_b, 8-13 steps a program) these tiles.
