@@ -12,9 +12,9 @@ warps and 3 stages. (The weights-first kernel at BLOCK_M 32,
 1 step, spilled: 255 registers + 32 B of local memory at 4 warps, Triton 3.6 sm_90; not a candidate.)
 bf16 x and y, e4m3 weight rows as 16-byte loads; sm_90 / 100 / 120 (sm_80 compiles the
 same tile kernel with NATIVE_FP8 False: registry.py's sm80 rows cover that path's decode).
-Triton 3.6 sm_90 (100 / 120 within 4): 108 / 110 / 182 / 128 / 182 registers, 48 / 48 / 72.5 / 72 / 81 KB
-of shared memory, no spills (docs/performance.md "Session 14: FP8 W8A16 at 17..32 rows"); the bounds
-~1.1 x those.
+Registers (sm_90 / 100 / 120), Triton 3.6: 108-110 / 110-112 / 182 / 128 / 182-186; Triton 3.8: 110 /
+148-150 / 182 / 128-140 / 182-186; shared memory 48 / 48 / 72.5 / 72 / 81 KB, no spills (3.9 not
+compiled here); the bounds ~1.1 x the highest.
 """
 from v4serve.ops.fp8_linear_triton import FP8_DECODE_CONFIG
 
@@ -43,8 +43,8 @@ def _tiles(name: str, splits: int, sum_last: bool, max_regs: int, **cfg) -> Kern
 
 FP8_ROWS32_KERNELS: tuple[KernelSpec, ...] = (
     _tiles("one_split", 1, False, 128),                 # wq_b [32768, 1024]: 512 tiles, 8 steps each
-    _tiles("sum_last", 16, True, 128),                  # wq_a [1024, 4096]: 16 tiles x 16 splits
+    _tiles("sum_last", 16, True, 168),                  # wq_a [1024, 4096]: 16 tiles x 16 splits
     _tiles("n128", 1, False, 200, BLOCK_N=128),         # sweep: wq_b in 256 tiles of 128 rows
-    _tiles("n128_w8", 1, False, 128, BLOCK_N=128, num_warps=8),
-    _tiles("n256_w8", 1, False, 200, BLOCK_N=256, num_warps=8, num_stages=3),
+    _tiles("n128_w8", 1, False, 156, BLOCK_N=128, num_warps=8),
+    _tiles("n256_w8", 1, False, 208, BLOCK_N=256, num_warps=8, num_stages=3),
 )
