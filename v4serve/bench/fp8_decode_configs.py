@@ -29,11 +29,11 @@ k = 3, and plain decode at c16 / c32; the Flash and Pro projections), production
   tiles       the decode tiles, 16 / 32 rows in one tile, the sum kernel (production at 32 rows
               elsewhere before session 14)
   tiles sum_last (where the shape has several splits), tiles n128 (128 weight rows a program: half
-  the x re-reads from L2; at 32 rows a program reads as many x bytes as weight bytes at 64 rows),
-  tiles n128 8 warps, tiles n256 8 warps (3 stages: a quarter), tiles 3 stages: the tile variants, all with the
-  1-16-row path's K split (`fp8_linear_triton._split_k`), so every row but "prefill" has the bits of
-  the plain step's rows (err 0 against production where production is a tile row).
-The 32-row row to keep goes into W8A16_ROWS32_RULE (keys: the tile config; by steps a program).
+  the x re-reads from L2; with 64 weight rows and 32 x rows a program reads as many x bytes as
+  weight bytes), tiles n128 8 warps, tiles n256 8 warps (3 stages: a quarter of the x reads), tiles
+  3 stages: the tile variants, all with the 1-16-row path's K split (`decode_split_k`), so every
+  row but "prefill" has the bits of the plain step's rows (err 0 against production).
+The 32-row winner per steps class goes into W8A16_ROWS32_RULE (its config is the rule's value).
 """
 
 import torch
