@@ -30,6 +30,7 @@ from v4serve.ops.sparse_attn_triton import (
 from .spec import Expect, KernelSpec
 from .registry_decode_fusion import DECODE_FUSION_KERNELS
 from .registry_fp8_decode import FP8_DECODE_KERNELS
+from .registry_fp8_rows32 import FP8_ROWS32_KERNELS
 from .registry_kv_compact import KV_COMPACT_KERNELS
 from .registry_launch_glue import LAUNCH_GLUE_KERNELS
 from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS
@@ -597,6 +598,8 @@ KERNELS: tuple[KernelSpec, ...] = (
     *SPEC_VERIFY_KERNELS,  # the verify step's compressor steps and state commit
     # ---- FP8 linear, weights-first decode kernel: v4serve/codegen/registry_fp8_decode.py ----
     *FP8_DECODE_KERNELS,
+    # ---- FP8 linear at 17..32 rows, weight-only (verify batches): registry_fp8_rows32.py ----
+    *FP8_ROWS32_KERNELS,
     # ---- DeepSeek-V4.1 indexer over packed fp4 keys: v4serve/codegen/registry_v41_index.py ----
     *V41_INDEX_KERNELS,
     # ---- DeepSeek-V4.1 engine path: two-format attention unpack, Engram lookup (registry_v41_engine.py) ----
