@@ -10,7 +10,7 @@ import torch
 from v4serve.ops.moe_combine import moe_combine
 from v4serve.ops.moe_route import moe_route
 from v4serve.ops.moe_sort import moe_sort
-from v4serve.ops.mxfp4_gemv_triton import mxfp4_gemv_triton
+from v4serve.ops.mxfp4_gemv_triton import gemv_config, mxfp4_gemv_triton
 from v4serve.ops.mxfp4_moe_decode import (combine_counters_size, direct_applies, mxfp4_experts,
                                           sorted_experts)
 from v4serve.ops.mxfp4_moe_decode_triton import combine_tiles
@@ -49,6 +49,25 @@ def test_sort_free_path_has_the_sorted_paths_bits(with_add, in_down):
     assert not arrivals.any()  # the tickets are left at zero for the next launch
     ref = sorted_experts(x, experts, weights, tensors, 0.75, add, impl="torch")  # fp32 sums in another order
     torch.testing.assert_close(got.float(), ref.float(), rtol=2**-7, atol=1e-2 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_bench_variants_keep_the_bits(ahead):
+    # the sweep's variants move loads only (AHEAD steps in flight, the down weights before the PDL
+    # wait): the same bits; K 160 / 96: steps past K masked (not EVEN_K), several steps
+    x, experts, weights, add, tensors = _layer(e=8, d=160, i=96, t=2, k=3, seed=2)
+    configs = (dict(gemv_config(1, True), BLOCK_K=64, AHEAD=ahead),
+               dict(gemv_config(1, False), BLOCK_K=64, AHEAD=ahead, EARLY=True))
+    sorted_tiles = [dict(c, PICKS=1) for c in configs]
+    rows, ends, pos = moe_sort(experts, 8)
+    hidden = mxfp4_gemv_triton(x, tensors[0], tensors[1], rows, ends, 6, 1, sorted_tiles[0], swiglu_limit=0.75)
+    y = mxfp4_gemv_triton(hidden, tensors[2], tensors[3], None, ends, 6, 1, sorted_tiles[1])
+    want = moe_combine(y, pos, weights, add)
+    arrivals = torch.zeros(64, dtype=torch.int32)
+    for in_down in (False, True):
+        got = mxfp4_experts(x, experts, weights, tensors, 0.75, add, impl="triton", arrivals=arrivals,
+                            combine_in_down=in_down, configs=configs)
+        assert torch.equal(got, want)
 
 
 def test_counters_count_every_token_tile():

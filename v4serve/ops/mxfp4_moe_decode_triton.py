@@ -63,12 +63,16 @@ def _mxfp4_moe_pick_kernel(
     N, K, K_SCALES, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, stride_a, limit,
     TOP_K: tl.constexpr, X_PER_TOKEN: tl.constexpr, X_WORDS: tl.constexpr, DECODE_ASM: tl.constexpr,
     SWIGLU: tl.constexpr, EVEN_K: tl.constexpr, COMBINE: tl.constexpr, HAS_ADD: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr = 1, EARLY: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """stride_we / stride_wn in int32 words, the rest in elements. X_PER_TOKEN: x has a row per
-    token (gate_up: row p // TOP_K), else one per pick (down: row p)."""
-    if PDL:
+    token (gate_up: row p // TOP_K), else one per pick (down: row p). AHEAD: K steps whose weights
+    are in flight while one is decoded (1: production's register double buffer; 2: one more
+    buffer). EARLY (down only, under PDL): the expert id and the first AHEAD steps' weights are
+    loaded before the wait (they come from the router, two launches back, and from the weights:
+    not from the launch being waited for)."""
+    if PDL and not EARLY:
         gdc_wait()
     pick = tl.program_id(0)
     e = tl.load(experts_ptr + pick).to(tl.int64)
@@ -84,11 +88,19 @@ def _mxfp4_moe_pick_kernel(
     k_words = K // 8
     acc = tl.zeros((BLOCK_N, KW // 4), dtype=tl.float32)
     up = tl.zeros_like(acc)
-    # the production GEMV's loop with one pick (mxfp4_gemv_triton._mxfp4_gemv_kernel, PICKS = 1)
+    # the production GEMV's loop with one pick (mxfp4_gemv_triton._mxfp4_gemv_kernel, PICKS = 1):
+    # the same loads, decodes and FMAs in the same order; AHEAD only moves the loads earlier
+    # (EVEN_K: the prefetches past the last step re-read the last step instead of masking)
     words, scale, words_up, scale_up = _load_step(w_rows, s_rows, up_w, up_s, 0, mask_n, k_words, K_SCALES,
                                                   SWIGLU, EVEN_K, KW)
+    if AHEAD > 1:
+        k_1 = tl.minimum(BLOCK_K, K - BLOCK_K) if EVEN_K else BLOCK_K
+        words1, scale1, words_up1, scale_up1 = _load_step(w_rows, s_rows, up_w, up_s, k_1, mask_n, k_words,
+                                                          K_SCALES, SWIGLU, EVEN_K, KW)
+    if PDL and EARLY:
+        gdc_wait()  # h comes from the launch before this one
     for k0 in range(0, K, BLOCK_K):
-        k_next = tl.minimum(k0 + BLOCK_K, K - BLOCK_K) if EVEN_K else k0 + BLOCK_K
+        k_next = tl.minimum(k0 + AHEAD * BLOCK_K, K - BLOCK_K) if EVEN_K else k0 + AHEAD * BLOCK_K
         next_words, next_scale, next_words_up, next_scale_up = _load_step(
             w_rows, s_rows, up_w, up_s, k_next, mask_n, k_words, K_SCALES, SWIGLU, EVEN_K, KW)
         d = _decode(words, DECODE_ASM)
@@ -97,7 +109,11 @@ def _mxfp4_moe_pick_kernel(
         if SWIGLU:
             d_up = _decode(words_up, DECODE_ASM)
             up = _accumulate(up, d_up, xs, scale_up, KW, BLOCK_N)
-        words, scale, words_up, scale_up = next_words, next_scale, next_words_up, next_scale_up
+        if AHEAD > 1:
+            words, scale, words_up, scale_up = words1, scale1, words_up1, scale_up1
+            words1, scale1, words_up1, scale_up1 = next_words, next_scale, next_words_up, next_scale_up
+        else:
+            words, scale, words_up, scale_up = next_words, next_scale, next_words_up, next_scale_up
     _store_pick(y_ptr, acc, up, pick, valid, offs_n, mask_n, stride_y, limit, SWIGLU)
     if COMBINE:
         token = pick // TOP_K
@@ -121,7 +137,9 @@ def mxfp4_moe_pick_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Te
     """One projection of the decode MoE, a program per (pick, column tile), expert ids read from
     `experts` [P] (P = T top_k, pick order). `per_token`: x [T, K] (row p // top_k), else x [P, K].
     Returns y [P, N] (N = N_W / 2 with `swiglu_limit`), in pick order. `config` BLOCK_N, BLOCK_K,
-    num_warps, num_stages (default: the production GEMV's one-pick tiles, `gemv_config(1, swiglu)`).
+    num_warps, num_stages (default: the production GEMV's one-pick tiles, `gemv_config(1, swiglu)`),
+    optionally AHEAD (1 / 2 K steps of weights in flight) and EARLY (x per pick only: the weights
+    before the PDL wait); bench variants (bench/moe_configs.py), the bits do not depend on them.
 
     `combine` = (weights [T, top_k] fp32, add [T, N] or None, arrivals int32 zeros [>= T tiles]):
     the down projection also does moe_combine (pick order) and returns out [T, N] instead."""
@@ -165,7 +183,8 @@ def mxfp4_moe_pick_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Te
         y.stride(0), add.stride(0), float(swiglu_limit) if swiglu else 0.0,
         TOP_K=top_k, X_PER_TOKEN=per_token, X_WORDS=_x_words(x), DECODE_ASM=decode == "asm", SWIGLU=swiglu,
         EVEN_K=k % cfg["BLOCK_K"] == 0, COMBINE=combine is not None, HAS_ADD=has_add,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], AHEAD=cfg.get("AHEAD", 1),
+        EARLY=cfg.get("EARLY", False) and not per_token,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x),
     )
     return out
