@@ -60,6 +60,7 @@ DECODE_VARIANTS = [
     ("sort-free, 2 ahead, down early + combine", dict(SORT_FREE_UP, AHEAD=2),
      dict(SORT_FREE_DOWN, AHEAD=2, EARLY=True, COMBINE=True), True),
     ("sort-free n / 2", dict(SORT_FREE_UP, BLOCK_N=16), dict(SORT_FREE_DOWN, BLOCK_N=32), True),
+    ("sort-free n x 2", dict(SORT_FREE_UP, BLOCK_N=64), dict(SORT_FREE_DOWN, BLOCK_N=128), True),
     ("production", None, None, True),
 ]
 PREFILL_VARIANTS = [
