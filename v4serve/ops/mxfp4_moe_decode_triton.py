@@ -75,7 +75,7 @@ def _mxfp4_moe_pick_kernel(
     if PDL and not EARLY:
         gdc_wait()
     pick = tl.program_id(0)
-    e = tl.load(experts_ptr + pick).to(tl.int64)
+    e = tl.load(experts_ptr + pick, cache_modifier=".cg").to(tl.int64)  # L2: with EARLY read before the wait
     row = (pick // TOP_K if X_PER_TOKEN else pick).to(tl.int64)
     valid = pick >= 0  # a true scalar: the production kernel's `n_valid > 0` for its one pick
     KW: tl.constexpr = BLOCK_K // 8
