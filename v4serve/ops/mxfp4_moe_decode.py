@@ -23,9 +23,12 @@ from v4serve.ops.mxfp4_gemv_triton import gemv_picks
 from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
 from v4serve.ops.mxfp4_moe_decode_triton import combine_tiles, mxfp4_moe_pick_triton
 
-# The combine inside the down launch (`kernel_configs 'moe flash c'` rows "direct + combine in
-# down" against "direct"): off until the H200 says it is faster (docs/performance.md, session 14).
+# The production rules of the sort-free path, one line each (docs/performance.md, "Session 14: the
+# MXFP4 MoE layer at decode without the pick sort" says which `kernel_configs 'moe flash'` row
+# switches which): the combine inside the down launch, off until the H200 says it is faster; the
+# (gate_up, down) tiles, None = the sorted GEMV's one-pick tiles (`gemv_config(1, swiglu)`).
 COMBINE_IN_DOWN = False
+SORT_FREE_CONFIGS = (None, None)
 
 
 def sorted_experts(x, experts, weights, tensors, swiglu_limit, add=None, impl="auto", tile_experts=None):
@@ -47,7 +50,7 @@ def direct_applies(impl: str, x: torch.Tensor, experts: torch.Tensor, tensors, t
 def mxfp4_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, tensors, swiglu_limit: float,
                   add: torch.Tensor | None = None, impl: str = "auto", tile_experts: int | None = None,
                   arrivals: torch.Tensor | None = None, combine_in_down: bool = COMBINE_IN_DOWN,
-                  configs: tuple = (None, None), decode: str | None = None) -> torch.Tensor:
+                  configs: tuple = SORT_FREE_CONFIGS, decode: str | None = None) -> torch.Tensor:
     """out [T, D] in x.dtype. x [T, D] bf16 / fp16 / fp32; experts [T, k] int (ids < E, as the
     router gives them); weights [T, k] fp32; tensors = (gate_up uint8 [E, 2I, D/2], its ue8m0 scales
     [E, 2I, D/32], down [E, D, I/2], its scales [E, D, I/32]); add [T, D] in x.dtype (the shared
