@@ -57,10 +57,11 @@ MXFP4_MOE_DECODE_KERNELS: tuple[KernelSpec, ...] = tuple(
                         DECODE_ASM=True, SWIGLU=proj == "gate_up", EVEN_K=True, COMBINE=combine, HAS_ADD=combine,
                         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], AHEAD=ahead,
                         EARLY=ahead > 1 and proj == "down"),
+        archs=(90, 100, 120) if ahead > 1 and proj == "down" else None,  # PDL: griddepcontrol is sm_90+
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         # AHEAD 2 holds a third register buffer (sm_90, Triton 3.6: gate_up 138 registers; down capped
-        # at 128 with 8 B spilled, one LDL in the K loop: a bench variant, 632 / 629 instructions a
-        # K step against 594 / 606 at AHEAD 1)
+        # at 128 with 8 B spilled, one LDL in the K loop, and so is gate_up on sm_80: a bench
+        # variant, 632 / 629 instructions a K step against 594 / 606 at AHEAD 1)
         expect=Expect(max_regs=168 if ahead > 1 else 141, max_spill_ops=4 if ahead > 1 else 0),
     )
     for proj, combine in (("gate_up", False), ("down", False), ("down", True))
