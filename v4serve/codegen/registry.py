@@ -33,7 +33,7 @@ from .registry_fp8_decode import FP8_DECODE_KERNELS
 from .registry_fp8_rows32 import FP8_ROWS32_KERNELS
 from .registry_kv_compact import KV_COMPACT_KERNELS
 from .registry_launch_glue import LAUNCH_GLUE_KERNELS
-from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS
+from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS, MXFP4_MOE_DECODE_KERNELS
 from .registry_spec_verify import SPEC_VERIFY_KERNELS
 from .registry_packed_kv import (COMPRESS_DECODE_ALIGNED, INDEX_ALIGNED, INDEX_TYPES, PACKED_KV_KERNELS,
                                  compress_decode_types)
@@ -488,7 +488,7 @@ KERNELS: tuple[KernelSpec, ...] = (
         types=dict(y_ptr="*bf16", pos_ptr="*i64", w_ptr="*fp32", add_ptr="*bf16", out_ptr="*bf16", D="i32",
                    stride_y="i32", stride_a="i32"),
         aligned=("y_ptr", "pos_ptr", "w_ptr", "add_ptr", "out_ptr", "D", "stride_y", "stride_a"),
-        constexprs=dict(PDL=False, K=6, HAS_ADD=True, BLOCK_D=512), num_warps=2, num_stages=3,
+        constexprs=dict(PDL=False, K=6, HAS_ADD=True, BLOCK_D=512, HAS_POS=True), num_warps=2, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"acc \+= w \* tl\.load", max_regs=96),
     ),
     # ---- quantized weights (ops/fp8_linear_triton.py, mxfp4_grouped_matmul_triton.py): V4-Flash shapes,
@@ -593,6 +593,7 @@ KERNELS: tuple[KernelSpec, ...] = (
     *KV_COMPACT_KERNELS,
     # ---- MXFP4 MoE GEMV for few picks an expert: v4serve/codegen/registry_mxfp4_gemv.py ----
     *MXFP4_GEMV_KERNELS,
+    *MXFP4_MOE_DECODE_KERNELS,
     *DECODE_FUSION_KERNELS,
     *LAUNCH_GLUE_KERNELS,
     *SPEC_VERIFY_KERNELS,  # the verify step's compressor steps and state commit
