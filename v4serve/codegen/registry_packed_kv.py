@@ -137,7 +137,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         "sparse_attn.two_pass_values_rows_pdl", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
         types=dict(_VALUES_TYPES, win_ptr="*bf16", cmp_ptr="*bf16"), aligned=tuple(_VALUES_TYPES),
         constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
-                        BLOCK_J=16, EVEN_D=True, PDL=True, PREFETCH=False, TAIL_PROGRAMS=False, TOKEN_ROWS=True,
+                        BLOCK_J=16, EVEN_D=True, PDL=True, PREFETCH=False, TAIL_PROGRAMS=False, TOKEN_ROWS=True, KV_OPERAND=0,
                         PACKED=False, PK_NQ=0, PK_BLOCK=1, PK_TAIL_OFF=0, PK_SCALE_OFF=0, PK_HAS_TAIL=False,
                         PK_FP8_CVT=False),  # the launch's defaults: the rows are bf16
         archs=(90, 100), **_TP["VALUES"],
@@ -148,7 +148,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         types=_VALUES_TYPES, aligned=tuple(_VALUES_TYPES),
         constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
                         BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, PREFETCH=False,
-                        TAIL_PROGRAMS=False, TOKEN_ROWS=False, **_LOAD_PK),
+                        TAIL_PROGRAMS=False, TOKEN_ROWS=False, KV_OPERAND=0, **_LOAD_PK),
         archs=(90, 100, 120), **_TP["VALUES"],
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),
