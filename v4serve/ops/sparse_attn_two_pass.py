@@ -49,6 +49,16 @@ idx, so tiles the scores pass skipped are never read). The same values into the 
 over the unpacked pools, so the bits of the bf16 kernels at these tiles; the cost moves to the
 scores pass (64 KB of stores a tile, and Triton 3.6 dequantizes the tile twice, once per layout).
 
+KV_OPERAND (sweep variants, session 14): on sm_90 the values pass's dequantized tile is wgmma's B
+operand, which wgmma reads from shared memory only, so every tile is stored there and fenced for the
+async proxy (fence.proxy.async: MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, then a barrier) before its
+wgmma: ten times a program at r4 B8, each on the step's dependent chain (the bf16 loop's tiles arrive
+by cp.async and need neither). KV_BOUNDARY with VALUE_BLOCK_H 32 makes the dot an mma.sync (M 32), whose
+operands come through ldmatrix (a plain barrier, no fence; the boundary keeps the bf16 kWidth 2); KV_LHS
+computes out^T [dims, heads] = kv^T p^T with the tile as wgmma's A operand, which it reads from
+registers (ldmatrix.trans from a plain shared-memory copy; BLOCK_DV 64: wgmma's M). Both sum the same
+products in the same k16 steps of columns.
+
 Measured on the H200 (docs/performance.md item 16): decode B8 r4 / r128 / r0 9.75 / 8.22 / 6.71
 µs against split-K's 15.2 / 11.4 / 7.3; split-K stays for single-token steps.
 """
@@ -406,7 +416,9 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
     values pass loads the next step's bytes into registers one step ahead; default False),
     TAIL_PROGRAMS (packed rows with a bf16 tail, BLOCK_DV dividing the quantized channels: each
     values program reads either codes or the tail, a branch per program instead of a select per
-    value; default False), and the launch options of each pass as SCORES / VALUES =
+    value; default False), KV_OPERAND (packed rows, the plain values loop: how a values program feeds
+    its dequantized tile to the dot, KV_BOUNDARY / KV_LHS flags; default 0), and the launch options
+    of each pass as SCORES / VALUES =
     dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
     (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
     p, m, l, rows = two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_counts, pdl, cfg, pk)
