@@ -138,8 +138,8 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         types=dict(_VALUES_TYPES, win_ptr="*bf16", cmp_ptr="*bf16"), aligned=tuple(_VALUES_TYPES),
         constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
                         BLOCK_J=16, EVEN_D=True, PDL=True, PREFETCH=False, TAIL_PROGRAMS=False, TOKEN_ROWS=True,
-                        KV_OPERAND=0, PACKED=False, PK_NQ=0, PK_BLOCK=1, PK_TAIL_OFF=0, PK_SCALE_OFF=0, PK_HAS_TAIL=False,
-                        PK_FP8_CVT=False),  # the launch's defaults: the rows are bf16
+                        KV_OPERAND=0, PACKED=False, PK_NQ=0, PK_BLOCK=1, PK_TAIL_OFF=0, PK_SCALE_OFF=0,
+                        PK_HAS_TAIL=False, PK_FP8_CVT=False),  # the launch's defaults: the rows are bf16
         archs=(90, 100), **_TP["VALUES"],
         expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", tensor_cores=True),
     ),

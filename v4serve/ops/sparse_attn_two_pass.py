@@ -199,10 +199,11 @@ def _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows, m_j, m, n_live, n_window
                  READS: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
                  PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr,
                  KV_OPERAND: tl.constexpr = 0):
-    """f_j (p_j @ kv_j[:, dims]) of tile j (KV_OPERAND with KV_LHS: its transpose, [dims, heads]), whose pool rows and max are `rows` and `m_j`; 0 when
+    """f_j (p_j @ kv_j[:, dims]) of tile j, whose pool rows and max are `rows` and `m_j`; 0 when
     j >= n_live (p masked: the scores pass did not write that tile). READS: what the dims read (V_*);
     V_TOKEN_ROWS reads row `col` of the token's rows at win_ptr, masked by `rows` like a pool gather
-    (the scores pass wrote only the live tiles)."""
+    (the scores pass wrote only the live tiles). KV_OPERAND (KV_BOUNDARY / KV_LHS flags): how the tile
+    enters the dot; with KV_LHS the result is the transpose, [dims, heads]."""
     cols = j * BLOCK_T + tl.arange(0, BLOCK_T)
     if READS == V_TOKEN_ROWS:
         row_ptrs = win_ptr + cols * stride_pool  # win_ptr: the token's first row
@@ -235,8 +236,8 @@ def _values_loop(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, n_
                  PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr,
                  PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr, KV_OPERAND: tl.constexpr = 0):
     """sum_j f_j p_j kv_j[:, dims] over the token's live tiles ([BLOCK_H, BLOCK_DV]; its transpose
-    with KV_OPERAND's KV_LHS), two per step (half the dependent
-    steps; the second is empty past the last live tile). Their pool rows and maxima are loaded into
+    with KV_OPERAND's KV_LHS), two per step (half the dependent steps; the second is empty past the
+    last live tile). Their pool rows and maxima are loaded into
     registers one step ahead, so no step waits on an idx -> gather round trip or on the load of
     its scales."""
     lanes = tl.arange(0, BLOCK_T)
