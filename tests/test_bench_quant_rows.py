@@ -42,12 +42,15 @@ def test_fp8_decode_sweep_runs_every_variant(monkeypatch, capsys):
     # in the interpreter one program is wanted: 10 steps a program ("long"), 2 steps ("short", "2 steps")
     tiny = {"fp8 decode tiny wq_b M1": (64, 1280, 1), "fp8 decode tiny wq_a M1": (64, 256, 1)}
     tiny_w8a16 = {"fp8 decode w8a16 tiny wq_b M1": (64, 1280, 1), "fp8 decode w8a16 tiny wq_a M1": (64, 256, 1)}
+    tiny_rows = {"fp8 decode rows w8a16 tiny wq_b M32": (130, 256, 32)}  # (one split in the interpreter)
     monkeypatch.setattr(sweep, "SHAPES", tiny)
     monkeypatch.setattr(sweep, "W8A16_SHAPES", tiny_w8a16)
+    monkeypatch.setattr(sweep, "ROWS_SHAPES", tiny_rows)
     sweep.sweep("fp8 decode", device="cpu", timer=lambda fn: float(fn().shape[0]))
     lines = capsys.readouterr().out.splitlines()
     rows = []
     for candidates in (sweep.CANDIDATES, sweep.W8A16_CANDIDATES):
         rows += [c[0] for c in candidates if c[3] in ("all", "long")] + [c[0] for c in candidates if c[3] != "long"]
+    rows += [c[0] for c in sweep.ROWS_CANDIDATES if c[3] == "all"]
     assert [line.split("  ")[-1] for line in lines] == rows
     assert all(float(line.split("err ")[1].split()[0]) < 2**-7 for line in lines)  # one bf16 ulp at most

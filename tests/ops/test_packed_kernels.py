@@ -233,6 +233,67 @@ def test_values_programs_over_codes_or_tail_have_the_bits_of_the_bf16_kernel(tai
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
 
 
+# Issue 17's B8 variants (kernel_configs 'fp8kv'): values programs of 32 heads (mma.sync on sm_90, the
+# tile through the bf16 operand boundary: no async-proxy fence a tile), the tile as the left operand of
+# the transposed dot (out^T = kv^T p^T: wgmma reads it from registers) at 64 dims a program for 32 or 64
+# heads, and the whole-tile scores pass over 4 warps (one warpgroup). The boundary is off in the
+# interpreter (no inline asm); the launcher drops it there.
+B8_VARIANTS = {
+    "values h32 mma.sync": dict(VALUE_BLOCK_H=32, KV_OPERAND=1),
+    "values kv lhs dv64 h32": dict(BLOCK_DV=64, VALUE_BLOCK_H=32, KV_OPERAND=2),
+    "values kv lhs dv64 h64": dict(BLOCK_DV=64, KV_OPERAND=2),
+    "scores 4 warps": dict(SCORES=dict(num_warps=4, num_stages=1)),
+}
+
+
+@pytest.mark.parametrize("variant", list(B8_VARIANTS))
+def test_b8_variants_have_the_bits_of_the_bf16_kernel_over_unpacked_rows(variant):
+    """Each B8 variant over packed rows against production's tiles over the rows unpacked by the torch
+    reference. Integer-valued q and rows (every partial sum of S and of P V exact in fp32, so neither
+    the head / dim partition of the programs nor the transposed dot's summation order can matter):
+    bit for bit. Five tiles (three values steps, the last one half empty), holes, columns past the
+    live count, rows of different scales and output dims in both the codes and the rope tail: a dim
+    read from another program's slice, a head group reading another's P, a transposed store or a
+    tile left out all change the output."""
+    from v4serve.formats import row_format
+    from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
+
+    fmt, D, n_window = "fp8_e8m0_b64_rope64", 128, 8
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(2, 1, 64, D, n_window, 300, seed=17)
+    q, win, cmp = ((t.float() * 2).round().clamp(-4, 4).bfloat16() for t in (q, win, cmp))
+    win[::2] *= 16.0  # rows of different scales (still exact)
+    pw, pc = pack_rows(win, fmt), pack_rows(cmp, fmt)
+    uw, uc = unpack_rows(pw, fmt, D, impl="torch"), unpack_rows(pc, fmt, D, impl="torch")
+    assert torch.equal(uw, win) and torch.equal(uc, cmp)
+    assert (idx < 0).any() and (counts < 300).any() and int(counts.max()) + n_window > 4 * 64
+    tiles = DECODE_CONFIG_TWO_PASS_PACKED
+    out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 1 / 64, counts, row_format=row_format(fmt),
+                                   tile_config=dict(tiles, **B8_VARIANTS[variant]))
+    ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 1 / 64, counts, tile_config=dict(tiles))
+    assert ref[..., :64].abs().amax() > 0 and ref[..., 64:].abs().amax() > 0
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+
+
+def test_b8_values_variants_on_real_values_are_the_bf16_kernel_within_summation_order():
+    """The values variants on random (not integer) values: within fp32 summation order of the bf16
+    kernel over the unpacked rows (the interpreter's numpy matmul may sum a transposed or narrower
+    dot in another order)."""
+    from v4serve.formats import row_format
+    from v4serve.ops.sparse_attn_triton import sparse_attn_paged_triton
+
+    fmt, D, n_window = "fp8_e8m0_b64_rope64", 128, 8
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(2, 1, 64, D, n_window, 150, seed=29)
+    pw, pc = pack_rows(win, fmt), pack_rows(cmp, fmt)
+    uw, uc = unpack_rows(pw, fmt, D, impl="torch"), unpack_rows(pc, fmt, D, impl="torch")
+    tiles = DECODE_CONFIG_TWO_PASS_PACKED
+    ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 0.1, counts, tile_config=dict(tiles))
+    for name, variant in B8_VARIANTS.items():
+        if "values" in name:
+            out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.1, counts, row_format=row_format(fmt),
+                                           tile_config=dict(tiles, **variant))
+            assert rel_err(out, ref) < 1e-5, (name, rel_err(out, ref))
+
+
 @pytest.mark.parametrize("kind", ["prefill", "split-k decode"])
 def test_sliced_scores_equal_the_whole_tile_dot_when_sums_are_exact(kind):
     """The sliced kernel (S as a chain of dots over head-dim slices) against the whole-tile kernel.

@@ -108,9 +108,15 @@ def test_packed_decode_is_the_bf16_kernel_when_scores_are_exact(name):
 # values pass loads the next step's bytes one step ahead), values programs reading codes or the tail
 # only (TAIL_PROGRAMS: measured slower in session 12, off in production), the values pass over 8
 # warps and over 64 dims a program.
+# Session 14 (issue 17): values programs of 32 heads on mma.sync, the tile as the transposed dot's left
+# operand (32 / 64 heads, 64 dims), the whole-tile scores pass over 4 warps.
 VARIANT_TILES = {"PREFETCH": dict(PREFETCH=True), "tail programs": dict(TAIL_PROGRAMS=True),
                  "values 8 warps": dict(VALUES=dict(num_warps=8, num_stages=3)),
-                 "values 64 dims": dict(BLOCK_DV=64, VALUES=dict(num_warps=8, num_stages=3))}
+                 "values 64 dims": dict(BLOCK_DV=64, VALUES=dict(num_warps=8, num_stages=3)),
+                 "values h32 mma.sync": dict(VALUE_BLOCK_H=32, KV_OPERAND=1),
+                 "values kv lhs dv64 h32": dict(BLOCK_DV=64, VALUE_BLOCK_H=32, KV_OPERAND=2),
+                 "values kv lhs dv64 h64": dict(BLOCK_DV=64, KV_OPERAND=2),
+                 "scores 4 warps": dict(SCORES=dict(num_warps=4, num_stages=1))}
 VARIANTS = [(name, variant) for name in DECODE_SHAPES for variant in VARIANT_TILES if "B1" not in name]
 
 
@@ -141,6 +147,25 @@ def test_packed_decode_variants_are_the_bf16_kernel_over_unpacked_rows(name, var
 
 
 B8_SHAPES = [n for n in DECODE_SHAPES if "B1" not in n]
+# Variants expected to give production's packed bits: the scores pass over one warpgroup runs the same
+# k16 wgmma steps in the same order for every element of S (m64n64 instead of two m64n32 halves); the
+# transposed values dot sums the same products in the same k16 steps with the operands' roles swapped.
+SAME_BITS_VARIANTS = ["scores 4 warps", "values kv lhs dv64 h32", "values kv lhs dv64 h64"]
+
+
+@pytest.mark.parametrize("name,variant", [(n, v) for n in B8_SHAPES for v in SAME_BITS_VARIANTS])
+def test_b8_variants_have_the_production_packed_bits(name, variant):
+    """The variants above against the production launch over the same packed rows, bit for bit (a
+    failure with a small relative error means the hardware sums a k16 step of the swapped operands in
+    another order: the variant is then within fp32 summation order, as the variant test above checks)."""
+    _, (q, idx, n_window, sink, scale, counts), (pw, pc), _ = _packed_case(name)
+    tiles = decode_config(q.shape[0], idx.shape[-1], packed=True, device=q.device)
+    fmt = row_format(KV_FORMAT)
+    out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, scale, counts, row_format=fmt,
+                                   tile_config=dict(tiles, **VARIANT_TILES[variant]))
+    ref = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, scale, counts, row_format=fmt,
+                                   tile_config=dict(tiles))
+    assert ref.abs().amax() > 0 and _same_bits(out, ref), f"{name} {variant}: rel err {rel_err(out, ref):.3g}"
 
 
 @pytest.mark.parametrize("name", B8_SHAPES)

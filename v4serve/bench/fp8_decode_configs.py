@@ -19,6 +19,21 @@ FP8Linear keeps:
   tiles sum_last / ahead sum_last / ahead in_order sum_last (the tiles' step order) / ahead half
   split sum_last: as above, weight-only.
 The row to keep per steps class goes into W8A16_DECODE_RULE (its configs are these rows' configs).
+
+Rows at 16 and 32 (`'fp8 decode rows'`: W8A16 at the verify batches, c4 k = 3 / c8 k = 1 and c8
+k = 3, and plain decode at c16 / c32; the Flash and Pro projections), production with the counters:
+  production  16 rows: W8A16_DECODE_RULE; 32: W8A16_DECODE_ALWAYS_M (decode tiles at 32) and
+              W8A16_ROWS32_RULE
+  prefill     the 128 x 128 prefill tiles (production at 32 rows before session 14 where they fill
+              the GPU: Flash / Pro wq_b)
+  tiles       the decode tiles, 16 / 32 rows in one tile, the sum kernel (production at 32 rows
+              elsewhere before session 14)
+  tiles sum_last (where the shape has several splits), tiles n128 (128 weight rows a program: half
+  the x re-reads from L2; with 64 weight rows and 32 x rows a program reads as many x bytes as
+  weight bytes), tiles n128 8 warps, tiles n256 8 warps (3 stages: a quarter of the x reads), tiles
+  3 stages: the tile variants, all with the 1-16-row path's K split (`decode_split_k`), so every
+  row but "prefill" has the bits of the plain step's rows (err 0 against production).
+The 32-row winner per steps class goes into W8A16_ROWS32_RULE (its config is the rule's value).
 """
 
 import torch
@@ -26,7 +41,7 @@ from triton.testing import do_bench_cudagraph
 
 from v4serve.bench.shapes import FP8_PROJECTIONS, fp8_linear_case
 from v4serve.ops.fp8_linear_decode_triton import ahead_steps
-from v4serve.ops.fp8_linear_triton import decode_programs_wanted, fp8_linear_triton
+from v4serve.ops.fp8_linear_triton import decode_programs_wanted, decode_split_k, fp8_linear_triton
 
 # (label, config, split, where): "production" first (the error reference) and last (the run's noise).
 # split "half": half the default splits (about one program a SM, twice the steps each, half the
@@ -63,16 +78,31 @@ W8A16_SHAPES = {f"fp8 decode w8a16 flash {proj} M{m}": (n, k, m)
                                      "wq_a+wkv": (1536, 4096)}.items()  # (q_a + kv fused: model/fusion.py)
                 for m in (1, 8) if m == 1 or proj == "wq_a"}
 
+# where: "all", or "split" (shapes whose decode tiles split K: something to sum)
+ROWS_CANDIDATES = [
+    ("production", None, None, "all"),
+    ("prefill", dict(KERNEL="prefill"), None, "all"),
+    ("tiles", dict(KERNEL="tiles"), None, "all"),
+    ("tiles sum_last", dict(KERNEL="tiles", SUM_LAST=True), None, "split"),
+    ("tiles n128", dict(KERNEL="tiles", BLOCK_N=128, SUM_LAST=True), None, "all"),
+    ("tiles n128 8 warps", dict(KERNEL="tiles", BLOCK_N=128, num_warps=8, SUM_LAST=True), None, "all"),
+    ("tiles n256 8 warps", dict(KERNEL="tiles", BLOCK_N=256, num_warps=8, num_stages=3, SUM_LAST=True), None, "all"),
+    ("tiles 3 stages", dict(KERNEL="tiles", num_stages=3, SUM_LAST=True), None, "all"),
+    ("production", None, None, "all"),
+]
+ROWS_SHAPES = {f"fp8 decode rows w8a16 {model} {proj} M{m}": (n, k, m)
+               for model, table in FP8_PROJECTIONS.items() for proj, (n, k) in table.items() for m in (16, 32)}
+
 
 def _median_us(fn) -> float:
     return do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
 
 
 def sweep(only: str, device: str = "cuda", timer=_median_us) -> None:
-    for name, (n, k, m) in {**SHAPES, **W8A16_SHAPES}.items():
+    for name, (n, k, m) in {**SHAPES, **W8A16_SHAPES, **ROWS_SHAPES}.items():
         if only not in name:
             continue
-        weight_only = name in W8A16_SHAPES
+        weight_only = name in W8A16_SHAPES or name in ROWS_SHAPES
         act_block = None if weight_only else 128
         x, weight, scale = fp8_linear_case(n, k, m, device=device)
         arrivals = torch.zeros(n, dtype=torch.int32, device=device)  # SUM_LAST's counters, kept like a module's
@@ -82,6 +112,10 @@ def sweep(only: str, device: str = "cuda", timer=_median_us) -> None:
             kinds = {"all", "long"}
         else:
             kinds = {"all", "short"} | ({"2 steps"} if default_steps <= 2 else set())
+        candidates = W8A16_CANDIDATES if weight_only else CANDIDATES
+        if name in ROWS_SHAPES:
+            candidates = ROWS_CANDIDATES
+            kinds = {"all"} | ({"split"} if decode_split_k(n, -(-k // 128), x.device) > 1 else set())
 
         def run(cfg, split):
             split_k = {"steps 4": -(-k // 128 // 4), "steps 8": -(-k // 128 // 8),
@@ -92,7 +126,7 @@ def sweep(only: str, device: str = "cuda", timer=_median_us) -> None:
                                      arrivals=arrivals if counters else None)
 
         ref = run(None, None).float()
-        for i, (label, cfg, split, where) in enumerate(W8A16_CANDIDATES if weight_only else CANDIDATES):
+        for i, (label, cfg, split, where) in enumerate(candidates):
             if where not in kinds:
                 continue
             try:

@@ -73,12 +73,29 @@ PACKED_DECODE_B1_CANDIDATES = [
     dict(DECODE_CONFIG_SMALL_PACKED, num_warps=8),  # production until session 13 (r4: 7.02 / 7.20 against 4 warps' 6.79)
     None,
 ]
+# Session 14 (issue 17, branch packed-b8): the values pass stores each dequantized tile to shared
+# memory as wgmma's B operand, which needs fence.proxy.async (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S) and a
+# barrier before every tile's wgmma; these variants have none: 32-head values programs (mma.sync; the
+# tile through the bf16 operand boundary: ldmatrix, kWidth 2), and the tile as the left operand of the
+# transposed dot (out^T = kv^T p^T; wgmma reads A from registers) at 64 dims for 32 or 64 heads. The
+# whole-tile scores pass over 4 warps: one warpgroup of m64n64 wgmma steps, where 8 warps run two
+# m64n32 warpgroups that each read all of Q (the A operand) from shared memory at every k step.
+PACKED_B8_VARIANTS = {
+    "values h32 mma.sync": dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUE_BLOCK_H=32, KV_OPERAND=1),
+    "values kv lhs dv64 h32": dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=64, VALUE_BLOCK_H=32, KV_OPERAND=2),
+    "values kv lhs dv64 h64": dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=64, KV_OPERAND=2),
+    "scores 4 warps": dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES=dict(num_warps=4, num_stages=1)),
+    "scores 4 warps + values h32 mma.sync": dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES=dict(num_warps=4, num_stages=1),
+                                                VALUE_BLOCK_H=32, KV_OPERAND=1),
+}
 PACKED_DECODE_B8_CANDIDATES = [
     None,  # two-pass: whole-tile scores over 8 warps (sm_90); the values pass dequantizes its dims again
     "bf16 rows",
     # the scores pass writes its dequantized tiles as bf16 rows; the values pass is the bf16 loop over them
     dict(DECODE_CONFIG_TWO_PASS_PACKED, UNPACKED_ROWS=True),
     dict(KERNEL="unpack", INNER=DECODE_CONFIG_TWO_PASS),  # every column unpacked first, then the bf16 launch
+    # Session 14 (issue 17): no async-proxy fence per values tile, and one warpgroup in the scores pass
+    *PACKED_B8_VARIANTS.values(),
     "bf16 rows",
     None,
 ]
@@ -142,6 +159,7 @@ def _label(cfg) -> str:
     short = dict(BLOCK_H="h", COLS_PER_SPLIT="c", BLOCK_T="t", num_warps="w", num_stages="s", KV_STAGES="ring",
                  BLOCK_K="k", BLOCK_DV="dv", VALUE_BLOCK_H="vh", FP8_CVT="cvt", TAIL_APART="tail_apart",
                  WHOLE_TILE="whole_tile", UNPACKED_ROWS="unpacked_rows", PREFETCH="prefetch", TAIL_PROGRAMS="tail_programs", BF16_OPERAND="bf16_operand", BLOCK_Q="q",
+                 KV_OPERAND="kv_operand",
                  BLOCKS_PER_SPLIT="split", DECODE_FIRST="decode_first")
     if cfg.get("KERNEL") == "unpack":
         return "unpack columns, then the production bf16 launch (unpack)"
@@ -220,6 +238,13 @@ def _pass_times(label, case):
         times += [do_bench_cudagraph(f, rep=30, return_mode="median") * 1e3 for f in (scores, values)]
     print(f"{label:20s} passes: scores {times[0]:.2f} (bf16 rows) / {times[2]:.2f} (packed) / {times[4]:.2f} "
           f"(packed, unpacked_rows) µs, values {times[1]:.2f} / {times[3]:.2f} / {times[5]:.2f} µs", flush=True)
+    for name, cfg in PACKED_B8_VARIANTS.items():  # session 14's variants, each pass alone as above
+        scores = lambda: two_pass_scores(qt, pw, pc, it, ct, sink, n_window, qk, True, pdl, cfg, packed)  # noqa: E731
+        p, m, l, _ = scores()
+        values = lambda: two_pass_values(pw, pc, it, ct, sink, p, m, l, out, n_window, True, pdl, cfg,  # noqa: E731
+                                         packed)
+        us = [do_bench_cudagraph(f, rep=30, return_mode="median") * 1e3 for f in (scores, values)]
+        print(f"{label:20s} passes ({name}): scores {us[0]:.2f}, values {us[1]:.2f} µs", flush=True)
 
 
 def _compact_run(case):

@@ -45,10 +45,8 @@ from v4serve.ops.hc_mix import hc_mix
 from v4serve.ops.indexer import index_scores
 from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.kv_quant import apply_kv_format
-from v4serve.ops.moe_combine import moe_combine
 from v4serve.ops.moe_route import moe_route
-from v4serve.ops.moe_sort import moe_sort
-from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
+from v4serve.ops.mxfp4_moe_decode import combine_counters_size, mxfp4_experts
 from v4serve.ops.sparse_attn import sparse_attn_paged
 from v4serve.ops.sparse_attn_reference import live_columns
 
@@ -82,17 +80,18 @@ def _build_fp8_linear(n, k, m, act_block, *, device, seed):
 
 
 def _build_mxfp4_moe(model, tokens, device, seed):
-    """The routed MoE layer as `MXFP4Experts` runs it: route (sqrtsoftplus top-6), sort, MXFP4 gate_up
-    with the clamped SwiGLU fused, MXFP4 down, combine. Floor: the packed bytes and scales of the
+    """The routed MoE layer as `MXFP4Experts` runs it: route (sqrtsoftplus top-6), then `mxfp4_experts`
+    (decode sizes: MXFP4 gate_up with the clamped SwiGLU fused and MXFP4 down, a program per pick,
+    no sort; larger: sort, the grouped matmuls), combine. Floor: the packed bytes and scales of the
     experts the routing touches (+ x, logits, out), or the bf16 MMA time."""
     x, logits, w13, s13, w2, s2 = mxfp4_moe_case(model, tokens, device=device, seed=seed)
     bias = torch.zeros(logits.shape[1], device=device)
+    arrivals = torch.zeros(combine_counters_size(w13.shape[0], MOE_TOP_K, w2.shape[1]), dtype=torch.int32,
+                           device=device)
 
     def layer():
         experts, weights = moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)
-        rows, ends, pos = moe_sort(experts, w13.shape[0])
-        hidden = mxfp4_grouped_matmul(x, w13, s13, rows, ends, swiglu_limit=10.0)
-        return moe_combine(mxfp4_grouped_matmul(hidden, w2, s2, None, ends), pos, weights)
+        return mxfp4_experts(x, experts, weights, (w13, s13, w2, s2), 10.0, arrivals=arrivals)
 
     touched = int(torch.unique(moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)[0]).numel())
     per_expert = sum(t[0].numel() for t in (w13, s13, w2, s2))

@@ -19,6 +19,7 @@ from v4serve.ops.mxfp4_gemv_triton import GEMV_CONFIG as GEMV
 from v4serve.ops.mxfp4_gemv_triton import GEMV_SWIGLU_CONFIG as GEMV_SWIGLU
 from v4serve.ops.mxfp4_gemv_triton import gemv_config, mxfp4_gemv_triton
 from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
+from v4serve.ops.mxfp4_moe_decode import combine_counters_size, mxfp4_experts
 from v4serve.ops.mxfp4_grouped_matmul_triton import (
     MXFP4_DECODE_CONFIG as DECODE,
     MXFP4_DECODE_SWIGLU_CONFIG as DECODE_SWIGLU,
@@ -29,10 +30,16 @@ from v4serve.ops.mxfp4_grouped_matmul_triton import (
 from v4serve.ops.swiglu import clamped_swiglu
 
 SWIGLU_LIMIT = 10.0
-# (label, gate_up tiles, down tiles, SwiGLU fused); None = production (the public op's choice:
-# `gemv_picks`, then `mxfp4_config`); a dict with PICKS = the GEMV kernel (mxfp4_gemv_triton.py)
-# with that many picks a program and those tiles (DECODE: "asm" / "bits"). The first entry is the
-# error reference, and it comes again last (the same variant twice shows the noise).
+# (label, gate_up tiles, down tiles, SwiGLU fused); None = production (the public op
+# `mxfp4_experts`: sort-free at decode sizes, else `gemv_picks`, then `mxfp4_config`); a dict with
+# PICKS = the sorted GEMV kernel (mxfp4_gemv_triton.py) with that many picks a program and those
+# tiles (DECODE: "asm" / "bits"); a dict with SORT_FREE = the sort-free kernel
+# (mxfp4_moe_decode_triton.py) with those tiles, AHEAD (K steps of weights in flight), EARLY
+# (down weights before the PDL wait) and, on the down tiles, COMBINE (the combine in the down
+# launch). The first entry is the error reference, and it comes again last (the same variant
+# twice shows the noise).
+SORT_FREE_UP = dict(GEMV_SWIGLU, SORT_FREE=True)
+SORT_FREE_DOWN = dict(GEMV, SORT_FREE=True)
 DECODE_VARIANTS = [
     ("production", None, None, True),
     ("tensor cores (session 10)", DECODE_SWIGLU, DECODE, True),
@@ -46,6 +53,14 @@ DECODE_VARIANTS = [
     ("gemv k512", dict(GEMV_SWIGLU, PICKS=1, BLOCK_K=512), dict(GEMV, PICKS=1, BLOCK_K=512), True),
     ("gemv 8 warps", dict(GEMV_SWIGLU, PICKS=1, num_warps=8), dict(GEMV, PICKS=1, num_warps=8), True),
     ("tensor cores, unfused swiglu", DECODE, DECODE, False),
+    # session 14 (issue 18): the sort-free path ("gemv picks 1" above is session 13's production)
+    ("sort-free, combine in down", SORT_FREE_UP, dict(SORT_FREE_DOWN, COMBINE=True), True),
+    ("sort-free, 2 steps ahead", dict(SORT_FREE_UP, AHEAD=2), dict(SORT_FREE_DOWN, AHEAD=2), True),
+    ("sort-free, down early + combine in down", SORT_FREE_UP, dict(SORT_FREE_DOWN, EARLY=True, COMBINE=True), True),
+    ("sort-free, 2 ahead, down early + combine", dict(SORT_FREE_UP, AHEAD=2),
+     dict(SORT_FREE_DOWN, AHEAD=2, EARLY=True, COMBINE=True), True),
+    ("sort-free n / 2", dict(SORT_FREE_UP, BLOCK_N=16), dict(SORT_FREE_DOWN, BLOCK_N=32), True),
+    ("sort-free n x 2", dict(SORT_FREE_UP, BLOCK_N=64), dict(SORT_FREE_DOWN, BLOCK_N=128), True),
     ("production", None, None, True),
 ]
 PREFILL_VARIANTS = [
@@ -62,7 +77,8 @@ PREFILL_VARIANTS = [
 ]
 # Speculative verify batches at c8 (k = 1: 16 tokens, k = 3: 32): production (`gemv_picks`) against
 # the tensor-core kernel it replaced there and the multi-pick GEMV.
-VERIFY_VARIANTS = [DECODE_VARIANTS[i] for i in (0, 1, 2, 3)] + [DECODE_VARIANTS[0]]
+VERIFY_VARIANTS = [DECODE_VARIANTS[i] for i in (0, 1, 2, 3)] + [
+    v for v in DECODE_VARIANTS if v[0] in ("sort-free, combine in down", "sort-free, 2 steps ahead")] + [DECODE_VARIANTS[0]]
 SHAPES = {"moe flash c1": ("flash", 1), "moe flash c8": ("flash", 8), "moe flash c64": ("flash", 64),
           "moe flash prefill S2048": ("flash", 2048),
           "moe flash verify c16": ("flash", 16), "moe flash verify c32": ("flash", 32)}
@@ -81,6 +97,16 @@ def layer(case, up_cfg, down_cfg, fused):
     """The routed layer with the given kernels / tiles for the gate_up and down matmuls."""
     x, logits, w13, s13, w2, s2 = case
     bias = torch.zeros(logits.shape[1], device=x.device)
+    if up_cfg is None or "SORT_FREE" in up_cfg:  # the public op (production), or its sort-free kernel's tiles
+        arrivals = torch.zeros(combine_counters_size(w13.shape[0], MOE_TOP_K, w2.shape[1]), dtype=torch.int32,
+                               device=x.device)  # kept across calls, as MXFP4Experts keeps them
+        tiles = {} if up_cfg is None else dict(configs=(up_cfg, down_cfg), combine_in_down=down_cfg.get("COMBINE", False))
+
+        def public():
+            experts, weights = moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)
+            return mxfp4_experts(x, experts, weights, (w13, s13, w2, s2), SWIGLU_LIMIT, arrivals=arrivals, **tiles)
+
+        return public
 
     def run():
         experts, weights = moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)

@@ -30,12 +30,14 @@ from v4serve.ops.sparse_attn_triton import (
 from .spec import Expect, KernelSpec
 from .registry_decode_fusion import DECODE_FUSION_KERNELS
 from .registry_fp8_decode import FP8_DECODE_KERNELS
+from .registry_fp8_rows32 import FP8_ROWS32_KERNELS
 from .registry_index_topk import INDEX_TOPK_KERNELS
 from .registry_kv_compact import KV_COMPACT_KERNELS
 from .registry_launch_glue import LAUNCH_GLUE_KERNELS
-from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS
+from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS, MXFP4_MOE_DECODE_KERNELS
 from .registry_spec_verify import SPEC_VERIFY_KERNELS
-from .registry_packed_kv import INDEX_ALIGNED, INDEX_TYPES, PACKED_KV_KERNELS
+from .registry_packed_kv import (COMPRESS_DECODE_ALIGNED, INDEX_ALIGNED, INDEX_TYPES, PACKED_KV_KERNELS,
+                                 compress_decode_types)
 from .registry_v41_engine import V41_ENGINE_KERNELS
 from .registry_v41_index import V41_INDEX_KERNELS
 
@@ -128,15 +130,9 @@ _HC_HEAD_PRE = dict(COEFFS=False, N=4, ITERS=1, HC_EPS=1e-6, HEAD_PRE=True, COEF
 # The Walsh-Hadamard epilogue of norm_rope / compress_decode (registry_decode_fusion.py), off.
 _NO_HADAMARD = dict(HADAMARD=False, LOG2_D=0)
 
-_COMPRESS_DECODE_TYPES = dict(
-    kv_ptr="*fp32", score_ptr="*fp32", pos_ptr="*i64", slot_ptr="*i64", bias_ptr="*fp32", s0_ptr="*fp32",
-    s1_ptr="*fp32", s2_ptr="*fp32", w_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32", rows_of_ptr="*i32",
-    rows_ptr="*bf16", target_ptr="*i64", pool_ptr="*bf16", d="i32", R="i32", scratch="i32", eps="fp32",
-    stride_in="i32", stride_slot="i32", stride_rows_of="i32", stride_cs="i32", stride_pool="i32")
 # Without a packed store pool_ptr is the rows again and stride_pool 0.
-_COMPRESS_DECODE_ALIGNED = ("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_ptr", "s0_ptr", "s1_ptr", "s2_ptr",
-                            "w_ptr", "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "pool_ptr", "d",
-                            "stride_in", "stride_slot", "stride_pool")
+_COMPRESS_DECODE_TYPES = compress_decode_types(pool_ptr="*bf16")
+_COMPRESS_DECODE_ALIGNED = (*COMPRESS_DECODE_ALIGNED, "stride_pool")
 # Register bounds, per arch, about 10% above the most measured under Triton 3.6 / 3.8 / 3.9
 # (docs/codegen.md): prefill 183 / 195 (32 heads; 3.9) / 184 / 169, decode 151 / 150 / 138 / 147.
 # Quantized-weight kernels: ~1.1 x the registers measured under Triton 3.6 (255 = the hardware
@@ -273,7 +269,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=_VALUES_TYPES, aligned=_VALUES_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
                             BLOCK_DV=_TWO_PASS["BLOCK_DV"], BLOCK_J=16, EVEN_D=True, PDL=pdl, PREFETCH=False,
-                            TAIL_PROGRAMS=False, TOKEN_ROWS=False,
+                            TAIL_PROGRAMS=False, TOKEN_ROWS=False, KV_OPERAND=0,
                             **_NO_PK_LOAD),
             archs=archs, **_TWO_PASS["VALUES"],
             # Triton 3.8's sm_100 build keeps one 8-byte value in local memory (2 STL/LDL); the
@@ -493,7 +489,7 @@ KERNELS: tuple[KernelSpec, ...] = (
         types=dict(y_ptr="*bf16", pos_ptr="*i64", w_ptr="*fp32", add_ptr="*bf16", out_ptr="*bf16", D="i32",
                    stride_y="i32", stride_a="i32"),
         aligned=("y_ptr", "pos_ptr", "w_ptr", "add_ptr", "out_ptr", "D", "stride_y", "stride_a"),
-        constexprs=dict(PDL=False, K=6, HAS_ADD=True, BLOCK_D=512), num_warps=2, num_stages=3,
+        constexprs=dict(PDL=False, K=6, HAS_ADD=True, BLOCK_D=512, HAS_POS=True), num_warps=2, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"acc \+= w \* tl\.load", max_regs=96),
     ),
     # ---- quantized weights (ops/fp8_linear_triton.py, mxfp4_grouped_matmul_triton.py): V4-Flash shapes,
@@ -598,12 +594,15 @@ KERNELS: tuple[KernelSpec, ...] = (
     *KV_COMPACT_KERNELS,
     # ---- MXFP4 MoE GEMV for few picks an expert: v4serve/codegen/registry_mxfp4_gemv.py ----
     *MXFP4_GEMV_KERNELS,
+    *MXFP4_MOE_DECODE_KERNELS,
     *DECODE_FUSION_KERNELS,
     *LAUNCH_GLUE_KERNELS,
     *SPEC_VERIFY_KERNELS,  # the verify step's compressor steps and state commit
     *INDEX_TOPK_KERNELS,  # the indexer's top-k without torch.sort (registry_index_topk.py)
     # ---- FP8 linear, weights-first decode kernel: v4serve/codegen/registry_fp8_decode.py ----
     *FP8_DECODE_KERNELS,
+    # ---- FP8 linear at 17..32 rows, weight-only (verify batches): registry_fp8_rows32.py ----
+    *FP8_ROWS32_KERNELS,
     # ---- DeepSeek-V4.1 indexer over packed fp4 keys: v4serve/codegen/registry_v41_index.py ----
     *V41_INDEX_KERNELS,
     # ---- DeepSeek-V4.1 engine path: two-format attention unpack, Engram lookup (registry_v41_engine.py) ----

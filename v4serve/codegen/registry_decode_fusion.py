@@ -16,6 +16,7 @@ from v4serve.formats import row_format
 from v4serve.ops.hadamard_triton import BLOCK_ROWS as HADAMARD_ROWS
 from v4serve.ops.kv_pack_triton import packed_constexprs
 
+from .registry_packed_kv import COMPRESS_DECODE_ALIGNED, compress_decode_types
 from .spec import Expect, KernelSpec
 
 _OPS = "v4serve.ops"
@@ -44,14 +45,7 @@ DECODE_FUSION_KERNELS = (
     ),
     KernelSpec(
         "compress_decode.index_fp4_hadamard", f"{_OPS}.compress_decode_triton:_compress_decode_kernel",
-        types=dict(kv_ptr="*fp32", score_ptr="*fp32", pos_ptr="*i64", slot_ptr="*i64", bias_ptr="*fp32",
-                   s0_ptr="*fp32", s1_ptr="*fp32", s2_ptr="*fp32", w_ptr="*bf16", cos_ptr="*fp32",
-                   sin_ptr="*fp32", rows_of_ptr="*i32", rows_ptr="*bf16", target_ptr="*i64", pool_ptr="*u8",
-                   d="i32", R="i32", scratch="i32", eps="fp32", stride_in="i32", stride_slot="i32",
-                   stride_rows_of="i32", stride_cs="i32", stride_pool="i32"),
-        aligned=("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_ptr", "s0_ptr", "s1_ptr", "s2_ptr", "w_ptr",
-                 "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "pool_ptr", "d", "stride_in",
-                 "stride_slot"),
+        types=compress_decode_types(pool_ptr="*u8"), aligned=COMPRESS_DECODE_ALIGNED,
         constexprs=dict(PDL=False, RATIO=4, OVERLAP=True, BLOCK_R=4, BLOCK_D=128, HADAMARD=True, LOG2_D=7,
                         PACKED=True, **_FP4),
         num_warps=4, num_stages=3, expect=Expect(max_regs=168),

@@ -34,3 +34,38 @@ MXFP4_GEMV_KERNELS: tuple[KernelSpec, ...] = tuple(
     for cfg in (gemv_config(picks, proj == "gate_up"),)
     for decode in ("asm",)
 )
+
+# The sort-free decode kernel (v4serve/ops/mxfp4_moe_decode_triton.py): one pick a program, the
+# expert id read from the router's [T * 6] picks; gate_up with the SwiGLU (x row per token), down
+# (x row per pick) alone and with the combine by the last arrival (bf16 add, fp32 weights, int32
+# tickets), at production's one-pick tiles; and the sweep's AHEAD = 2 (one more register buffer of
+# weight words) for both, down with EARLY (weights before the PDL wait, so PDL on). sm_90, Triton
+# 3.6: 113-118 registers at AHEAD 1 (the sorted GEMV: 117-124), 779 / 837 SASS instructions for
+# down / gate_up against the sorted GEMV's 926 / 987 (the group-ends scan gone from the prologue).
+MXFP4_MOE_DECODE_KERNELS: tuple[KernelSpec, ...] = tuple(
+    KernelSpec(
+        f"moe.mxfp4_decode_{proj}{'_combine' if combine else ''}{f'_ahead{ahead}' if ahead > 1 else ''}",
+        "v4serve.ops.mxfp4_moe_decode_triton:_mxfp4_moe_pick_kernel",
+        types=dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", experts_ptr="*i64", y_ptr="*bf16", cw_ptr="*fp32",
+                   add_ptr="*bf16", out_ptr="*bf16", arrivals_ptr="*i32", N="i32", K="i32", K_SCALES="i32",
+                   stride_x="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32",
+                   stride_y="i32", stride_a="i32", limit="fp32"),
+        aligned=("x_ptr", "w_ptr", "s_ptr", "experts_ptr", "y_ptr", "cw_ptr", "add_ptr", "out_ptr", "arrivals_ptr",
+                 "N", "K", "K_SCALES", "stride_x", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_y",
+                 "stride_a"),
+        constexprs=dict(PDL=ahead > 1 and proj == "down", TOP_K=6, X_PER_TOKEN=proj == "gate_up", X_WORDS=True,
+                        DECODE_ASM=True, SWIGLU=proj == "gate_up", EVEN_K=True, COMBINE=combine, HAS_ADD=combine,
+                        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], AHEAD=ahead,
+                        EARLY=ahead > 1 and proj == "down"),
+        archs=(90, 100, 120) if ahead > 1 and proj == "down" else None,  # PDL: griddepcontrol is sm_90+
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        # AHEAD 2 holds a third register buffer (sm_90, Triton 3.6: gate_up 138 registers; down capped
+        # at 128 with 8 B spilled, one LDL in the K loop, and so is gate_up on sm_80: a bench
+        # variant, 632 / 629 instructions a K step against 594 / 606 at AHEAD 1)
+        expect=Expect(max_regs=168 if ahead > 1 else 141, max_spill_ops=4 if ahead > 1 else 0),
+    )
+    for proj, combine in (("gate_up", False), ("down", False), ("down", True))
+    for ahead in (1, 2)
+    for cfg in (gemv_config(1, proj == "gate_up"),)
+    if not (combine and ahead > 1)
+)

@@ -68,6 +68,23 @@ _TPP = DECODE_CONFIG_TWO_PASS_PACKED
 _DEC = DECODE_CONFIG_SMALL_PACKED
 # The hardware e4m3 conversion (load_packed's FP8_CVT) where production uses it: sm_89 and newer.
 _CVT = {arch: arch >= 89 for arch in (80, 90, 100, 120)}
+
+
+def compress_decode_types(pool_ptr: str, **extra: str) -> dict[str, str]:
+    """Argument types of the compressor's decode kernel (compress_decode_triton) and of the verify
+    kernel built on its body (`extra`: its own arguments). pool_ptr: "*u8" for packed rows, "*bf16"
+    when the kernel stores bf16 rows (then pool_ptr is the rows again)."""
+    return dict(kv_ptr="*fp32", score_ptr="*fp32", pos_ptr="*i64", slot_ptr="*i64", bias_ptr="*fp32",
+                s0_ptr="*fp32", s1_ptr="*fp32", s2_ptr="*fp32", w_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32",
+                rows_of_ptr="*i32", rows_ptr="*bf16", target_ptr="*i64", pool_ptr=pool_ptr, d="i32", R="i32",
+                scratch="i32", eps="fp32", stride_in="i32", stride_slot="i32", stride_rows_of="i32", stride_cs="i32",
+                stride_pool="i32", **extra)
+
+
+# stride_pool is left out: 68-byte fp4 rows are not 16-byte multiples (the callers add it where it is).
+COMPRESS_DECODE_ALIGNED = ("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_ptr", "s0_ptr", "s1_ptr", "s2_ptr",
+                           "w_ptr", "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "pool_ptr", "d",
+                           "stride_in", "stride_slot")
 _TP_STRIDES = ("stride_pool", "stride_it", "stride_pt", "stride_ph", "stride_mt", "stride_mj")
 _SCORES_TYPES = dict(
     q_ptr="*bf16", win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
@@ -138,8 +155,8 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         types=dict(_VALUES_TYPES, win_ptr="*bf16", cmp_ptr="*bf16"), aligned=tuple(_VALUES_TYPES),
         constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
                         BLOCK_J=16, EVEN_D=True, PDL=True, PREFETCH=False, TAIL_PROGRAMS=False, TOKEN_ROWS=True,
-                        PACKED=False, PK_NQ=0, PK_BLOCK=1, PK_TAIL_OFF=0, PK_SCALE_OFF=0, PK_HAS_TAIL=False,
-                        PK_FP8_CVT=False),  # the launch's defaults: the rows are bf16
+                        KV_OPERAND=0, PACKED=False, PK_NQ=0, PK_BLOCK=1, PK_TAIL_OFF=0, PK_SCALE_OFF=0,
+                        PK_HAS_TAIL=False, PK_FP8_CVT=False),  # the launch's defaults: the rows are bf16
         archs=(90, 100), **_TP["VALUES"],
         expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", tensor_cores=True),
     ),
@@ -148,8 +165,35 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         types=_VALUES_TYPES, aligned=tuple(_VALUES_TYPES),
         constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
                         BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, PREFETCH=False,
-                        TAIL_PROGRAMS=False, TOKEN_ROWS=False, **_LOAD_PK),
+                        TAIL_PROGRAMS=False, TOKEN_ROWS=False, KV_OPERAND=0, **_LOAD_PK),
         archs=(90, 100, 120), **_TP["VALUES"],
+        expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
+    ),
+    # Issue 17's B8 sweep variants (sm_90 / sm_100; kernel_configs 'fp8kv'): values programs of 32 heads
+    # (mma.sync, the tile through the bf16 operand boundary: no async-proxy fence a tile); the tile as the
+    # left operand of the transposed dot (wgmma reads it from registers), 64 dims for 32 or 64 heads a
+    # program; the whole-tile scores pass over one warpgroup (4 warps: m64n64 wgmma steps, Q read once
+    # a step instead of once per warpgroup)
+    *(
+        KernelSpec(
+            f"sparse_attn.two_pass_values_fp8kv_{name}_pdl", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
+            types=_VALUES_TYPES, aligned=tuple(_VALUES_TYPES),
+            constexprs=dict(HAS_COUNTS=True, BLOCK_H=block_h, BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=block_dv,
+                            BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, PREFETCH=False,
+                            TAIL_PROGRAMS=False, TOKEN_ROWS=False, KV_OPERAND=kv_operand, **_LOAD_PK),
+            archs=(90, 100), **_TP["VALUES"],
+            expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
+        )
+        for name, block_h, block_dv, kv_operand in (("h32_mma", 32, 32, 1), ("kv_lhs", 32, 64, 2),
+                                                    ("kv_lhs_h64", 64, 64, 2))
+    ),
+    KernelSpec(
+        "sparse_attn.two_pass_scores_fp8kv_4w_pdl", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",
+        types=_SCORES_TYPES, aligned=tuple(k for k in _SCORES_TYPES if k != "qk_scale_log2"),
+        constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TPP["BLOCK_H"], BLOCK_T=_TPP["BLOCK_T"], BLOCK_K=_TPP["BLOCK_K"],
+                        PDL=True, PACKED=True, PK_FP8_CVT=True, TAIL_APART=True, WHOLE_TILE=True, BLOCK_D=512,
+                        STORE_ROWS=False, **_LOAD_PK),
+        archs=(90, 100), num_warps=4, num_stages=1,
         expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
     ),
     # each token's columns unpacked, then the bf16 launch: V4's comparison route KERNEL="unpack" (fp8kv),
@@ -218,14 +262,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
     *(
         KernelSpec(
             f"compress_decode.{kind}_fp8kv", f"{_OPS}.compress_decode_triton:_compress_decode_kernel",
-            types=dict(kv_ptr="*fp32", score_ptr="*fp32", pos_ptr="*i64", slot_ptr="*i64", bias_ptr="*fp32",
-                       s0_ptr="*fp32", s1_ptr="*fp32", s2_ptr="*fp32", w_ptr="*bf16", cos_ptr="*fp32",
-                       sin_ptr="*fp32", rows_of_ptr="*i32", rows_ptr="*bf16", target_ptr="*i64", pool_ptr="*u8",
-                       d="i32", R="i32", scratch="i32", eps="fp32", stride_in="i32", stride_slot="i32",
-                       stride_rows_of="i32", stride_cs="i32", stride_pool="i32"),
-            aligned=("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_ptr", "s0_ptr", "s1_ptr", "s2_ptr", "w_ptr",
-                     "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "pool_ptr", "d", "stride_in",
-                     "stride_slot", "stride_pool"),
+            types=compress_decode_types(pool_ptr="*u8"), aligned=(*COMPRESS_DECODE_ALIGNED, "stride_pool"),
             constexprs=dict(PDL=False, RATIO=ratio, OVERLAP=overlap, BLOCK_R=block_r, BLOCK_D=512, PACKED=True,
                             **_FP8, HADAMARD=False, LOG2_D=0),
             num_warps=4, num_stages=3, expect=Expect(max_regs=168),

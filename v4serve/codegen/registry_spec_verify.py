@@ -18,6 +18,7 @@ from v4serve.ops.compress_verify_triton import BLOCK_COPY
 from v4serve.ops.kv_pack_triton import packed_constexprs
 from v4serve.ops.state_commit_triton import BLOCK as COMMIT_BLOCK
 
+from .registry_packed_kv import COMPRESS_DECODE_ALIGNED, compress_decode_types
 from .spec import Expect, KernelSpec
 
 _OPS = "v4serve.ops"
@@ -27,15 +28,8 @@ SPEC_VERIFY_KERNELS: tuple[KernelSpec, ...] = (
     *(
         KernelSpec(
             f"compress_verify.{kind}_fp8kv", f"{_OPS}.compress_verify_triton:_compress_verify_kernel",
-            types=dict(kv_ptr="*fp32", score_ptr="*fp32", pos_ptr="*i64", slot_ptr="*i64", bias_ptr="*fp32",
-                       s0_ptr="*fp32", s1_ptr="*fp32", s2_ptr="*fp32", w_ptr="*bf16", cos_ptr="*fp32",
-                       sin_ptr="*fp32", rows_of_ptr="*i32", rows_ptr="*bf16", target_ptr="*i64", pool_ptr="*u8",
-                       saved_ptr="*fp32", S="i32", groups="i32", d="i32", R="i32", scratch="i32", eps="fp32",
-                       stride_in="i32", stride_slot="i32", stride_rows_of="i32", stride_cs="i32", stride_pool="i32",
-                       stride_saved="i32"),
-            aligned=("kv_ptr", "score_ptr", "pos_ptr", "slot_ptr", "bias_ptr", "s0_ptr", "s1_ptr", "s2_ptr", "w_ptr",
-                     "cos_ptr", "sin_ptr", "rows_of_ptr", "rows_ptr", "target_ptr", "pool_ptr", "saved_ptr", "d",
-                     "stride_in", "stride_slot", "stride_pool", "stride_saved"),
+            types=compress_decode_types(pool_ptr="*u8", saved_ptr="*fp32", S="i32", groups="i32", stride_saved="i32"),
+            aligned=(*COMPRESS_DECODE_ALIGNED, "stride_pool", "saved_ptr", "stride_saved"),
             constexprs=dict(PDL=False, RATIO=ratio, OVERLAP=overlap, BLOCK_R=block_r, BLOCK_D=512, SAVE=True,
                             BLOCK_COPY=BLOCK_COPY, PACKED=True, **_FP8, HADAMARD=False, LOG2_D=0),
             num_warps=4, num_stages=1, expect=expect,

@@ -22,7 +22,8 @@ MXFP4 routed experts (`MXFP4Experts`), OCP MXFP4 along K:
 
 Rows 0..I-1 of gate_up are W1 (gate), rows I..2I-1 are W3 (up), as the bf16 `RoutedExperts`.
 The forward is `RoutedExperts`' (sort, two grouped matmuls around the clamped SwiGLU, combine)
-with `mxfp4_grouped_matmul` in place of `grouped_matmul`, the SwiGLU fused into the gate_up one. The expert tensors can be handed in
+with `mxfp4_grouped_matmul` in place of `grouped_matmul`, the SwiGLU fused into the gate_up one
+(V4 at decode sizes without the sort: `ops/mxfp4_moe_decode.py`, the same bits). The expert tensors can be handed in
 explicitly (`run(..., tensors=)`, or `pick_outputs` for the expert outputs before the combine),
 which is how `ExpertOffload` runs them from its slots.
 """
@@ -39,6 +40,7 @@ from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.moe_combine import moe_combine
 from v4serve.ops.moe_sort import moe_sort
 from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
+from v4serve.ops.mxfp4_moe_decode import combine_counters_size, mxfp4_experts
 from v4serve.ops.swiglu import clamped_swiglu
 from v4serve.ops.weight_formats import MXFP4_BLOCK, dequantize_fp8_blocks, fp8_scale_shape
 
@@ -123,6 +125,7 @@ class MXFP4Experts(UsesKernels, nn.Module):
         # SwiGLU output before the down projection. Set by the loader (`quantized_install.install`).
         self.act_quant = None
         self.weight_before_down = False
+        self.arrivals = None  # ticket counters of the combine in the down launch (`combine_counters`), not state
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                 add: torch.Tensor | None = None) -> torch.Tensor:
@@ -137,8 +140,25 @@ class MXFP4Experts(UsesKernels, nn.Module):
         if self.weight_before_down:
             y, pos = self.pick_outputs(x, experts, tensors, weights=weights)
             return moe_combine(y, pos, torch.ones_like(weights), add, impl=self.impl)
+        if self.act_quant is None:  # V4: sort-free at decode (`ops/mxfp4_moe_decode.py`), same bits
+            return mxfp4_experts(x, experts, weights, tensors, self.limit, add, impl=self.impl,
+                                 tile_experts=self.n_experts, arrivals=self.combine_counters(x, experts.shape[1]))
         y, pos = self.pick_outputs(x, experts, tensors)
         return moe_combine(y, pos, weights, add, impl=self.impl)
+
+    def combine_counters(self, x: torch.Tensor, top_k: int) -> torch.Tensor | None:
+        """int32 zeros on x's device for the combine in the down launch (`mxfp4_experts`' arrivals,
+        left at zero by each launch), sized for the largest decode batch: made on the first CUDA
+        call outside a graph capture (the runners run each step eagerly before capturing it), as
+        `FP8Linear.split_counters`; None on the CPU or before that (the combine is then its own launch)."""
+        if not x.is_cuda:
+            return None
+        if self.arrivals is None or self.arrivals.device != x.device:
+            if torch.cuda.is_current_stream_capturing():
+                return None
+            size = combine_counters_size(self.n_experts, top_k, self.down_proj.shape[1])
+            self.arrivals = torch.zeros(size, dtype=torch.int32, device=x.device)
+        return self.arrivals
 
     def pick_outputs(self, x: torch.Tensor, groups: torch.Tensor, tensors: list[torch.Tensor],
                      n_sort: int | None = None, weights: torch.Tensor | None = None

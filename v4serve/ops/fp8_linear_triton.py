@@ -20,19 +20,22 @@ codes decoded to bf16 (exact) and a bf16 dot (sm_80). Products are exact, sums f
 the reference differ in the order of the fp32 sums (and, on FP8 tensor cores, in the precision of
 the sum inside one BLOCK_K step).
 
-Decode (M <= 16, or M <= DECODE_MAX_M = 64 where the prefill tiles would not fill the GPU) is
-bandwidth-bound: BLOCK_M (16, 32 or 64) covers every row, so each weight byte crosses HBM once;
-the K range is split over SPLIT_K programs per N tile when N / BLOCK_N alone would not fill the
-GPU, each writing an fp32 partial [SPLIT_K, M, N] that a second kernel sums in split order
-(deterministic) and rounds, or, with SUM_LAST and counters the caller keeps (`arrivals`), the last
-program of the tile to arrive (`fp8_linear_decode_triton.store_split`: the same order, the same
-bits, one launch). In act mode on FP8 GPUs, M <= 16 takes the weights-first decode kernel
+Decode (M <= 16, weight-only M <= W8A16_DECODE_ALWAYS_M = 32, or M <= DECODE_MAX_M = 64 where the
+prefill tiles would not fill the GPU) is bandwidth-bound: BLOCK_M (16, 32 or 64) covers every row,
+so each weight byte crosses HBM once; the K range is split over SPLIT_K programs per N tile when
+N / 64 alone would not fill the GPU (`decode_split_k`: the same split for every M and tile
+variant, so a row's bits do not depend on the batch it is computed in), each writing an fp32
+partial [SPLIT_K, M, N] that a second kernel sums in split order (deterministic) and rounds, or,
+with SUM_LAST and counters the caller keeps (`arrivals`), the last program of the tile to arrive
+(`fp8_linear_decode_triton.store_split`: the same order, the same bits, one launch). In act mode
+on FP8 GPUs, M <= 16 takes the weights-first decode kernel
 (fp8_linear_decode_triton.py: weights requested before the wait on the previous kernel, the
 activations quantized in the same launch) wherever a program's K range fits its registers
 (`decode_ahead_plan`); the rest (e.g. Flash wq_b / wo_b, 8-13 steps a program) these tiles.
 Weight-only (W8A16, the models' default) at M <= 16 follows W8A16_DECODE_RULE: by the K steps a
 program holds, the weights-first kernel in weight-only numerics or these tiles, each summing its
-splits in the last program where the caller keeps counters.
+splits in the last program where the caller keeps counters; at 17..32 rows (verify batches)
+W8A16_ROWS32_RULE (these tiles, BLOCK_M 32).
 Prefill uses large tiles and writes y directly.
 """
 
@@ -49,8 +52,8 @@ from v4serve.ops.fp8_linear_decode_triton import (FP8_AHEAD_CONFIG, ahead_steps,
                                                   split_counters, split_k_sum, store_split)
 from v4serve.ops.quant_decode_triton import e4m3_bits_to_f32
 
-__all__ = ["act_quant_triton", "decode_ahead_plan", "decode_programs_wanted", "fp8_linear_triton", "native_fp8",
-           "w8a16_decode_choice"]
+__all__ = ["act_quant_triton", "decode_ahead_plan", "decode_programs_wanted", "decode_split_k", "fp8_linear_triton",
+           "native_fp8", "w8a16_decode_choice"]
 
 # Decode tiles: BLOCK_M the smallest of 16 / 32 / 64 that holds every row (one pass over the
 # weights), the K range split to fill the GPU. Up to 16 rows always; up to DECODE_MAX_M where the
@@ -77,6 +80,22 @@ DECODE_PROGRAMS_PER_SM = 2
 # q_a + kv fused 4.84: weights-first 6.5-6.9).
 W8A16_DECODE_RULE = {1: dict(KERNEL="ahead", SUM_LAST=True)}
 W8A16_DECODE_OTHERWISE = dict(KERNEL="tiles", SUM_LAST=True)
+# Weight-only batches of 17..32 rows (the verify step at c8 k = 3 or c16 k = 1, plain decode at
+# c17..c32; issues 18, 21). W8A16_DECODE_ALWAYS_M: weight-only batches up to this many rows take the
+# decode tiles whatever the prefill grid. At 16 (before session 14) Flash / Pro wq_b (256 / 512
+# prefill programs) took the 128 x 128 prefill tiles at 32 rows: ~33 µs a layer in the c8 k = 3
+# verify step (session 13 profile), against 10.8 µs for the decode tiles at one row; every other
+# projection already took the decode tiles. At 32 rows the decode tiles hold every row in one
+# BLOCK_M = 32 tile (the weights read once, x from L2; one wave of 4 programs a SM: 108 registers,
+# 48 KB), with the K split of the 1-16-row path, so a verify row gets the plain step's bits; bound in
+# docs/performance.md "Session 14: FP8 W8A16 at 17..32 rows" (at most ~19 µs; 16 puts wq_b back on
+# the prefill tiles). W8A16_ROWS32_RULE / _OTHERWISE: the kernel at 17..32 rows by steps a program,
+# as W8A16_DECODE_RULE; today's (the tiles, the sum kernel) until the GPU sweep
+# `kernel_configs 'fp8 decode rows'` says which tile row wins (its configs are the rule's values).
+W8A16_DECODE_ALWAYS_M = 32
+W8A16_ROWS32_MAX_M = 32
+W8A16_ROWS32_RULE: dict[int, dict] = {}
+W8A16_ROWS32_OTHERWISE = dict(KERNEL="tiles", SUM_LAST=False)
 
 
 @triton.jit
@@ -195,9 +214,10 @@ def native_fp8(device: torch.device) -> bool:
     return not compiled_on_cuda(device) or _has_fp8(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _use_decode_tiles(m: int, n: int, device: torch.device) -> bool:
-    if m <= DECODE_ALWAYS_M or m > DECODE_MAX_M:
-        return m <= DECODE_ALWAYS_M
+def _use_decode_tiles(m: int, n: int, device: torch.device, weight_only: bool = False) -> bool:
+    always = max(DECODE_ALWAYS_M, W8A16_DECODE_ALWAYS_M) if weight_only else DECODE_ALWAYS_M
+    if m <= always or m > DECODE_MAX_M:
+        return m <= always
     if not compiled_on_cuda(device):
         return True  # the interpreter: the tiles of the GPUs that take this path
     prefill_programs = triton.cdiv(m, FP8_PREFILL_CONFIG["BLOCK_M"]) * triton.cdiv(n, FP8_PREFILL_CONFIG["BLOCK_N"])
@@ -211,7 +231,11 @@ def decode_programs_wanted(device: torch.device) -> int:
     return DECODE_PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _split_k(n_tiles: int, k_steps: int, device: torch.device) -> int:
+def decode_split_k(n: int, k_steps: int, device: torch.device) -> int:
+    """The decode tiles' K split: from FP8_DECODE_CONFIG's 64-wide N tiles whatever the variant's
+    BLOCK_N (and whatever M), so that every tile variant and every row count adds the same K ranges
+    in the same order (a 32-row verify batch gives each row the bits of the plain step's run)."""
+    n_tiles = triton.cdiv(n, FP8_DECODE_CONFIG["BLOCK_N"])
     return max(1, min(k_steps, triton.cdiv(decode_programs_wanted(device), n_tiles)))
 
 
@@ -238,14 +262,17 @@ def decode_ahead_plan(m: int, n: int, k: int, block: tuple[int, int], act_block:
     return (cfg, splits, steps) if steps <= cfg["MAX_STEPS"] else None
 
 
-def w8a16_decode_choice(n: int, k: int, block: tuple[int, int], device: torch.device) -> dict:
-    """Production's W8A16 decode config (KERNEL and its keys) for an [n, k] weight: W8A16_DECODE_RULE
-    at the steps a weights-first program would hold (the tile kernel's split is the same one up to
-    4 steps: wq_a, wkv, shared w1 / w2)."""
+def w8a16_decode_choice(n: int, k: int, block: tuple[int, int], device: torch.device, m: int = 1) -> dict:
+    """Production's W8A16 decode config (KERNEL and its keys) for an [n, k] weight and m rows:
+    W8A16_DECODE_RULE (m <= 16) or W8A16_ROWS32_RULE (17..32) at the steps a weights-first program
+    would hold (the tile kernel's split is the same one up to 4 steps: wq_a, wkv, shared w1 / w2)."""
     block_k = min(FP8_AHEAD_CONFIG["BLOCK_K"], block[1])
     n_tiles = triton.cdiv(n, FP8_AHEAD_CONFIG["BLOCK_N"])
     steps = ahead_steps(k, block_k, n_tiles, decode_programs_wanted(device), None)[1]
-    choice = dict(W8A16_DECODE_RULE.get(steps, W8A16_DECODE_OTHERWISE))
+    if m <= FP8_AHEAD_CONFIG["BLOCK_M"]:
+        choice = dict(W8A16_DECODE_RULE.get(steps, W8A16_DECODE_OTHERWISE))
+    else:
+        choice = dict(W8A16_ROWS32_RULE.get(steps, W8A16_ROWS32_OTHERWISE))
     if choice["KERNEL"] == "ahead":  # the rule is the choice: neither MAX_N nor MAX_STEPS applies
         choice.update(MAX_N=n, MAX_STEPS=max(steps, choice.get("MAX_STEPS", 0)))
     return choice
@@ -255,9 +282,10 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
                       act_block: int | None, config: dict | None = None, split_k: int | None = None,
                       fp8_hw: bool | None = None, arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """y [M, N] for x [M, K]. `config` / `split_k` override the tiles and the decode K split (tests,
-    benchmarks): a tile config (optionally KERNEL="tiles", SUM_LAST) runs the tile kernels;
-    KERNEL="ahead" plus FP8_AHEAD_CONFIG keys to change runs the weights-first decode kernel where
-    it applies (`decode_ahead_plan`); None: production's choice (W8A16 at M <= 16:
+    benchmarks): a tile config (optionally KERNEL="tiles", SUM_LAST; the keys it names replace
+    FP8_DECODE_CONFIG's) runs the decode tiles up to DECODE_MAX_M rows; KERNEL="prefill" the prefill
+    tiles at any M; KERNEL="ahead" plus FP8_AHEAD_CONFIG keys to change runs the weights-first decode
+    kernel where it applies (`decode_ahead_plan`); None: production's choice (W8A16 at M <= 32:
     `w8a16_decode_choice`). `fp8_hw=False` forces the path of GPUs without fp8 (sm_80: codes decoded
     from bytes). `arrivals`: split counters the caller keeps (int32 zeros [>= N / 64], left at
     zero): the weights-first kernel then sums its partials in the last program (SUM_LAST, unless
@@ -265,15 +293,21 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     m, k = x.shape
     n = weight.shape[0]
     bn, bk = block
-    decode = _use_decode_tiles(m, n, x.device)
+    named = None if config is None else config.get("KERNEL")
+    if named == "prefill":  # (sweep, tests: the prefill tiles at any M)
+        decode = False
+    elif named in ("tiles", "ahead"):  # asked for by name: the decode path up to DECODE_MAX_M rows
+        decode = m <= DECODE_MAX_M
+    else:
+        decode = _use_decode_tiles(m, n, x.device, weight_only=act_block is None)
     if x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError("x and weight must have a unit stride along K")
     if act_block is not None and (act_block & (act_block - 1) or bk & (bk - 1) or min(act_block, bk) < 16):
         raise ValueError(f"the Triton FP8 path needs power-of-two act_block and block_k >= 16, got "
                          f"act_block={act_block}, block={list(block)}")
     fp8_hw = native_fp8(x.device) if fp8_hw is None else fp8_hw
-    if config is None and decode and act_block is None and fp8_hw and m <= FP8_AHEAD_CONFIG["BLOCK_M"]:
-        config = w8a16_decode_choice(n, k, block, x.device)
+    if config is None and decode and act_block is None and fp8_hw and m <= W8A16_ROWS32_MAX_M:
+        config = w8a16_decode_choice(n, k, block, x.device, m)
     kernel = "auto" if config is None else config.get("KERNEL", "tiles")
     config = None if config is None else {key: v for key, v in config.items() if key != "KERNEL"}
     if decode and m and n and kernel in ("auto", "ahead"):
@@ -292,7 +326,7 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         prefill_cfg = FP8_PREFILL_DEQUANT_CONFIG
     else:
         prefill_cfg = FP8_PREFILL_CONFIG if fp8_hw else FP8_PREFILL_SM80_CONFIG
-    cfg = dict(config or (FP8_DECODE_CONFIG if decode else prefill_cfg))
+    cfg = dict(FP8_DECODE_CONFIG if decode else prefill_cfg, **(config or {}))
     if decode and "BLOCK_M" not in (config or {}):
         cfg["BLOCK_M"] = max(cfg["BLOCK_M"], triton.next_power_of_2(m))
     if act_block is None:
@@ -323,7 +357,7 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         return y
     n_tiles = triton.cdiv(n, cfg["BLOCK_N"])
     k_steps = triton.cdiv(k, cfg["BLOCK_K"])
-    splits = split_k or _split_k(n_tiles, k_steps, x.device)
+    splits = split_k or decode_split_k(n, k_steps, x.device)
     k_per_split = triton.cdiv(k_steps, splits) * cfg["BLOCK_K"]
     splits = triton.cdiv(k, k_per_split)
     sum_last = sum_last and splits > 1

@@ -8,15 +8,17 @@ from v4serve.ops.moe_combine_reference import moe_combine_reference
 from v4serve.ops.moe_combine_triton import moe_combine_triton
 
 
-def moe_combine(y: torch.Tensor, pos: torch.Tensor, weights: torch.Tensor, add: torch.Tensor | None = None,
+def moe_combine(y: torch.Tensor, pos: torch.Tensor | None, weights: torch.Tensor, add: torch.Tensor | None = None,
                 impl="auto") -> torch.Tensor:
     """out [T, D] in y.dtype: out[t] = sum_i weights[t, i] y[pos[t*k + i]] (fp32), plus `add` [T, D]
-    (same dtype) when given. y [P, D] sorted picks, pos [P] int64, weights [T, k] fp32, P = T * k."""
-    if y.dim() != 2 or weights.dim() != 2 or pos.shape != (weights.numel(),) or y.shape[0] != weights.numel():
+    (same dtype) when given. y [P, D] sorted picks, pos [P] int64 (None: y is in pick order,
+    pos[p] = p), weights [T, k] fp32, P = T * k."""
+    pos_ok = pos is None or pos.shape == (weights.numel(),)
+    if y.dim() != 2 or weights.dim() != 2 or not pos_ok or y.shape[0] != weights.numel():
         raise ValueError(f"y must be [T*k, D], pos [T*k] and weights [T, k], got {tuple(y.shape)}, "
-                         f"{tuple(pos.shape)} and {tuple(weights.shape)}")
+                         f"{None if pos is None else tuple(pos.shape)} and {tuple(weights.shape)}")
     if add is not None and (add.shape != (weights.shape[0], y.shape[1]) or add.dtype != y.dtype):
         raise ValueError(f"add must be [{weights.shape[0]}, {y.shape[1]}] {y.dtype}, got {add.dtype} {tuple(add.shape)}")
-    if use_triton(impl, y, pos, weights):
+    if use_triton(impl, y, weights):
         return moe_combine_triton(y, pos, weights, add)
     return moe_combine_reference(y, pos, weights, add)

@@ -2,7 +2,8 @@
 
     out[t, d] = round(sum_i w[t, i] y[pos[t K + i], d])    (+ add[t, d], rounded again)
 
-Layouts: y [P, D] (row stride `stride_y`, unit along D); pos [T K] int64; weights [T, K] fp32,
+Layouts: y [P, D] (row stride `stride_y`, unit along D); pos [T K] int64 (or HAS_POS False: y
+already in pick order, row t K + i); weights [T, K] fp32,
 contiguous; add [T, D] (row stride `stride_a`) or absent; out [T, D] contiguous in y's dtype.
 Grid (T, cdiv(D, BLOCK_D)): a program gathers its token's K rows of y (a slice of BLOCK_D columns
 each), weights and sums them in fp32 in slot order. One launch replaces the gather of the sorted
@@ -24,6 +25,7 @@ MOE_COMBINE_CONFIG = dict(BLOCK_D=512, num_warps=2)  # 8 bf16 (16 bytes) per thr
 def _moe_combine_kernel(
     y_ptr, pos_ptr, w_ptr, add_ptr, out_ptr, D, stride_y, stride_a,
     K: tl.constexpr, HAS_ADD: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
+    HAS_POS: tl.constexpr = True,
 ):
     if PDL:
         gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
@@ -32,7 +34,10 @@ def _moe_combine_kernel(
     ok = d < D
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for i in tl.static_range(K):
-        row = tl.load(pos_ptr + t * K + i)
+        if HAS_POS:
+            row = tl.load(pos_ptr + t * K + i)
+        else:
+            row = t * K + i
         w = tl.load(w_ptr + t * K + i)
         acc += w * tl.load(y_ptr + row * stride_y + d, mask=ok, other=0.0).to(tl.float32)
     out = acc.to(out_ptr.dtype.element_ty)
@@ -42,7 +47,7 @@ def _moe_combine_kernel(
     tl.store(out_ptr + t * D + d, out, mask=ok)
 
 
-def moe_combine_triton(y: torch.Tensor, pos: torch.Tensor, weights: torch.Tensor, add=None) -> torch.Tensor:
+def moe_combine_triton(y: torch.Tensor, pos: torch.Tensor | None, weights: torch.Tensor, add=None) -> torch.Tensor:
     T, k = weights.shape
     D = y.shape[1]
     y = y if y.stride(1) == 1 else y.contiguous()
@@ -53,7 +58,7 @@ def moe_combine_triton(y: torch.Tensor, pos: torch.Tensor, weights: torch.Tensor
     add = (add if add.stride(1) == 1 else add.contiguous()) if has_add else out
     cfg = MOE_COMBINE_CONFIG
     _moe_combine_kernel[(T, triton.cdiv(D, cfg["BLOCK_D"]))](
-        y, pos.contiguous(), weights.float().contiguous(), add, out, D, y.stride(0), add.stride(0),
-        K=k, HAS_ADD=has_add, **cfg, **pdl_launch(y),
+        y, y if pos is None else pos.contiguous(), weights.float().contiguous(), add, out, D, y.stride(0),
+        add.stride(0), K=k, HAS_ADD=has_add, HAS_POS=pos is not None, **cfg, **pdl_launch(y),
     )
     return out

@@ -49,6 +49,16 @@ idx, so tiles the scores pass skipped are never read). The same values into the 
 over the unpacked pools, so the bits of the bf16 kernels at these tiles; the cost moves to the
 scores pass (64 KB of stores a tile, and Triton 3.6 dequantizes the tile twice, once per layout).
 
+KV_OPERAND (sweep variants, session 14): on sm_90 the values pass's dequantized tile is wgmma's B
+operand, which wgmma reads from shared memory only, so every tile is stored there and fenced for the
+async proxy (fence.proxy.async: MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, then a barrier) before its
+wgmma: ten times a program at r4 B8, each on the step's dependent chain (the bf16 loop's tiles arrive
+by cp.async and need neither). KV_BOUNDARY with VALUE_BLOCK_H 32 makes the dot an mma.sync (M 32), whose
+operands come through ldmatrix (a plain barrier, no fence; the boundary keeps the bf16 kWidth 2); KV_LHS
+computes out^T [dims, heads] = kv^T p^T with the tile as wgmma's A operand, which it reads from
+registers (ldmatrix.trans from a plain shared-memory copy; BLOCK_DV 64: wgmma's M). Both sum the same
+products in the same k16 steps of columns.
+
 Measured on the H200 (docs/performance.md item 16): decode B8 r4 / r128 / r0 9.75 / 8.22 / 6.71
 µs against split-K's 15.2 / 11.4 / 7.3; split-K stays for single-token steps.
 """
@@ -60,7 +70,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda
 from v4serve.ops.kv_pack_triton import dequantize_packed, load_packed, load_packed_bytes
-from v4serve.ops.sparse_attn_tiles import column_bound, load_rows, row_pointers
+from v4serve.ops.sparse_attn_tiles import bf16_operand_boundary, column_bound, load_rows, row_pointers
 
 _PK_PARAMS = ("PK_NQ", "PK_BLOCK", "PK_TAIL_OFF", "PK_SCALE_OFF", "PK_HAS_TAIL", "PK_FP8_CVT")
 
@@ -173,17 +183,27 @@ V_PACKED = tl.constexpr(1)
 V_CODES = tl.constexpr(2)
 V_TAIL = tl.constexpr(3)
 V_TOKEN_ROWS = tl.constexpr(4)
+# How a values program feeds its tile to the dot (KV_OPERAND, bit flags; 0 in production): KV_BOUNDARY
+# passes a dequantized tile through sparse_attn_tiles.bf16_operand_boundary first (an mma.sync operand
+# then takes the bf16 layout, kWidth 2); KV_LHS computes the transpose, out^T [dims, heads] =
+# kv^T @ p^T, so that the tile is the dot's left operand, which wgmma reads from registers (as the
+# right operand it must be stored to shared memory and fenced for the async proxy before every
+# wgmma: MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S + BAR.SYNC per tile on sm_90).
+KV_BOUNDARY = tl.constexpr(1)
+KV_LHS = tl.constexpr(2)
 
 
 @triton.jit
 def _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows, m_j, m, n_live, n_window, stride_pool, stride_pt, stride_ph,
                  heads, head_ok, dims, dim_ok, BLOCK_T: tl.constexpr, d0, D, BLOCK_DV: tl.constexpr,
                  READS: tl.constexpr, PK_NQ: tl.constexpr, PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr,
-                 PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr):
+                 PK_SCALE_OFF: tl.constexpr, PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr,
+                 KV_OPERAND: tl.constexpr = 0):
     """f_j (p_j @ kv_j[:, dims]) of tile j, whose pool rows and max are `rows` and `m_j`; 0 when
     j >= n_live (p masked: the scores pass did not write that tile). READS: what the dims read (V_*);
     V_TOKEN_ROWS reads row `col` of the token's rows at win_ptr, masked by `rows` like a pool gather
-    (the scores pass wrote only the live tiles)."""
+    (the scores pass wrote only the live tiles). KV_OPERAND (KV_BOUNDARY / KV_LHS flags): how the tile
+    enters the dot; with KV_LHS the result is the transpose, [dims, heads]."""
     cols = j * BLOCK_T + tl.arange(0, BLOCK_T)
     if READS == V_TOKEN_ROWS:
         row_ptrs = win_ptr + cols * stride_pool  # win_ptr: the token's first row
@@ -201,7 +221,12 @@ def _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows, m_j, m, n_live, n_window
     p = tl.load(p_ptr + tok * stride_pt + heads[:, None] * stride_ph + cols[None, :],
                 mask=head_ok[:, None] & (j < n_live), other=0.0)
     f = tl.where(j < n_live, tl.exp2(m_j - m), 0.0)
-    return tl.dot(p, kv) * f[:, None]
+    kv = bf16_operand_boundary(kv, (KV_BOUNDARY & KV_OPERAND) != 0)
+    if (KV_LHS & KV_OPERAND) != 0:
+        part = tl.dot(tl.trans(kv), tl.trans(p)) * f[None, :]
+    else:
+        part = tl.dot(p, kv) * f[:, None]
+    return part
 
 
 @triton.jit
@@ -209,9 +234,10 @@ def _values_loop(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, n_
                  stride_pt, stride_ph, stride_mj, heads, head_ok, dims, dim_ok, d0, D, BLOCK_H: tl.constexpr,
                  BLOCK_T: tl.constexpr, BLOCK_DV: tl.constexpr, READS: tl.constexpr, PK_NQ: tl.constexpr,
                  PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr,
-                 PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr):
-    """sum_j f_j p_j kv_j[:, dims] over the token's live tiles, two per step (half the dependent
-    steps; the second is empty past the last live tile). Their pool rows and maxima are loaded into
+                 PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr, KV_OPERAND: tl.constexpr = 0):
+    """sum_j f_j p_j kv_j[:, dims] over the token's live tiles ([BLOCK_H, BLOCK_DV]; its transpose
+    with KV_OPERAND's KV_LHS), two per step (half the dependent steps; the second is empty past the
+    last live tile). Their pool rows and maxima are loaded into
     registers one step ahead, so no step waits on an idx -> gather round trip or on the load of
     its scales."""
     lanes = tl.arange(0, BLOCK_T)
@@ -219,7 +245,10 @@ def _values_loop(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, n_
     next_rows_b = load_rows(idx_ptr, tok, stride_it, BLOCK_T + lanes, hi)
     next_m_a = tl.load(m_row, mask=head_ok & (n_live > 0), other=0.0)
     next_m_b = tl.load(m_row + stride_mj, mask=head_ok & (n_live > 1), other=0.0)
-    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    if (KV_LHS & KV_OPERAND) != 0:
+        acc = tl.zeros([BLOCK_DV, BLOCK_H], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
     for j in range(0, n_live, 2):
         rows_a, rows_b, m_a, m_b = next_rows_a, next_rows_b, next_m_a, next_m_b
         next_rows_a = load_rows(idx_ptr, tok, stride_it, (j + 2) * BLOCK_T + lanes, hi)
@@ -228,10 +257,10 @@ def _values_loop(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, n_
         next_m_b = tl.load(m_row + (j + 3) * stride_mj, mask=head_ok & (j + 3 < n_live), other=0.0)
         acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows_a, m_a, m, n_live, n_window, stride_pool,
                             stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T, d0, D, BLOCK_DV,
-                            READS, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
+                            READS, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, KV_OPERAND)
         acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j + 1, rows_b, m_b, m, n_live, n_window, stride_pool,
                             stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T, d0, D, BLOCK_DV,
-                            READS, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
+                            READS, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, KV_OPERAND)
     return acc
 
 
@@ -292,7 +321,7 @@ def _values_kernel(
     BLOCK_J: tl.constexpr, EVEN_D: tl.constexpr, PDL: tl.constexpr = False, PACKED: tl.constexpr = False,
     PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
     PK_HAS_TAIL: tl.constexpr = False, PK_FP8_CVT: tl.constexpr = False, PREFETCH: tl.constexpr = False,
-    TAIL_PROGRAMS: tl.constexpr = False, TOKEN_ROWS: tl.constexpr = False,
+    TAIL_PROGRAMS: tl.constexpr = False, TOKEN_ROWS: tl.constexpr = False, KV_OPERAND: tl.constexpr = 0,
 ):
     tok = tl.program_id(0).to(tl.int64)
     d0 = tl.program_id(1) * BLOCK_DV
@@ -352,10 +381,15 @@ def _values_kernel(
         acc = _values_loop(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, n_window, stride_pool,
                            stride_it, stride_pt, stride_ph, stride_mj, heads, head_ok, dims, dim_ok, d0, D, BLOCK_H,
                            BLOCK_T, BLOCK_DV, V_PACKED if PACKED else V_BF16, PK_NQ, PK_BLOCK, PK_TAIL_OFF,
-                           PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT)
-    out = acc / denom[:, None]
-    tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
+                           PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, KV_OPERAND)
+    if (KV_LHS & KV_OPERAND) != 0:  # acc is [BLOCK_DV, BLOCK_H]
+        out = acc / denom[None, :]
+        tl.store(out_ptr + tok * stride_ot + heads[None, :] * stride_oh + dims[:, None],
+                 out.to(out_ptr.dtype.element_ty), mask=head_ok[None, :] & dim_ok[:, None])
+    else:
+        out = acc / denom[:, None]
+        tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
 
 
 def _launch_pk(pk) -> dict:
@@ -383,7 +417,9 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
     values pass loads the next step's bytes into registers one step ahead; default False),
     TAIL_PROGRAMS (packed rows with a bf16 tail, BLOCK_DV dividing the quantized channels: each
     values program reads either codes or the tail, a branch per program instead of a select per
-    value; default False), and the launch options of each pass as SCORES / VALUES =
+    value; default False), KV_OPERAND (packed rows, the plain values loop: how a values program feeds
+    its dequantized tile to the dot, KV_BOUNDARY / KV_LHS flags; default 0), and the launch options
+    of each pass as SCORES / VALUES =
     dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
     (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
     p, m, l, rows = two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_counts, pdl, cfg, pk)
@@ -432,6 +468,11 @@ def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, 
     n_tiles = m.shape[1]
     if rows is not None:
         win = cmp = rows
+    kv_operand = cfg.get("KV_OPERAND", 0) if pk else 0
+    if kv_operand and (cfg.get("PREFETCH", False) or cfg.get("TAIL_PROGRAMS", False)):
+        raise ValueError("KV_OPERAND is a variant of the plain values loop (no PREFETCH, no TAIL_PROGRAMS)")
+    if kv_operand & 1 and not compiled_on_cuda(out.device):
+        kv_operand &= ~1  # no inline asm in the interpreter (the boundary changes no value)
     _values_kernel[(T, triton.cdiv(D, block_dv), triton.cdiv(H, block_hv))](
         win, cmp, it, ct, sink, p, m, l, out,
         H, D, C, n_window,
@@ -445,7 +486,7 @@ def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, 
         # without them; the same run also changed the scale multiply): off until the sweep's
         # "tail_programs" row (kernel_configs "fp8kv r4") settles which change cost it.
         TAIL_PROGRAMS=bool(pk) and cfg.get("TAIL_PROGRAMS", False) and pk["PK_NQ"] % block_dv == 0,
-        TOKEN_ROWS=rows is not None,
+        TOKEN_ROWS=rows is not None, KV_OPERAND=kv_operand,
         **cfg["VALUES"], **pk,
         **(dict(PDL=True, launch_pdl=True) if pdl else {}),
     )

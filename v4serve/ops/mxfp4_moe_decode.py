@@ -1,0 +1,82 @@
+"""The MXFP4 routed experts of one layer, from the router's picks to the combined output: public entry
+point (V4 numerics: the clamped SwiGLU fused into the gate_up projection, weights applied in the
+combine). Math: `reference` below (moe_sort, mxfp4_grouped_matmul, moe_combine); kernels: the
+sort-free decode path in mxfp4_moe_decode_triton.py, else the sorted one.
+
+    out[t] = sum_i w[t, i] W2[e_ti] clamped_swiglu(W13[e_ti] x[t])  (+ add[t])
+
+Decode batches (`gemv_picks` = 1: one pick a GEMV program) skip the sort: each program reads its
+expert id from `experts` and its activation row directly; y stays in pick order and the combine
+reads it so. Every output has the sorted path's bits: a pick's row of y depends only on its token's
+row, its expert and the tiles (the same GEMV device functions, the same tiles), and the combine
+adds the same rows in the same slot order. `COMBINE_IN_DOWN` (the production rule, one line) moves
+the combine into the down launch (the last-arriving program of each token's column tile sums it;
+needs the caller's `arrivals` counters): one launch fewer again, a ticket atomic per program.
+"""
+
+import torch
+
+from v4serve.ops._dispatch import use_triton
+from v4serve.ops.moe_combine import moe_combine
+from v4serve.ops.moe_sort import moe_sort
+from v4serve.ops.mxfp4_gemv_triton import gemv_picks
+from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
+from v4serve.ops.mxfp4_moe_decode_triton import combine_tiles, mxfp4_moe_pick_triton
+
+# The production rules of the sort-free path, one line each (docs/performance.md, "Session 14: the
+# MXFP4 MoE layer at decode without the pick sort" says which `kernel_configs 'moe flash'` row
+# switches which): the combine inside the down launch, off until the H200 says it is faster; the
+# (gate_up, down) tiles, None = the sorted GEMV's one-pick tiles (`gemv_config(1, swiglu)`).
+COMBINE_IN_DOWN = False
+SORT_FREE_CONFIGS = (None, None)
+
+
+def sorted_experts(x, experts, weights, tensors, swiglu_limit, add=None, impl="auto", tile_experts=None):
+    """The sorted path (and, with impl="torch", the reference): picks sorted by expert, the two
+    grouped matmuls (SwiGLU fused into the first), the combine un-sorting and summing them."""
+    w13, s13, w2, s2 = tensors
+    rows, ends, pos = moe_sort(experts, w13.shape[0], impl=impl)
+    tiles = dict(impl=impl, tile_experts=tile_experts)
+    hidden = mxfp4_grouped_matmul(x, w13, s13, rows, ends, swiglu_limit=swiglu_limit, **tiles)
+    return moe_combine(mxfp4_grouped_matmul(hidden, w2, s2, None, ends, **tiles), pos, weights, add, impl=impl)
+
+
+def direct_applies(impl: str, x: torch.Tensor, experts: torch.Tensor, tensors, tile_experts: int | None = None) -> bool:
+    """The sort-free path runs: Triton, and one pick a GEMV program for this many picks."""
+    n_experts = tile_experts or tensors[0].shape[0]
+    return use_triton(impl, x, *tensors) and gemv_picks(experts.numel(), n_experts) == 1
+
+
+def mxfp4_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, tensors, swiglu_limit: float,
+                  add: torch.Tensor | None = None, impl: str = "auto", tile_experts: int | None = None,
+                  arrivals: torch.Tensor | None = None, combine_in_down: bool = COMBINE_IN_DOWN,
+                  configs: tuple = SORT_FREE_CONFIGS, decode: str | None = None) -> torch.Tensor:
+    """out [T, D] in x.dtype. x [T, D] bf16 / fp16 / fp32; experts [T, k] int (ids < E, as the
+    router gives them); weights [T, k] fp32; tensors = (gate_up uint8 [E, 2I, D/2], its ue8m0 scales
+    [E, 2I, D/32], down [E, D, I/2], its scales [E, D, I/32]); add [T, D] in x.dtype (the shared
+    expert) or None. `tile_experts`: the layer's E for the kernel choice (`mxfp4_grouped_matmul`).
+    `arrivals`: int32 zeros [>= T cdiv(D, BLOCK_N)] the caller keeps, for the combine in the down
+    launch (without them, or too few, the combine is its own launch). `configs` (gate_up, down)
+    and `decode` ("asm" / "bits"): the GEMV tiles and word decoder of the sort-free path (default:
+    production's)."""
+    if experts.shape != weights.shape or experts.dim() != 2 or x.dim() != 2 or experts.shape[0] != x.shape[0]:
+        raise ValueError(f"experts and weights must be [T, k] for x [T, D], got {tuple(experts.shape)}, "
+                         f"{tuple(weights.shape)} and {tuple(x.shape)}")
+    if not direct_applies(impl, x, experts, tensors, tile_experts):
+        return sorted_experts(x, experts, weights, tensors, swiglu_limit, add, impl, tile_experts)
+    w13, s13, w2, s2 = tensors
+    t, k = experts.shape
+    flat = experts.reshape(-1).contiguous()
+    weights = weights.float().contiguous()
+    hidden = mxfp4_moe_pick_triton(x, w13, s13, flat, k, True, configs[0], swiglu_limit, decode)
+    tiles = combine_tiles(w2.shape[1], configs[1])
+    if combine_in_down and arrivals is not None and arrivals.numel() >= t * tiles:
+        return mxfp4_moe_pick_triton(hidden, w2, s2, flat, k, False, configs[1], decode=decode,
+                                     combine=(weights, add, arrivals))
+    y = mxfp4_moe_pick_triton(hidden, w2, s2, flat, k, False, configs[1], decode=decode)
+    return moe_combine(y, None, weights, add, impl=impl)
+
+
+def combine_counters_size(n_experts: int, top_k: int, d: int) -> int:
+    """Arrival counters for the largest decode batch the sort-free path takes (4 T k <= 3 E)."""
+    return (3 * n_experts // 4 // top_k + 1) * combine_tiles(d)
