@@ -43,6 +43,7 @@ for stage in "$@"; do
       pytest_group "$log" tests/ops/test_fp8_linear_rows32.py tests/ops/test_fp8_linear_w8a16_decode.py
       pytest_group "$log" tests/ops/test_mxfp4_moe_decode.py tests/ops/test_mxfp4_gemv.py tests/model/test_quantized_gpu.py
       pytest_group "$log" tests/ops/test_packed_kernels_gpu.py -k variants
+      pytest_group "$log" tests/ops/test_index_topk.py
       ;;
     rows)
       run 300 "$log" $PY -m v4serve.bench.kernels --no-cold --json "$OUT/pending_rows.json" \
@@ -53,6 +54,7 @@ for stage in "$@"; do
       run 120 "$log" $PY -m v4serve.bench.kernel_configs 'moe flash c'
       run 90 "$log" $PY -m v4serve.bench.kernel_configs 'moe flash verify'
       for r in 4 128 0; do run 60 "$log" $PY -m v4serve.bench.kernel_configs "fp8kv r$r B8"; done
+      run 120 "$log" $PY -m v4serve.bench.kernel_configs 'index topk'
       run 90 "$log" $PY -m v4serve.bench.v41_index_configs 'cand decode|staged1M|start130944'
       ;;
     flash)
