@@ -8,10 +8,13 @@ Weight-only numerics (W8A16, the models' default), bf16 x and h, e4m3 weight row
 with PDL as launched on sm_90+, at the kernels and splits production picks for the members' shape
 (W8A16_DECODE_RULE / _ROWS32_RULE at an I-row weight): the decode tiles at 16 rows (Flash
 [2 x 2048, 4096]: 64 tiles x 8 splits; Pro [2 x 3072, 7168]: 96 x 6) and 32 rows (Flash, BLOCK_M
-32), and the weights-first kernel at one K step (a Flash tensor-parallel rank at 8 GPUs, I = 256:
+32) and 64 rows (BLOCK_M 64, 33..64 rows where the prefill tiles would leave SMs idle), and the
+weights-first kernel at one K step (a Flash tensor-parallel rank at 8 GPUs, I = 256:
 8 tiles x 32 splits, the rule's "ahead"). sm_90 / 100 / 120 (sm_80 compiles the same tile kernel
 with NATIVE_FP8 False). The bounds are the plain kernels' (registry_fp8_rows32.py,
-registry_fp8_decode.py): the epilogue runs after the MMA, once its registers are free.
+registry_fp8_decode.py) but at 64 rows: the epilogue runs after the MMA, once its registers are free.
+Measured (Triton 3.6, sm_90): registers 80 / 80 / 110 / 198 / 190 (plain kernels 80 / 80 / 110 / 142 /
+174), no spills.
 """
 from v4serve.ops.fp8_linear_decode_triton import FP8_AHEAD_CONFIG
 from v4serve.ops.fp8_linear_triton import FP8_DECODE_CONFIG
@@ -58,5 +61,8 @@ FP8_SWIGLU_KERNELS: tuple[KernelSpec, ...] = (
     _tiles("flash_m16", 8, 16, 168),   # Flash shared w1 + w3 [2 x 2048, 4096]: 64 tiles x 8 splits
     _tiles("pro_m16", 6, 16, 168),     # Pro [2 x 3072, 7168]: 96 tiles x 6 splits
     _tiles("flash_m32", 8, 32, 168),   # 17..32 rows (verify batches): BLOCK_M 32
+    # 33..64 rows where the prefill tiles would underfill (BLOCK_M 64): 198 registers (the plain tile 142),
+    # no spill; 104 KB of shared memory holds it at 2 programs a SM either way
+    _tiles("flash_m64", 8, 64, 216),
     _ahead("tp8_s1", 1, 32, 200),      # Flash at 8-way tensor parallel [2 x 256, 4096]: 1 step, 32 splits
 )
