@@ -13,8 +13,9 @@ weights-first kernel at one K step (a Flash tensor-parallel rank at 8 GPUs, I = 
 8 tiles x 32 splits, the rule's "ahead"). sm_90 / 100 / 120 (sm_80 compiles the same tile kernel
 with NATIVE_FP8 False). The bounds are the plain kernels' (registry_fp8_rows32.py,
 registry_fp8_decode.py) but at 64 rows: the epilogue runs after the MMA, once its registers are free.
-Measured (Triton 3.6, sm_90): registers 80 / 80 / 110 / 198 / 190 (plain kernels 80 / 80 / 110 / 142 /
-174), no spills.
+Measured (Triton 3.6, sm_90 / 100 / 120): registers 80 / 80 / 110-112 / 186-198 / 188-210 (the plain
+kernels on sm_90: 80 / 80 / 110 / 142 / 174), no spills; at 4 warps both the plain and the SwiGLU
+weights-first kernel fit 2 programs a SM by registers.
 """
 from v4serve.ops.fp8_linear_decode_triton import FP8_AHEAD_CONFIG
 from v4serve.ops.fp8_linear_triton import FP8_DECODE_CONFIG
@@ -64,5 +65,5 @@ FP8_SWIGLU_KERNELS: tuple[KernelSpec, ...] = (
     # 33..64 rows where the prefill tiles would underfill (BLOCK_M 64): 198 registers (the plain tile 142),
     # no spill; 104 KB of shared memory holds it at 2 programs a SM either way
     _tiles("flash_m64", 8, 64, 216),
-    _ahead("tp8_s1", 1, 32, 200),      # Flash at 8-way tensor parallel [2 x 256, 4096]: 1 step, 32 splits
+    _ahead("tp8_s1", 1, 32, 232),      # Flash at 8-way tensor parallel [2 x 256, 4096]: 1 step, 32 splits
 )
