@@ -14,8 +14,9 @@ weights-first kernel at one K step (a Flash tensor-parallel rank at 8 GPUs, I = 
 with NATIVE_FP8 False). The bounds are the plain kernels' (registry_fp8_rows32.py,
 registry_fp8_decode.py) but at 64 rows: the epilogue runs after the MMA, once its registers are free.
 Measured (Triton 3.6, sm_90 / 100 / 120): registers 80 / 80 / 110-112 / 186-198 / 188-210 (the plain
-kernels on sm_90: 80 / 80 / 110 / 142 / 174), no spills; at 4 warps both the plain and the SwiGLU
-weights-first kernel fit 2 programs a SM by registers.
+kernels on sm_90: 80 / 80 / 110 / 142 / 174), no spills. The weights-first entry: 2 programs a SM by
+registers like the plain one on sm_90 (174); on sm_100 the plain one took 168 (3 a SM), this one 210 (2):
+only a tensor-parallel rank's shared expert on Blackwell runs it (the unfused path there if it loses).
 """
 from v4serve.ops.fp8_linear_decode_triton import FP8_AHEAD_CONFIG
 from v4serve.ops.fp8_linear_triton import FP8_DECODE_CONFIG
