@@ -54,3 +54,14 @@ def test_fp8_decode_sweep_runs_every_variant(monkeypatch, capsys):
     rows += [c[0] for c in sweep.ROWS_CANDIDATES if c[3] == "all"]
     assert [line.split("  ")[-1] for line in lines] == rows
     assert all(float(line.split("err ")[1].split()[0]) < 2**-7 for line in lines)  # one bf16 ulp at most
+
+
+def test_fp8_decode_swiglu_sweep_rows_agree_bit_for_bit(monkeypatch, capsys):
+    """The shared expert's gate | up + SwiGLU rows (fused, unfused, no counters) run and give the same bits."""
+    from v4serve.bench import fp8_decode_configs as sweep
+
+    monkeypatch.setattr(sweep, "SWIGLU_SHAPES", {"fp8 decode swiglu tiny shared_w1+w3 M4": (128, 256, 4)})
+    sweep.sweep_swiglu("fp8 decode swiglu", device="cpu", timer=lambda fn: float(fn().shape[0]))
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("  ")[-1] for line in lines] == ["production", "unfused", "no counters", "production"]
+    assert all(" differing 0 " in line for line in lines)

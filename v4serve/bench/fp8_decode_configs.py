@@ -34,6 +34,16 @@ k = 3, and plain decode at c16 / c32; the Flash and Pro projections), production
   3 stages: the tile variants, all with the 1-16-row path's K split (`decode_split_k`), so every
   row but "prefill" has the bits of the plain step's rows (err 0 against production).
 The 32-row winner per steps class goes into W8A16_ROWS32_RULE (its config is the rule's value).
+
+The shared expert's gate | up with its SwiGLU (`'fp8 decode swiglu'`: W8A16, Flash [2 x 2048, 4096]
+and Pro [2 x 3072, 7168], M 1 / 8 / 16 / 32 / 64), each row the whole of w1 + w3 + SwiGLU in one graph:
+  production  `fp8_linear_swiglu` with the counters: one launch, the SwiGLU in the last program of
+              each gate / up tile pair (session 14)
+  unfused     w1 and w3 (production's kernels, their counters) + the SwiGLU kernel: three launches
+              (production before session 14)
+  no counters `fp8_linear_swiglu` without counters: the stacked linear (the members' kernel and
+              split, the sum kernel where it splits) + the SwiGLU kernel
+All three give the same bits (err 0).
 """
 
 import torch
@@ -41,7 +51,9 @@ from triton.testing import do_bench_cudagraph
 
 from v4serve.bench.shapes import FP8_PROJECTIONS, fp8_linear_case
 from v4serve.ops.fp8_linear_decode_triton import ahead_steps
+from v4serve.ops.fp8_linear import fp8_linear_swiglu
 from v4serve.ops.fp8_linear_triton import decode_programs_wanted, decode_split_k, fp8_linear_triton
+from v4serve.ops.swiglu import clamped_swiglu
 
 # (label, config, split, where): "production" first (the error reference) and last (the run's noise).
 # split "half": half the default splits (about one program a SM, twice the steps each, half the
@@ -92,6 +104,9 @@ ROWS_CANDIDATES = [
 ]
 ROWS_SHAPES = {f"fp8 decode rows w8a16 {model} {proj} M{m}": (n, k, m)
                for model, table in FP8_PROJECTIONS.items() for proj, (n, k) in table.items() for m in (16, 32)}
+SWIGLU_SHAPES = {f"fp8 decode swiglu {model} shared_w1+w3 M{m}": (*table["shared_w1"], m)
+                 for model, table in FP8_PROJECTIONS.items() for m in (1, 8, 16, 32, 64)}
+SWIGLU_LIMIT = 10.0  # V4's swiglu_limit
 
 
 def _median_us(fn) -> float:
@@ -136,3 +151,32 @@ def sweep(only: str, device: str = "cuda", timer=_median_us) -> None:
                 print(f"{name:36s} #{i:<2d} {us:8.2f} µs  err {err:.1e}  {label}", flush=True)
             except Exception as e:  # a variant that does not compile is reported, not fatal
                 print(f"{name:36s} #{i:<2d}   failed  {type(e).__name__}: {str(e)[:80]}  {label}", flush=True)
+
+
+def sweep_swiglu(only: str, device: str = "cuda", timer=_median_us) -> None:
+    """The SwiGLU rows (module docstring): fused, unfused, fused without counters."""
+    for name, (i, k, m) in SWIGLU_SHAPES.items():
+        if only not in name:
+            continue
+        x, weight, scale = fp8_linear_case(2 * i, k, m, device=device)
+        (w1, s1), (w3, s3) = (weight[:i], scale[:i // 128]), (weight[i:], scale[i // 128:])
+        arrivals = [torch.zeros(2 * i // 64, dtype=torch.int32, device=device) for _ in range(3)]
+
+        def unfused():
+            gate = fp8_linear_triton(x, w1, s1, (128, 128), None, arrivals=arrivals[1])
+            up = fp8_linear_triton(x, w3, s3, (128, 128), None, arrivals=arrivals[2])
+            return clamped_swiglu(gate, up, SWIGLU_LIMIT)
+
+        runs = [("production", lambda: fp8_linear_swiglu(x, weight, scale, SWIGLU_LIMIT, arrivals=arrivals[0])),
+                ("unfused", unfused),
+                ("no counters", lambda: fp8_linear_swiglu(x, weight, scale, SWIGLU_LIMIT)),
+                ("production", lambda: fp8_linear_swiglu(x, weight, scale, SWIGLU_LIMIT, arrivals=arrivals[0]))]
+        ref = runs[0][1]().float()
+        for j, (label, fn) in enumerate(runs):
+            try:
+                out = fn().float()
+                diff = int((out != ref).sum())
+                us = timer(fn)
+                print(f"{name:36s} #{j:<2d} {us:8.2f} µs  differing {diff}  {label}", flush=True)
+            except Exception as e:  # reported, not fatal
+                print(f"{name:36s} #{j:<2d}   failed  {type(e).__name__}: {str(e)[:80]}  {label}", flush=True)

@@ -294,6 +294,7 @@ def main() -> int:
     from v4serve.bench import fp8_decode_configs
 
     fp8_decode_configs.sweep(only)  # FP8 linear decode variants ("fp8 decode flash wq_a M1", ...)
+    fp8_decode_configs.sweep_swiglu(only)  # the shared expert's gate | up + SwiGLU, fused vs unfused
     from v4serve.bench import v41_attn_configs
 
     v41_attn_configs.sweep(only)  # V4.1's decode attention routes over two packed formats ("two-format decode B1")

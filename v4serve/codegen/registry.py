@@ -31,7 +31,11 @@ from .spec import Expect, KernelSpec
 from .registry_decode_fusion import DECODE_FUSION_KERNELS
 from .registry_fp8_decode import FP8_DECODE_KERNELS
 from .registry_fp8_rows32 import FP8_ROWS32_KERNELS
+<<<<<<< HEAD
 from .registry_index_topk import INDEX_TOPK_KERNELS
+=======
+from .registry_fp8_swiglu import FP8_SWIGLU_KERNELS
+>>>>>>> shared-swiglu
 from .registry_kv_compact import KV_COMPACT_KERNELS
 from .registry_launch_glue import LAUNCH_GLUE_KERNELS
 from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS, MXFP4_MOE_DECODE_KERNELS
@@ -518,7 +522,7 @@ KERNELS: tuple[KernelSpec, ...] = (
                 xs_ptr="*fp32", w_ptr="*u8" if sm80 else "*fp8e4nv", ws_ptr="*fp32",
                 **(dict(part_ptr="*fp32", y_ptr="*bf16", arrivals_ptr="*i32") if phase == "decode"
                    else dict(y_ptr="*bf16")),
-                M="i32", N="i32", K="i32", **(dict(k_per_split="i32") if phase == "decode" else {}),
+                M="i32", N="i32", K="i32", **(dict(k_per_split="i32", limit="fp32") if phase == "decode" else {}),
                 stride_x="i32", stride_xs="i32", stride_w="i32", stride_ws="i32", stride_y="i32"),
             aligned=("x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "y_ptr", "N", "K", "stride_x", "stride_w", "stride_y",
                      *(("part_ptr", "arrivals_ptr", "k_per_split") if phase == "decode" else ())),
@@ -526,7 +530,8 @@ KERNELS: tuple[KernelSpec, ...] = (
                             FP8_DOT=mode == "w8a8" and not sm80, NATIVE_FP8=not sm80, POST_SCALE=True, IEEE=False,
                             # decode: 16 splits; the weight-only 16-row one sums them in its last program
                             # (SUM_LAST: W8A16_DECODE_RULE up to 16 rows; 64 rows keep the sum kernel)
-                            **(dict(SPLITS=16, SUM_LAST=mode == "w8a16" and not m64) if phase == "decode" else {}),
+                            **(dict(SPLITS=16, SUM_LAST=mode == "w8a16" and not m64, SWIGLU=False)
+                               if phase == "decode" else {}),
                             **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
             archs=(80,) if sm80 else (90, 100, 120),
@@ -603,6 +608,8 @@ KERNELS: tuple[KernelSpec, ...] = (
     *FP8_DECODE_KERNELS,
     # ---- FP8 linear at 17..32 rows, weight-only (verify batches): registry_fp8_rows32.py ----
     *FP8_ROWS32_KERNELS,
+    # ---- FP8 gate | up with the shared expert's SwiGLU in the epilogue: registry_fp8_swiglu.py ----
+    *FP8_SWIGLU_KERNELS,
     # ---- DeepSeek-V4.1 indexer over packed fp4 keys: v4serve/codegen/registry_v41_index.py ----
     *V41_INDEX_KERNELS,
     # ---- DeepSeek-V4.1 engine path: two-format attention unpack, Engram lookup (registry_v41_engine.py) ----

@@ -23,7 +23,7 @@ from .spec import Expect, KernelSpec
 _OPS = "v4serve.ops"
 _TILE_TYPES = dict(x_ptr="*bf16", xs_ptr="*fp32", w_ptr="*fp8e4nv", ws_ptr="*fp32", part_ptr="*fp32", y_ptr="*bf16",
                    arrivals_ptr="*i32", M="i32", N="i32", K="i32", k_per_split="i32", stride_x="i32",
-                   stride_xs="i32", stride_w="i32", stride_ws="i32", stride_y="i32")
+                   stride_xs="i32", stride_w="i32", stride_ws="i32", stride_y="i32", limit="fp32")
 _TILE_ALIGNED = ("x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "part_ptr", "y_ptr", "arrivals_ptr", "N", "K", "k_per_split",
                  "stride_x", "stride_w", "stride_y")
 
@@ -34,7 +34,7 @@ def _tiles(name: str, splits: int, sum_last: bool, max_regs: int, **cfg) -> Kern
         f"fp8_linear.decode_m32_w8a16_{name}", f"{_OPS}.fp8_linear_triton:_fp8_linear_decode_kernel",
         types=_TILE_TYPES, aligned=_TILE_ALIGNED,
         constexprs=dict(PDL=True, BN=128, BK=128, AB=1, ACT_FP8=False, FP8_DOT=False, NATIVE_FP8=True,
-                        POST_SCALE=True, IEEE=False, SPLITS=splits, SUM_LAST=sum_last,
+                        POST_SCALE=True, IEEE=False, SPLITS=splits, SUM_LAST=sum_last, SWIGLU=False,
                         **{k: v for k, v in cfg.items() if k.startswith("BLOCK")}),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], archs=(90, 100, 120),
         expect=Expect(kv_load_bytes=16, kv_lines=r"(?<!_)w = tl\.load", tensor_cores=True, max_regs=max_regs),

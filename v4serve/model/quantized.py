@@ -36,7 +36,7 @@ from torch import nn
 from v4serve.config import ModelConfig
 from v4serve.model.kernels import UsesKernels
 from v4serve.ops.fp8_grouped_linear import BLOCKDIAG_MAX_ROWS, fp8_grouped_linear
-from v4serve.ops.fp8_linear import fp8_linear
+from v4serve.ops.fp8_linear import fp8_linear, fp8_linear_swiglu
 from v4serve.ops.moe_combine import moe_combine
 from v4serve.ops.moe_sort import moe_sort
 from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
@@ -65,6 +65,11 @@ class FP8Linear(UsesKernels, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp8_linear(x, self.weight, self.weight_scale_inv, block=self.block, act_block=self.act_block,
                           impl=self.impl, arrivals=self.split_counters(x))
+
+    def swiglu(self, x: torch.Tensor, limit: float) -> torch.Tensor:
+        """The clamped SwiGLU of the two halves of y (a stacked gate | up weight: `fp8_linear_swiglu`)."""
+        return fp8_linear_swiglu(x, self.weight, self.weight_scale_inv, limit, block=self.block,
+                                 act_block=self.act_block, impl=self.impl, arrivals=self.split_counters(x))
 
     def split_counters(self, x: torch.Tensor) -> torch.Tensor | None:
         """int32 zeros [ceil(out / 64)] on x's device that the FP8 decode kernels' last-arriving

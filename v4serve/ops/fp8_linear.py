@@ -12,7 +12,9 @@ The Triton path runs the tile kernels of fp8_linear_triton.py (tensor cores; dec
 M), and at decode, where a program's K range fits in registers, the weights-first kernel of
 fp8_linear_decode_triton.py (weights requested before the wait on the previous kernel, the
 activations quantized in the same launch; in weight-only numerics too, where W8A16_DECODE_RULE of
-fp8_linear_triton.py takes it). A GEMV without tensor cores for M <= 8 was built and measured in session 12 and lost or
+fp8_linear_triton.py takes it). `fp8_linear_swiglu` runs a stacked gate | up weight (the shared expert's w1 and w3) and their
+clamped SwiGLU, on the decode kernels in one launch with the bits of the three it replaces.
+A GEMV without tensor cores for M <= 8 was built and measured in session 12 and lost or
 tied at every projection (docs/performance.md "Session 12"), so it was removed.
 
 Not used: torch._scaled_mm / torch.nn.functional.scaled_mm. PyTorch's blockwise recipe (1x128
@@ -27,6 +29,7 @@ import torch
 from v4serve.ops._dispatch import use_triton
 from v4serve.ops.fp8_linear_reference import act_quant_reference, fp8_linear_reference
 from v4serve.ops.fp8_linear_triton import act_quant_triton, fp8_linear_triton
+from v4serve.ops.swiglu_reference import clamped_swiglu_reference
 from v4serve.ops.weight_formats import check_fp8_weight
 
 
@@ -53,6 +56,33 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
         y = fp8_linear_triton(x.reshape(-1, x.shape[-1]), weight, scale, block, act_block, arrivals=arrivals)
         return y.reshape(*x.shape[:-1], weight.shape[0])
     return fp8_linear_reference(x, weight, scale, block, act_block)
+
+
+def fp8_linear_swiglu(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, limit: float, block=(128, 128),
+                      act_block: int | None = None, impl: str = "auto",
+                      arrivals: torch.Tensor | None = None) -> torch.Tensor:
+    """h [..., I] = clamped_swiglu(x W1^T, x W3^T, limit) for a stacked weight [W1; W3] [2I, K] (I a
+    multiple of the block's rows, so the block scales [W1's; W3's] stack too: `fusion.fuse_fp8_rows`),
+    gate and up each rounded to x.dtype first, exactly as `fp8_linear` of each half then
+    `clamped_swiglu` would give it (the reference runs them so; the Triton path chooses its kernel
+    and K split for an I-row weight, so each half gets its own bits). `arrivals`: the decode
+    kernels' counters (int32 zeros [>= 2I / 64], kept by the caller): the last program of each
+    pair of gate / up tiles then writes h, one launch instead of three; without them the linear,
+    then the SwiGLU kernel."""
+    block = tuple(block)
+    _check(x, weight, scale, block, act_block)
+    n = weight.shape[0]
+    if n % 2 or (n // 2) % block[0]:
+        raise ValueError(f"a stacked gate | up weight has 2I rows, I a multiple of the block's {block[0]} rows, got "
+                         f"{n}")
+    if use_triton(impl, x, weight, scale):
+        h = fp8_linear_triton(x.reshape(-1, x.shape[-1]), weight, scale, block, act_block, arrivals=arrivals,
+                              swiglu_limit=limit)
+        return h.reshape(*x.shape[:-1], n // 2)
+    i, bi = n // 2, n // 2 // block[0]
+    gate = fp8_linear_reference(x, weight[:i], scale[:bi], block, act_block)
+    up = fp8_linear_reference(x, weight[i:], scale[bi:], block, act_block)
+    return clamped_swiglu_reference(gate, up, limit)
 
 
 def act_quant(x: torch.Tensor, block: int, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:

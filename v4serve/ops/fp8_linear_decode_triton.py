@@ -25,6 +25,12 @@ each waiting for its predecessor's bytes spends ~2 µs a link. This kernel short
      kernel, but its benchmark made fresh zeroed counters on every call: a memset launch inside
      the timed graph. `fp8_linear(..., arrivals=)` takes counters the caller keeps; the
      `fp8 decode` sweep times it that way.)
+     With SWIGLU (a stacked gate | up weight [2I, K], I a multiple of BLOCK_N: the shared expert's
+     w1 and w3 as one FP8Linear), the ticket counts the arrivals of both tiles of a pair (gate
+     columns [n0, n0 + BLOCK_N), up columns [I + n0, I + n0 + BLOCK_N): 2 * SPLITS programs) and
+     the last one sums each tile's partials in split order, rounds gate and up to the output dtype
+     (the bits the unfused linears store) and writes the clamped SwiGLU h [M, I] of those columns
+     (`store_split_swiglu`): the bits of w1, w3 and the SwiGLU kernel, one launch instead of three.
 
 Weight-only numerics (ACT_FP8 False; W8A16, the models' default): step 2 reads x (bf16 / fp16) after
 the wait as it is, the codes are widened to x's dtype (exact) for a bf16 / fp16 MMA, and each step's
@@ -53,6 +59,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from v4serve.ops.fp8_act_quant_triton import act_quant_triton, quantize_groups
+from v4serve.ops.swiglu_triton import clamped_swiglu_f32
 
 # 16 rows (every decode M up to 16 in one pass over the weights), 64 weight rows (one N tile
 # inside one 128-row scale block), 128-channel steps; at most MAX_STEPS steps a program, all held
@@ -94,17 +101,50 @@ def store_split(acc, part_ptr, y_ptr, arrivals_ptr, tile, split, offs_m, offs_n,
 
 
 @triton.jit
+def store_split_swiglu(acc, part_ptr, h_ptr, arrivals_ptr, tile, split, offs_m, offs_n, M, N, limit,
+                       SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`store_split` for a stacked gate | up weight (N = 2I outputs, I a multiple of BLOCK_N): the
+    fp32 partial goes to part[split] (contiguous [SPLITS, M, N]); the ticket of the pair (tile
+    `tile` mod I / BLOCK_N) counts the 2 * SPLITS programs of its gate tile and its up tile, and
+    the last to arrive adds each tile's partials in split order (the sum kernel's bits), rounds
+    them to h's dtype (what the unfused linears store) and writes the clamped SwiGLU of the pair's
+    BLOCK_N columns of h [M, I] (the SwiGLU kernel's math), then zeroes the ticket."""
+    half = N // 2
+    stride_split = M * N
+    out = offs_m[:, None] * N + offs_n[None, :]
+    tl.store(part_ptr + split * stride_split + out, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    tl.debug_barrier()  # every thread's partial is stored before the (release) arrival
+    pair = tile % (half // BLOCK_N)
+    arrived = tl.atomic_add(arrivals_ptr + pair, 1, sem="acq_rel", scope="gpu")
+    if arrived == 2 * SPLITS - 1:
+        cols = pair * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (offs_m[:, None] < M) & (cols[None, :] < half)
+        gate_out = offs_m[:, None] * N + cols[None, :]
+        gate = tl.zeros(acc.shape, dtype=tl.float32)
+        up = tl.zeros(acc.shape, dtype=tl.float32)
+        for s in tl.static_range(SPLITS):  # in split order: the sum kernel's bits
+            gate += tl.load(part_ptr + s * stride_split + gate_out, mask=mask, other=0.0, cache_modifier=".cg")
+            up += tl.load(part_ptr + s * stride_split + half + gate_out, mask=mask, other=0.0, cache_modifier=".cg")
+        dtype = h_ptr.dtype.element_ty
+        h = clamped_swiglu_f32(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), limit, dtype)
+        tl.store(h_ptr + offs_m[:, None] * half + cols[None, :], h, mask=mask)
+        tl.store(arrivals_ptr + pair, 0)  # zero again for the next launch (a graph replay too)
+
+
+@triton.jit
 def _fp8_linear_decode_ahead_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, arrivals_ptr, M, N, K,
     stride_x, stride_xs, stride_w, stride_ws, stride_y,
     BN: tl.constexpr, BK: tl.constexpr, AB: tl.constexpr, QUANT_A: tl.constexpr, SUM_LAST: tl.constexpr,
     STEPS: tl.constexpr, SPLITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PDL: tl.constexpr = False, ACT_FP8: tl.constexpr = True, IN_ORDER: tl.constexpr = False,
+    limit=0.0, SWIGLU: tl.constexpr = False,
 ):
     """Program (n tile, split): K steps [split * STEPS, (split + 1) * STEPS) of every row of x
     against BLOCK_N weight rows (see the module docstring). ACT_FP8 False: the weight-only numerics
     (x bf16 / fp16 as is, the codes widened to x's dtype). IN_ORDER: the steps' scaled partials
-    added one after the other from zero (the tile kernel's order) instead of Triton's tree sum."""
+    added one after the other from zero (the tile kernel's order) instead of Triton's tree sum.
+    SWIGLU: a stacked gate | up weight, y_ptr is h [M, N / 2] (`store_split_swiglu`)."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_s = tl.arange(0, STEPS)
@@ -154,7 +194,12 @@ def _fp8_linear_decode_ahead_kernel(
             acc += tl.sum(tl.where(offs_s[:, None, None] == s, scaled, 0.0), axis=0)
     else:
         acc = tl.sum(scaled, axis=0)
-    store_split(acc, part_ptr, y_ptr, arrivals_ptr, pid_n, split, offs_m, offs_n, M, N, stride_y, SPLITS, SUM_LAST)
+    if SWIGLU:
+        store_split_swiglu(acc, part_ptr, y_ptr, arrivals_ptr, pid_n, split, offs_m, offs_n, M, N, limit,
+                           SPLITS, BLOCK_N)
+    else:
+        store_split(acc, part_ptr, y_ptr, arrivals_ptr, pid_n, split, offs_m, offs_n, M, N, stride_y, SPLITS,
+                    SUM_LAST)
 
 
 @triton.jit
@@ -196,11 +241,13 @@ def ahead_steps(k: int, block_k: int, n_tiles: int, programs_wanted: int, split_
 
 def fp8_linear_decode_ahead(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
                             act_block: int | None, cfg: dict, splits: int, steps: int, pdl: dict,
-                            arrivals: torch.Tensor | None = None) -> torch.Tensor:
+                            arrivals: torch.Tensor | None = None, swiglu_limit: float | None = None) -> torch.Tensor:
     """y [M, N] for x [M, K] (M <= cfg BLOCK_M) through `_fp8_linear_decode_ahead_kernel`; the
     caller (fp8_linear_triton) has chosen cfg, splits and steps. act_block None: the weight-only
     numerics (x bf16 / fp16). `arrivals`: int32 zeros [>= N tiles] the caller keeps (SUM_LAST;
-    fresh zeros otherwise, one memset launch)."""
+    fresh zeros otherwise, one memset launch). `swiglu_limit`: weight is a stacked gate | up
+    [2I, K] (I a multiple of BLOCK_N) and the result h [M, I] their clamped SwiGLU, summed in the
+    last program of each pair of tiles (`store_split_swiglu`, whatever SUM_LAST says)."""
     m, k = x.shape
     n = weight.shape[0]
     n_tiles = triton.cdiv(n, cfg["BLOCK_N"])
@@ -217,18 +264,21 @@ def fp8_linear_decode_ahead(x: torch.Tensor, weight: torch.Tensor, scale: torch.
         a, a_scale = x, x  # (a_scale is not read)
     else:
         raise ValueError(f"the weight-only decode kernel takes bf16 or fp16 x, got {x.dtype}")
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    swiglu = swiglu_limit is not None
+    if swiglu and (n % (2 * cfg["BLOCK_N"])):
+        raise ValueError(f"the fused SwiGLU needs N = 2I with I a multiple of {cfg['BLOCK_N']}, got N = {n}")
+    y = torch.empty(m, n // 2 if swiglu else n, dtype=x.dtype, device=x.device)
     sum_last = cfg["SUM_LAST"] and splits > 1
-    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
-    arrivals = split_counters(arrivals, n_tiles, x.device) if sum_last else y
+    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 or swiglu else y
+    arrivals = split_counters(arrivals, n_tiles, x.device) if sum_last or swiglu else y
     _fp8_linear_decode_ahead_kernel[(n_tiles, splits)](
         a, a_scale, weight, scale, part, y, arrivals, m, n, k,
         a.stride(0), a_scale.stride(0), weight.stride(0), scale.stride(0), y.stride(0),
         BN=block[0], BK=block[1], AB=act_block or 1, QUANT_A=act_fp8 and cfg["QUANT_A"], SUM_LAST=sum_last,
         STEPS=steps, SPLITS=splits, ROWS=triton.next_power_of_2(m), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"], ACT_FP8=act_fp8, IN_ORDER=cfg["IN_ORDER"], num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **pdl)
-    if splits > 1 and not sum_last:
+        num_stages=cfg["num_stages"], **pdl, **(dict(limit=float(swiglu_limit), SWIGLU=True) if swiglu else {}))
+    if splits > 1 and not sum_last and not swiglu:
         split_k_sum(part, y, pdl, trigger=True, block=cfg["SUM_BLOCK"])
     return y
 

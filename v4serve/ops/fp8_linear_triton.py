@@ -37,6 +37,13 @@ program holds, the weights-first kernel in weight-only numerics or these tiles, 
 splits in the last program where the caller keeps counters; at 17..32 rows (verify batches)
 W8A16_ROWS32_RULE (these tiles, BLOCK_M 32).
 Prefill uses large tiles and writes y directly.
+
+A stacked gate | up weight [2I, K] with `swiglu_limit` (the shared expert's w1 and w3 as one
+FP8Linear, `fp8_linear_swiglu`) returns h = clamped_swiglu(y[:, :I], y[:, I:]) [M, I]: the kernel,
+its config and its K split are chosen for an I-row weight (`split_n`: what each member alone
+gets), so each output has its member's bits; on the decode kernels the last program of each pair
+of gate / up tiles writes h (`fp8_linear_decode_triton.store_split_swiglu`: one launch instead of
+w1, w3 and the SwiGLU kernel), elsewhere (prefill, no counters) y then the SwiGLU kernel.
 """
 
 import functools
@@ -49,8 +56,9 @@ from triton.language.extra.cuda import gdc_wait
 from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
 from v4serve.ops.fp8_act_quant_triton import act_quant_triton
 from v4serve.ops.fp8_linear_decode_triton import (FP8_AHEAD_CONFIG, ahead_steps, fp8_linear_decode_ahead,
-                                                  split_counters, split_k_sum, store_split)
+                                                  split_counters, split_k_sum, store_split, store_split_swiglu)
 from v4serve.ops.quant_decode_triton import e4m3_bits_to_f32
+from v4serve.ops.swiglu_triton import clamped_swiglu_triton
 
 __all__ = ["act_quant_triton", "decode_ahead_plan", "decode_programs_wanted", "decode_split_k", "fp8_linear_triton",
            "native_fp8", "w8a16_decode_choice"]
@@ -180,11 +188,12 @@ def _fp8_linear_decode_kernel(
     BN: tl.constexpr, BK: tl.constexpr, AB: tl.constexpr, ACT_FP8: tl.constexpr, FP8_DOT: tl.constexpr,
     NATIVE_FP8: tl.constexpr, POST_SCALE: tl.constexpr, IEEE: tl.constexpr, SPLITS: tl.constexpr,
     SUM_LAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, limit=0.0, SWIGLU: tl.constexpr = False,
 ):
     """Program (n, split): every row of x against BLOCK_N weight rows over one K range
     (k_per_split, a multiple of BLOCK_K); writes y (one split) or its fp32 partial part[split],
-    which the last program of the tile sums with SUM_LAST (`store_split`), the sum kernel otherwise."""
+    which the last program of the tile sums with SUM_LAST (`store_split`), the sum kernel otherwise.
+    SWIGLU: a stacked gate | up weight, y_ptr is h [M, N / 2] (`store_split_swiglu`)."""
     if PDL:
         gdc_wait()
     split = tl.program_id(1)
@@ -195,8 +204,12 @@ def _fp8_linear_decode_kernel(
     acc = _fp8_tile(x_ptr, xs_ptr, w_ptr, ws_ptr, M, N, K, k_begin, k_end, offs_m, offs_n, stride_x, stride_xs,
                     stride_w, stride_ws, BN, BK, AB, ACT_FP8, FP8_DOT, NATIVE_FP8, POST_SCALE, IEEE,
                     BLOCK_M, BLOCK_N, BLOCK_K)
-    store_split(acc, part_ptr, y_ptr, arrivals_ptr, tl.program_id(0), split, offs_m, offs_n, M, N, stride_y,
-                SPLITS, SUM_LAST)
+    if SWIGLU:
+        store_split_swiglu(acc, part_ptr, y_ptr, arrivals_ptr, tl.program_id(0), split, offs_m, offs_n, M, N,
+                           limit, SPLITS, BLOCK_N)
+    else:
+        store_split(acc, part_ptr, y_ptr, arrivals_ptr, tl.program_id(0), split, offs_m, offs_n, M, N, stride_y,
+                    SPLITS, SUM_LAST)
 
 
 @functools.lru_cache
@@ -241,15 +254,18 @@ def decode_split_k(n: int, k_steps: int, device: torch.device) -> int:
 
 def decode_ahead_plan(m: int, n: int, k: int, block: tuple[int, int], act_block: int | None, fp8_hw: bool,
                       device: torch.device, config: dict | None = None, split_k: int | None = None,
-                      x_words: bool = True, x_dtype: torch.dtype = torch.bfloat16) -> tuple[dict, int, int] | None:
+                      x_words: bool = True, x_dtype: torch.dtype = torch.bfloat16,
+                      split_n: int | None = None) -> tuple[dict, int, int] | None:
     """(config, splits, steps a program) of the weights-first decode kernel for this shape, or None
     where the tile kernels run it: no FP8 on the GPU, more rows than its BLOCK_M, more outputs than
     MAX_N, more K steps a program (at the split that fills the GPU) than MAX_STEPS, or weight-only
     numerics over x that is neither bf16 nor fp16.
     `config`: FP8_AHEAD_CONFIG's keys to change (tests, benchmarks). The activations are quantized
     in the kernel (QUANT_A) only where a step is one activation group and x can be read as int32
-    words (`x_words`: bf16, even K and row stride, 4-byte aligned); act_quant runs first otherwise."""
+    words (`x_words`: bf16, even K and row stride, 4-byte aligned); act_quant runs first otherwise.
+    `split_n`: the outputs that MAX_N and the split are judged by (a stacked gate | up: I), n by default."""
     cfg = dict(FP8_AHEAD_CONFIG, **(config or {}))
+    n = split_n or n
     weight_only = act_block is None
     if weight_only and x_dtype not in (torch.bfloat16, torch.float16):
         return None
@@ -280,7 +296,8 @@ def w8a16_decode_choice(n: int, k: int, block: tuple[int, int], device: torch.de
 
 def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
                       act_block: int | None, config: dict | None = None, split_k: int | None = None,
-                      fp8_hw: bool | None = None, arrivals: torch.Tensor | None = None) -> torch.Tensor:
+                      fp8_hw: bool | None = None, arrivals: torch.Tensor | None = None,
+                      swiglu_limit: float | None = None, split_n: int | None = None) -> torch.Tensor:
     """y [M, N] for x [M, K]. `config` / `split_k` override the tiles and the decode K split (tests,
     benchmarks): a tile config (optionally KERNEL="tiles", SUM_LAST; the keys it names replace
     FP8_DECODE_CONFIG's) runs the decode tiles up to DECODE_MAX_M rows; KERNEL="prefill" the prefill
@@ -289,17 +306,31 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     `w8a16_decode_choice`). `fp8_hw=False` forces the path of GPUs without fp8 (sm_80: codes decoded
     from bytes). `arrivals`: split counters the caller keeps (int32 zeros [>= N / 64], left at
     zero): the weights-first kernel then sums its partials in the last program (SUM_LAST, unless
-    the config says otherwise), and so do the W8A16 tile kernels where the rule says SUM_LAST."""
+    the config says otherwise), and so do the W8A16 tile kernels where the rule says SUM_LAST.
+    `swiglu_limit`: weight is a stacked gate | up [2I, K]; returns h [M, I] = the clamped SwiGLU of
+    the two halves, each half with the bits it gets alone (see the module docstring). `split_n`:
+    the outputs the kernel, tiles and K split are chosen for (n by default)."""
     m, k = x.shape
     n = weight.shape[0]
     bn, bk = block
+    if swiglu_limit is not None:
+        if n % 2 or (n // 2) % bn:
+            raise ValueError(f"a stacked gate | up weight has 2I rows, I a multiple of the block's {bn}, got {n}")
+        if arrivals is None:  # no counters for the pair tickets: the linear, then the SwiGLU kernel
+            y = fp8_linear_triton(x, weight, scale, block, act_block, config, split_k, fp8_hw, split_n=n // 2)
+            return clamped_swiglu_triton(y[:, :n // 2], y[:, n // 2:], swiglu_limit)
+        split_n = n // 2
+    split_n = split_n or n
     named = None if config is None else config.get("KERNEL")
     if named == "prefill":  # (sweep, tests: the prefill tiles at any M)
         decode = False
     elif named in ("tiles", "ahead"):  # asked for by name: the decode path up to DECODE_MAX_M rows
         decode = m <= DECODE_MAX_M
     else:
-        decode = _use_decode_tiles(m, n, x.device, weight_only=act_block is None)
+        decode = _use_decode_tiles(m, split_n, x.device, weight_only=act_block is None)
+    if swiglu_limit is not None and not decode:  # the prefill tiles: y (each half its member's bits), the SwiGLU
+        y = fp8_linear_triton(x, weight, scale, block, act_block, config, split_k, fp8_hw, split_n=split_n)
+        return clamped_swiglu_triton(y[:, :split_n], y[:, split_n:], swiglu_limit)
     if x.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError("x and weight must have a unit stride along K")
     if act_block is not None and (act_block & (act_block - 1) or bk & (bk - 1) or min(act_block, bk) < 16):
@@ -307,7 +338,7 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
                          f"act_block={act_block}, block={list(block)}")
     fp8_hw = native_fp8(x.device) if fp8_hw is None else fp8_hw
     if config is None and decode and act_block is None and fp8_hw and m <= W8A16_ROWS32_MAX_M:
-        config = w8a16_decode_choice(n, k, block, x.device, m)
+        config = w8a16_decode_choice(split_n, k, block, x.device, m)
     kernel = "auto" if config is None else config.get("KERNEL", "tiles")
     config = None if config is None else {key: v for key, v in config.items() if key != "KERNEL"}
     if decode and m and n and kernel in ("auto", "ahead"):
@@ -315,10 +346,12 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         ahead_cfg = {"SUM_LAST": arrivals is not None, **(config or {})}
         ahead_cfg["SUM_LAST"] = ahead_cfg["SUM_LAST"] and arrivals is not None
         if kernel == "ahead":  # asked for by name (sweep, tests, the W8A16 rule): production's MAX_N does not apply
-            ahead_cfg.setdefault("MAX_N", n)
-        plan = decode_ahead_plan(m, n, k, block, act_block, fp8_hw, x.device, ahead_cfg, split_k, x_words, x.dtype)
+            ahead_cfg.setdefault("MAX_N", split_n)
+        plan = decode_ahead_plan(m, n, k, block, act_block, fp8_hw, x.device, ahead_cfg, split_k, x_words, x.dtype,
+                                 split_n)
         if plan is not None:
-            return fp8_linear_decode_ahead(x, weight, scale, block, act_block, *plan, pdl_launch(x), arrivals)
+            return fp8_linear_decode_ahead(x, weight, scale, block, act_block, *plan, pdl_launch(x), arrivals,
+                                           swiglu_limit)
     if kernel == "ahead":
         config = None  # (its keys are the weights-first kernel's; the shape takes the tiles)
     sum_last = bool(config and config.pop("SUM_LAST", False)) and arrivals is not None
@@ -342,7 +375,10 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         if not fp8_hw:
             a = a.view(torch.uint8)
     w = weight if fp8_hw else weight.view(torch.uint8)
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    fused = swiglu_limit is not None
+    if fused and split_n % cfg["BLOCK_N"]:
+        raise ValueError(f"the fused SwiGLU needs I ({split_n}) to be a multiple of BLOCK_N ({cfg['BLOCK_N']})")
+    y = torch.empty(m, split_n if fused else n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y
     flags = dict(BN=bn, BK=bk, AB=ab, ACT_FP8=act_block is not None, FP8_DOT=fp8_hw and act_block is not None,
@@ -357,15 +393,16 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         return y
     n_tiles = triton.cdiv(n, cfg["BLOCK_N"])
     k_steps = triton.cdiv(k, cfg["BLOCK_K"])
-    splits = split_k or decode_split_k(n, k_steps, x.device)
+    splits = split_k or decode_split_k(split_n, k_steps, x.device)
     k_per_split = triton.cdiv(k_steps, splits) * cfg["BLOCK_K"]
     splits = triton.cdiv(k, k_per_split)
     sum_last = sum_last and splits > 1
-    part = y if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
-    tickets = split_counters(arrivals, n_tiles, x.device) if sum_last else y
+    part = y if splits == 1 and not fused else torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+    tickets = split_counters(arrivals, n_tiles, x.device) if sum_last or fused else y
     _fp8_linear_decode_kernel[(n_tiles, splits)](
         a, a_scale, w, scale, part, y, tickets, m, n, k, k_per_split, a.stride(0), a_scale.stride(0), w.stride(0),
-        scale.stride(0), y.stride(0), SPLITS=splits, SUM_LAST=sum_last, **flags, **pdl)
-    if splits > 1 and not sum_last:
+        scale.stride(0), y.stride(0), SPLITS=splits, SUM_LAST=sum_last, **flags, **pdl,
+        **(dict(limit=float(swiglu_limit), SWIGLU=True) if fused else {}))
+    if splits > 1 and not sum_last and not fused:
         split_k_sum(part, y, pdl)
     return y
