@@ -31,11 +31,8 @@ from .spec import Expect, KernelSpec
 from .registry_decode_fusion import DECODE_FUSION_KERNELS
 from .registry_fp8_decode import FP8_DECODE_KERNELS
 from .registry_fp8_rows32 import FP8_ROWS32_KERNELS
-<<<<<<< HEAD
-from .registry_index_topk import INDEX_TOPK_KERNELS
-=======
 from .registry_fp8_swiglu import FP8_SWIGLU_KERNELS
->>>>>>> shared-swiglu
+from .registry_index_topk import INDEX_TOPK_KERNELS
 from .registry_kv_compact import KV_COMPACT_KERNELS
 from .registry_launch_glue import LAUNCH_GLUE_KERNELS
 from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS, MXFP4_MOE_DECODE_KERNELS
