@@ -39,11 +39,12 @@ for stage in "$@"; do
       pytest_group "$log" tests/ops/test_fp8_grouped_linear.py tests/model/test_o_a_fp8_gpu.py tests/ops/test_pick_columns.py
       pytest_group "$log" tests/ops/test_norm_rope.py tests/ops/test_indexer_kernel_gpu.py -k "also_norm or weight_scale"
       pytest_group "$log" tests/model/test_gpu_paths.py
-      # session 14: FP8 at 17..32 rows, sort-free MoE decode, packed B8 variants
+      # session 14: FP8 at 17..32 rows, sort-free MoE decode, packed B8 variants, index top-k, shared SwiGLU
       pytest_group "$log" tests/ops/test_fp8_linear_rows32.py tests/ops/test_fp8_linear_w8a16_decode.py
       pytest_group "$log" tests/ops/test_mxfp4_moe_decode.py tests/ops/test_mxfp4_gemv.py tests/model/test_quantized_gpu.py
       pytest_group "$log" tests/ops/test_packed_kernels_gpu.py -k variants
       pytest_group "$log" tests/ops/test_index_topk.py
+      pytest_group "$log" tests/ops/test_fp8_linear_swiglu.py tests/model/test_shared_expert_swiglu.py
       ;;
     rows)
       run 300 "$log" $PY -m v4serve.bench.kernels --no-cold --json "$OUT/pending_rows.json" \
@@ -55,6 +56,7 @@ for stage in "$@"; do
       run 90 "$log" $PY -m v4serve.bench.kernel_configs 'moe flash verify'
       for r in 4 128 0; do run 60 "$log" $PY -m v4serve.bench.kernel_configs "fp8kv r$r B8"; done
       run 120 "$log" $PY -m v4serve.bench.kernel_configs 'index topk'
+      run 90 "$log" $PY -m v4serve.bench.kernel_configs 'fp8 decode swiglu'
       run 90 "$log" $PY -m v4serve.bench.v41_index_configs 'cand decode|staged1M|start130944'
       ;;
     flash)
