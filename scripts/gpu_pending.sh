@@ -2,8 +2,9 @@
 # What is merged but not yet run on a GPU (sessions 13-14: NOTES.md "Next session, first"), in
 # stages that each fit one device call (<= 10 min), logs under $OUT, a summary table last.
 # Usage (repo root, GPU machine): OUT=/some/dir scripts/gpu_pending.sh STAGE...
-#   tests   the GPU tests of every unmeasured change, one pytest per group (a cold-compile group
-#           under one limit printed nothing in session 13), ~5 min
+#   tests13 tests14a tests14b
+#           the GPU tests of every unmeasured change, one pytest per group under its own limit
+#           (GROUP_LIMIT, 180 s: a cold-compile group under one limit printed nothing in session 13)
 #   rows    `bench kernels` rows of the changed kernels (sets the rules' thresholds), ~3 min
 #   sweeps  the kernel_configs sweeps whose winners are one-line production switches, ~6 min
 #   flash   the 43-layer V4-Flash end to end (Zipf, placement by use, offload auto), c1 / c8, ~2.5 min
@@ -11,7 +12,7 @@
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 tests|rows|sweeps|flash|spec ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 tests13|tests14a|tests14b|rows|sweeps|flash|spec ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -26,7 +27,7 @@ run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended 
 pytest_group() {  # pytest_group LOG FILE_OR_NODE...
   local log=$1
   shift
-  run "${GROUP_LIMIT:-240}" "$log" $PY -m pytest -m gpu -q -p no:cacheprovider "$@"
+  run "${GROUP_LIMIT:-180}" "$log" $PY -m pytest -m gpu -q -p no:cacheprovider "$@"
 }
 
 for stage in "$@"; do
@@ -34,15 +35,17 @@ for stage in "$@"; do
   log="$OUT/pending_${stage}.log"
   gpu_env_line > "$log"
   case "$stage" in
-    tests)
-      # session 13's late merges: o_a_proj in FP8, the launch-glue fusions
+    tests13)  # session 13's late merges: o_a_proj in FP8, the launch-glue fusions
       pytest_group "$log" tests/ops/test_fp8_grouped_linear.py tests/model/test_o_a_fp8_gpu.py tests/ops/test_pick_columns.py
       pytest_group "$log" tests/ops/test_norm_rope.py tests/ops/test_indexer_kernel_gpu.py -k "also_norm or weight_scale"
       pytest_group "$log" tests/model/test_gpu_paths.py
-      # session 14: FP8 at 17..32 rows, sort-free MoE decode, packed B8 variants, index top-k, shared SwiGLU
+      ;;
+    tests14a)  # session 14: FP8 at 17..32 rows, sort-free MoE decode, packed B8 variants
       pytest_group "$log" tests/ops/test_fp8_linear_rows32.py tests/ops/test_fp8_linear_w8a16_decode.py
       pytest_group "$log" tests/ops/test_mxfp4_moe_decode.py tests/ops/test_mxfp4_gemv.py tests/model/test_quantized_gpu.py
       pytest_group "$log" tests/ops/test_packed_kernels_gpu.py -k variants
+      ;;
+    tests14b)  # session 14: index top-k, shared-expert SwiGLU in the FP8 epilogue
       pytest_group "$log" tests/ops/test_index_topk.py
       pytest_group "$log" tests/ops/test_fp8_linear_swiglu.py tests/model/test_shared_expert_swiglu.py
       ;;
