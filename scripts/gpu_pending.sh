@@ -6,13 +6,14 @@
 #           the GPU tests of every unmeasured change, one pytest per group under its own limit
 #           (GROUP_LIMIT, 180 s: a cold-compile group under one limit printed nothing in session 13)
 #   rows    `bench kernels` rows of the changed kernels (sets the rules' thresholds), ~3 min
-#   sweeps  the kernel_configs sweeps whose winners are one-line production switches, ~6 min
+#   sweeps-a sweeps-b
+#           the kernel_configs sweeps whose winners are one-line production switches, ~6-7 min each
 #   flash   the 43-layer V4-Flash end to end (Zipf, placement by use, offload auto), c1 / c8, ~2.5 min
 #   spec    speculative verify on 30 layers, c1 / c8, k = 3, ~3 min
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 tests13|tests14a|tests14b|rows|sweeps|flash|spec ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 tests13|tests14a|tests14b|rows|sweeps-a|sweeps-b|flash|spec ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -53,13 +54,15 @@ for stage in "$@"; do
       run 300 "$log" $PY -m v4serve.bench.kernels --no-cold --json "$OUT/pending_rows.json" \
         --only 'o_a |glue |indexer scores decode|mxfp4 moe flash|sparse decode|fp8 linear'
       ;;
-    sweeps)
+    sweeps-a)  # FP8 at 17..32 rows, MoE decode c1 / c8 and verify, shared SwiGLU
       run 150 "$log" $PY -m v4serve.bench.kernel_configs 'fp8 decode rows'
       run 120 "$log" $PY -m v4serve.bench.kernel_configs 'moe flash c'
       run 90 "$log" $PY -m v4serve.bench.kernel_configs 'moe flash verify'
+      run 90 "$log" $PY -m v4serve.bench.kernel_configs 'fp8 decode swiglu'
+      ;;
+    sweeps-b)  # packed B8 variants, index top-k, V4.1 indexer's one-wave trigger rule
       for r in 4 128 0; do run 60 "$log" $PY -m v4serve.bench.kernel_configs "fp8kv r$r B8"; done
       run 120 "$log" $PY -m v4serve.bench.kernel_configs 'index topk'
-      run 90 "$log" $PY -m v4serve.bench.kernel_configs 'fp8 decode swiglu'
       run 90 "$log" $PY -m v4serve.bench.v41_index_configs 'cand decode|staged1M|start130944'
       ;;
     flash)
