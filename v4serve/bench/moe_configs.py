@@ -65,6 +65,8 @@ DECODE_VARIANTS = [
     # session 14 (issue 18, branch moe-mma): the sort-free layer on tensor cores, the decoded weights
     # wgmma's register operand (ops/mxfp4_moe_mma_triton.py; err ~1e-3: the fp32 sum order)
     ("sort-free mma (weights in wgmma registers)", dict(MMA_SWIGLU_CONFIG, MMA=True), dict(MMA_CONFIG, MMA=True), True),
+    ("sort-free mma, stages 2 (cp.async weights)", dict(MMA_SWIGLU_CONFIG, MMA=True, num_stages=2),
+     dict(MMA_CONFIG, MMA=True, num_stages=2), True),
     ("production", None, None, True),
 ]
 PREFILL_VARIANTS = [
