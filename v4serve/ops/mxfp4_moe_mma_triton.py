@@ -63,45 +63,47 @@ from v4serve.ops.swiglu_triton import clamped_swiglu_f32
 _BF16X2_NEG_ZERO = 0x80008000
 
 
-def _nibble_pair(dst: str, src: str, mask: int, spread: int) -> str:
+def _nibble_pair(dst: str, src: str, mask: int, spread: int, mult: str) -> str:
     """PTX: the bf16 pair e2m1 * 2^(b - 127) of the nibbles `mask` selects in both 16-bit halves of
-    `src` (m = the scale pair 2^(b - 1))."""
+    `src` (`mult` = the elements' scale pair 2^(b - 1))."""
     return (f"and.b32 a, {src}, {mask:#x};\n"
             f"mul.lo.u32 a, a, {spread:#x};\n"
             "and.b32 a, a, 0x81C081C0;\n"
-            f"fma.rn.bf16x2 {dst}, a, $5, nz;\n")
+            f"fma.rn.bf16x2 {dst}, a, {mult}, nz;\n")
 
 
-# $0, $1: low nibbles of bytes (0, 2) and (1, 3); $2, $3: high nibbles of bytes (0, 2) and (1, 3);
-# $4: 4 packed bytes; $5..$8: the scale pair 2^(b - 1) as bf16x2, once per byte (the 4 bytes
-# share a scale block: $5 serves all).
-# Low nibble: sign bit 3 -> 15 (x 2^12), magnitude bits 2..0 -> 8..6 (x 2^6); high nibble: bit 7 ->
-# 15 (x 2^8), bits 6..4 -> 8..6 (x 2^2).
+# $0, $1: the low nibbles of bytes (0, 1) and (2, 3) (elements 0, 2 and 4, 6 of the word); $2, $3:
+# the high nibbles (elements 1, 3 and 5, 7); $4: 4 packed bytes; $5, $6: the scale pairs 2^(b - 1)
+# of bytes (0, 1) and (2, 3). t01 / t23 hold bytes 0, 1 / 2, 3 in the low byte of each 16-bit half
+# (prmt selector 4 = a zero byte). Low nibble: sign bit 3 -> 15 (x 2^12), magnitude bits 2..0 ->
+# 8..6 (x 2^6); high nibble: bit 7 -> 15 (x 2^8), bits 6..4 -> 8..6 (x 2^2). Each output element
+# depends on its own byte only (Triton's elementwise contract: any packing of the 4 is correct).
 _LOW, _HIGH = (0x000F000F, (1 << 12) + (1 << 6)), (0x00F000F0, (1 << 8) + (1 << 2))
 _DECODE_MMA_ASM = tl.constexpr(
-    "{\n.reg .b32 a, v, nz;\n"
+    "{\n.reg .b32 t01, t23, a, nz, zero;\n"
     f"mov.b32 nz, {_BF16X2_NEG_ZERO:#x};\n"
-    "shr.u32 v, $4, 8;\n"
-    + _nibble_pair("$0", "$4", *_LOW) + _nibble_pair("$1", "v", *_LOW)
-    + _nibble_pair("$2", "$4", *_HIGH) + _nibble_pair("$3", "v", *_HIGH)
+    "mov.b32 zero, 0;\n"
+    "prmt.b32 t01, $4, zero, 0x4140;\n"
+    "prmt.b32 t23, $4, zero, 0x4342;\n"
+    + _nibble_pair("$0", "t01", *_LOW, "$5") + _nibble_pair("$1", "t23", *_LOW, "$6")
+    + _nibble_pair("$2", "t01", *_HIGH, "$5") + _nibble_pair("$3", "t23", *_HIGH, "$6")
     + "}"
 )
 
 
 @triton.jit
-def scale_pair_bf16x2(b):
-    """int32 ue8m0 bytes b <= 128 -> int32 holding the bf16 pair (2^(b - 1), 2^(b - 1)) (bias field
-    b + 126 in both halves: one IMAD)."""
-    return (b + 126) * 0x00800080
+def scale_pair_bf16(b):
+    """int32 ue8m0 bytes b <= 128 -> bf16 2^(b - 1) (bias field b + 126)."""
+    return ((b + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
 def _decode_mma_asm(packed, mult):
-    """uint8 bytes [..., 4j..4j+3] and int32 bf16x2 pairs 2^(b - 1) of the same shape -> (A, B) bf16: A at byte
-    position 4j + i holds the low nibble of byte 4j + (0, 2, 1, 3)[i], B its high nibble."""
+    """uint8 bytes and bf16 2^(b - 1) of the same shape -> (low nibbles, high nibbles) bf16
+    e2m1 * 2^(b - 127): the even and the odd elements."""
     return tl.inline_asm_elementwise(
         asm=_DECODE_MMA_ASM,
-        constraints="=r,=r,=r,=r,r,r,r,r,r",
+        constraints="=r,=r,=r,=r,r,r,r",
         args=[packed, mult],
         dtype=(tl.bfloat16, tl.bfloat16),
         is_pure=True,
@@ -110,13 +112,11 @@ def _decode_mma_asm(packed, mult):
 
 
 @triton.jit
-def _decode_mma_bits(packed, mult, BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
+def _decode_mma_bits(packed, mult):
     """_decode_mma_asm with integer ops and exact fp32 multiplies (any backend, the interpreter)."""
-    groups: tl.constexpr = BLOCK_K // 8
-    p = tl.reshape(packed.to(tl.int32), (BLOCK_ROWS, groups, 2, 2))
-    p = tl.reshape(tl.permute(p, (0, 1, 3, 2)), (BLOCK_ROWS, BLOCK_K // 32, 16))  # bytes 0, 2, 1, 3
-    m = (mult << 16).to(tl.float32, bitcast=True)  # 2^(b - 1); lo, hi below are e2m1 * 2^-126
-    lo = (((p & 0x8) << 28) | ((p & 0x7) << 22)).to(tl.float32, bitcast=True)  # e2m1 * 2^-126
+    p = packed.to(tl.int32)
+    m = mult.to(tl.float32)  # 2^(b - 1); lo, hi below are e2m1 * 2^-126
+    lo = (((p & 0x8) << 28) | ((p & 0x7) << 22)).to(tl.float32, bitcast=True)
     hi = (((p & 0x80) << 24) | ((p & 0x70) << 18)).to(tl.float32, bitcast=True)
     return (lo * m).to(tl.bfloat16), (hi * m).to(tl.bfloat16)
 
@@ -155,21 +155,19 @@ def _mxfp4_moe_mma_kernel(
     for k0 in range(0, K, BLOCK_K):
         packed = tl.load(w_rows + (k0 // 2 + j)[None, :], mask=mask_r[:, None], other=0)
         sb = tl.load(s_rows + (k0 // 32 + tl.arange(0, NB))[None, :], mask=mask_r[:, None], other=0).to(tl.int32)
-        mult = tl.broadcast_to(scale_pair_bf16x2(sb)[:, :, None], (ROWS, NB, 16))
+        mult = tl.broadcast_to(scale_pair_bf16(sb)[:, :, None], (ROWS, NB, 16))
         packed = tl.reshape(packed, (ROWS, NB, 16))
         if DECODE_ASM:
             wa, wb = _decode_mma_asm(packed, mult)
         else:
-            wa, wb = _decode_mma_bits(packed, mult, ROWS, BLOCK_K)
+            wa, wb = _decode_mma_bits(packed, mult)
         wa = tl.reshape(wa, (ROWS, BLOCK_K // 2))
         wb = tl.reshape(wb, (ROWS, BLOCK_K // 2))
-        # X^T [16, BLOCK_K / 2]: row 0 = x in the decoders' order (element 4a + 2b + h of a group at
-        # position 2b + a of operand h), the other rows zero; transposed into the MMA's operand
-        xs = tl.load(x_row + k0 + tl.arange(0, BLOCK_K))
-        xs = tl.permute(tl.reshape(xs, (BLOCK_K // 8, 2, 2, 2)), (0, 2, 1, 3))
-        xa, xb = tl.split(xs)
-        xa = tl.where(col_t == 0, tl.reshape(xa, (BLOCK_K // 2,))[None, :], 0.0)
-        xb = tl.where(col_t == 0, tl.reshape(xb, (BLOCK_K // 2,))[None, :], 0.0)
+        # X^T [16, BLOCK_K / 2]: row 0 = the even (odd) elements of x's step, the other rows zero;
+        # transposed into the MMA's shared-memory operand
+        xa, xb = tl.split(tl.reshape(tl.load(x_row + k0 + tl.arange(0, BLOCK_K)), (BLOCK_K // 2, 2)))
+        xa = tl.where(col_t == 0, xa[None, :], 0.0)
+        xb = tl.where(col_t == 0, xb[None, :], 0.0)
         acc = tl.dot(wa, tl.trans(xa), acc)
         acc = tl.dot(wb, tl.trans(xb), acc)
     v = tl.sum(tl.where(col == 0, acc, 0.0), axis=1)  # column 0: the pick
