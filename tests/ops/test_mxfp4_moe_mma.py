@@ -80,6 +80,45 @@ def test_scales_exact_and_bad_input():
         mxfp4_moe_mma_triton(x[:, :96], w[:, :, :48], s[:, :, :3], torch.zeros(1, dtype=torch.int32), 1, False)
 
 
+def test_gluon_kernels_positions_pair_with_their_x():
+    """The Gluon kernel's K order, emulated on the CPU (Gluon does not run in the interpreter): the
+    bytes [t 4, b 2, ii 16] of a step, the decoder's byte order (0, 2, 1, 3) within each 4 bytes
+    (its pack), the logical reshape / permute to position p, and the x offset it loads for p."""
+    byte = (32 * torch.arange(4)[:, None, None] + 16 * torch.arange(2)[None, :, None]
+            + torch.arange(16)[None, None, :])  # the byte each register holds
+    order = torch.tensor([0, 2, 1, 3])
+    src = byte.reshape(4, 2, 4, 4)[..., order].reshape(4, 2, 16)  # the byte each decoded element comes from
+    at_p = src.reshape(4, 2, 4, 2, 2).permute(1, 2, 3, 0, 4).reshape(128)
+    p = torch.arange(128)
+    q = 2 * ((p // 8) % 2) + p % 2
+    x_off = 2 * (32 * ((p // 2) % 4) + 16 * (p // 64) + 4 * ((p // 16) % 4) + 2 * (q & 1) + (q >> 1))
+    assert torch.equal(2 * at_p, x_off)  # low nibble of byte j = element 2j (the high one: + 1)
+    assert sorted(at_p.tolist()) == list(range(128))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 8, 16, 32])
+def test_mma_gluon_flash_shapes_gpu(tokens):
+    """The Gluon kernel against the `tl` one and production, Flash shapes (sm_90 only)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    from v4serve.ops.mxfp4_moe_decode_triton import mxfp4_moe_pick_triton
+    from v4serve.ops.mxfp4_moe_mma_gluon import mxfp4_moe_mma_gluon
+    dev = "cuda"
+    w13, s13 = _tensors(256, 4096, 4096, seed=6, device=dev)
+    w2, s2 = _tensors(256, 4096, 2048, seed=7, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(8)
+    x = torch.randn(tokens, 4096, generator=gen, device=dev).to(torch.bfloat16)
+    experts = torch.rand(tokens, 256, generator=gen, device=dev).topk(6, 1).indices.reshape(-1).contiguous()
+    h = mxfp4_moe_mma_gluon(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT)
+    h_prod = mxfp4_moe_pick_triton(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT)
+    assert (h.float() - h_prod.float()).norm() / h_prod.float().norm() < 1e-2
+    y = mxfp4_moe_mma_gluon(h_prod, w2, s2, experts, 6, False)
+    y_prod = mxfp4_moe_pick_triton(h_prod, w2, s2, experts, 6, False)
+    assert (y.float() - y_prod.float()).abs().le(_gpu_bound(h_prod, w2, s2, experts)).all()
+    assert torch.equal(mxfp4_moe_mma_gluon(h_prod[:6], w2, s2, experts[:6], 6, False), y[:6])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 8, 16, 32])
 def test_mma_flash_shapes_gpu(tokens):

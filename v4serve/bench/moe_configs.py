@@ -20,6 +20,7 @@ from v4serve.ops.mxfp4_gemv_triton import GEMV_SWIGLU_CONFIG as GEMV_SWIGLU
 from v4serve.ops.mxfp4_gemv_triton import gemv_config, mxfp4_gemv_triton
 from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
 from v4serve.ops.mxfp4_moe_decode import combine_counters_size, mxfp4_experts
+from v4serve.ops.mxfp4_moe_mma_gluon import mxfp4_moe_mma_gluon
 from v4serve.ops.mxfp4_moe_mma_triton import MMA_CONFIG, MMA_SWIGLU_CONFIG, mxfp4_moe_mma_triton
 from v4serve.ops.mxfp4_grouped_matmul_triton import (
     MXFP4_DECODE_CONFIG as DECODE,
@@ -67,6 +68,7 @@ DECODE_VARIANTS = [
     ("sort-free mma (weights in wgmma registers)", dict(MMA_SWIGLU_CONFIG, MMA=True), dict(MMA_CONFIG, MMA=True), True),
     ("sort-free mma, stages 2 (cp.async weights)", dict(MMA_SWIGLU_CONFIG, MMA=True, num_stages=2),
      dict(MMA_CONFIG, MMA=True, num_stages=2), True),
+    ("sort-free mma, Gluon (bytes in the A fragment's layout)", dict(MMA=True, GLUON=True), dict(MMA=True, GLUON=True), True),
     ("production", None, None, True),
 ]
 PREFILL_VARIANTS = [
@@ -85,7 +87,8 @@ PREFILL_VARIANTS = [
 # the tensor-core kernel it replaced there and the multi-pick GEMV.
 VERIFY_VARIANTS = [DECODE_VARIANTS[i] for i in (0, 1, 2, 3)] + [
     v for v in DECODE_VARIANTS if v[0] in ("sort-free, combine in down", "sort-free, 2 steps ahead",
-                                           "sort-free mma (weights in wgmma registers)")] + [DECODE_VARIANTS[0]]
+                                           "sort-free mma (weights in wgmma registers)",
+                                           "sort-free mma, Gluon (bytes in the A fragment's layout)")] + [DECODE_VARIANTS[0]]
 SHAPES = {"moe flash c1": ("flash", 1), "moe flash c8": ("flash", 8), "moe flash c64": ("flash", 64),
           "moe flash prefill S2048": ("flash", 2048),
           "moe flash verify c16": ("flash", 16), "moe flash verify c32": ("flash", 32)}
@@ -108,8 +111,12 @@ def layer(case, up_cfg, down_cfg, fused):
         def mma():
             experts, weights = moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)
             flat = experts.reshape(-1).contiguous()
-            hidden = mxfp4_moe_mma_triton(x, w13, s13, flat, MOE_TOP_K, True, up_cfg, SWIGLU_LIMIT)
-            y = mxfp4_moe_mma_triton(hidden, w2, s2, flat, MOE_TOP_K, False, down_cfg)
+            if up_cfg.get("GLUON"):
+                hidden = mxfp4_moe_mma_gluon(x, w13, s13, flat, MOE_TOP_K, True, SWIGLU_LIMIT)
+                y = mxfp4_moe_mma_gluon(hidden, w2, s2, flat, MOE_TOP_K, False)
+            else:
+                hidden = mxfp4_moe_mma_triton(x, w13, s13, flat, MOE_TOP_K, True, up_cfg, SWIGLU_LIMIT)
+                y = mxfp4_moe_mma_triton(hidden, w2, s2, flat, MOE_TOP_K, False, down_cfg)
             return moe_combine(y, None, weights.float().contiguous())
 
         return mma

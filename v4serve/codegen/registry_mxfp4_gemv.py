@@ -74,7 +74,7 @@ MXFP4_MOE_DECODE_KERNELS: tuple[KernelSpec, ...] = tuple(
 # The tensor-core decode projection (v4serve/ops/mxfp4_moe_mma_triton.py, issue 18; a sweep variant):
 # the decoded bf16 weights are wgmma's register operand (HGMMA 64x16x16, A from registers), x and
 # its 15 zero columns the shared-memory one. sm_90, Triton 3.6: 127 registers, no spills, 8 KB of
-# shared memory, K loop 437 SASS instructions for 128 weights a thread (3.4 a weight; docs/performance.md).
+# shared memory, K loop 466 SASS instructions for 128 weights a thread (3.64 a weight; docs/performance.md).
 MXFP4_MOE_MMA_KERNELS: tuple[KernelSpec, ...] = tuple(
     KernelSpec(
         f"moe.mxfp4_mma_{proj}", "v4serve.ops.mxfp4_moe_mma_triton:_mxfp4_moe_mma_kernel",
@@ -90,4 +90,23 @@ MXFP4_MOE_MMA_KERNELS: tuple[KernelSpec, ...] = tuple(
     )
     for proj in ("gate_up", "down")
     for cfg in (mma_config(proj == "gate_up"),)
+)
+
+# The same projection in Gluon (v4serve/ops/mxfp4_moe_mma_gluon.py, sm_90 only): the bytes loaded in
+# the layout whose decoded registers are wgmma's A fragment (no shared-memory re-layout), X's zero
+# columns in a 4 KB tile per operand. sm_90, Triton 3.6: 121 / 101 registers (down / gate_up), no
+# spills, K loop 387 / 390 SASS instructions for 128 weights a thread (3.02 / 3.05 a weight).
+MXFP4_MOE_MMA_KERNELS += tuple(
+    KernelSpec(
+        f"moe.mxfp4_mma_gluon_{proj}", "v4serve.ops.mxfp4_moe_mma_gluon:_mxfp4_moe_mma_gluon_kernel",
+        types=dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", experts_ptr="*i64", y_ptr="*bf16", N="i32", K="i32",
+                   stride_x="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32",
+                   stride_y="i32", limit="fp32"),
+        aligned=("x_ptr", "w_ptr", "s_ptr", "experts_ptr", "y_ptr", "N", "K", "stride_x", "stride_we", "stride_wn",
+                 "stride_se", "stride_sn", "stride_y"),
+        constexprs=dict(TOP_K=6, X_PER_TOKEN=proj == "gate_up", SWIGLU=proj == "gate_up"),
+        archs=(90,), num_warps=4, num_stages=1,
+        expect=Expect(max_regs=168, tensor_cores=True),
+    )
+    for proj in ("gate_up", "down")
 )

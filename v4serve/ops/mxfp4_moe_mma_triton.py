@@ -5,35 +5,33 @@ weight tile as the dot's LEFT operand (swap AB):
 
     out^T[n, c] = sum_k W[e, n, k] X[k, c],   X[:, 0] = x[row], X[:, 1..15] = 0   (MMA N = 16)
 
-Why: the production GEMV (mxfp4_gemv_triton.py) is bound by instruction issue (~4.8 SASS
+Why: the production GEMV (mxfp4_gemv_triton.py) is bound by instruction issue (~4.7 SASS
 instructions a weight: an fp32 conversion and an FFMA per weight before any decode). Here a
-weight costs its share of one 32-bit integer decode (3 integer ops a pair), one bf16x2 multiply a
-pair (which also applies the block scale) and 1/8 of an HGMMA; x and the 15 zero columns are the
-MMA's shared-memory operand, the decoded bf16 pairs its register operand (Hopper wgmma; mma.sync
-elsewhere), with no shared-memory round trip of the weights.
+weight costs its share of an integer decode (3 ops a bf16 pair), one bf16x2 multiply a pair
+(which also applies the block scale) and 1/8 of an HGMMA; x and 15 zero columns are the MMA's
+shared-memory operand, the decoded bf16 pairs its register operand (Hopper wgmma; mma.sync
+elsewhere): Triton keeps the decoded tile in registers (`tt.reshape` straight to the dot operand
+layout), though it re-lays the loaded bytes through shared memory first (mxfp4_moe_mma_gluon.py
+does not).
 
-Math. W[e, n, k] = e2m1(c) * 2^(b - 127), c the nibble, b = scale[e, n, k // 32]. Per 4 packed
-bytes (one register, bytes 0..3 = elements 0..7 of a 8-element group, element 2j in the low
-nibble of byte j) the PTX decoder builds four bf16 pairs: a nibble pair 16 bits apart (bytes 0 and
-2, or 1 and 3 after one shift) masked, multiplied by (2^s + 2^m) so that one copy puts its sign on
-bit 15 / 31 and the other its three magnitude bits on bits 8..6 / 24..22 (the copies do not
-overlap: no carries), masked again: the bf16 e2m1(c) * 2^-126 exactly (e = 0 codes land on 0 and
-the subnormal 2^-127); then one `fma.rn.bf16x2` by the pair 2^(b - 1) (bias field b + 126) and -0:
+Math. W[e, n, k] = e2m1(c) * 2^(b - 127), c the nibble, b = scale[e, n, k // 32]. The PTX decoder
+(elementwise on bytes: each output from its own byte, so any packing Triton picks is correct)
+spreads 4 bytes into the low bytes of two registers' 16-bit halves (2 prmt), then per bf16 pair:
+the nibble masked, multiplied by (2^s + 2^m) so that one copy puts its sign on bit 15 / 31 and the
+other its three magnitude bits on bits 8..6 / 24..22 (the copies do not overlap: no carries),
+masked again: the bf16 e2m1(c) * 2^-126 exactly (the e = 0 codes land on 0 and the subnormal
+2^-127); then one `fma.rn.bf16x2` by the pair 2^(b - 1) (bias field b + 126) and -0:
 
     w = e2m1(c) * 2^-126 * 2^(b - 1) = e2m1(c) * 2^(b - 127)     exact for 0 <= b <= 128
 
 (both factors have <= 2 significant bits; the smallest result 2^-128 is a bf16 subnormal, which
-bf16 arithmetic keeps). b > 128 (a block with |w| > 12: none in the V4 checkpoints, whose expert
-blocks sit near 2^-7) would make 2^(b - 1) overflow: `mma_scales_exact` says whether a tensor of
-scales qualifies, checked once where the weights are loaded, never per launch. The decoded weights
-are exact bf16 values and x is bf16, so every product w * x is exact in the MMA's fp32
-accumulator; y differs from the reference (fp32 products, fp32 sums in k order) only in the
-order of the fp32 sums (the MMA's k16 chunks): |y - ref| <= gamma_K sum_k |w x|.
-
-K order. The decoder's four pairs of a group are (elements 0, 4), (2, 6), (1, 5), (3, 7): the
-dot's two operands below are A = the low nibbles, element order 0, 4, 2, 6 of each group, and
-B = the high nibbles, 1, 5, 3, 7. A sum over k does not care about the order; x is loaded in the
-same order (a permute of its 8-element groups in registers), so X[:, 0] pairs with the right weights.
+bf16 arithmetic keeps). b > 128 (a block with |w| > 12; expert blocks sit far below) would make
+2^(b - 1) overflow: `mma_scales_exact` says whether a tensor of scales qualifies, to be checked
+once where the weights are loaded, never per launch. The decoded weights are exact bf16 values
+and x is bf16, so every product w * x is exact in the MMA's fp32 accumulator; y differs from the
+reference (fp32 products, fp32 sums in k order) only in the order of the fp32 sums (the MMA's k16
+chunks): |y - ref| <= gamma_K sum_k |w x|. The low nibbles (even elements) and the high ones (odd
+elements) are two dots against x's even and odd elements.
 
 Row independence: a pick is its own program, its x in column 0, and column 0 of an MMA does not
 depend on the other columns: a row of y has the same bits whatever the batch (speculative verify
@@ -46,10 +44,9 @@ are 32 gate rows n0..n0+31 and their 32 up rows N + n0..; it stores h = clamped_
 for its 32 columns (gate and up rounded to bf16 first, as the unfused path stores them).
 Grid (T TOP_K, cdiv(N, BLOCK_OUT)), BLOCK_OUT = 64 (down) or 32 (gate_up).
 
-Instruction budget of the K loop a weight (sm_90, Triton 3.6; counted in docs/performance.md):
-decode 3 integer ops + 1 HFMA2 a pair (2.0) + 1/8 shift, 1/8 HGMMA, the bytes' layout change
-(16-byte shared stores and ldmatrix, ~1/16), the scale pair (1 IMAD per 8 weights) and x's zero
-columns (a masked load into shared memory a step).
+K loop (sm_90, Triton 3.6, 128 weights a thread a step): 466 SASS instructions, 3.64 a weight
+(production's sort-free GEMV: 594): decode 288 (2.25), x's zero columns stored every step with
+2-byte stores (37 STS), the bytes' re-layout (4 STS.128 + 4 LDSM + ~48 PRMT), 16 HGMMA + fences.
 """
 
 import torch
