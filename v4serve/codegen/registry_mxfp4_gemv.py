@@ -94,8 +94,9 @@ MXFP4_MOE_MMA_KERNELS: tuple[KernelSpec, ...] = tuple(
 
 # The same projection in Gluon (v4serve/ops/mxfp4_moe_mma_gluon.py, sm_90 only): the bytes loaded in
 # the layout whose decoded registers are wgmma's A fragment (no shared-memory re-layout), X's zero
-# columns in a 4 KB tile per operand. sm_90, Triton 3.6: 121 / 101 registers (down / gate_up), no
-# spills, K loop 387 / 390 SASS instructions for 128 weights a thread (3.02 / 3.05 a weight).
+# columns in a 4 KB tile per operand. sm_90, Triton 3.6: 128 / 127 registers (down / gate_up), no
+# spills; two K steps an iteration (both loaded first): 791 / 792 SASS instructions for 256 weights a
+# thread (3.09 a weight).
 MXFP4_MOE_MMA_KERNELS += tuple(
     KernelSpec(
         f"moe.mxfp4_mma_gluon_{proj}", "v4serve.ops.mxfp4_moe_mma_gluon:_mxfp4_moe_mma_gluon_kernel",

@@ -61,12 +61,33 @@ def _x_operand(x_ptr, x_off, row_z, k0, smem, ODD: gl.constexpr):
 
 
 @gluon.jit
+def _step(acc, packed, sb, x_at, x_off, row_z, xe_s, xo_s, a_op: gl.constexpr, lb: gl.constexpr):
+    """One K step: decode the bytes into the two A fragments, write X, two wgmma."""
+    R: gl.constexpr = 64
+    mult = ((sb + 126) * 0x00800080)[:, :, :, None] + gl.zeros([R, 4, 2, 16], gl.int32, lb)
+    wa, wb = gl.inline_asm_elementwise(_DECODE_ASM, "=r,=r,=r,=r,r,r,r,r,r", [packed, mult],
+                                       dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+    wa = gl.convert_layout(gl.reshape(gl.permute(gl.reshape(wa, [R, 4, 2, 4, 2, 2]), [0, 2, 3, 4, 1, 5]),
+                                      [R, 128]), a_op)
+    wb = gl.convert_layout(gl.reshape(gl.permute(gl.reshape(wb, [R, 4, 2, 4, 2, 2]), [0, 2, 3, 4, 1, 5]),
+                                      [R, 128]), a_op)
+    _x_operand(x_at, x_off, row_z, 0, xe_s, 0)
+    _x_operand(x_at, x_off, row_z, 0, xo_s, 1)
+    fence_async_shared()  # generic-proxy stores, then wgmma's async-proxy reads
+    _barrier()
+    acc = warpgroup_mma(wa, xe_s.permute((1, 0)), acc)
+    acc = warpgroup_mma(wb, xo_s.permute((1, 0)), acc)
+    _barrier()  # both MMAs have read X before the next step's stores
+    return acc
+
+
+@gluon.jit
 def _mxfp4_moe_mma_gluon_kernel(
     x_ptr, w_ptr, s_ptr, experts_ptr, y_ptr,
     N, K, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, limit,
     TOP_K: gl.constexpr, X_PER_TOKEN: gl.constexpr, SWIGLU: gl.constexpr,
 ):
-    """Strides in elements (bytes for the uint8 tensors); N % (32 or 64) == 0, K % 256 == 0. No PDL
+    """Strides in elements (bytes for the uint8 tensors); N % (32 or 64) == 0, K % 512 == 0. No PDL
     (a sweep variant: launched plainly)."""
     R: gl.constexpr = 64
     OUT: gl.constexpr = 32 if SWIGLU else 64
@@ -105,23 +126,15 @@ def _mxfp4_moe_mma_gluon_kernel(
     xe_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl)
     xo_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl)
     acc = gl.zeros([R, 16], gl.float32, mma)
-    for k0 in range(0, K, BLOCK_K):
-        packed = gl.load(w_base + k0 // 2 + byte_off)
-        sb = gl.load(s_base + k0 // 32 + s_off).to(gl.int32)
-        mult = ((sb + 126) * 0x00800080)[:, :, :, None] + gl.zeros([R, 4, 2, 16], gl.int32, lb)
-        wa, wb = gl.inline_asm_elementwise(_DECODE_ASM, "=r,=r,=r,=r,r,r,r,r,r", [packed, mult],
-                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
-        wa = gl.convert_layout(gl.reshape(gl.permute(gl.reshape(wa, [R, 4, 2, 4, 2, 2]), [0, 2, 3, 4, 1, 5]),
-                                          [R, 128]), a_op)
-        wb = gl.convert_layout(gl.reshape(gl.permute(gl.reshape(wb, [R, 4, 2, 4, 2, 2]), [0, 2, 3, 4, 1, 5]),
-                                          [R, 128]), a_op)
-        _x_operand(x_row, x_off, row_z, k0, xe_s, 0)
-        _x_operand(x_row, x_off, row_z, k0, xo_s, 1)
-        fence_async_shared()  # generic-proxy stores, then wgmma's async-proxy reads
-        _barrier()
-        acc = warpgroup_mma(wa, xe_s.permute((1, 0)), acc)
-        acc = warpgroup_mma(wb, xo_s.permute((1, 0)), acc)
-        _barrier()  # both MMAs have read X before the next step's stores
+    # two K steps an iteration, both steps' bytes loaded first: the second step's loads are in flight
+    # while the first decodes (a loop-carried uint8 buffer would be split into bytes by LLVM)
+    for k0 in range(0, K, 2 * BLOCK_K):
+        packed0 = gl.load(w_base + k0 // 2 + byte_off)
+        sb0 = gl.load(s_base + k0 // 32 + s_off).to(gl.int32)
+        packed1 = gl.load(w_base + (k0 + BLOCK_K) // 2 + byte_off)
+        sb1 = gl.load(s_base + (k0 + BLOCK_K) // 32 + s_off).to(gl.int32)
+        acc = _step(acc, packed0, sb0, x_row + k0, x_off, row_z, xe_s, xo_s, a_op, lb)
+        acc = _step(acc, packed1, sb1, x_row + k0 + BLOCK_K, x_off, row_z, xe_s, xo_s, a_op, lb)
     col = gl.arange(0, 16, layout=gl.SliceLayout(0, mma))[None, :]
     v = gl.sum(gl.where(col == 0, acc, 0.0), axis=1)  # column 0: the pick
     dtype = y_ptr.dtype.element_ty
@@ -147,8 +160,8 @@ def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     swiglu = swiglu_limit is not None
     n = n_w // 2 if swiglu else n_w
     out = 32 if swiglu else 64
-    if x.dtype != torch.bfloat16 or x.stride(1) != 1 or k % BLOCK_K or n % out:
-        raise ValueError(f"bf16 x with unit stride, K % {BLOCK_K} == 0 and N % {out} == 0, got {x.dtype}, "
+    if x.dtype != torch.bfloat16 or x.stride(1) != 1 or k % (2 * BLOCK_K) or n % out:
+        raise ValueError(f"bf16 x with unit stride, K % {2 * BLOCK_K} == 0 and N % {out} == 0, got {x.dtype}, "
                          f"K {k}, N {n}")
     if weight.stride(2) != 1 or scale.stride(2) != 1 or weight.stride(1) % 16 or weight.data_ptr() % 16:
         raise ValueError("weight rows must be 16-byte aligned with unit stride along K")
