@@ -89,10 +89,13 @@ def test_gluon_kernels_positions_pair_with_their_x():
     order = torch.tensor([0, 2, 1, 3])
     src = byte.reshape(4, 2, 4, 4)[..., order].reshape(4, 2, 16)  # the byte each decoded element comes from
     at_p = src.reshape(4, 2, 4, 2, 2).permute(1, 2, 3, 0, 4).reshape(128)
-    p = torch.arange(128)
-    q = 2 * ((p // 8) % 2) + p % 2
-    x_off = 2 * (32 * ((p // 2) % 4) + 16 * (p // 64) + 4 * ((p // 16) % 4) + 2 * (q & 1) + (q >> 1))
-    assert torch.equal(2 * at_p, x_off)  # low nibble of byte j = element 2j (the high one: + 1)
+    # X's column 0 as _x_operands builds it: lane m = 8t + 2c + b loads x elements
+    # 2 (32t + 16b + 4c) + j, j = 2 beta + parity; logical [t, c, b, e, u] with beta = 2e + u
+    m, j = torch.arange(32)[:, None], torch.arange(8)[None, :]
+    elem = 2 * (32 * (m // 8) + 16 * (m % 2) + 4 * ((m // 2) % 4)) + j  # [32, 8]
+    even = elem.reshape(32, 4, 2)[..., 0]
+    even_at_p = even.reshape(4, 4, 2, 2, 2).permute(2, 1, 4, 0, 3).reshape(128)
+    assert torch.equal(2 * at_p, even_at_p)  # low nibble of byte j = element 2j (the high one: + 1)
     assert sorted(at_p.tolist()) == list(range(128))
 
 

@@ -6,7 +6,13 @@ Gluon so that the layouts are ours instead of Triton's choices:
   register operand (no shared-memory round trip and no ldmatrix re-layout of the bytes: the
   `convert_layout` to the dot operand below is a register renaming);
 - x's operand X [K 128, N 16] (column 0 = x, 15 zero columns) is one 4 KB shared tile per
-  operand, written with 16-byte stores.
+  operand (even / odd elements), built from one 16-byte load of 8 consecutive x a row-0 thread.
+
+K loop (sm_90, Triton 3.6; two 256-element steps an iteration, both steps' bytes loaded first):
+744 SASS instructions for 256 weights a thread, 2.91 a weight (production's sort-free GEMV 4.64,
+mxfp4_moe_mma_triton.py 3.64): decode 2.13 (3 integer ops and one HFMA2 a pair, a shift a word),
+1/8 HGMMA, the rest X (16 STS, 10 PRMT, 2 LDG a step), addresses, fences and barriers; 128
+registers, no spills.
 
 Layouts (4 warps = one warpgroup, 64 weight rows a program, BLOCK_K 256 a step). A K step's bytes
 of one row are 128: thread t (lane bits 0-1) of a quad owns bytes 32t .. 32t+31 (two 16-byte
@@ -55,9 +61,17 @@ BLOCK_K = gl.constexpr(256)
 
 
 @gluon.jit
-def _x_operand(x_ptr, x_off, row_z, k0, smem, ODD: gl.constexpr):
-    """Write X [16, 128] (row 0 = x in the decoder's order, rows 1..15 zero) into `smem`."""
-    smem.store(gl.load(x_ptr + k0 + x_off + ODD + 0 * row_z, mask=row_z == 0, other=0.0))
+def _x_operands(x_at, x_off, row_x, xe_s, xo_s):
+    """Write X_even and X_odd [16, 128] (row 0 = x's even / odd elements in the decoder's order, rows
+    1..15 zero). x_off [16, 32, 8]: lane m = (t, c, b) of a row-0 thread loads x[8 (8t + 2c... )]:
+    the 8 consecutive elements of bytes 32t + 16b + 4c + 0..3, one 16-byte load; byte beta of them
+    sits at q = (beta & 1) * 2 + (beta >> 1) = 2u + e, so beta = (e, u) as bits (1, 0)."""
+    x8 = gl.load(x_at + x_off, mask=row_x == 0, other=0.0)  # [16, 32 (t, c, b), 8 (beta, parity)]
+    xe, xo = gl.split(gl.reshape(x8, [16, 32, 4, 2]))
+    xe = gl.reshape(gl.permute(gl.reshape(xe, [16, 4, 4, 2, 2, 2]), [0, 3, 2, 5, 1, 4]), [16, 128])
+    xo = gl.reshape(gl.permute(gl.reshape(xo, [16, 4, 4, 2, 2, 2]), [0, 3, 2, 5, 1, 4]), [16, 128])
+    xe_s.store(xe)
+    xo_s.store(xo)
 
 
 @gluon.jit
@@ -71,8 +85,7 @@ def _step(acc, packed, sb, x_at, x_off, row_z, xe_s, xo_s, a_op: gl.constexpr, l
                                       [R, 128]), a_op)
     wb = gl.convert_layout(gl.reshape(gl.permute(gl.reshape(wb, [R, 4, 2, 4, 2, 2]), [0, 2, 3, 4, 1, 5]),
                                       [R, 128]), a_op)
-    _x_operand(x_at, x_off, row_z, 0, xe_s, 0)
-    _x_operand(x_at, x_off, row_z, 0, xo_s, 1)
+    _x_operands(x_at, x_off, row_z, xe_s, xo_s)
     fence_async_shared()  # generic-proxy stores, then wgmma's async-proxy reads
     _barrier()
     acc = warpgroup_mma(wa, xe_s.permute((1, 0)), acc)
@@ -98,7 +111,6 @@ def _mxfp4_moe_mma_gluon_kernel(
         lane_bases=[[0, 1, 0, 0], [0, 2, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]],
         warp_bases=[[16, 0, 0, 0], [32, 0, 0, 0]], block_bases=[], shape=[64, 4, 2, 16])
     l3: gl.constexpr = gl.SliceLayout(3, lb)
-    zl: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
     sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
     pick = gl.program_id(0)
@@ -117,11 +129,15 @@ def _mxfp4_moe_mma_gluon_kernel(
     s_base = s_ptr + e * stride_se
     byte_off = (w_n * stride_wn + 32 * t3 + 16 * b3)[:, :, :, None] + ii
     s_off = w_n * stride_sn + 2 * t3 + b3
-    # X's column 0 in the decoder's order: position p = 16 (4 b + c) + 8 u + 2 t + e
-    p = gl.arange(0, 128, layout=gl.SliceLayout(0, zl))[None, :]
-    row_z = gl.arange(0, 16, layout=gl.SliceLayout(1, zl))[:, None]
-    q = 2 * ((p // 8) % 2) + p % 2
-    x_off = 2 * (32 * ((p // 2) % 4) + 16 * (p // 64) + 4 * ((p // 16) % 4) + 2 * (q & 1) + (q >> 1))
+    # X's column 0 in the decoder's order (see _x_operands): x_off [16, 32, 8] = 8 m + j, m = 8t + 2c + b
+    xl: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [4, 0, 0], [8, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [0, 4, 0], [0, 8, 0], [0, 16, 0]],
+        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[16, 32, 8])
+    row_z = gl.arange(0, 16, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))[:, None, None]
+    m = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))[None, :, None]
+    jj = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))[None, None, :]
+    x_off = 2 * (32 * (m // 8) + 16 * (m % 2) + 4 * ((m // 2) % 4)) + jj
     x_row = x_ptr + row * stride_x
     xe_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl)
     xo_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl)
