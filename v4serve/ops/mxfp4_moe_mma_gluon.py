@@ -6,12 +6,14 @@ Gluon so that the layouts are ours instead of Triton's choices:
   register operand (no shared-memory round trip and no ldmatrix re-layout of the bytes: the
   `convert_layout` to the dot operand below is a register renaming);
 - x's operand X [K 128, N 16] (column 0 = x, 15 zero columns) is one 4 KB shared tile per
-  operand (even / odd elements), built from one 16-byte load of 8 consecutive x a row-0 thread.
+  operand (even / odd elements), built from one 16-byte load of 8 consecutive x a row-0 thread;
+  rows 8..15 are zeroed once, rows 0..7 rewritten each step.
 
 K loop (sm_90, Triton 3.6; two 256-element steps an iteration, both steps' bytes loaded first):
-744 SASS instructions for 256 weights a thread, 2.91 a weight (production's sort-free GEMV 4.64,
+729 SASS instructions for 256 weights a thread, 2.85 a weight (production's sort-free GEMV 4.64,
 mxfp4_moe_mma_triton.py 3.64): decode 2.13 (3 integer ops and one HFMA2 a pair, a shift a word),
-1/8 HGMMA, the rest X (16 STS, 10 PRMT, 2 LDG a step), addresses, fences and barriers; 128
+1/8 HGMMA, the rest X (8 STS, 5 PRMT, 1 LDG a step: rows 0..7 of the tile rewritten, 8..15 zeroed
+once), addresses, fences and barriers; 128
 registers, no spills.
 
 Layouts (4 warps = one warpgroup, 64 weight rows a program, BLOCK_K 256 a step). A K step's bytes
@@ -66,12 +68,12 @@ def _x_operands(x_at, x_off, row_x, xe_s, xo_s):
     1..15 zero). x_off [16, 32, 8]: lane m = (t, c, b) of a row-0 thread loads x[8 (8t + 2c... )]:
     the 8 consecutive elements of bytes 32t + 16b + 4c + 0..3, one 16-byte load; byte beta of them
     sits at q = (beta & 1) * 2 + (beta >> 1) = 2u + e, so beta = (e, u) as bits (1, 0)."""
-    x8 = gl.load(x_at + x_off, mask=row_x == 0, other=0.0)  # [16, 32 (t, c, b), 8 (beta, parity)]
-    xe, xo = gl.split(gl.reshape(x8, [16, 32, 4, 2]))
-    xe = gl.reshape(gl.permute(gl.reshape(xe, [16, 4, 4, 2, 2, 2]), [0, 3, 2, 5, 1, 4]), [16, 128])
-    xo = gl.reshape(gl.permute(gl.reshape(xo, [16, 4, 4, 2, 2, 2]), [0, 3, 2, 5, 1, 4]), [16, 128])
-    xe_s.store(xe)
-    xo_s.store(xo)
+    x8 = gl.load(x_at + x_off, mask=row_x == 0, other=0.0)  # [8, 32 (t, c, b), 8 (beta, parity)]
+    xe, xo = gl.split(gl.reshape(x8, [8, 32, 4, 2]))
+    xe = gl.reshape(gl.permute(gl.reshape(xe, [8, 4, 4, 2, 2, 2]), [0, 3, 2, 5, 1, 4]), [8, 128])
+    xo = gl.reshape(gl.permute(gl.reshape(xo, [8, 4, 4, 2, 2, 2]), [0, 3, 2, 5, 1, 4]), [8, 128])
+    xe_s.slice(0, 8, dim=0).store(xe)  # rows 8..15 stay the zeros written once
+    xo_s.slice(0, 8, dim=0).store(xo)
 
 
 @gluon.jit
@@ -131,16 +133,17 @@ def _mxfp4_moe_mma_gluon_kernel(
     s_off = w_n * stride_sn + 2 * t3 + b3
     # X's column 0 in the decoder's order (see _x_operands): x_off [16, 32, 8] = 8 m + j, m = 8t + 2c + b
     xl: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [4, 0, 0], [8, 0, 0]],
+        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [4, 0, 0]],
         lane_bases=[[0, 1, 0], [0, 2, 0], [0, 4, 0], [0, 8, 0], [0, 16, 0]],
-        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[16, 32, 8])
-    row_z = gl.arange(0, 16, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))[:, None, None]
+        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[8, 32, 8])
+    row_z = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))[:, None, None]
     m = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))[None, :, None]
     jj = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))[None, None, :]
     x_off = 2 * (32 * (m // 8) + 16 * (m % 2) + 4 * ((m // 2) % 4)) + jj
     x_row = x_ptr + row * stride_x
-    xe_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl)
-    xo_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl)
+    zeros: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    xe_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl, gl.zeros([16, 128], gl.bfloat16, zeros))
+    xo_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl, gl.zeros([16, 128], gl.bfloat16, zeros))
     acc = gl.zeros([R, 16], gl.float32, mma)
     # two K steps an iteration, both steps' bytes loaded first: the second step's loads are in flight
     # while the first decodes (a loop-carried uint8 buffer would be split into bytes by LLVM)
