@@ -95,7 +95,7 @@ MXFP4_MOE_MMA_KERNELS: tuple[KernelSpec, ...] = tuple(
 # The same projection in Gluon (v4serve/ops/mxfp4_moe_mma_gluon.py, sm_90 only): the bytes loaded in
 # the layout whose decoded registers are wgmma's A fragment (no shared-memory re-layout), X's zero
 # columns in a 4 KB tile per operand (x: one 16-byte load a row-0 thread a step; rows 8..15 zeroed once). sm_90, Triton 3.6:
-# 128 registers, no spills; two K steps an iteration (both loaded first): 729 / 726 SASS
+# 128 registers, no spills; two K steps an iteration (both loaded first): 727 / 726 SASS
 # instructions (down / gate_up) for 256 weights a thread (2.85 a weight).
 MXFP4_MOE_MMA_KERNELS += tuple(
     KernelSpec(

@@ -37,7 +37,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
@@ -90,8 +90,9 @@ def _step(acc, packed, sb, x_at, x_off, row_z, xe_s, xo_s, a_op: gl.constexpr, l
     _x_operands(x_at, x_off, row_z, xe_s, xo_s)
     fence_async_shared()  # generic-proxy stores, then wgmma's async-proxy reads
     _barrier()
-    acc = warpgroup_mma(wa, xe_s.permute((1, 0)), acc)
-    acc = warpgroup_mma(wb, xo_s.permute((1, 0)), acc)
+    acc = warpgroup_mma(wa, xe_s.permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(wb, xo_s.permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, wa, wb))[0]
     _barrier()  # both MMAs have read X before the next step's stores
     return acc
 
