@@ -20,6 +20,8 @@ from v4serve.ops.mxfp4_gemv_triton import GEMV_SWIGLU_CONFIG as GEMV_SWIGLU
 from v4serve.ops.mxfp4_gemv_triton import gemv_config, mxfp4_gemv_triton
 from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
 from v4serve.ops.mxfp4_moe_decode import combine_counters_size, mxfp4_experts
+from v4serve.ops.mxfp4_moe_mma_gluon import mxfp4_moe_mma_gluon
+from v4serve.ops.mxfp4_moe_mma_triton import MMA_CONFIG, MMA_SWIGLU_CONFIG, mxfp4_moe_mma_triton
 from v4serve.ops.mxfp4_grouped_matmul_triton import (
     MXFP4_DECODE_CONFIG as DECODE,
     MXFP4_DECODE_SWIGLU_CONFIG as DECODE_SWIGLU,
@@ -61,6 +63,12 @@ DECODE_VARIANTS = [
      dict(SORT_FREE_DOWN, AHEAD=2, EARLY=True, COMBINE=True), True),
     ("sort-free n / 2", dict(SORT_FREE_UP, BLOCK_N=16), dict(SORT_FREE_DOWN, BLOCK_N=32), True),
     ("sort-free n x 2", dict(SORT_FREE_UP, BLOCK_N=64), dict(SORT_FREE_DOWN, BLOCK_N=128), True),
+    # session 14 (issue 18, branch moe-mma): the sort-free layer on tensor cores, the decoded weights
+    # wgmma's register operand (ops/mxfp4_moe_mma_triton.py; err ~1e-3: the fp32 sum order)
+    ("sort-free mma (weights in wgmma registers)", dict(MMA_SWIGLU_CONFIG, MMA=True), dict(MMA_CONFIG, MMA=True), True),
+    ("sort-free mma, stages 2 (cp.async weights)", dict(MMA_SWIGLU_CONFIG, MMA=True, num_stages=2),
+     dict(MMA_CONFIG, MMA=True, num_stages=2), True),
+    ("sort-free mma, Gluon (bytes in the A fragment's layout)", dict(MMA=True, GLUON=True), dict(MMA=True, GLUON=True), True),
     ("production", None, None, True),
 ]
 PREFILL_VARIANTS = [
@@ -78,7 +86,9 @@ PREFILL_VARIANTS = [
 # Speculative verify batches at c8 (k = 1: 16 tokens, k = 3: 32): production (`gemv_picks`) against
 # the tensor-core kernel it replaced there and the multi-pick GEMV.
 VERIFY_VARIANTS = [DECODE_VARIANTS[i] for i in (0, 1, 2, 3)] + [
-    v for v in DECODE_VARIANTS if v[0] in ("sort-free, combine in down", "sort-free, 2 steps ahead")] + [DECODE_VARIANTS[0]]
+    v for v in DECODE_VARIANTS if v[0] in ("sort-free, combine in down", "sort-free, 2 steps ahead",
+                                           "sort-free mma (weights in wgmma registers)",
+                                           "sort-free mma, Gluon (bytes in the A fragment's layout)")] + [DECODE_VARIANTS[0]]
 SHAPES = {"moe flash c1": ("flash", 1), "moe flash c8": ("flash", 8), "moe flash c64": ("flash", 64),
           "moe flash prefill S2048": ("flash", 2048),
           "moe flash verify c16": ("flash", 16), "moe flash verify c32": ("flash", 32)}
@@ -97,6 +107,19 @@ def layer(case, up_cfg, down_cfg, fused):
     """The routed layer with the given kernels / tiles for the gate_up and down matmuls."""
     x, logits, w13, s13, w2, s2 = case
     bias = torch.zeros(logits.shape[1], device=x.device)
+    if up_cfg is not None and "MMA" in up_cfg:  # route, the two tensor-core projections, combine
+        def mma():
+            experts, weights = moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)
+            flat = experts.reshape(-1).contiguous()
+            if up_cfg.get("GLUON"):
+                hidden = mxfp4_moe_mma_gluon(x, w13, s13, flat, MOE_TOP_K, True, SWIGLU_LIMIT)
+                y = mxfp4_moe_mma_gluon(hidden, w2, s2, flat, MOE_TOP_K, False)
+            else:
+                hidden = mxfp4_moe_mma_triton(x, w13, s13, flat, MOE_TOP_K, True, up_cfg, SWIGLU_LIMIT)
+                y = mxfp4_moe_mma_triton(hidden, w2, s2, flat, MOE_TOP_K, False, down_cfg)
+            return moe_combine(y, None, weights.float().contiguous())
+
+        return mma
     if up_cfg is None or "SORT_FREE" in up_cfg:  # the public op (production), or its sort-free kernel's tiles
         arrivals = torch.zeros(combine_counters_size(w13.shape[0], MOE_TOP_K, w2.shape[1]), dtype=torch.int32,
                                device=x.device)  # kept across calls, as MXFP4Experts keeps them

@@ -35,7 +35,7 @@ from .registry_fp8_swiglu import FP8_SWIGLU_KERNELS
 from .registry_index_topk import INDEX_TOPK_KERNELS
 from .registry_kv_compact import KV_COMPACT_KERNELS
 from .registry_launch_glue import LAUNCH_GLUE_KERNELS
-from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS, MXFP4_MOE_DECODE_KERNELS
+from .registry_mxfp4_gemv import MXFP4_GEMV_KERNELS, MXFP4_MOE_DECODE_KERNELS, MXFP4_MOE_MMA_KERNELS
 from .registry_spec_verify import SPEC_VERIFY_KERNELS
 from .registry_packed_kv import (COMPRESS_DECODE_ALIGNED, INDEX_ALIGNED, INDEX_TYPES, PACKED_KV_KERNELS,
                                  compress_decode_types)
@@ -597,6 +597,7 @@ KERNELS: tuple[KernelSpec, ...] = (
     # ---- MXFP4 MoE GEMV for few picks an expert: v4serve/codegen/registry_mxfp4_gemv.py ----
     *MXFP4_GEMV_KERNELS,
     *MXFP4_MOE_DECODE_KERNELS,
+    *MXFP4_MOE_MMA_KERNELS,
     *DECODE_FUSION_KERNELS,
     *LAUNCH_GLUE_KERNELS,
     *SPEC_VERIFY_KERNELS,  # the verify step's compressor steps and state commit

@@ -12,6 +12,7 @@ Triton 3.6 / 3.8 / 3.9: 1 pick 95-128 (64 / 2 x 32 rows), 2 picks on 32 / 2 x 16
 64 rows it was 212-231).
 """
 from v4serve.ops.mxfp4_gemv_triton import gemv_config
+from v4serve.ops.mxfp4_moe_mma_triton import mma_config
 
 from .spec import Expect, KernelSpec
 
@@ -68,4 +69,45 @@ MXFP4_MOE_DECODE_KERNELS: tuple[KernelSpec, ...] = tuple(
     for ahead in (1, 2)
     for cfg in (gemv_config(1, proj == "gate_up"),)
     if not (combine and ahead > 1)
+)
+
+# The tensor-core decode projection (v4serve/ops/mxfp4_moe_mma_triton.py, issue 18; a sweep variant):
+# the decoded bf16 weights are wgmma's register operand (HGMMA 64x16x16, A from registers), x and
+# its 15 zero columns the shared-memory one. sm_90, Triton 3.6: 127 registers, no spills, 8 KB of
+# shared memory, K loop 466 SASS instructions for 128 weights a thread (3.64 a weight; docs/performance.md).
+MXFP4_MOE_MMA_KERNELS: tuple[KernelSpec, ...] = tuple(
+    KernelSpec(
+        f"moe.mxfp4_mma_{proj}", "v4serve.ops.mxfp4_moe_mma_triton:_mxfp4_moe_mma_kernel",
+        types=dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", experts_ptr="*i64", y_ptr="*bf16", N="i32", K="i32",
+                   stride_x="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32",
+                   stride_y="i32", limit="fp32"),
+        aligned=("x_ptr", "w_ptr", "s_ptr", "experts_ptr", "y_ptr", "N", "K", "stride_x", "stride_we", "stride_wn",
+                 "stride_se", "stride_sn", "stride_y"),
+        constexprs=dict(PDL=False, TOP_K=6, X_PER_TOKEN=proj == "gate_up", DECODE_ASM=True, SWIGLU=proj == "gate_up",
+                        BLOCK_OUT=cfg["BLOCK_OUT"], BLOCK_K=cfg["BLOCK_K"]),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        expect=Expect(max_regs=168, tensor_cores=True),
+    )
+    for proj in ("gate_up", "down")
+    for cfg in (mma_config(proj == "gate_up"),)
+)
+
+# The same projection in Gluon (v4serve/ops/mxfp4_moe_mma_gluon.py, sm_90 only): the bytes loaded in
+# the layout whose decoded registers are wgmma's A fragment (no shared-memory re-layout), X's zero
+# columns in a 4 KB tile per operand (x: one 16-byte load a row-0 thread a step; rows 8..15 zeroed once). sm_90, Triton 3.6:
+# 128 registers, no spills; two K steps an iteration (both loaded first): 727 / 726 SASS
+# instructions (down / gate_up) for 256 weights a thread (2.85 a weight).
+MXFP4_MOE_MMA_KERNELS += tuple(
+    KernelSpec(
+        f"moe.mxfp4_mma_gluon_{proj}", "v4serve.ops.mxfp4_moe_mma_gluon:_mxfp4_moe_mma_gluon_kernel",
+        types=dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", experts_ptr="*i64", y_ptr="*bf16", N="i32", K="i32",
+                   stride_x="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32",
+                   stride_y="i32", limit="fp32"),
+        aligned=("x_ptr", "w_ptr", "s_ptr", "experts_ptr", "y_ptr", "N", "K", "stride_x", "stride_we", "stride_wn",
+                 "stride_se", "stride_sn", "stride_y"),
+        constexprs=dict(TOP_K=6, X_PER_TOKEN=proj == "gate_up", SWIGLU=proj == "gate_up"),
+        archs=(90,), num_warps=4, num_stages=1,
+        expect=Expect(max_regs=168, tensor_cores=True),
+    )
+    for proj in ("gate_up", "down")
 )

@@ -1,0 +1,153 @@
+"""The tensor-core decode MoE projection (ops/mxfp4_moe_mma_triton.py) against the torch reference
+(fp32 products and sums of the exactly dequantized weights): only the fp32 sum order differs, so
+|y - ref| <= gamma_K sum |w x| (bf16 rounding of y on top). A pick's row does not depend on the
+other picks in the launch (bit for bit). Interpreted on the CPU at small shapes; GPU at Flash shapes."""
+
+import pytest
+import torch
+
+from v4serve.ops.weight_formats import dequantize_mxfp4
+from v4serve.ops.mxfp4_moe_mma_triton import mma_scales_exact, mxfp4_moe_mma_triton
+from v4serve.ops.swiglu import clamped_swiglu
+
+LIMIT = 7.0
+
+
+def _tensors(e, n_w, k, seed, device="cpu"):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    w = torch.randint(0, 256, (e, n_w, k // 2), generator=gen, device=device, dtype=torch.int32).to(torch.uint8)
+    s = torch.randint(118, 129, (e, n_w, k // 32), generator=gen, device=device, dtype=torch.int32).to(torch.uint8)
+    return w, s
+
+
+def _reference(x, w, s, experts, top_k, per_token, swiglu):
+    """y[p] = x[row(p)] . W[e_p]^T in fp32 (products exact, sums in k order), rounded to bf16."""
+    rows = torch.arange(experts.numel(), device=x.device) // top_k if per_token else torch.arange(experts.numel())
+    dense = dequantize_mxfp4(w, s).float()  # [E, N_W, K]
+    y = torch.einsum("pk,pnk->pn", x[rows].float(), dense[experts.long()])
+    if not swiglu:
+        return y.to(x.dtype), y
+    gate, up = y.to(x.dtype).chunk(2, dim=-1)
+    return clamped_swiglu(gate, up, LIMIT), y
+
+
+def _bound(x, w, s, experts, top_k, per_token):
+    rows = torch.arange(experts.numel()) // top_k if per_token else torch.arange(experts.numel())
+    dense = dequantize_mxfp4(w, s).float()
+    k = x.shape[1]
+    return torch.einsum("pk,pnk->pn", x[rows].float().abs(), dense[experts.long()].abs()) * (k * 2.0**-24)
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_mma_projection_matches_the_reference(swiglu):
+    e, k, n_out, top_k, tokens = 4, 512, 80, 2, 3  # 2 K steps; 80 outputs: a masked last tile
+    n_w = 2 * n_out if swiglu else n_out
+    w, s = _tensors(e, n_w, k, seed=1)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(tokens if swiglu else tokens * top_k, k, generator=gen).to(torch.bfloat16)
+    experts = torch.tensor([0, 3, 3, 3, 1, 2], dtype=torch.int32)  # a repeated expert, within and across tokens
+    y = mxfp4_moe_mma_triton(x, w, s, experts, top_k, swiglu, swiglu_limit=LIMIT if swiglu else None)
+    ref, fp32 = _reference(x, w, s, experts, top_k, swiglu, swiglu)
+    if swiglu:  # compare the projection before the epilogue's roundings: run it without the SwiGLU
+        y_lin = mxfp4_moe_mma_triton(x, w, s, experts, top_k, True)
+        bound = _bound(x, w, s, experts, top_k, True) + fp32.abs() * 2.0**-8
+        assert (y_lin.float() - fp32).abs().le(bound).all()
+        assert (y.float() - ref.float()).abs().le(0.05 * ref.float().abs() + 0.05).all()
+    else:
+        bound = _bound(x, w, s, experts, top_k, False) + fp32.abs() * 2.0**-8
+        assert (y.float() - fp32).abs().le(bound).all()
+
+
+def test_a_picks_row_does_not_depend_on_the_batch():
+    e, k, n, top_k = 3, 256, 64, 2
+    w, s = _tensors(e, n, k, seed=3)
+    x = torch.randn(4, k, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    experts = torch.tensor([2, 0, 1, 2], dtype=torch.int64)
+    full = mxfp4_moe_mma_triton(x, w, s, experts, top_k, False)
+    for p in range(4):
+        alone = mxfp4_moe_mma_triton(x[p:p + 1], w, s, experts[p:p + 1], 1, False)
+        assert torch.equal(alone[0], full[p])
+
+
+def test_scales_exact_and_bad_input():
+    w, s = _tensors(1, 64, 256, seed=5)
+    assert mma_scales_exact(s)
+    assert not mma_scales_exact(torch.full_like(s, 129))
+    x = torch.randn(1, 256).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="bf16"):
+        mxfp4_moe_mma_triton(x.float(), w, s, torch.zeros(1, dtype=torch.int32), 1, False)
+    with pytest.raises(ValueError, match="BLOCK_K"):
+        mxfp4_moe_mma_triton(x[:, :96], w[:, :, :48], s[:, :, :3], torch.zeros(1, dtype=torch.int32), 1, False)
+
+
+def test_gluon_kernels_positions_pair_with_their_x():
+    """The Gluon kernel's K order, emulated on the CPU (Gluon does not run in the interpreter): the
+    bytes [t 4, b 2, ii 16] of a step, the decoder's byte order (0, 2, 1, 3) within each 4 bytes
+    (its pack), the logical reshape / permute to position p, and the x offset it loads for p."""
+    byte = (32 * torch.arange(4)[:, None, None] + 16 * torch.arange(2)[None, :, None]
+            + torch.arange(16)[None, None, :])  # the byte each register holds
+    order = torch.tensor([0, 2, 1, 3])
+    src = byte.reshape(4, 2, 4, 4)[..., order].reshape(4, 2, 16)  # the byte each decoded element comes from
+    at_p = src.reshape(4, 2, 4, 2, 2).permute(1, 2, 3, 0, 4).reshape(128)
+    # X's column 0 as _x_operands builds it: lane m = 8t + 2c + b loads x elements
+    # 2 (32t + 16b + 4c) + j, j = 2 beta + parity; logical [t, c, b, e, u] with beta = 2e + u
+    m, j = torch.arange(32)[:, None], torch.arange(8)[None, :]
+    elem = 2 * (32 * (m // 8) + 16 * (m % 2) + 4 * ((m // 2) % 4)) + j  # [32, 8]
+    even = elem.reshape(32, 4, 2)[..., 0]
+    even_at_p = even.reshape(4, 4, 2, 2, 2).permute(2, 1, 4, 0, 3).reshape(128)
+    assert torch.equal(2 * at_p, even_at_p)  # low nibble of byte j = element 2j (the high one: + 1)
+    assert sorted(at_p.tolist()) == list(range(128))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 8, 16, 32])
+def test_mma_gluon_flash_shapes_gpu(tokens):
+    """The Gluon kernel against the `tl` one and production, Flash shapes (sm_90 only)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    from v4serve.ops.mxfp4_moe_decode_triton import mxfp4_moe_pick_triton
+    from v4serve.ops.mxfp4_moe_mma_gluon import mxfp4_moe_mma_gluon
+    dev = "cuda"
+    w13, s13 = _tensors(256, 4096, 4096, seed=6, device=dev)
+    w2, s2 = _tensors(256, 4096, 2048, seed=7, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(8)
+    x = torch.randn(tokens, 4096, generator=gen, device=dev).to(torch.bfloat16)
+    experts = torch.rand(tokens, 256, generator=gen, device=dev).topk(6, 1).indices.reshape(-1).contiguous()
+    h = mxfp4_moe_mma_gluon(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT)
+    h_prod = mxfp4_moe_pick_triton(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT)
+    assert (h.float() - h_prod.float()).norm() / h_prod.float().norm() < 1e-2
+    y = mxfp4_moe_mma_gluon(h_prod, w2, s2, experts, 6, False)
+    y_prod = mxfp4_moe_pick_triton(h_prod, w2, s2, experts, 6, False)
+    assert (y.float() - y_prod.float()).abs().le(_gpu_bound(h_prod, w2, s2, experts)).all()
+    assert torch.equal(mxfp4_moe_mma_gluon(h_prod[:6], w2, s2, experts[:6], 6, False), y[:6])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 8, 16, 32])
+def test_mma_flash_shapes_gpu(tokens):
+    """V4-Flash: gate_up [256, 4096, 4096 / 2] with the SwiGLU, down [256, 4096, 2048 / 2], top-6."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from v4serve.ops.mxfp4_moe_decode_triton import mxfp4_moe_pick_triton
+    dev = "cuda"
+    w13, s13 = _tensors(256, 4096, 4096, seed=6, device=dev)
+    w2, s2 = _tensors(256, 4096, 2048, seed=7, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(8)
+    x = torch.randn(tokens, 4096, generator=gen, device=dev).to(torch.bfloat16)
+    experts = torch.rand(tokens, 256, generator=gen, device=dev).topk(6, 1).indices.reshape(-1).contiguous()
+    h = mxfp4_moe_mma_triton(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT)
+    h_prod = mxfp4_moe_pick_triton(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT)
+    assert (h.float() - h_prod.float()).norm() / h_prod.float().norm() < 1e-2
+    y = mxfp4_moe_mma_triton(h_prod, w2, s2, experts, 6, False)
+    y_prod = mxfp4_moe_pick_triton(h_prod, w2, s2, experts, 6, False)
+    assert (y.float() - y_prod.float()).norm() / y_prod.float().norm() < 1e-2
+    assert (y.float() - y_prod.float()).abs().le(_gpu_bound(h_prod, w2, s2, experts)).all()
+    alone = mxfp4_moe_mma_triton(h_prod[:6], w2, s2, experts[:6], 6, False)
+    assert torch.equal(alone, y[:6])  # row independence
+
+
+def _gpu_bound(x, w, s, experts):
+    """Per pick: 2 K 2^-24 sum |w x| (the fp32 sum order) + 2^-7 sum |w x| (bf16 rounding of both)."""
+    mag = torch.stack([x[p].float().abs() @ dequantize_mxfp4(w[e], s[e]).abs().T
+                       for p, e in enumerate(experts.tolist())])
+    return mag * (2 * x.shape[1] * 2.0**-24) + mag * 2.0**-7

@@ -1,0 +1,199 @@
+"""Gluon kernel of the MXFP4 MoE decode projection on Hopper tensor cores (issue 18): the same math,
+contract and calling convention as mxfp4_moe_mma_triton.py (read its docstring first), written in
+Gluon so that the layouts are ours instead of Triton's choices:
+
+- the weight bytes are loaded straight in a layout whose registers, once decoded, ARE wgmma's
+  register operand (no shared-memory round trip and no ldmatrix re-layout of the bytes: the
+  `convert_layout` to the dot operand below is a register renaming);
+- x's operand X [K 128, N 16] (column 0 = x, 15 zero columns) is one 4 KB shared tile per
+  operand (even / odd elements), built from one 16-byte load of 8 consecutive x a row-0 thread;
+  rows 8..15 are zeroed once, rows 0..7 rewritten each step.
+
+K loop (sm_90, Triton 3.6; two 256-element steps an iteration, both steps' bytes loaded first):
+729 SASS instructions for 256 weights a thread, 2.85 a weight (production's sort-free GEMV 4.64,
+mxfp4_moe_mma_triton.py 3.64): decode 2.13 (3 integer ops and one HFMA2 a pair, a shift a word),
+1/8 HGMMA, the rest X (8 STS, 5 PRMT, 1 LDG a step: rows 0..7 of the tile rewritten, 8..15 zeroed
+once), addresses, fences and barriers; 128
+registers, no spills.
+
+Layouts (4 warps = one warpgroup, 64 weight rows a program, BLOCK_K 256 a step). A K step's bytes
+of one row are 128: thread t (lane bits 0-1) of a quad owns bytes 32t .. 32t+31 (two 16-byte
+loads), rows: lane bits 2-4 = row bits 0-2, register = row bit 3, warps = row bits 4-5. The bytes
+tensor is [64 rows, 4 t, 2 b, 16 ii] (byte 32t + 16b + ii, one 32-element scale block per (t, b)).
+The PTX decoder takes 4 consecutive bytes (ii bits 0-1, registers) and returns for the low and the
+high nibbles the bf16 pairs (bytes 0, 2) and (1, 3), times the block scale pair 2^(b - 1) (the
+folded multiply of mxfp4_moe_mma_triton.py: exact for scale bytes <= 128). Reshaped and permuted
+logically to [64, 128] with position p = 16 (4 b + c) + 8 u + 2 t + e (ii = 4 c + 2 u + e), each
+thread holds exactly the positions wgmma's A fragment gives it (rows g, g + 8; k = 2t, 2t+1, 2t+8,
+2t+9 of each k16 chunk), so both the even (low nibble) and the odd (high nibble) tiles are A
+operands as they are. Position p holds the nibble of byte 32t + 16b + 4c + 2 (q & 1) + (q >> 1),
+q = 2u + e (the decoder's byte order 0, 2, 1, 3); X's column 0 is loaded in that order.
+
+Numerics: as mxfp4_moe_mma_triton.py (exact products, fp32 sums in the MMA's order), the k order
+of the sums differs from it (so do the last bits). A pick's row does not depend on the batch.
+"""
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+
+def _pair(dst: str, src: str, mask: int, spread: int) -> str:
+    return (f"and.b32 a, {src}, {mask:#x};\n"
+            f"mul.lo.u32 a, a, {spread:#x};\n"
+            "and.b32 a, a, 0x81C081C0;\n"
+            f"fma.rn.bf16x2 {dst}, a, $5, nz;\n")
+
+
+# $0 / $1: the low nibbles of bytes (0, 2) / (1, 3) of the 4 bytes in $4; $2 / $3: the high ones;
+# $5..$8: the block's scale pair 2^(b - 1) as bf16x2 (the 4 bytes share a block: $5 serves all).
+# Sign bit 3 (7) -> 15 (x 2^12 / 2^8), magnitude bits 2..0 (6..4) -> 8..6 (x 2^6 / 2^2): the bf16
+# e2m1 * 2^-126, times 2^(b - 1) (fma with -0: signed zeros kept).
+_LOW, _HIGH = (0x000F000F, (1 << 12) + (1 << 6)), (0x00F000F0, (1 << 8) + (1 << 2))
+_DECODE_ASM = gl.constexpr(
+    "{\n.reg .b32 a, v, nz;\nmov.b32 nz, 0x80008000;\nshr.u32 v, $4, 8;\n"
+    + _pair("$0", "$4", *_LOW) + _pair("$1", "v", *_LOW) + _pair("$2", "$4", *_HIGH) + _pair("$3", "v", *_HIGH)
+    + "}")
+ROWS = 64  # weight rows a program (wgmma M)
+BLOCK_K = gl.constexpr(256)
+
+
+@gluon.jit
+def _x_operands(x_at, x_off, row_x, xe_s, xo_s):
+    """Write X_even and X_odd [16, 128] (row 0 = x's even / odd elements in the decoder's order, rows
+    1..15 zero). x_off [16, 32, 8]: lane m = (t, c, b) of a row-0 thread loads x[8 (8t + 2c... )]:
+    the 8 consecutive elements of bytes 32t + 16b + 4c + 0..3, one 16-byte load; byte beta of them
+    sits at q = (beta & 1) * 2 + (beta >> 1) = 2u + e, so beta = (e, u) as bits (1, 0)."""
+    x8 = gl.load(x_at + x_off, mask=row_x == 0, other=0.0)  # [8, 32 (t, c, b), 8 (beta, parity)]
+    xe, xo = gl.split(gl.reshape(x8, [8, 32, 4, 2]))
+    xe = gl.reshape(gl.permute(gl.reshape(xe, [8, 4, 4, 2, 2, 2]), [0, 3, 2, 5, 1, 4]), [8, 128])
+    xo = gl.reshape(gl.permute(gl.reshape(xo, [8, 4, 4, 2, 2, 2]), [0, 3, 2, 5, 1, 4]), [8, 128])
+    xe_s.slice(0, 8, dim=0).store(xe)  # rows 8..15 stay the zeros written once
+    xo_s.slice(0, 8, dim=0).store(xo)
+
+
+@gluon.jit
+def _step(acc, packed, sb, x_at, x_off, row_z, xe_s, xo_s, a_op: gl.constexpr, lb: gl.constexpr):
+    """One K step: decode the bytes into the two A fragments, write X, two wgmma."""
+    R: gl.constexpr = 64
+    mult = ((sb + 126) * 0x00800080)[:, :, :, None] + gl.zeros([R, 4, 2, 16], gl.int32, lb)
+    wa, wb = gl.inline_asm_elementwise(_DECODE_ASM, "=r,=r,=r,=r,r,r,r,r,r", [packed, mult],
+                                       dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=4)
+    wa = gl.convert_layout(gl.reshape(gl.permute(gl.reshape(wa, [R, 4, 2, 4, 2, 2]), [0, 2, 3, 4, 1, 5]),
+                                      [R, 128]), a_op)
+    wb = gl.convert_layout(gl.reshape(gl.permute(gl.reshape(wb, [R, 4, 2, 4, 2, 2]), [0, 2, 3, 4, 1, 5]),
+                                      [R, 128]), a_op)
+    _x_operands(x_at, x_off, row_z, xe_s, xo_s)
+    fence_async_shared()  # generic-proxy stores, then wgmma's async-proxy reads
+    _barrier()
+    acc = warpgroup_mma(wa, xe_s.permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(wb, xo_s.permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, wa, wb))[0]
+    _barrier()  # both MMAs have read X before the next step's stores
+    return acc
+
+
+@gluon.jit
+def _mxfp4_moe_mma_gluon_kernel(
+    x_ptr, w_ptr, s_ptr, experts_ptr, y_ptr,
+    N, K, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, limit,
+    TOP_K: gl.constexpr, X_PER_TOKEN: gl.constexpr, SWIGLU: gl.constexpr,
+):
+    """Strides in elements (bytes for the uint8 tensors); N % (32 or 64) == 0, K % 512 == 0. No PDL
+    (a sweep variant: launched plainly)."""
+    R: gl.constexpr = 64
+    OUT: gl.constexpr = 32 if SWIGLU else 64
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    lb: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4], [0, 0, 0, 8], [0, 0, 1, 0], [8, 0, 0, 0]],
+        lane_bases=[[0, 1, 0, 0], [0, 2, 0, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]],
+        warp_bases=[[16, 0, 0, 0], [32, 0, 0, 0]], block_bases=[], shape=[64, 4, 2, 16])
+    l3: gl.constexpr = gl.SliceLayout(3, lb)
+    sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    pick = gl.program_id(0)
+    e = gl.load(experts_ptr + pick).to(gl.int64)
+    row = (pick // TOP_K if X_PER_TOKEN else pick).to(gl.int64)
+    n0 = gl.program_id(1) * OUT
+    r3 = gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, l3)))[:, None, None]
+    t3 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, l3)))[None, :, None]
+    b3 = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, l3)))[None, None, :]
+    ii = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, lb))))[None, None, None, :]
+    if SWIGLU:  # rows 0..31 gate n0 + r, 32..63 up N + n0 + r - 32
+        w_n = (n0 + r3 % OUT + (r3 // OUT) * N).to(gl.int64)
+    else:
+        w_n = (n0 + r3).to(gl.int64)
+    w_base = w_ptr + e * stride_we
+    s_base = s_ptr + e * stride_se
+    byte_off = (w_n * stride_wn + 32 * t3 + 16 * b3)[:, :, :, None] + ii
+    s_off = w_n * stride_sn + 2 * t3 + b3
+    # X's column 0 in the decoder's order (see _x_operands): x_off [16, 32, 8] = 8 m + j, m = 8t + 2c + b
+    xl: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [4, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [0, 4, 0], [0, 8, 0], [0, 16, 0]],
+        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[8, 32, 8])
+    row_z = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))[:, None, None]
+    m = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))[None, :, None]
+    jj = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))[None, None, :]
+    x_off = 2 * (32 * (m // 8) + 16 * (m % 2) + 4 * ((m // 2) % 4)) + jj
+    x_row = x_ptr + row * stride_x
+    zeros: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    xe_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl, gl.zeros([16, 128], gl.bfloat16, zeros))
+    xo_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl, gl.zeros([16, 128], gl.bfloat16, zeros))
+    acc = gl.zeros([R, 16], gl.float32, mma)
+    # two K steps an iteration, both steps' bytes loaded first: the second step's loads are in flight
+    # while the first decodes (a loop-carried uint8 buffer would be split into bytes by LLVM)
+    for k0 in range(0, K, 2 * BLOCK_K):
+        packed0 = gl.load(w_base + k0 // 2 + byte_off)
+        sb0 = gl.load(s_base + k0 // 32 + s_off).to(gl.int32)
+        packed1 = gl.load(w_base + (k0 + BLOCK_K) // 2 + byte_off)
+        sb1 = gl.load(s_base + (k0 + BLOCK_K) // 32 + s_off).to(gl.int32)
+        acc = _step(acc, packed0, sb0, x_row + k0, x_off, row_z, xe_s, xo_s, a_op, lb)
+        acc = _step(acc, packed1, sb1, x_row + k0 + BLOCK_K, x_off, row_z, xe_s, xo_s, a_op, lb)
+    col = gl.arange(0, 16, layout=gl.SliceLayout(0, mma))[None, :]
+    v = gl.sum(gl.where(col == 0, acc, 0.0), axis=1)  # column 0: the pick
+    dtype = y_ptr.dtype.element_ty
+    if SWIGLU:
+        pairs: gl.constexpr = gl.BlockedLayout([1, 2], [32, 1], [4, 1], [1, 0])  # (gate, up) in a thread
+        gate, up = gl.split(gl.convert_layout(gl.permute(gl.reshape(v, [2, OUT]), [1, 0]), pairs))
+        # swiglu_triton.clamped_swiglu_f32's roundings: gate and up in bf16 first, silu(gate) rounded
+        g = gl.minimum(gate.to(dtype).to(gl.float32), limit).to(dtype).to(gl.float32)
+        u = gl.minimum(gl.maximum(up.to(dtype).to(gl.float32), -limit), limit).to(dtype).to(gl.float32)
+        h = ((g / (1.0 + gl.exp(-g))).to(dtype).to(gl.float32) * u).to(dtype)
+        offs = n0 + gl.arange(0, OUT, layout=gl.SliceLayout(1, pairs))
+    else:
+        h = v.to(dtype)
+        offs = n0 + gl.arange(0, OUT, layout=gl.SliceLayout(1, mma))
+    gl.store(y_ptr + pick.to(gl.int64) * stride_y + offs, h)
+
+
+def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor,
+                        top_k: int, per_token: bool, swiglu_limit: float | None = None) -> torch.Tensor:
+    """`mxfp4_moe_mma_triton`'s contract on sm_90 CUDA (Gluon does not run in the interpreter)."""
+    e, n_w, half_k = weight.shape
+    k = 2 * half_k
+    swiglu = swiglu_limit is not None
+    n = n_w // 2 if swiglu else n_w
+    out = 32 if swiglu else 64
+    if x.dtype != torch.bfloat16 or x.stride(1) != 1 or k % (2 * BLOCK_K) or n % out:
+        raise ValueError(f"bf16 x with unit stride, K % {2 * BLOCK_K} == 0 and N % {out} == 0, got {x.dtype}, "
+                         f"K {k}, N {n}")
+    if weight.stride(2) != 1 or scale.stride(2) != 1 or weight.stride(1) % 16 or weight.data_ptr() % 16:
+        raise ValueError("weight rows must be 16-byte aligned with unit stride along K")
+    if experts.dim() != 1 or not experts.is_contiguous():
+        raise ValueError(f"experts must be contiguous [P], got {tuple(experts.shape)}")
+    picks = experts.shape[0]
+    y = torch.empty(picks, n, dtype=x.dtype, device=x.device)
+    if picks == 0:
+        return y
+    _mxfp4_moe_mma_gluon_kernel[(picks, triton.cdiv(n, out))](
+        x, weight, scale, experts, y, n, k, x.stride(0), weight.stride(0), weight.stride(1), scale.stride(0),
+        scale.stride(1), y.stride(0), float(swiglu_limit) if swiglu else 0.0,
+        TOP_K=top_k, X_PER_TOKEN=per_token, SWIGLU=swiglu, num_warps=4,
+    )
+    return y
