@@ -46,9 +46,10 @@ for stage in "$@"; do
       pytest_group "$log" tests/ops/test_mxfp4_moe_decode.py tests/ops/test_mxfp4_gemv.py tests/model/test_quantized_gpu.py
       pytest_group "$log" tests/ops/test_packed_kernels_gpu.py -k variants
       ;;
-    tests14b)  # session 14: index top-k, shared-expert SwiGLU in the FP8 epilogue
+    tests14b)  # session 14: index top-k, shared-expert SwiGLU in the FP8 epilogue, MoE GEMV on tensor cores
       pytest_group "$log" tests/ops/test_index_topk.py
       pytest_group "$log" tests/ops/test_fp8_linear_swiglu.py tests/model/test_shared_expert_swiglu.py
+      pytest_group "$log" tests/ops/test_mxfp4_moe_mma.py
       ;;
     rows)
       run 300 "$log" $PY -m v4serve.bench.kernels --no-cold --json "$OUT/pending_rows.json" \
