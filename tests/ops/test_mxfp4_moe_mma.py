@@ -99,6 +99,17 @@ def test_gluon_kernels_positions_pair_with_their_x():
     assert sorted(at_p.tolist()) == list(range(128))
 
 
+def _flash_case(tokens: int):
+    """V4-Flash on the GPU: gate_up [256, 4096, 4096 / 2], down [256, 4096, 2048 / 2], `tokens` rows,
+    top-6 picks a token."""
+    w13, s13 = _tensors(256, 4096, 4096, seed=6, device="cuda")
+    w2, s2 = _tensors(256, 4096, 2048, seed=7, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    x = torch.randn(tokens, 4096, generator=gen, device="cuda").to(torch.bfloat16)
+    experts = torch.rand(tokens, 256, generator=gen, device="cuda").topk(6, 1).indices.reshape(-1).contiguous()
+    return w13, s13, w2, s2, x, experts
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 8, 16, 32])
 def test_mma_gluon_flash_shapes_gpu(tokens):
@@ -107,12 +118,7 @@ def test_mma_gluon_flash_shapes_gpu(tokens):
         pytest.skip("needs an sm_90 GPU")
     from v4serve.ops.mxfp4_moe_decode_triton import mxfp4_moe_pick_triton
     from v4serve.ops.mxfp4_moe_mma_gluon import mxfp4_moe_mma_gluon
-    dev = "cuda"
-    w13, s13 = _tensors(256, 4096, 4096, seed=6, device=dev)
-    w2, s2 = _tensors(256, 4096, 2048, seed=7, device=dev)
-    gen = torch.Generator(device=dev).manual_seed(8)
-    x = torch.randn(tokens, 4096, generator=gen, device=dev).to(torch.bfloat16)
-    experts = torch.rand(tokens, 256, generator=gen, device=dev).topk(6, 1).indices.reshape(-1).contiguous()
+    w13, s13, w2, s2, x, experts = _flash_case(tokens)
     h = mxfp4_moe_mma_gluon(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT)
     h_prod = mxfp4_moe_pick_triton(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT)
     assert (h.float() - h_prod.float()).norm() / h_prod.float().norm() < 1e-2
@@ -129,12 +135,7 @@ def test_mma_flash_shapes_gpu(tokens):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from v4serve.ops.mxfp4_moe_decode_triton import mxfp4_moe_pick_triton
-    dev = "cuda"
-    w13, s13 = _tensors(256, 4096, 4096, seed=6, device=dev)
-    w2, s2 = _tensors(256, 4096, 2048, seed=7, device=dev)
-    gen = torch.Generator(device=dev).manual_seed(8)
-    x = torch.randn(tokens, 4096, generator=gen, device=dev).to(torch.bfloat16)
-    experts = torch.rand(tokens, 256, generator=gen, device=dev).topk(6, 1).indices.reshape(-1).contiguous()
+    w13, s13, w2, s2, x, experts = _flash_case(tokens)
     h = mxfp4_moe_mma_triton(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT)
     h_prod = mxfp4_moe_pick_triton(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT)
     assert (h.float() - h_prod.float()).norm() / h_prod.float().norm() < 1e-2

@@ -35,37 +35,46 @@ import triton.language as tl
 
 # bf16 2^126 as a pair (exponent field 253), and -0.0 as a pair (the fma addend that leaves a*b).
 _BF16X2_TWO_POW_126 = 0x7E807E80
-_BF16X2_NEG_ZERO = 0x80008000
+BF16X2_NEG_ZERO = 0x80008000
 _TWO_POW_126 = tl.constexpr(2.0**126)
 
 
-def _nibble_pair(dst: str, src: str, nibble_mask: int, spread: int, scale: str) -> str:
-    """PTX: the bf16 pair of one nibble of each 16-bit half of `src`, times 2^126 and the scale pair.
-    The nibble (mask) times `spread` = (1 << sign_shift) + (1 << magnitude_shift) puts a copy of it
-    where its sign bit lands on bit 15 / 31 and one where its magnitude bits land on 8..6 / 24..22
-    (the two copies do not overlap, so the product has no carries); the second mask keeps those."""
-    return (f"and.b32 a, {src}, {nibble_mask:#x};\n"
-            f"mul.lo.u32 a, a, {spread:#x};\n"
-            "and.b32 a, a, 0x81C081C0;\n"
-            "fma.rn.bf16x2 a, a, k126, nz;\n"
-            f"fma.rn.bf16x2 {dst}, a, {scale}, nz;\n")
+# A nibble's mask and its spread: low nibble (bits 3..0) shifts 12 (sign) and 6 (magnitude), high
+# nibble (bits 7..4) shifts 8 and 2, in both 16-bit halves of a word.
+NIBBLE_LOW, NIBBLE_HIGH = (0x000F000F, (1 << 12) + (1 << 6)), (0x00F000F0, (1 << 8) + (1 << 2))
 
 
-# $0..$3: outputs; $4: 4 packed bytes; $5, $6: their scales as two bf16 pairs. t01 / t23 hold bytes
-# 0, 1 / 2, 3 in the low byte of each 16-bit half (prmt selector 4 = a zero byte of `zero`). Low
-# nibble (bits 3..0): shifts 12 (sign) and 6 (magnitude); high nibble (bits 7..4): shifts 8 and 2.
-_LOW, _HIGH = (0x000F000F, (1 << 12) + (1 << 6)), (0x00F000F0, (1 << 8) + (1 << 2))
-_DECODE_ASM = tl.constexpr(
-    "{\n.reg .b32 t01, t23, a, k126, nz, zero;\n"
-    f"mov.b32 k126, {_BF16X2_TWO_POW_126:#x};\n"
-    f"mov.b32 nz, {_BF16X2_NEG_ZERO:#x};\n"
-    "mov.b32 zero, 0;\n"
-    "prmt.b32 t01, $4, zero, 0x4140;\n"
-    "prmt.b32 t23, $4, zero, 0x4342;\n"
-    + _nibble_pair("$0", "t01", *_LOW, "$5") + _nibble_pair("$1", "t23", *_LOW, "$6")
-    + _nibble_pair("$2", "t01", *_HIGH, "$5") + _nibble_pair("$3", "t23", *_HIGH, "$6")
-    + "}"
-)
+def nibble_pair_ptx(dst: str, src: str, nibble: tuple[int, int], *factors: str) -> str:
+    """PTX: the bf16 pair of one nibble (NIBBLE_LOW / NIBBLE_HIGH) of each 16-bit half of `src`,
+    times each bf16x2 register of `factors` in turn (fma with the -0 pair `nz`; scratch register
+    `a`). The nibble (mask) times its spread = (1 << sign_shift) + (1 << magnitude_shift) puts a copy
+    of it where its sign bit lands on bit 15 / 31 and one where its magnitude bits land on 8..6 /
+    24..22 (the two copies do not overlap, so the product has no carries); the second mask keeps
+    those: e2m1 * 2^-126 as bf16 (the docstring's bit trick, bias 127)."""
+    mask, spread = nibble
+    ptx = f"and.b32 a, {src}, {mask:#x};\nmul.lo.u32 a, a, {spread:#x};\nand.b32 a, a, 0x81C081C0;\n"
+    for n, factor in enumerate(factors):
+        ptx += f"fma.rn.bf16x2 {dst if n == len(factors) - 1 else 'a'}, a, {factor}, nz;\n"
+    return ptx
+
+
+def four_bytes_ptx(factors_01: tuple[str, ...], factors_23: tuple[str, ...], registers: str = "",
+                   setup: str = "") -> str:
+    """PTX of one inline-asm call over 4 packed bytes ($4): $0, $1 the low nibbles of bytes (0, 1) and
+    (2, 3), $2, $3 their high nibbles, each pair times `factors_01` / `factors_23` (registers or
+    operands). t01 / t23 hold bytes 0, 1 / 2, 3 in the low byte of each 16-bit half (prmt selector 4
+    = a zero byte of `zero`), so each output element depends on its own byte only."""
+    return ("{\n.reg .b32 t01, t23, a, nz, zero" + registers + ";\n"
+            f"mov.b32 nz, {BF16X2_NEG_ZERO:#x};\nmov.b32 zero, 0;\n" + setup
+            + "prmt.b32 t01, $4, zero, 0x4140;\nprmt.b32 t23, $4, zero, 0x4342;\n"
+            + nibble_pair_ptx("$0", "t01", NIBBLE_LOW, *factors_01) + nibble_pair_ptx("$1", "t23", NIBBLE_LOW, *factors_23)
+            + nibble_pair_ptx("$2", "t01", NIBBLE_HIGH, *factors_01)
+            + nibble_pair_ptx("$3", "t23", NIBBLE_HIGH, *factors_23) + "}")
+
+
+# $0..$3: outputs; $4: 4 packed bytes; $5, $6: their scales as two bf16 pairs, after 2^126.
+_DECODE_ASM = tl.constexpr(four_bytes_ptx(("k126", "$5"), ("k126", "$6"), ", k126",
+                                            f"mov.b32 k126, {_BF16X2_TWO_POW_126:#x};\n"))
 
 
 @triton.jit

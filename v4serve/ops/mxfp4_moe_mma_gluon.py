@@ -39,25 +39,19 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from v4serve.ops.mxfp4_decode_triton import NIBBLE_HIGH, NIBBLE_LOW, nibble_pair_ptx
+
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-
-
-def _pair(dst: str, src: str, mask: int, spread: int) -> str:
-    return (f"and.b32 a, {src}, {mask:#x};\n"
-            f"mul.lo.u32 a, a, {spread:#x};\n"
-            "and.b32 a, a, 0x81C081C0;\n"
-            f"fma.rn.bf16x2 {dst}, a, $5, nz;\n")
 
 
 # $0 / $1: the low nibbles of bytes (0, 2) / (1, 3) of the 4 bytes in $4; $2 / $3: the high ones;
 # $5..$8: the block's scale pair 2^(b - 1) as bf16x2 (the 4 bytes share a block: $5 serves all).
 # Sign bit 3 (7) -> 15 (x 2^12 / 2^8), magnitude bits 2..0 (6..4) -> 8..6 (x 2^6 / 2^2): the bf16
 # e2m1 * 2^-126, times 2^(b - 1) (fma with -0: signed zeros kept).
-_LOW, _HIGH = (0x000F000F, (1 << 12) + (1 << 6)), (0x00F000F0, (1 << 8) + (1 << 2))
 _DECODE_ASM = gl.constexpr(
     "{\n.reg .b32 a, v, nz;\nmov.b32 nz, 0x80008000;\nshr.u32 v, $4, 8;\n"
-    + _pair("$0", "$4", *_LOW) + _pair("$1", "v", *_LOW) + _pair("$2", "$4", *_HIGH) + _pair("$3", "v", *_HIGH)
-    + "}")
+    + nibble_pair_ptx("$0", "$4", NIBBLE_LOW, "$5") + nibble_pair_ptx("$1", "v", NIBBLE_LOW, "$5")
+    + nibble_pair_ptx("$2", "$4", NIBBLE_HIGH, "$5") + nibble_pair_ptx("$3", "v", NIBBLE_HIGH, "$5") + "}")
 ROWS = 64  # weight rows a program (wgmma M)
 BLOCK_K = gl.constexpr(256)
 

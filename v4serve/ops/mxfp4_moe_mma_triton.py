@@ -55,19 +55,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
+from v4serve.ops.mxfp4_decode_triton import four_bytes_ptx
 from v4serve.ops.swiglu_triton import clamped_swiglu_f32
-
-_BF16X2_NEG_ZERO = 0x80008000
-
-
-def _nibble_pair(dst: str, src: str, mask: int, spread: int, mult: str) -> str:
-    """PTX: the bf16 pair e2m1 * 2^(b - 127) of the nibbles `mask` selects in both 16-bit halves of
-    `src` (`mult` = the elements' scale pair 2^(b - 1))."""
-    return (f"and.b32 a, {src}, {mask:#x};\n"
-            f"mul.lo.u32 a, a, {spread:#x};\n"
-            "and.b32 a, a, 0x81C081C0;\n"
-            f"fma.rn.bf16x2 {dst}, a, {mult}, nz;\n")
-
 
 # $0, $1: the low nibbles of bytes (0, 1) and (2, 3) (elements 0, 2 and 4, 6 of the word); $2, $3:
 # the high nibbles (elements 1, 3 and 5, 7); $4: 4 packed bytes; $5, $6: the scale pairs 2^(b - 1)
@@ -75,17 +64,7 @@ def _nibble_pair(dst: str, src: str, mask: int, spread: int, mult: str) -> str:
 # (prmt selector 4 = a zero byte). Low nibble: sign bit 3 -> 15 (x 2^12), magnitude bits 2..0 ->
 # 8..6 (x 2^6); high nibble: bit 7 -> 15 (x 2^8), bits 6..4 -> 8..6 (x 2^2). Each output element
 # depends on its own byte only (Triton's elementwise contract: any packing of the 4 is correct).
-_LOW, _HIGH = (0x000F000F, (1 << 12) + (1 << 6)), (0x00F000F0, (1 << 8) + (1 << 2))
-_DECODE_MMA_ASM = tl.constexpr(
-    "{\n.reg .b32 t01, t23, a, nz, zero;\n"
-    f"mov.b32 nz, {_BF16X2_NEG_ZERO:#x};\n"
-    "mov.b32 zero, 0;\n"
-    "prmt.b32 t01, $4, zero, 0x4140;\n"
-    "prmt.b32 t23, $4, zero, 0x4342;\n"
-    + _nibble_pair("$0", "t01", *_LOW, "$5") + _nibble_pair("$1", "t23", *_LOW, "$6")
-    + _nibble_pair("$2", "t01", *_HIGH, "$5") + _nibble_pair("$3", "t23", *_HIGH, "$6")
-    + "}"
-)
+_DECODE_MMA_ASM = tl.constexpr(four_bytes_ptx(("$5",), ("$6",)))
 
 
 @triton.jit
