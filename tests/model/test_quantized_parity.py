@@ -26,7 +26,12 @@ def test_weights_stay_quantized(official):
     net = LLM(str(path), device="cpu", dtype="float32", progress=False).engine.model
     layer = net.model.layers[0]
     fp8 = [m for m in net.modules() if isinstance(m, FP8Linear)]
-    assert len(fp8) == 4 * 7 + 2  # q_a, q_b, kv, o_b, shared gate / up / down in 4 layers; 2 indexers q_b
+    # The checkpoint's linears (q_a, q_b, kv, o_b, shared gate / up / down in 4 layers; 2 indexers' q_b),
+    # and one fused shared gate | up a layer over their stacked codes (model/fusion.py: buffers, not state)
+    fused = [m for m in fp8 if "weight" in m._buffers]
+    assert len(fp8) - len(fused) == 4 * 7 + 2 and len(fused) == 4
+    shared = layer.mlp.shared_experts
+    assert shared.gate_up is fused[0] and shared.gate_proj.weight.data_ptr() == shared.gate_up.weight.data_ptr()
     assert all(m.weight.dtype == torch.float8_e4m3fn and m.block == FP8_BLOCK and m.act_block is None for m in fp8)
     assert isinstance(layer.mlp.experts, MXFP4Experts) and layer.mlp.experts.gate_up_proj.dtype == torch.uint8
     # ceil: q_a_proj [40, 64] in (16, 32) blocks has 3 x 2 scales

@@ -181,11 +181,14 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=block_h, BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=block_dv,
                             BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, PREFETCH=False,
                             TAIL_PROGRAMS=False, TOKEN_ROWS=False, KV_OPERAND=kv_operand, **_LOAD_PK),
-            archs=(90, 100), **_TP["VALUES"],
+            archs=archs, **_TP["VALUES"],
             expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
         )
-        for name, block_h, block_dv, kv_operand in (("h32_mma", 32, 32, 1), ("kv_lhs", 32, 64, 2),
-                                                    ("kv_lhs_h64", 64, 64, 2))
+        # kv_lhs_h64 on sm_90 only: Triton 3.9 spills it on sm_100 (255 registers), where wgmma's
+        # register operand, the point of the variant, does not exist
+        for name, block_h, block_dv, kv_operand, archs in (("h32_mma", 32, 32, 1, (90, 100)),
+                                                           ("kv_lhs", 32, 64, 2, (90, 100)),
+                                                           ("kv_lhs_h64", 64, 64, 2, (90,)))
     ),
     KernelSpec(
         "sparse_attn.two_pass_scores_fp8kv_4w_pdl", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",
