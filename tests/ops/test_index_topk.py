@@ -76,12 +76,12 @@ def test_sort_all_variant_is_the_stable_sort(kind, B, T, k):
     _same(index_topk_triton(s, k, sort_all=True), index_topk_reference(s, k))
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(2))
 def test_random_shapes_and_schedules(seed):
     """Random T, k <= T, split counts (1 .. 5) and kinds: many small cases at once."""
     g = torch.Generator().manual_seed(100 + seed)
     for _ in range(4):
-        T = int(torch.randint(1, 900, (1,), generator=g))
+        T = int(torch.randint(1, 600, (1,), generator=g))
         k = int(torch.randint(1, T + 1, (1,), generator=g))
         splits = int(torch.randint(1, 6, (1,), generator=g))
         kind = KINDS[int(torch.randint(0, len(KINDS), (1,), generator=g))]
