@@ -71,6 +71,12 @@ MXFP4_MOE_DECODE_KERNELS: tuple[KernelSpec, ...] = tuple(
     if not (combine and ahead > 1)
 )
 
+# Both tensor-core decode kernels below (tl and Gluon) take the same arguments.
+_MMA_TYPES = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", experts_ptr="*i64", y_ptr="*bf16", N="i32", K="i32",
+                  stride_x="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_y="i32",
+                  limit="fp32")
+_MMA_ALIGNED = tuple(name for name in _MMA_TYPES if name != "limit")
+
 # The tensor-core decode projection (v4serve/ops/mxfp4_moe_mma_triton.py, issue 18; a sweep variant):
 # the decoded bf16 weights are wgmma's register operand (HGMMA 64x16x16, A from registers), x and
 # its 15 zero columns the shared-memory one. sm_90, Triton 3.6: 127 registers, no spills, 8 KB of
@@ -78,11 +84,7 @@ MXFP4_MOE_DECODE_KERNELS: tuple[KernelSpec, ...] = tuple(
 MXFP4_MOE_MMA_KERNELS: tuple[KernelSpec, ...] = tuple(
     KernelSpec(
         f"moe.mxfp4_mma_{proj}", "v4serve.ops.mxfp4_moe_mma_triton:_mxfp4_moe_mma_kernel",
-        types=dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", experts_ptr="*i64", y_ptr="*bf16", N="i32", K="i32",
-                   stride_x="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32",
-                   stride_y="i32", limit="fp32"),
-        aligned=("x_ptr", "w_ptr", "s_ptr", "experts_ptr", "y_ptr", "N", "K", "stride_x", "stride_we", "stride_wn",
-                 "stride_se", "stride_sn", "stride_y"),
+        types=_MMA_TYPES, aligned=_MMA_ALIGNED,
         constexprs=dict(PDL=False, TOP_K=6, X_PER_TOKEN=proj == "gate_up", DECODE_ASM=True, SWIGLU=proj == "gate_up",
                         BLOCK_OUT=cfg["BLOCK_OUT"], BLOCK_K=cfg["BLOCK_K"]),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
@@ -100,11 +102,7 @@ MXFP4_MOE_MMA_KERNELS: tuple[KernelSpec, ...] = tuple(
 MXFP4_MOE_MMA_KERNELS += tuple(
     KernelSpec(
         f"moe.mxfp4_mma_gluon_{proj}", "v4serve.ops.mxfp4_moe_mma_gluon:_mxfp4_moe_mma_gluon_kernel",
-        types=dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", experts_ptr="*i64", y_ptr="*bf16", N="i32", K="i32",
-                   stride_x="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32",
-                   stride_y="i32", limit="fp32"),
-        aligned=("x_ptr", "w_ptr", "s_ptr", "experts_ptr", "y_ptr", "N", "K", "stride_x", "stride_we", "stride_wn",
-                 "stride_se", "stride_sn", "stride_y"),
+        types=_MMA_TYPES, aligned=_MMA_ALIGNED,
         constexprs=dict(TOP_K=6, X_PER_TOKEN=proj == "gate_up", SWIGLU=proj == "gate_up"),
         archs=(90,), num_warps=4, num_stages=1,
         expect=Expect(max_regs=168, tensor_cores=True),

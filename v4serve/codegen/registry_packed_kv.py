@@ -160,23 +160,15 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         archs=(90, 100), **_TP["VALUES"],
         expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", tensor_cores=True),
     ),
-    KernelSpec(
-        "sparse_attn.two_pass_values_fp8kv_pdl", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
-        types=_VALUES_TYPES, aligned=tuple(_VALUES_TYPES),
-        constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
-                        BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, PREFETCH=False,
-                        TAIL_PROGRAMS=False, TOKEN_ROWS=False, KV_OPERAND=0, **_LOAD_PK),
-        archs=(90, 100, 120), **_TP["VALUES"],
-        expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
-    ),
-    # Issue 17's B8 sweep variants (sm_90 / sm_100; kernel_configs 'fp8kv'): values programs of 32 heads
+    # The production values pass over packed rows, then issue 17's B8 sweep variants (sm_90 / sm_100;
+    # kernel_configs 'fp8kv'): values programs of 32 heads
     # (mma.sync, the tile through the bf16 operand boundary: no async-proxy fence a tile); the tile as the
     # left operand of the transposed dot (wgmma reads it from registers), 64 dims for 32 or 64 heads a
     # program; the whole-tile scores pass over one warpgroup (4 warps: m64n64 wgmma steps, Q read once
     # a step instead of once per warpgroup)
     *(
         KernelSpec(
-            f"sparse_attn.two_pass_values_fp8kv_{name}_pdl", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
+            f"sparse_attn.two_pass_values_fp8kv{suffix}_pdl", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
             types=_VALUES_TYPES, aligned=tuple(_VALUES_TYPES),
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=block_h, BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=block_dv,
                             BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, PREFETCH=False,
@@ -186,9 +178,10 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         )
         # kv_lhs_h64 on sm_90 only: Triton 3.9 spills it on sm_100 (255 registers), where wgmma's
         # register operand, the point of the variant, does not exist
-        for name, block_h, block_dv, kv_operand, archs in (("h32_mma", 32, 32, 1, (90, 100)),
-                                                           ("kv_lhs", 32, 64, 2, (90, 100)),
-                                                           ("kv_lhs_h64", 64, 64, 2, (90,)))
+        for suffix, block_h, block_dv, kv_operand, archs in (("", _TP["BLOCK_H"], _TP["BLOCK_DV"], 0, (90, 100, 120)),
+                                                             ("_h32_mma", 32, 32, 1, (90, 100)),
+                                                             ("_kv_lhs", 32, 64, 2, (90, 100)),
+                                                             ("_kv_lhs_h64", 64, 64, 2, (90,)))
     ),
     KernelSpec(
         "sparse_attn.two_pass_scores_fp8kv_4w_pdl", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",

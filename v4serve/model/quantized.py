@@ -48,6 +48,20 @@ MX_BLOCK = MXFP4_BLOCK  # elements along K per MXFP4 scale
 EXPERT_TENSORS = ("gate_up_proj", "gate_up_proj_scale_inv", "down_proj", "down_proj_scale_inv")
 
 
+def kept_counters(kept: torch.Tensor | None, size, x: torch.Tensor) -> torch.Tensor | None:
+    """The int32 arrival counters a module keeps for its kernels' last-arriving programs (which
+    leave them at zero): `kept` while it lives on x's CUDA device, else `size()` zeros made there,
+    but only outside a graph capture (the runners run each step eagerly before capturing it: the
+    counters exist by then); None on the CPU or during a capture before they exist."""
+    if not x.is_cuda:
+        return None
+    if kept is not None and kept.device == x.device:
+        return kept
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    return torch.zeros(size(), dtype=torch.int32, device=x.device)
+
+
 class FP8Linear(UsesKernels, nn.Module):
     """y = x W^T with W kept as e4m3 codes + fp32 block scales (see the module docstring)."""
 
@@ -76,13 +90,9 @@ class FP8Linear(UsesKernels, nn.Module):
         programs count on and leave at zero (one launch instead of a split-K sum after it): made
         on the first CUDA call outside a graph capture (the runners run each step eagerly before
         capturing it); None on the CPU or before that (the sum kernel then runs)."""
-        if not x.is_cuda:
-            return None
-        if self.arrivals is None or self.arrivals.device != x.device:
-            if torch.cuda.is_current_stream_capturing():
-                return None
-            self.arrivals = torch.zeros(-(-self.weight.shape[0] // 64), dtype=torch.int32, device=x.device)
-        return self.arrivals
+        counters = kept_counters(self.arrivals, lambda: -(-self.weight.shape[0] // 64), x)
+        self.arrivals = self.arrivals if counters is None else counters
+        return counters
 
     def dequantized(self) -> torch.Tensor:
         return dequantize_fp8_blocks(self.weight, self.weight_scale_inv, self.block)
@@ -156,14 +166,10 @@ class MXFP4Experts(UsesKernels, nn.Module):
         left at zero by each launch), sized for the largest decode batch: made on the first CUDA
         call outside a graph capture (the runners run each step eagerly before capturing it), as
         `FP8Linear.split_counters`; None on the CPU or before that (the combine is then its own launch)."""
-        if not x.is_cuda:
-            return None
-        if self.arrivals is None or self.arrivals.device != x.device:
-            if torch.cuda.is_current_stream_capturing():
-                return None
-            size = combine_counters_size(self.n_experts, top_k, self.down_proj.shape[1])
-            self.arrivals = torch.zeros(size, dtype=torch.int32, device=x.device)
-        return self.arrivals
+        counters = kept_counters(
+            self.arrivals, lambda: combine_counters_size(self.n_experts, top_k, self.down_proj.shape[1]), x)
+        self.arrivals = self.arrivals if counters is None else counters
+        return counters
 
     def pick_outputs(self, x: torch.Tensor, groups: torch.Tensor, tensors: list[torch.Tensor],
                      n_sort: int | None = None, weights: torch.Tensor | None = None

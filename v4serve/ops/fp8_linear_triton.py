@@ -316,9 +316,6 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
     if swiglu_limit is not None:
         if n % 2 or (n // 2) % bn:
             raise ValueError(f"a stacked gate | up weight has 2I rows, I a multiple of the block's {bn}, got {n}")
-        if arrivals is None:  # no counters for the pair tickets: the linear, then the SwiGLU kernel
-            y = fp8_linear_triton(x, weight, scale, block, act_block, config, split_k, fp8_hw, split_n=n // 2)
-            return clamped_swiglu_triton(y[:, :n // 2], y[:, n // 2:], swiglu_limit)
         split_n = n // 2
     split_n = split_n or n
     named = None if config is None else config.get("KERNEL")
@@ -328,7 +325,8 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
         decode = m <= DECODE_MAX_M
     else:
         decode = _use_decode_tiles(m, split_n, x.device, weight_only=act_block is None)
-    if swiglu_limit is not None and not decode:  # the prefill tiles: y (each half its member's bits), the SwiGLU
+    # the prefill tiles, or no counters for the pair tickets: y (each half its member's bits), then the SwiGLU
+    if swiglu_limit is not None and (arrivals is None or not decode):
         y = fp8_linear_triton(x, weight, scale, block, act_block, config, split_k, fp8_hw, split_n=split_n)
         return clamped_swiglu_triton(y[:, :split_n], y[:, split_n:], swiglu_limit)
     if x.stride(-1) != 1 or weight.stride(-1) != 1:

@@ -3,8 +3,8 @@
     out[t] = round(sum_i w[t, i] y[pos[t k + i]]) (+ add[t], rounded again)
 
 y [P, D] holds the expert outputs in sorted pick order (moe_sort's `pos` maps pick t k + i to its
-row; None: y is
-already in pick order); the products and the sum are fp32; `add` (the shared expert) is added in out's dtype.
+row; None: y is already in pick order); the products and the sum are fp32; `add` (the shared
+expert) is added in out's dtype.
 """
 
 import torch

@@ -67,7 +67,8 @@ def four_bytes_ptx(factors_01: tuple[str, ...], factors_23: tuple[str, ...], reg
     return ("{\n.reg .b32 t01, t23, a, nz, zero" + registers + ";\n"
             f"mov.b32 nz, {BF16X2_NEG_ZERO:#x};\nmov.b32 zero, 0;\n" + setup
             + "prmt.b32 t01, $4, zero, 0x4140;\nprmt.b32 t23, $4, zero, 0x4342;\n"
-            + nibble_pair_ptx("$0", "t01", NIBBLE_LOW, *factors_01) + nibble_pair_ptx("$1", "t23", NIBBLE_LOW, *factors_23)
+            + nibble_pair_ptx("$0", "t01", NIBBLE_LOW, *factors_01)
+            + nibble_pair_ptx("$1", "t23", NIBBLE_LOW, *factors_23)
             + nibble_pair_ptx("$2", "t01", NIBBLE_HIGH, *factors_01)
             + nibble_pair_ptx("$3", "t23", NIBBLE_HIGH, *factors_23) + "}")
 

@@ -37,24 +37,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
+from v4serve.ops.moe_combine_triton import combine_columns
 from v4serve.ops.mxfp4_gemv_triton import _accumulate, _decode, _load_step, _pick_x, _store_pick, _x_words, gemv_config
-
-
-@triton.jit
-def _combine_tile(y_ptr, w_ptr, add_ptr, out_ptr, token, offs_n, mask_n, N, stride_y, stride_a,
-                  TOP_K: tl.constexpr, HAS_ADD: tl.constexpr, BLOCK_N: tl.constexpr):
-    """moe_combine_triton's sum for one token's BLOCK_N columns, y rows in pick order (L2 reads:
-    other programs wrote them)."""
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for i in tl.static_range(TOP_K):
-        w = tl.load(w_ptr + token * TOP_K + i)
-        acc += w * tl.load(y_ptr + (token * TOP_K + i) * stride_y + offs_n, mask=mask_n, other=0.0,
-                           cache_modifier=".cg").to(tl.float32)
-    out = acc.to(out_ptr.dtype.element_ty)
-    if HAS_ADD:
-        out = (out.to(tl.float32) + tl.load(add_ptr + token * stride_a + offs_n, mask=mask_n, other=0.0).to(tl.float32))
-        out = out.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + token * N + offs_n, out, mask=mask_n)
 
 
 @triton.jit
@@ -121,8 +105,9 @@ def _mxfp4_moe_pick_kernel(
         tl.debug_barrier()  # every thread's y tile is stored before the (release) arrival
         arrived = tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
         if arrived == TOP_K - 1:
-            _combine_tile(y_ptr, cw_ptr, add_ptr, out_ptr, token, offs_n, mask_n, N, stride_y, stride_a,
-                          TOP_K, HAS_ADD, BLOCK_N)
+            # moe_combine_triton's sum, y in pick order, read from L2 (other programs wrote it)
+            combine_columns(y_ptr, y_ptr, cw_ptr, add_ptr, out_ptr, token, offs_n, mask_n, N, stride_y, stride_a,
+                            TOP_K, False, HAS_ADD, BLOCK_N, ".cg")
             tl.store(ticket, 0)  # zero again for the next launch (a graph replay too)
 
 
