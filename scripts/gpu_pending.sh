@@ -5,6 +5,8 @@
 #   tests13 tests14a tests14b
 #           the GPU tests of every unmeasured change, one pytest per group under its own limit
 #           (GROUP_LIMIT, 180 s: a cold-compile group under one limit printed nothing in session 13)
+#   tests   all groups of the three at once, one pytest process each (compiling is CPU-bound and
+#           the host has 16 cores; correctness tests only, so sharing the GPU is harmless)
 #   rows    `bench kernels` rows of the changed kernels (sets the rules' thresholds), ~3 min
 #   sweeps-a sweeps-b
 #           the kernel_configs sweeps whose winners are one-line production switches, ~6-7 min each
@@ -13,7 +15,7 @@
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 tests13|tests14a|tests14b|rows|sweeps-a|sweeps-b|flash|spec ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 tests|tests13|tests14a|tests14b|rows|sweeps-a|sweeps-b|flash|spec ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -31,25 +33,55 @@ pytest_group() {  # pytest_group LOG FILE_OR_NODE...
   run "${GROUP_LIMIT:-180}" "$log" $PY -m pytest -m gpu -q -p no:cacheprovider "$@"
 }
 
+# The test groups of each tests stage, one pytest each (pytest arguments, shell-quoted).
+declare -A GROUPS_OF=(
+  [tests13]="tests/ops/test_fp8_grouped_linear.py tests/model/test_o_a_fp8_gpu.py tests/ops/test_pick_columns.py
+tests/ops/test_norm_rope.py tests/ops/test_indexer_kernel_gpu.py -k 'also_norm or weight_scale'
+tests/model/test_gpu_paths.py"
+  [tests14a]="tests/ops/test_fp8_linear_rows32.py tests/ops/test_fp8_linear_w8a16_decode.py
+tests/ops/test_mxfp4_moe_decode.py tests/ops/test_mxfp4_gemv.py tests/model/test_quantized_gpu.py
+tests/ops/test_packed_kernels_gpu.py -k variants"
+  [tests14b]="tests/ops/test_index_topk.py
+tests/ops/test_fp8_linear_swiglu.py tests/model/test_shared_expert_swiglu.py
+tests/ops/test_mxfp4_moe_mma.py"
+)
+
+test_groups() {  # test_groups LOG STAGE...: each group of the stages, one after another
+  local log=$1 stage line
+  shift
+  for stage in "$@"; do
+    while read -r line; do
+      eval "pytest_group \"\$log\" $line"  # a group's words are its pytest arguments, quotes kept
+    done <<< "${GROUPS_OF[$stage]}"
+  done
+}
+
+parallel_test_groups() {  # parallel_test_groups LOG: every group at once, logs appended in order
+  local log=$1 stage line n=0 part
+  for stage in tests13 tests14a tests14b; do
+    while read -r line; do
+      part="$log.$n"
+      ( summary=(); eval "pytest_group \"\$part\" $line"; printf '%s\n' "${summary[@]}" > "$part.sum" ) &
+      n=$((n + 1))
+    done <<< "${GROUPS_OF[$stage]}"
+  done
+  wait
+  for ((i = 0; i < n; i++)); do
+    cat "$log.$i" >> "$log" && rm -f "$log.$i"
+    mapfile -t lines < "$log.$i.sum" && summary+=("${lines[@]}") && rm -f "$log.$i.sum"
+  done
+}
+
 for stage in "$@"; do
   t0=$SECONDS
   log="$OUT/pending_${stage}.log"
   gpu_env_line > "$log"
   case "$stage" in
-    tests13)  # session 13's late merges: o_a_proj in FP8, the launch-glue fusions
-      pytest_group "$log" tests/ops/test_fp8_grouped_linear.py tests/model/test_o_a_fp8_gpu.py tests/ops/test_pick_columns.py
-      pytest_group "$log" tests/ops/test_norm_rope.py tests/ops/test_indexer_kernel_gpu.py -k "also_norm or weight_scale"
-      pytest_group "$log" tests/model/test_gpu_paths.py
+    tests13 | tests14a | tests14b)  # s13: o_a in FP8, launch glue; s14: rows 17..32, sort-free MoE,
+      test_groups "$log" "$stage"     # B8 variants, index top-k, shared SwiGLU, MoE on tensor cores
       ;;
-    tests14a)  # session 14: FP8 at 17..32 rows, sort-free MoE decode, packed B8 variants
-      pytest_group "$log" tests/ops/test_fp8_linear_rows32.py tests/ops/test_fp8_linear_w8a16_decode.py
-      pytest_group "$log" tests/ops/test_mxfp4_moe_decode.py tests/ops/test_mxfp4_gemv.py tests/model/test_quantized_gpu.py
-      pytest_group "$log" tests/ops/test_packed_kernels_gpu.py -k variants
-      ;;
-    tests14b)  # session 14: index top-k, shared-expert SwiGLU in the FP8 epilogue, MoE GEMV on tensor cores
-      pytest_group "$log" tests/ops/test_index_topk.py
-      pytest_group "$log" tests/ops/test_fp8_linear_swiglu.py tests/model/test_shared_expert_swiglu.py
-      pytest_group "$log" tests/ops/test_mxfp4_moe_mma.py
+    tests)
+      parallel_test_groups "$log"
       ;;
     rows)
       run 300 "$log" $PY -m v4serve.bench.kernels --no-cold --json "$OUT/pending_rows.json" \
