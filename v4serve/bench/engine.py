@@ -13,6 +13,12 @@ by measured use (scripts/gpu_flash_e2e.sh runs this and the Pro runs):
     python -m v4serve.bench.engine --hf-overrides '{}' --cpu-offload-gb auto --ttft-prompt-lens 2048 8192 \
         --max-model-len 8448 --concurrency 1 8 32 --routing uniform zipf --placement static by-use --no-profile
 
+The MXFP4 experts' decode route, A/B end to end (`--moe-decode gemv | tensor-cores`, bound when the
+model is built; the header and the JSON's `moe_decode` say how many layers decode on tensor cores:
+only layers with every expert on the GPU do, so A/B a depth that fits, without offload):
+
+    python -m v4serve.bench.engine --hf-overrides '{"num_hidden_layers": 30}' --concurrency 1 8 --moe-decode tensor-cores
+
 Also reported: load time (engine construction: weights, graphs, KV cache), the memory map (device
 weights, resident experts, expert slots, host experts, KV), per routing mode the measured expert
 use of the offloaded layers (`router_skew.use_summary`) and the expert fetches per decode step.
@@ -363,9 +369,13 @@ def engine_args(args) -> EngineArgs:
 
 
 def moe_decode_summary(model, route: str) -> dict:
-    """The decode route asked for and the MXFP4 expert layers that took tensor cores (`bind_decode`)."""
+    """The decode route asked for, and the MXFP4 expert layers that decode on tensor cores:
+    `bind_decode` chose them and no expert of the layer is in host memory (a layer with host
+    experts decodes in the offload's sorted passes, whatever the route)."""
     layers = [m for m in model.modules() if isinstance(m, MXFP4Experts)]
-    return {"route": route, "mxfp4_layers": len(layers), "tensor_core_layers": sum(m.tensor_core_decode for m in layers)}
+    on_device = [m for m in layers if m.offload is None or not m.offload.host_row]
+    return {"route": route, "mxfp4_layers": len(layers),
+            "tensor_core_layers": sum(m.tensor_core_decode for m in on_device)}
 
 
 def measure_mode(engine: Engine, args, routing: str, placement: str, seed: int) -> dict:
