@@ -25,6 +25,7 @@ from v4serve.model.quantized import EXPERT_TENSORS, MXFP4Experts
 from v4serve.model.quantized_offload import ExpertOffload
 from v4serve.ops import mxfp4_moe_decode
 from v4serve.ops.mxfp4_moe_decode import TENSOR_CORE_DECODE, direct_applies, mxfp4_experts, sorted_experts
+from v4serve.ops.mxfp4_moe_mma_gluon import gluon_applies, gluon_shapes_fit
 from v4serve.ops.swiglu_reference import clamped_swiglu_reference
 from v4serve.ops.weight_formats import dequantize_mxfp4
 from v4serve.presets import preset_config
@@ -149,6 +150,17 @@ def test_an_offloaded_layer_checks_its_host_experts_too():
         assert module.bind_decode(True) is want
 
 
+def test_the_gluon_kernel_takes_only_the_shapes_it_fits():
+    """Gluon: K % 512 (two 256 steps an iteration), N % 32 (gate_up) / 64 (down), 16-byte rows; the
+    route falls back to the `tl` kernel elsewhere (and off sm_90, e.g. here: the interpreter)."""
+    flash_down, tp8_down = torch.empty(2, 64, 1024, dtype=torch.uint8), torch.empty(2, 64, 128, dtype=torch.uint8)
+    assert gluon_shapes_fit(flash_down, False) and gluon_shapes_fit(flash_down, True)  # N 64 / 32
+    assert not gluon_shapes_fit(tp8_down, False)  # I / 8 = 256: one K step
+    assert not gluon_shapes_fit(flash_down[:, :32], False)  # N 32 < a down tile
+    assert not gluon_shapes_fit(flash_down[:, :, :1016], False)  # K 2032: rows still 16-byte aligned
+    assert not gluon_applies(torch.empty(1, 2048, dtype=torch.bfloat16), flash_down, False)  # CPU
+
+
 def test_the_bench_flag_binds_the_route_when_the_engine_builds():
     """`bench engine --moe-decode`: the engine's MXFP4 layers take tensor cores (the tiny preset in
     the official formats at D = I = 256); the default is production's rule."""
@@ -184,8 +196,6 @@ def _needs_sm90():
 @pytest.mark.parametrize("tokens", [1, 8])
 def test_flash_layer_on_the_gluon_route_matches_the_reference_gpu(tokens):
     _needs_sm90()
-    from v4serve.ops.mxfp4_moe_mma_gluon import gluon_applies
-
     x, experts, weights, add, tensors = _flash_layer(tokens)
     assert gluon_applies(x, tensors[0], True) and gluon_applies(x, tensors[2], False)
     got = mxfp4_experts(x, experts, weights, tensors, LIMIT, add, tensor_cores=True)

@@ -158,7 +158,7 @@ class MXFP4Experts(UsesKernels, nn.Module):
         if self.weight_before_down:
             y, pos = self.pick_outputs(x, experts, tensors, weights=weights)
             return moe_combine(y, pos, torch.ones_like(weights), add, impl=self.impl)
-        if self.act_quant is None:  # V4: sort-free at decode (`ops/mxfp4_moe_decode.py`), same bits
+        if self.act_quant is None:  # V4: sort-free at decode (`ops/mxfp4_moe_decode.py`), on tensor cores if bound
             return mxfp4_experts(x, experts, weights, tensors, self.limit, add, impl=self.impl,
                                  tile_experts=self.n_experts, arrivals=self.combine_counters(x, experts.shape[1]),
                                  tensor_cores=self.tensor_core_decode)
