@@ -11,11 +11,13 @@
 #   sweeps-a sweeps-b
 #           the kernel_configs sweeps whose winners are one-line production switches, ~6-7 min each
 #   flash   the 43-layer V4-Flash end to end (Zipf, placement by use, offload auto), c1 / c8, ~2.5 min
+#   moe-ab  the MoE decode route A/B end to end (`--moe-decode gemv`, then `tensor-cores`): 30 Flash
+#           layers without offload (layers with host experts keep the GEMV), c1 / c8, ~4 min
 #   spec    speculative verify on 30 layers, c1 / c8, k = 3, ~3 min
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 tests|tests13|tests14a|tests14b|rows|sweeps-a|sweeps-b|flash|spec ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 tests|tests13|tests14a|tests14b|rows|sweeps-a|sweeps-b|flash|moe-ab|spec ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -43,7 +45,8 @@ tests/ops/test_mxfp4_moe_decode.py tests/ops/test_mxfp4_gemv.py tests/model/test
 tests/ops/test_packed_kernels_gpu.py -k variants"
   [tests14b]="tests/ops/test_index_topk.py
 tests/ops/test_fp8_linear_swiglu.py tests/model/test_shared_expert_swiglu.py
-tests/ops/test_mxfp4_moe_mma.py"
+tests/ops/test_mxfp4_moe_mma.py
+tests/model/test_moe_tensor_core_decode.py"
 )
 
 test_groups() {  # test_groups LOG STAGE...: each group of the stages, one after another
@@ -103,6 +106,13 @@ for stage in "$@"; do
         --routing zipf --placement by-use --concurrency 1 8 --cuda-graph-sizes 1 8 --output-len 96 \
         --max-model-len 8448 --num-kv-pages 2200 --ttft-prompt-lens 2048 --ttft-repeats 1 \
         --calibration-tokens 4096 --no-profile
+      ;;
+    moe-ab)
+      for route in gemv tensor-cores; do
+        run 280 "$log" $PY -m v4serve.bench.engine --hf-overrides '{"num_hidden_layers": 30}' --concurrency 1 8 \
+          --cuda-graph-sizes 1 8 --output-len 96 --ttft-repeats 1 --no-profile --moe-decode "$route" \
+          --json-out "$OUT/pending_moe_ab_$route.json"
+      done
       ;;
     spec)
       run 420 "$log" $PY -m v4serve.bench.engine --hf-overrides '{"num_hidden_layers": 30}' --spec-verify \

@@ -13,6 +13,12 @@ by measured use (scripts/gpu_flash_e2e.sh runs this and the Pro runs):
     python -m v4serve.bench.engine --hf-overrides '{}' --cpu-offload-gb auto --ttft-prompt-lens 2048 8192 \
         --max-model-len 8448 --concurrency 1 8 32 --routing uniform zipf --placement static by-use --no-profile
 
+The MXFP4 experts' decode route, A/B end to end (`--moe-decode gemv | tensor-cores`, bound when the
+model is built; the header and the JSON's `moe_decode` say how many layers decode on tensor cores:
+only layers with every expert on the GPU do, so A/B a depth that fits, without offload):
+
+    python -m v4serve.bench.engine --hf-overrides '{"num_hidden_layers": 30}' --concurrency 1 8 --moe-decode tensor-cores
+
 Also reported: load time (engine construction: weights, graphs, KV cache), the memory map (device
 weights, resident experts, expert slots, host experts, KV), per routing mode the measured expert
 use of the offloaded layers (`router_skew.use_summary`) and the expert fetches per decode step.
@@ -37,7 +43,9 @@ from v4serve.bench.kv_bytes import kv_bytes_lines
 from v4serve.engine import Engine, EngineArgs, SamplingParams
 from v4serve.engine.offload import calibrate_placement, memory_summary, parse_cpu_offload_gb, reset_use_counts
 from v4serve.model.loader import offloads_of
+from v4serve.model.quantized import MXFP4Experts
 from v4serve.model.router_skew import apply_zipf_routing, use_summary
+from v4serve.ops.mxfp4_moe_decode import TENSOR_CORE_DECODE
 
 
 def _sync() -> None:
@@ -334,9 +342,40 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="GPUs (one process each, NCCL); rank 0 is measured")
     parser.add_argument("--enable-expert-parallel", action="store_true", help="routed experts split by expert")
+    parser.add_argument("--moe-decode", choices=["gemv", "tensor-cores"],
+                        default="tensor-cores" if TENSOR_CORE_DECODE else "gemv",
+                        help="the MXFP4 experts' decode route, bound when the engine builds the model (default: "
+                             "production's rule, ops/mxfp4_moe_decode.TENSOR_CORE_DECODE); tensor-cores takes the "
+                             "layers whose scale bytes are all <= 128 (the header says how many)")
     parser.add_argument("--host-profile", action="store_true", help="only profile the host side of decode steps")
     parser.add_argument("--profile-only", action="store_true", help="only the GPU-busy profile of decode steps")
     return parser
+
+
+def engine_args(args) -> EngineArgs:
+    """The engine the bench measures, from its flags."""
+    return EngineArgs(
+        model=args.model, hf_overrides=args.hf_overrides, max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs or max(args.concurrency),
+        max_num_batched_tokens=args.max_num_batched_tokens or max(args.ttft_prompt_lens or [args.prompt_len]),
+        enable_prefix_caching=args.enable_prefix_caching,
+        num_kv_pages=args.num_kv_pages, kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
+        cpu_offload_gb=parse_cpu_offload_gb(str(args.cpu_offload_gb)),
+        cuda_graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
+        speculative_config=args.speculative_config, offload_overlap=not args.no_offload_overlap,
+        offload_prefetch=args.offload_prefetch, tensor_core_decode=args.moe_decode == "tensor-cores",
+        tensor_parallel_size=args.tensor_parallel_size, enable_expert_parallel=args.enable_expert_parallel,
+    )
+
+
+def moe_decode_summary(model, route: str) -> dict:
+    """The decode route asked for, and the MXFP4 expert layers that decode on tensor cores:
+    `bind_decode` chose them and no expert of the layer is in host memory (a layer with host
+    experts decodes in the offload's sorted passes, whatever the route)."""
+    layers = [m for m in model.modules() if isinstance(m, MXFP4Experts)]
+    on_device = [m for m in layers if m.offload is None or not m.offload.host_row]
+    return {"route": route, "mxfp4_layers": len(layers),
+            "tensor_core_layers": sum(m.tensor_core_decode for m in on_device)}
 
 
 def measure_mode(engine: Engine, args, routing: str, placement: str, seed: int) -> dict:
@@ -380,22 +419,14 @@ def main(argv: list[str] | None = None) -> int:
         from v4serve.bench.spec_decode import spec_engine_args
 
         args.speculative_config, args.cuda_graph_sizes = spec_engine_args(args)
-    engine = Engine(EngineArgs(
-        model=args.model, hf_overrides=args.hf_overrides, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs or max(args.concurrency),
-        max_num_batched_tokens=args.max_num_batched_tokens or max(lens),
-        enable_prefix_caching=args.enable_prefix_caching,
-        num_kv_pages=args.num_kv_pages, kv_cache_dtype=args.kv_cache_dtype, quantization=args.quantization,
-        cpu_offload_gb=parse_cpu_offload_gb(str(args.cpu_offload_gb)),
-        cuda_graph_sizes=None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes),
-        speculative_config=args.speculative_config, offload_overlap=not args.no_offload_overlap,
-        offload_prefetch=args.offload_prefetch,
-        tensor_parallel_size=args.tensor_parallel_size, enable_expert_parallel=args.enable_expert_parallel,
-    ))
+    engine = Engine(engine_args(args))
     _sync()
     load_s = time.perf_counter() - t0
     banner = engine.banner()
     print("\n".join(banner), flush=True)
+    moe_decode = moe_decode_summary(engine.model, args.moe_decode)
+    print(f"MoE decode: {moe_decode['route']} ({moe_decode['tensor_core_layers']} of {moe_decode['mxfp4_layers']} "
+          "MXFP4 expert layers on tensor cores)", flush=True)
     kv_lines, kv_agree = kv_bytes_lines(engine.cache, engine.kv_budget)
     print("\n".join(kv_lines), flush=True)
     result = {"model": args.model, "overrides": args.hf_overrides, "tensor_parallel_size": args.tensor_parallel_size,
@@ -407,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
               "weights_load_s": round(engine.runner.load_seconds, 2),
               "graph_capture_s": round(engine.runner.capture_seconds, 2),
               "memory": memory_summary(engine.model, engine.kv_budget.total_bytes, engine.cache.device), "banner": banner,
-              "offload_overlap": not args.no_offload_overlap, "offload_prefetch": args.offload_prefetch}
+              "offload_overlap": not args.no_offload_overlap, "offload_prefetch": args.offload_prefetch,
+              "moe_decode": moe_decode}
     graphs = f"decode CUDA graphs: {result['cuda_graphs']}"
     if engine.spec is not None:  # the speculative steps replace the decode graphs with their own
         result["speculative_cuda_graphs"] = engine.spec.verify_runner.uses_cuda_graphs

@@ -46,7 +46,7 @@ from v4serve.ops.indexer import index_scores
 from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.kv_quant import apply_kv_format
 from v4serve.ops.moe_route import moe_route
-from v4serve.ops.mxfp4_moe_decode import combine_counters_size, mxfp4_experts
+from v4serve.ops.mxfp4_moe_decode import TENSOR_CORE_DECODE, combine_counters_size, mxfp4_experts
 from v4serve.ops.sparse_attn import sparse_attn_paged
 from v4serve.ops.sparse_attn_reference import live_columns
 
@@ -89,9 +89,10 @@ def _build_mxfp4_moe(model, tokens, device, seed):
     arrivals = torch.zeros(combine_counters_size(w13.shape[0], MOE_TOP_K, w2.shape[1]), dtype=torch.int32,
                            device=device)
 
-    def layer():
+    def layer():  # production's decode route (the case's scale bytes are all <= 128: exact on tensor cores)
         experts, weights = moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)
-        return mxfp4_experts(x, experts, weights, (w13, s13, w2, s2), 10.0, arrivals=arrivals)
+        return mxfp4_experts(x, experts, weights, (w13, s13, w2, s2), 10.0, arrivals=arrivals,
+                             tensor_cores=TENSOR_CORE_DECODE)
 
     touched = int(torch.unique(moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)[0]).numel())
     per_expert = sum(t[0].numel() for t in (w13, s13, w2, s2))

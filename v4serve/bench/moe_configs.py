@@ -19,7 +19,7 @@ from v4serve.ops.mxfp4_gemv_triton import GEMV_CONFIG as GEMV
 from v4serve.ops.mxfp4_gemv_triton import GEMV_SWIGLU_CONFIG as GEMV_SWIGLU
 from v4serve.ops.mxfp4_gemv_triton import gemv_config, mxfp4_gemv_triton
 from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
-from v4serve.ops.mxfp4_moe_decode import combine_counters_size, mxfp4_experts
+from v4serve.ops.mxfp4_moe_decode import TENSOR_CORE_DECODE, combine_counters_size, mxfp4_experts
 from v4serve.ops.mxfp4_moe_mma_gluon import mxfp4_moe_mma_gluon
 from v4serve.ops.mxfp4_moe_mma_triton import MMA_CONFIG, MMA_SWIGLU_CONFIG, mxfp4_moe_mma_triton
 from v4serve.ops.mxfp4_grouped_matmul_triton import (
@@ -123,7 +123,8 @@ def layer(case, up_cfg, down_cfg, fused):
     if up_cfg is None or "SORT_FREE" in up_cfg:  # the public op (production), or its sort-free kernel's tiles
         arrivals = torch.zeros(combine_counters_size(w13.shape[0], MOE_TOP_K, w2.shape[1]), dtype=torch.int32,
                                device=x.device)  # kept across calls, as MXFP4Experts keeps them
-        tiles = {} if up_cfg is None else dict(configs=(up_cfg, down_cfg), combine_in_down=down_cfg.get("COMBINE", False))
+        tiles = (dict(tensor_cores=TENSOR_CORE_DECODE) if up_cfg is None  # production's route (the case is exact)
+                 else dict(configs=(up_cfg, down_cfg), combine_in_down=down_cfg.get("COMBINE", False)))
 
         def public():
             experts, weights = moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)

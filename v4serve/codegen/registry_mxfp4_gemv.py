@@ -77,7 +77,8 @@ _MMA_TYPES = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", experts_ptr="*i64", y
                   limit="fp32")
 _MMA_ALIGNED = tuple(name for name in _MMA_TYPES if name != "limit")
 
-# The tensor-core decode projection (v4serve/ops/mxfp4_moe_mma_triton.py, issue 18; a sweep variant):
+# The tensor-core decode projection (v4serve/ops/mxfp4_moe_mma_triton.py, issue 18; the decode route of
+# `mxfp4_experts(tensor_cores=True)`, off in production: ops/mxfp4_moe_decode.TENSOR_CORE_DECODE):
 # the decoded bf16 weights are wgmma's register operand (HGMMA 64x16x16, A from registers), x and
 # its 15 zero columns the shared-memory one. sm_90, Triton 3.6: 127 registers, no spills, 8 KB of
 # shared memory, K loop 466 SASS instructions for 128 weights a thread (3.64 a weight; docs/performance.md).
@@ -94,9 +95,10 @@ MXFP4_MOE_MMA_KERNELS: tuple[KernelSpec, ...] = tuple(
     for cfg in (mma_config(proj == "gate_up"),)
 )
 
-# The same projection in Gluon (v4serve/ops/mxfp4_moe_mma_gluon.py, sm_90 only): the bytes loaded in
-# the layout whose decoded registers are wgmma's A fragment (no shared-memory re-layout), X's zero
-# columns in a 4 KB tile per operand (x: one 16-byte load a row-0 thread a step; rows 8..15 zeroed once). sm_90, Triton 3.6:
+# The same projection in Gluon (v4serve/ops/mxfp4_moe_mma_gluon.py, sm_90 only; the route's kernel
+# there, where its shapes fit): the bytes loaded in the layout whose decoded registers are wgmma's A
+# fragment (no shared-memory re-layout), X's zero columns in a 4 KB tile per operand (x: one 16-byte
+# load a row-0 thread a step; rows 8..15 zeroed once). sm_90, Triton 3.6:
 # 128 registers, no spills; two K steps an iteration (both loaded first): 727 / 726 SASS
 # instructions (down / gate_up) for 256 weights a thread (2.85 a weight).
 MXFP4_MOE_MMA_KERNELS += tuple(

@@ -48,6 +48,7 @@ class EngineArgs:
     cpu_offload_gb: float | str = 0  # GiB of routed experts in pinned host memory, or "auto" (engine/offload.py)
     offload_prefetch: bool = False  # offloaded layers: each layer guesses the next one's picks with its router and prefetches them (model/expert_prefetch.py)
     offload_overlap: bool = True  # offloaded layers on CUDA: resident experts computed in their own pass while the missing ones are fetched (off: one pass fewer)
+    tensor_core_decode: bool | None = None  # MXFP4 experts at decode on tensor cores (where every scale byte <= 128) or the GEMV (None: ops/mxfp4_moe_decode.TENSOR_CORE_DECODE, production's rule)
 
 
 def resolve_device(device: str | None) -> torch.device:

@@ -18,6 +18,7 @@ from v4serve.model.quantized_install import install, official_plan
 from v4serve.model.quantized_offload import ExpertOffload
 from v4serve.model.quantized_placement import plan_placement
 from v4serve.model.weights import Target, copy_weights, scan_checkpoint
+from v4serve.ops.mxfp4_moe_decode import TENSOR_CORE_DECODE
 from v4serve.presets import PRESET_SEED, PRESETS, is_preset, preset_config
 
 # Parameters the reference keeps in fp32 whatever the model dtype (mHC, sinks, compressor and
@@ -47,6 +48,7 @@ def build_model(
     model: str, device: torch.device | str, dtype: torch.dtype, overrides: dict[str, Any] | None = None,
     progress: bool = True, quantization: str | None = None, cpu_offload_gb: float | str = 0,
     reserve_bytes: int = 0, mtp: bool = False, shard: Callable[[DeepseekV4ForCausalLM], dict] | None = None,
+    tensor_core_decode: bool | None = None,
 ) -> tuple[DeepseekV4ForCausalLM, ModelConfig]:
     """The model with weights: random (fixed seed) for presets, loaded for checkpoints.
 
@@ -62,7 +64,10 @@ def build_model(
     quantized modules are installed; it returns the cuts, through which only this rank's weights
     are generated / read (checked against the full shapes); quantized modules are cut on whole
     scale blocks (`parallel/shard_quantized.py`). Sharding offloaded experts is future work:
-    refused (`refuse_unsupported`)."""
+    refused (`refuse_unsupported`).
+
+    `tensor_core_decode`: the MXFP4 experts' decode route (None: production's `TENSOR_CORE_DECODE`),
+    bound with the loaded weights in hand (`MXFP4Experts.bind_decode`)."""
     device = torch.device(device)
     config = resolve_config(model, overrides, quantization)
     if config.v41 is not None and mtp:
@@ -120,6 +125,10 @@ def build_model(
         if device.type == "cuda":
             torch.cuda.empty_cache()
         raise
+    tensor_cores = TENSOR_CORE_DECODE if tensor_core_decode is None else tensor_core_decode
+    for module in net.modules():
+        if isinstance(module, MXFP4Experts):
+            module.bind_decode(tensor_cores)
     net.eval()
     return net, config
 

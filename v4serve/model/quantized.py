@@ -23,7 +23,8 @@ MXFP4 routed experts (`MXFP4Experts`), OCP MXFP4 along K:
 Rows 0..I-1 of gate_up are W1 (gate), rows I..2I-1 are W3 (up), as the bf16 `RoutedExperts`.
 The forward is `RoutedExperts`' (sort, two grouped matmuls around the clamped SwiGLU, combine)
 with `mxfp4_grouped_matmul` in place of `grouped_matmul`, the SwiGLU fused into the gate_up one
-(V4 at decode sizes without the sort: `ops/mxfp4_moe_decode.py`, the same bits). The expert tensors can be handed in
+(V4 at decode sizes without the sort: `ops/mxfp4_moe_decode.py`, the same bits; or on tensor cores
+where `bind_decode` chose them, within the fp32 sum order). The expert tensors can be handed in
 explicitly (`run(..., tensors=)`, or `pick_outputs` for the expert outputs before the combine),
 which is how `ExpertOffload` runs them from its slots.
 """
@@ -41,6 +42,7 @@ from v4serve.ops.moe_combine import moe_combine
 from v4serve.ops.moe_sort import moe_sort
 from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
 from v4serve.ops.mxfp4_moe_decode import combine_counters_size, mxfp4_experts
+from v4serve.ops.mxfp4_moe_mma_triton import mma_config, mma_scales_exact
 from v4serve.ops.swiglu import clamped_swiglu
 from v4serve.ops.weight_formats import MXFP4_BLOCK, dequantize_fp8_blocks, fp8_scale_shape
 
@@ -141,6 +143,7 @@ class MXFP4Experts(UsesKernels, nn.Module):
         self.act_quant = None
         self.weight_before_down = False
         self.arrivals = None  # ticket counters of the combine in the down launch (`combine_counters`), not state
+        self.tensor_core_decode = False  # V4's decode route (`bind_decode`), decided once the weights are in
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                 add: torch.Tensor | None = None) -> torch.Tensor:
@@ -155,11 +158,35 @@ class MXFP4Experts(UsesKernels, nn.Module):
         if self.weight_before_down:
             y, pos = self.pick_outputs(x, experts, tensors, weights=weights)
             return moe_combine(y, pos, torch.ones_like(weights), add, impl=self.impl)
-        if self.act_quant is None:  # V4: sort-free at decode (`ops/mxfp4_moe_decode.py`), same bits
+        if self.act_quant is None:  # V4: sort-free at decode (`ops/mxfp4_moe_decode.py`), on tensor cores if bound
             return mxfp4_experts(x, experts, weights, tensors, self.limit, add, impl=self.impl,
-                                 tile_experts=self.n_experts, arrivals=self.combine_counters(x, experts.shape[1]))
+                                 tile_experts=self.n_experts, arrivals=self.combine_counters(x, experts.shape[1]),
+                                 tensor_cores=self.tensor_core_decode)
         y, pos = self.pick_outputs(x, experts, tensors)
         return moe_combine(y, pos, weights, add, impl=self.impl)
+
+    def bind_decode(self, tensor_cores: bool) -> bool:
+        """Choose the decode route once the weights are in place (the loader, a bench), never per
+        step: `tensor_core_decode` = `tensor_cores` (production's `TENSOR_CORE_DECODE` or the bench's
+        choice) for V4's numerics, where the tensor-core kernels take both projections' K (D and I
+        multiples of their K step) and every scale byte is <= 128 (`mma_scales_exact`: the decoder's
+        folded scale multiply is exact), in device and host memory alike (an offloaded layer's slots
+        receive its host experts). A reduction and a host read per scale tensor; nothing when off."""
+        self.tensor_core_decode = bool(
+            tensor_cores and self.act_quant is None and not self.weight_before_down
+            and all(2 * self.stored(w)[0].shape[2] % mma_config(swiglu)["BLOCK_K"] == 0
+                    for w, swiglu in (("gate_up_proj", True), ("down_proj", False)))
+            and all(mma_scales_exact(t) for name in ("gate_up_proj_scale_inv", "down_proj_scale_inv")
+                    for t in self.stored(name)))
+        return self.tensor_core_decode
+
+    def stored(self, name: str) -> list[torch.Tensor]:
+        """Where expert tensor `name` (EXPERT_TENSORS) lives: the parameter, or an ExpertOffload's
+        device rows and host rows."""
+        if self.offload is None:
+            return [getattr(self, name)]
+        i = EXPERT_TENSORS.index(name)
+        return [self.offload.device_tensors[i], self.offload.host_tensors[i]]
 
     def combine_counters(self, x: torch.Tensor, top_k: int) -> torch.Tensor | None:
         """int32 zeros on x's device for the combine in the down launch (`mxfp4_experts`' arrivals,

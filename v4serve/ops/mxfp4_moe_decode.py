@@ -12,6 +12,17 @@ row, its expert and the tiles (the same GEMV device functions, the same tiles), 
 adds the same rows in the same slot order. `COMBINE_IN_DOWN` (the production rule, one line) moves
 the combine into the down launch (the last-arriving program of each token's column tile sums it;
 needs the caller's `arrivals` counters): one launch fewer again, a ticket atomic per program.
+
+`tensor_cores=True` runs both projections of a decode batch on tensor cores instead
+(mxfp4_moe_mma_gluon.py on sm_90 where its shapes fit, else mxfp4_moe_mma_triton.py; the combine
+its own launch, as above): the decoded weights are the MMA's bf16 operand, so the products are
+exact and only the fp32 sum order changes (the MMA's k16 chunks):
+
+    |y - y_gemv| <= gamma_K sum_k |w x|   per projection, before the bf16 rounding of y
+
+Not the GEMV's bits, but still independent of the batch (a pick is column 0 of its own MMA:
+verify = decode). Exact only when every scale byte is <= 128 (`mma_scales_exact`), which the
+caller checks once where the weights are loaded (`MXFP4Experts.bind_decode`), never per launch.
 """
 
 import torch
@@ -22,6 +33,8 @@ from v4serve.ops.moe_sort import moe_sort
 from v4serve.ops.mxfp4_gemv_triton import gemv_picks
 from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
 from v4serve.ops.mxfp4_moe_decode_triton import combine_tiles, mxfp4_moe_pick_triton
+from v4serve.ops.mxfp4_moe_mma_gluon import gluon_applies, mxfp4_moe_mma_gluon
+from v4serve.ops.mxfp4_moe_mma_triton import mxfp4_moe_mma_triton
 
 # The production rules of the sort-free path, one line each (docs/performance.md, "Session 14: the
 # MXFP4 MoE layer at decode without the pick sort" says which `kernel_configs 'moe flash'` row
@@ -29,6 +42,14 @@ from v4serve.ops.mxfp4_moe_decode_triton import combine_tiles, mxfp4_moe_pick_tr
 # (gate_up, down) tiles, None = the sorted GEMV's one-pick tiles (`gemv_config(1, swiglu)`).
 COMBINE_IN_DOWN = False
 SORT_FREE_CONFIGS = (None, None)
+# The decode route of V4's MXFP4 experts, production's rule: False = the sort-free GEMV above (fp32
+# FMA chains, the sorted path's bits), True = tensor cores wherever the loader finds every scale
+# byte <= 128 (`MXFP4Experts.bind_decode`). Switching it changes the bits of every MoE layer at
+# decode (fp32 sums in the MMA's order: within gamma_K sum |w x| of the reference a projection) and,
+# predicted, c1 42.5-44.5 -> 30-38 µs a Flash layer: the sweep row "sort-free mma, Gluon" of
+# `python -m v4serve.bench.kernel_configs 'moe flash c'` (docs/performance.md, "Session 15:
+# tensor-core MoE decode route"); `bench engine --moe-decode` A/Bs it end to end.
+TENSOR_CORE_DECODE = False
 
 
 def sorted_experts(x, experts, weights, tensors, swiglu_limit, add=None, impl="auto", tile_experts=None):
@@ -50,7 +71,8 @@ def direct_applies(impl: str, x: torch.Tensor, experts: torch.Tensor, tensors, t
 def mxfp4_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, tensors, swiglu_limit: float,
                   add: torch.Tensor | None = None, impl: str = "auto", tile_experts: int | None = None,
                   arrivals: torch.Tensor | None = None, combine_in_down: bool = COMBINE_IN_DOWN,
-                  configs: tuple = SORT_FREE_CONFIGS, decode: str | None = None) -> torch.Tensor:
+                  configs: tuple = SORT_FREE_CONFIGS, decode: str | None = None,
+                  tensor_cores: bool = False) -> torch.Tensor:
     """out [T, D] in x.dtype. x [T, D] bf16 / fp16 / fp32; experts [T, k] int (ids < E, as the
     router gives them); weights [T, k] fp32; tensors = (gate_up uint8 [E, 2I, D/2], its ue8m0 scales
     [E, 2I, D/32], down [E, D, I/2], its scales [E, D, I/32]); add [T, D] in x.dtype (the shared
@@ -58,7 +80,8 @@ def mxfp4_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
     `arrivals`: int32 zeros [>= T cdiv(D, BLOCK_N)] the caller keeps, for the combine in the down
     launch (without them, or too few, the combine is its own launch). `configs` (gate_up, down)
     and `decode` ("asm" / "bits"): the GEMV tiles and word decoder of the sort-free path (default:
-    production's)."""
+    production's). `tensor_cores`: the decode route on tensor cores (see the module docstring; for
+    bf16 x, other dtypes keep the GEMV), only for weights whose scale bytes are all <= 128."""
     if experts.shape != weights.shape or experts.dim() != 2 or x.dim() != 2 or experts.shape[0] != x.shape[0]:
         raise ValueError(f"experts and weights must be [T, k] for x [T, D], got {tuple(experts.shape)}, "
                          f"{tuple(weights.shape)} and {tuple(x.shape)}")
@@ -68,6 +91,9 @@ def mxfp4_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
     t, k = experts.shape
     flat = experts.reshape(-1).contiguous()
     weights = weights.float().contiguous()
+    if tensor_cores and x.dtype == torch.bfloat16:
+        hidden = tensor_core_projection(x, w13, s13, flat, k, True, swiglu_limit)
+        return moe_combine(tensor_core_projection(hidden, w2, s2, flat, k, False), None, weights, add, impl=impl)
     hidden = mxfp4_moe_pick_triton(x, w13, s13, flat, k, True, configs[0], swiglu_limit, decode)
     tiles = combine_tiles(w2.shape[1], configs[1])
     if combine_in_down and arrivals is not None and arrivals.numel() >= t * tiles:
@@ -75,6 +101,15 @@ def mxfp4_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                                      combine=(weights, add, arrivals))
     y = mxfp4_moe_pick_triton(hidden, w2, s2, flat, k, False, configs[1], decode=decode)
     return moe_combine(y, None, weights, add, impl=impl)
+
+
+def tensor_core_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor,
+                           top_k: int, per_token: bool, swiglu_limit: float | None = None) -> torch.Tensor:
+    """One projection of the tensor-core route, y [T k, N] in pick order: the Gluon kernel on sm_90
+    where its shapes fit, else the `tl` one (any GPU, the interpreter)."""
+    if gluon_applies(x, weight, swiglu_limit is not None):
+        return mxfp4_moe_mma_gluon(x, weight, scale, experts, top_k, per_token, swiglu_limit)
+    return mxfp4_moe_mma_triton(x, weight, scale, experts, top_k, per_token, swiglu_limit=swiglu_limit)
 
 
 def combine_counters_size(n_experts: int, top_k: int, d: int) -> int:

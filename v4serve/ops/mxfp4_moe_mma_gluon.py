@@ -39,6 +39,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from v4serve.ops._dispatch import compiled_on_cuda
 from v4serve.ops.mxfp4_decode_triton import NIBBLE_HIGH, NIBBLE_LOW, nibble_pair_ptx
 
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -166,6 +167,21 @@ def _mxfp4_moe_mma_gluon_kernel(
     gl.store(y_ptr + pick.to(gl.int64) * stride_y + offs, h)
 
 
+def gluon_shapes_fit(weight: torch.Tensor, swiglu: bool) -> bool:
+    """The kernel's shapes: K % 512 == 0 (two K steps an iteration), N % 32 (gate_up, N = rows / 2)
+    or % 64 (down), weight rows 16-byte aligned with unit stride along K."""
+    _, n_w, half_k = weight.shape
+    n = n_w // 2 if swiglu else n_w
+    return (2 * half_k % (2 * BLOCK_K.value) == 0 and n % (32 if swiglu else 64) == 0 and weight.stride(2) == 1
+            and weight.stride(1) % 16 == 0 and weight.data_ptr() % 16 == 0)
+
+
+def gluon_applies(x: torch.Tensor, weight: torch.Tensor, swiglu: bool) -> bool:
+    """The kernel runs for this call: compiled CUDA on sm_90 (wgmma; not the interpreter), shapes fit."""
+    return (compiled_on_cuda(x.device) and torch.cuda.get_device_capability(x.device) == (9, 0)
+            and gluon_shapes_fit(weight, swiglu))
+
+
 def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor,
                         top_k: int, per_token: bool, swiglu_limit: float | None = None) -> torch.Tensor:
     """`mxfp4_moe_mma_triton`'s contract on sm_90 CUDA (Gluon does not run in the interpreter)."""
@@ -174,11 +190,12 @@ def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     swiglu = swiglu_limit is not None
     n = n_w // 2 if swiglu else n_w
     out = 32 if swiglu else 64
-    if x.dtype != torch.bfloat16 or x.stride(1) != 1 or k % (2 * BLOCK_K) or n % out:
-        raise ValueError(f"bf16 x with unit stride, K % {2 * BLOCK_K} == 0 and N % {out} == 0, got {x.dtype}, "
-                         f"K {k}, N {n}")
-    if weight.stride(2) != 1 or scale.stride(2) != 1 or weight.stride(1) % 16 or weight.data_ptr() % 16:
-        raise ValueError("weight rows must be 16-byte aligned with unit stride along K")
+    if x.dtype != torch.bfloat16 or x.stride(1) != 1 or scale.stride(2) != 1:
+        raise ValueError(f"x must be bf16 with unit stride, the scales unit stride along K, got {x.dtype}, "
+                         f"strides {x.stride()} and {scale.stride()}")
+    if not gluon_shapes_fit(weight, swiglu):
+        raise ValueError(f"K % {2 * BLOCK_K.value} == 0, N % {out} == 0 and weight rows 16-byte aligned with unit "
+                         f"stride along K, got K {k}, N {n}, weight strides {weight.stride()}")
     if experts.dim() != 1 or not experts.is_contiguous():
         raise ValueError(f"experts must be contiguous [P], got {tuple(experts.shape)}")
     picks = experts.shape[0]
