@@ -25,8 +25,8 @@ The forward is `RoutedExperts`' (sort, two grouped matmuls around the clamped Sw
 with `mxfp4_grouped_matmul` in place of `grouped_matmul`, the SwiGLU fused into the gate_up one
 (V4 at decode sizes without the sort: `ops/mxfp4_moe_decode.py`, the same bits; or on tensor cores
 where `bind_decode` chose them, within the fp32 sum order). The expert tensors can be handed in
-explicitly (`run(..., tensors=)`, or `pick_outputs` for the expert outputs before the combine),
-which is how `ExpertOffload` runs them from its slots.
+explicitly (`run(..., tensors=)`, or `pick_outputs` / `pass_outputs` for the expert outputs
+before the combine), which is how `ExpertOffload` runs them from its slots.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from v4serve.ops.fp8_linear import fp8_linear, fp8_linear_swiglu
 from v4serve.ops.moe_combine import moe_combine
 from v4serve.ops.moe_sort import moe_sort
 from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
-from v4serve.ops.mxfp4_moe_decode import combine_counters_size, mxfp4_experts
+from v4serve.ops.mxfp4_moe_decode import combine_counters_size, direct_applies, mxfp4_experts, mxfp4_experts_pass
 from v4serve.ops.mxfp4_moe_mma_triton import mma_config, mma_scales_exact
 from v4serve.ops.swiglu import clamped_swiglu
 from v4serve.ops.weight_formats import MXFP4_BLOCK, dequantize_fp8_blocks, fp8_scale_shape
@@ -197,6 +197,20 @@ class MXFP4Experts(UsesKernels, nn.Module):
             self.arrivals, lambda: combine_counters_size(self.n_experts, top_k, self.down_proj.shape[1]), x)
         self.arrivals = self.arrivals if counters is None else counters
         return counters
+
+    def decodes_in_passes(self, x: torch.Tensor, experts: torch.Tensor, tensors: list[torch.Tensor]) -> bool:
+        """`pass_outputs` takes this step: V4's numerics at a decode size (`direct_applies` at the
+        layer's E: where `run` would take the sort-free route)."""
+        return (self.act_quant is None and not self.weight_before_down
+                and direct_applies(self.impl, x, experts, tensors, self.n_experts))
+
+    def pass_outputs(self, x: torch.Tensor, groups: torch.Tensor, tensors: list[torch.Tensor],
+                     outputs: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass of a decode step split over passes (`ExpertOffload`), on the route `run` takes
+        (`mxfp4_experts_pass`: the GEMV, or tensor cores where `bind_decode` chose them): the picks
+        whose group (groups [T, k]) is a row of `tensors` write their rows of (hidden, y), the
+        others keep theirs. `outputs`: the earlier passes' (hidden, y), None in the first."""
+        return mxfp4_experts_pass(x, groups, tensors, self.limit, outputs, tensor_cores=self.tensor_core_decode)
 
     def pick_outputs(self, x: torch.Tensor, groups: torch.Tensor, tensors: list[torch.Tensor],
                      n_sort: int | None = None, weights: torch.Tensor | None = None

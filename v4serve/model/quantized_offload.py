@@ -16,16 +16,31 @@ A step never leaves the device, so an offloaded model decodes in CUDA graphs lik
     pass c = 0..chunks-1:   plan (the c-th S offloaded experts the step picked, by id: slots for
                             the missing ones, LRU) -> fetch (the SMs read the host rows over the
                             host link, ops/expert_fetch.py, on a side stream) -> their picks
+    combine                 one moe_combine of every pick's output (pick order)
 
-Each pass computes the expert outputs of its members' picks (the other picks get the group id
-past the last row: sorted last, computed by no group, reading no weights, so never a slot being
-written); every pick keeps its output from its expert's pass, and one combine sums each token's
-picks, so the result is bit-identical to the model with every expert resident
-(`MXFP4Experts.pick_outputs` says why). A chunk with no member costs its launches (a plan, four
-empty fetches, the MoE kernels over no group): at decode only the first chunk usually has members.
-On the CPU nothing runs beside the compute: the resident experts join chunk 0's pass. The plan
-and the fetch run their Triton kernels on CUDA whatever the model's `kernels` (the torch fetch
-reads the copy count on the host, which a graph cannot capture), their torch references on the CPU.
+Each pass computes the expert outputs of its members' picks; the other picks carry the group id
+R + S, past the last row, and read no weights (so never a slot being written). Two routes, chosen
+per step from shapes (`run`):
+
+- decode (one chunk, `MXFP4Experts.decodes_in_passes`: V4's numerics where the resident layer
+  decodes sort-free, `gemv_picks` = 1): a pass is the sort-free route's gate_up and down launches
+  (`MXFP4Experts.pass_outputs`, ops/mxfp4_moe_decode.py `mxfp4_experts_pass`: the GEMV, or tensor
+  cores where `bind_decode` chose them) whose programs skip the picks of id R + S (no load, no
+  store); each pass writes its picks' rows of the same hidden and y. A step at c1 on CUDA: the
+  resident rows, the plan, 2 + 2 MoE launches, the combine (4 fetches on the side stream).
+- otherwise (prefill, several chunks, V4.1, the torch ops): a pass sorts its picks
+  (`MXFP4Experts.pick_outputs`: the others sorted last, computed by no group), gathers its rows
+  back to pick order and keeps them over the earlier passes' (`torch.where`).
+
+Either way every pick keeps its output from its expert's pass, with the bits the resident layer
+gives it (the same kernels and tiles on the same x row and expert weights; `pick_outputs` and
+ops/mxfp4_moe_decode.py say why), and one combine sums each token's picks in slot order: the
+result is bit-identical to the model with every expert resident. A chunk with no member costs its
+launches (a plan, four empty fetches, the MoE kernels over no pick): at decode only the first
+chunk usually has members. On the CPU nothing runs beside the compute: the resident experts join
+chunk 0's pass. The plan and the fetch run their Triton kernels on CUDA whatever the model's
+`kernels` (the torch fetch reads the copy count on the host, which a graph cannot capture), their
+torch references on the CPU.
 Layer-ahead prefetch (model/expert_prefetch.py, off by default): the next layer's router applied
 to this layer's input guesses its picks; `prefetch` plans and fetches those into the next
 layer's slots early, on its side stream.
@@ -138,11 +153,12 @@ class ExpertOffload:
         if self.prefetch_pending:  # its plan changed the cache state this plan reads
             self._wait()
             self.prefetch_pending = False
-        r, n_rows = len(self.row_of), len(self.row_of) + self.n_slots
+        r = len(self.row_of)
         chunks = -(-min(picks.numel(), len(self.host_row)) // self.n_slots)
         self.multi_chunk_steps += chunks > 1
+        direct = chunks == 1 and module.decodes_in_passes(x, experts, self.device_tensors)
         separate_resident = self.overlap and r > 0
-        y = None
+        out = None
         for chunk in range(chunks):
             mapped = expert_cache_plan(
                 picks, self.host_row_of, self.index, self.slot_expert, self.slot_stamp, self.clock, self._fetches,
@@ -150,11 +166,10 @@ class ExpertOffload:
                 with_resident=chunk == 0 and not separate_resident, count_picks=chunk == 0)
             self._fetch()
             if chunk == 0 and separate_resident:  # beside the copies of chunk 0
-                y = self._pass(module, x, self.resident_row[experts], y, n_rows)
+                out = self._pass(module, x, self.resident_row[experts], out, direct)
             self._wait()
-            y = self._pass(module, x, mapped.view_as(experts), y, n_rows)
-        identity = torch.arange(y.shape[0], device=y.device)
-        return moe_combine(y, identity, weights, add, impl=module.impl)
+            out = self._pass(module, x, mapped.view_as(experts), out, direct)
+        return moe_combine(out[1] if direct else out, None, weights, add, impl=module.impl)
 
     def prefetch(self, experts: torch.Tensor) -> None:
         """Plan and fetch, ahead of this layer's own step, the first S offloaded experts that
@@ -177,12 +192,17 @@ class ExpertOffload:
                 expert_fetch(host, dev, self.copy_count, self.copy_slot, self.copy_src, len(self.row_of))
         self.prefetch_pending = stream is not None
 
-    def _pass(self, module, x, groups: torch.Tensor, y: torch.Tensor | None, n_rows: int) -> torch.Tensor:
-        """The expert outputs [T*k, D] in pick order: this pass's for the picks whose group is a row
-        (< n_rows), `y`'s for the others."""
+    def _pass(self, module, x: torch.Tensor, groups: torch.Tensor, out, direct: bool):
+        """The step's expert outputs in pick order after one more pass over the picks whose group is
+        a device row (< R + S; the others carry R + S). `direct`: (hidden, y) of the sort-free
+        route, this pass's rows written in place and the others kept (`pass_outputs`). Else y
+        [T*k, D] of the sorted route: this pass's rows for its picks, `out`'s for the others."""
+        if direct:
+            return module.pass_outputs(x, groups, self.device_tensors, out)
+        n_rows = self.device_tensors[0].shape[0]
         y_sorted, pos = module.pick_outputs(x, groups, self.device_tensors, n_sort=n_rows + 1)
         part = y_sorted[pos]
-        return part if y is None else torch.where((groups.reshape(-1) < n_rows)[:, None], part, y)
+        return part if out is None else torch.where((groups.reshape(-1) < n_rows)[:, None], part, out)
 
     def _fetch(self) -> None:
         """The copy list's rows host -> slots; on CUDA on the side stream, after what the compute

@@ -23,6 +23,14 @@ exact and only the fp32 sum order changes (the MMA's k16 chunks):
 Not the GEMV's bits, but still independent of the batch (a pick is column 0 of its own MMA:
 verify = decode). Exact only when every scale byte is <= 128 (`mma_scales_exact`), which the
 caller checks once where the weights are loaded (`MXFP4Experts.bind_decode`), never per launch.
+
+A layer with experts in host memory (model/quantized_offload.py) runs its decode steps of one
+chunk through the same route, in passes (`mxfp4_experts_pass`: gate_up and down a pass, on the
+GEMV or on tensor cores as the layer is bound), each pass writing its own picks' rows of one
+hidden and one y (the other picks carry an expert id past the weight's rows, which the kernels
+skip: no load, no store), then one combine: the bits of the resident layer, in 2 launches a pass
++ 1 instead of its 3. Larger batches, several chunks, V4.1's numerics and the torch ops keep the
+offload's sorted passes.
 """
 
 import torch
@@ -103,13 +111,39 @@ def mxfp4_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
     return moe_combine(y, None, weights, add, impl=impl)
 
 
+def mxfp4_experts_pass(x: torch.Tensor, groups: torch.Tensor, tensors, swiglu_limit: float,
+                       outputs: tuple | None = None, tensor_cores: bool = False,
+                       configs: tuple = SORT_FREE_CONFIGS) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pass of a decode step whose picks are split over passes (model/quantized_offload.py), on
+    `mxfp4_experts`' sort-free route: the picks whose group (groups [T, k]: the row of `tensors`,
+    leading dim G) is < G get their rows of (hidden [T k, I], y [T k, D]) written, the others
+    (group >= G: another pass's) are skipped and their rows left as they are. `outputs`: the
+    (hidden, y) of the step's earlier passes, None in the first (made here). Once every pick has had
+    its pass, `moe_combine(y, None, weights, add)` is `mxfp4_experts`' output bit for bit (each row
+    of y has the same bits as there: the same kernels, tiles and route; the caller checks
+    `direct_applies` at the layer's E, as `mxfp4_experts` does)."""
+    w13, s13, w2, s2 = tensors
+    k = groups.shape[1]
+    flat = groups.reshape(-1).contiguous()
+    hidden, y = outputs or (None, None)
+    skip = dict(skip_past_rows=True)
+    if tensor_cores and x.dtype == torch.bfloat16:
+        hidden = tensor_core_projection(x, w13, s13, flat, k, True, swiglu_limit, y=hidden, **skip)
+        return hidden, tensor_core_projection(hidden, w2, s2, flat, k, False, y=y, **skip)
+    hidden = mxfp4_moe_pick_triton(x, w13, s13, flat, k, True, configs[0], swiglu_limit, y=hidden, **skip)
+    return hidden, mxfp4_moe_pick_triton(hidden, w2, s2, flat, k, False, configs[1], y=y, **skip)
+
+
 def tensor_core_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor,
-                           top_k: int, per_token: bool, swiglu_limit: float | None = None) -> torch.Tensor:
+                           top_k: int, per_token: bool, swiglu_limit: float | None = None,
+                           y: torch.Tensor | None = None, skip_past_rows: bool = False) -> torch.Tensor:
     """One projection of the tensor-core route, y [T k, N] in pick order: the Gluon kernel on sm_90
-    where its shapes fit, else the `tl` one (any GPU, the interpreter)."""
+    where its shapes fit, else the `tl` one (any GPU, the interpreter). `y`, `skip_past_rows`: as
+    `mxfp4_moe_pick_triton`'s."""
+    rows = dict(y=y, skip_past_rows=skip_past_rows)
     if gluon_applies(x, weight, swiglu_limit is not None):
-        return mxfp4_moe_mma_gluon(x, weight, scale, experts, top_k, per_token, swiglu_limit)
-    return mxfp4_moe_mma_triton(x, weight, scale, experts, top_k, per_token, swiglu_limit=swiglu_limit)
+        return mxfp4_moe_mma_gluon(x, weight, scale, experts, top_k, per_token, swiglu_limit, **rows)
+    return mxfp4_moe_mma_triton(x, weight, scale, experts, top_k, per_token, swiglu_limit=swiglu_limit, **rows)
 
 
 def combine_counters_size(n_experts: int, top_k: int, d: int) -> int:

@@ -16,7 +16,10 @@ same order with the same tiles, so every row of y has the same bits):
     down:              y[p, n] = round(h[p] . W2[e, n])
 
 y is in pick order (the sorted path's row pos[p]); the combine reads row p where moe_combine reads
-row pos[p]. With COMBINE (down only), after storing its y tile each program takes a ticket for
+row pos[p]. SKIP_PAST_ROWS (a layer split over passes, model/quantized_offload.py, whose other
+passes' picks carry an id past the weight's rows): program p with experts[p] >= n_rows (the
+weight's leading dim) returns once it has read the id, no weight read, no store, so row p of y keeps
+what another pass wrote there (production's launch, False, has no such test). With COMBINE (down only), after storing its y tile each program takes a ticket for
 (token t, column tile) (int32 atomic, acq_rel, gpu scope); the TOP_K-th to arrive adds the token's
 picks in slot order, as moe_combine_triton does, and leaves the ticket at zero:
 
@@ -44,22 +47,28 @@ from v4serve.ops.mxfp4_gemv_triton import _accumulate, _decode, _load_step, _pic
 @triton.jit
 def _mxfp4_moe_pick_kernel(
     x_ptr, w_ptr, s_ptr, experts_ptr, y_ptr, cw_ptr, add_ptr, out_ptr, arrivals_ptr,
-    N, K, K_SCALES, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, stride_a, limit,
+    N, K, K_SCALES, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, stride_a, limit, n_rows,
     TOP_K: tl.constexpr, X_PER_TOKEN: tl.constexpr, X_WORDS: tl.constexpr, DECODE_ASM: tl.constexpr,
     SWIGLU: tl.constexpr, EVEN_K: tl.constexpr, COMBINE: tl.constexpr, HAS_ADD: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr = 1, EARLY: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    SKIP_PAST_ROWS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """stride_we / stride_wn in int32 words, the rest in elements. X_PER_TOKEN: x has a row per
     token (gate_up: row p // TOP_K), else one per pick (down: row p). AHEAD: K steps whose weights
     are in flight while one is decoded (1: production's register double buffer; 2: one more
     buffer). EARLY (down only, under PDL): the expert id and the first AHEAD steps' weights are
     loaded before the wait (they come from the router, two launches back, and from the weights:
-    not from the launch being waited for)."""
+    not from the launch being waited for). SKIP_PAST_ROWS: a pick whose expert id is >= n_rows
+    (the weight's leading dim) computes and stores nothing."""
     if PDL and not EARLY:
         gdc_wait()
     pick = tl.program_id(0)
     e = tl.load(experts_ptr + pick, cache_modifier=".cg").to(tl.int64)  # L2: with EARLY read before the wait
+    if SKIP_PAST_ROWS:
+        if e >= n_rows:  # no weight row to read: its row of y keeps what it holds
+            if PDL and EARLY:
+                gdc_wait()  # leave after the launch before, as the computing programs do
+            return
     row = (pick // TOP_K if X_PER_TOKEN else pick).to(tl.int64)
     valid = pick >= 0  # a true scalar: the production kernel's `n_valid > 0` for its one pick
     KW: tl.constexpr = BLOCK_K // 8
@@ -111,6 +120,17 @@ def _mxfp4_moe_pick_kernel(
             tl.store(ticket, 0)  # zero again for the next launch (a graph replay too)
 
 
+def pick_rows(y: torch.Tensor | None, picks: int, n: int, x: torch.Tensor) -> torch.Tensor:
+    """The [picks, n] output of a decode projection: `y` when given (checked: x's dtype and
+    device, unit stride along n), else a new tensor."""
+    if y is None:
+        return torch.empty(picks, n, dtype=x.dtype, device=x.device)
+    if y.shape != (picks, n) or y.dtype != x.dtype or y.device != x.device or y.stride(1) != 1:
+        raise ValueError(f"y must be [{picks}, {n}] {x.dtype} on {x.device} with unit stride along {n}, got "
+                         f"{y.dtype} {tuple(y.shape)} on {y.device}, strides {y.stride()}")
+    return y
+
+
 def combine_tiles(n: int, config: dict | None = None) -> int:
     """Output column tiles of the down projection (one arrival ticket each per token)."""
     return triton.cdiv(n, (config or gemv_config(1, False))["BLOCK_N"])
@@ -118,7 +138,8 @@ def combine_tiles(n: int, config: dict | None = None) -> int:
 
 def mxfp4_moe_pick_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor,
                           top_k: int, per_token: bool, config: dict | None = None, swiglu_limit: float | None = None,
-                          decode: str | None = None, combine: tuple | None = None):
+                          decode: str | None = None, combine: tuple | None = None, y: torch.Tensor | None = None,
+                          skip_past_rows: bool = False):
     """One projection of the decode MoE, a program per (pick, column tile), expert ids read from
     `experts` [P] (P = T top_k, pick order). `per_token`: x [T, K] (row p // top_k), else x [P, K].
     Returns y [P, N] (N = N_W / 2 with `swiglu_limit`), in pick order. `config` BLOCK_N, BLOCK_K,
@@ -127,7 +148,12 @@ def mxfp4_moe_pick_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Te
     before the PDL wait); bench variants (bench/moe_configs.py), the bits do not depend on them.
 
     `combine` = (weights [T, top_k] fp32, add [T, N] or None, arrivals int32 zeros [>= T tiles]):
-    the down projection also does moe_combine (pick order) and returns out [T, N] instead."""
+    the down projection also does moe_combine (pick order) and returns out [T, N] instead.
+
+    `y`: the [P, N] tensor to write (x's dtype, unit stride along N; default a new one).
+    `skip_past_rows`: the picks whose expert id is >= E (weight's leading dim) compute and store
+    nothing, their rows of y keep what they held (a layer split over passes, model/quantized_offload.py:
+    the other passes' picks carry id E); not with `combine`."""
     e, n_w, half_k = weight.shape
     k = 2 * half_k
     if k % 32 or weight.data_ptr() % 16 or weight.stride(1) % 16 or weight.stride(0) % 16:
@@ -137,11 +163,13 @@ def mxfp4_moe_pick_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Te
     swiglu = swiglu_limit is not None
     if swiglu and combine is not None:
         raise ValueError("the combine follows the down projection, not the SwiGLU one")
+    if skip_past_rows and combine is not None:
+        raise ValueError("the combine needs every pick of a token: no skipped picks")
     n = n_w // 2 if swiglu else n_w
     picks = experts.shape[0]
     cfg = config or gemv_config(1, swiglu)
     decode = decode or ("asm" if compiled_on_cuda(x.device) else "bits")
-    y = torch.empty(picks, n, dtype=x.dtype, device=x.device)
+    y = pick_rows(y, picks, n, x)
     tiles = triton.cdiv(n, cfg["BLOCK_N"])
     out = y
     weights = add = arrivals = y
@@ -165,11 +193,11 @@ def mxfp4_moe_pick_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Te
     _mxfp4_moe_pick_kernel[(picks, tiles)](
         x, weight, scale, experts, y, weights, add, out, arrivals,
         n, k, k // 32, x.stride(0), weight.stride(0) // 4, weight.stride(1) // 4, scale.stride(0), scale.stride(1),
-        y.stride(0), add.stride(0), float(swiglu_limit) if swiglu else 0.0,
+        y.stride(0), add.stride(0), float(swiglu_limit) if swiglu else 0.0, e,
         TOP_K=top_k, X_PER_TOKEN=per_token, X_WORDS=_x_words(x), DECODE_ASM=decode == "asm", SWIGLU=swiglu,
         EVEN_K=k % cfg["BLOCK_K"] == 0, COMBINE=combine is not None, HAS_ADD=has_add,
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], AHEAD=cfg.get("AHEAD", 1),
-        EARLY=cfg.get("EARLY", False) and not per_token,
+        EARLY=cfg.get("EARLY", False) and not per_token, SKIP_PAST_ROWS=skip_past_rows,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x),
     )
     return out

@@ -41,6 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from v4serve.ops._dispatch import compiled_on_cuda
 from v4serve.ops.mxfp4_decode_triton import NIBBLE_HIGH, NIBBLE_LOW, nibble_pair_ptx
+from v4serve.ops.mxfp4_moe_decode_triton import pick_rows
 
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
@@ -95,11 +96,12 @@ def _step(acc, packed, sb, x_at, x_off, row_z, xe_s, xo_s, a_op: gl.constexpr, l
 @gluon.jit
 def _mxfp4_moe_mma_gluon_kernel(
     x_ptr, w_ptr, s_ptr, experts_ptr, y_ptr,
-    N, K, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, limit,
-    TOP_K: gl.constexpr, X_PER_TOKEN: gl.constexpr, SWIGLU: gl.constexpr,
+    N, K, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, limit, n_rows,
+    TOP_K: gl.constexpr, X_PER_TOKEN: gl.constexpr, SWIGLU: gl.constexpr, SKIP_PAST_ROWS: gl.constexpr = False,
 ):
     """Strides in elements (bytes for the uint8 tensors); N % (32 or 64) == 0, K % 512 == 0. No PDL
-    (a sweep variant: launched plainly)."""
+    (a sweep variant: launched plainly). SKIP_PAST_ROWS: a pick whose expert id is >= n_rows (the
+    weight's leading dim) computes and stores nothing (mxfp4_moe_decode_triton.py's rule)."""
     R: gl.constexpr = 64
     OUT: gl.constexpr = 32 if SWIGLU else 64
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
@@ -113,6 +115,9 @@ def _mxfp4_moe_mma_gluon_kernel(
 
     pick = gl.program_id(0)
     e = gl.load(experts_ptr + pick).to(gl.int64)
+    if SKIP_PAST_ROWS:
+        if e >= n_rows:  # no weight row to read: its row of y keeps what it holds
+            return
     row = (pick // TOP_K if X_PER_TOKEN else pick).to(gl.int64)
     n0 = gl.program_id(1) * OUT
     r3 = gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, l3)))[:, None, None]
@@ -183,8 +188,10 @@ def gluon_applies(x: torch.Tensor, weight: torch.Tensor, swiglu: bool) -> bool:
 
 
 def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor,
-                        top_k: int, per_token: bool, swiglu_limit: float | None = None) -> torch.Tensor:
-    """`mxfp4_moe_mma_triton`'s contract on sm_90 CUDA (Gluon does not run in the interpreter)."""
+                        top_k: int, per_token: bool, swiglu_limit: float | None = None, y: torch.Tensor | None = None,
+                        skip_past_rows: bool = False) -> torch.Tensor:
+    """`mxfp4_moe_mma_triton`'s contract (`y`, `skip_past_rows` included) on sm_90 CUDA (Gluon does
+    not run in the interpreter)."""
     e, n_w, half_k = weight.shape
     k = 2 * half_k
     swiglu = swiglu_limit is not None
@@ -199,12 +206,12 @@ def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     if experts.dim() != 1 or not experts.is_contiguous():
         raise ValueError(f"experts must be contiguous [P], got {tuple(experts.shape)}")
     picks = experts.shape[0]
-    y = torch.empty(picks, n, dtype=x.dtype, device=x.device)
+    y = pick_rows(y, picks, n, x)
     if picks == 0:
         return y
     _mxfp4_moe_mma_gluon_kernel[(picks, triton.cdiv(n, out))](
         x, weight, scale, experts, y, n, k, x.stride(0), weight.stride(0), weight.stride(1), scale.stride(0),
-        scale.stride(1), y.stride(0), float(swiglu_limit) if swiglu else 0.0,
-        TOP_K=top_k, X_PER_TOKEN=per_token, SWIGLU=swiglu, num_warps=4,
+        scale.stride(1), y.stride(0), float(swiglu_limit) if swiglu else 0.0, e,
+        TOP_K=top_k, X_PER_TOKEN=per_token, SWIGLU=swiglu, SKIP_PAST_ROWS=skip_past_rows, num_warps=4,
     )
     return y

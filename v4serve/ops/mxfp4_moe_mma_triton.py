@@ -56,6 +56,7 @@ from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
 from v4serve.ops.mxfp4_decode_triton import four_bytes_ptx
+from v4serve.ops.mxfp4_moe_decode_triton import pick_rows
 from v4serve.ops.swiglu_triton import clamped_swiglu_f32
 
 # $0, $1: the low nibbles of bytes (0, 1) and (2, 3) (elements 0, 2 and 4, 6 of the word); $2, $3:
@@ -100,15 +101,20 @@ def _decode_mma_bits(packed, mult):
 @triton.jit
 def _mxfp4_moe_mma_kernel(
     x_ptr, w_ptr, s_ptr, experts_ptr, y_ptr,
-    N, K, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, limit,
+    N, K, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, limit, n_rows,
     TOP_K: tl.constexpr, X_PER_TOKEN: tl.constexpr, DECODE_ASM: tl.constexpr, SWIGLU: tl.constexpr,
-    BLOCK_OUT: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_OUT: tl.constexpr, BLOCK_K: tl.constexpr, SKIP_PAST_ROWS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    """All strides in elements (bytes for the uint8 tensors). K % BLOCK_K == 0 (the wrapper checks)."""
+    """All strides in elements (bytes for the uint8 tensors). K % BLOCK_K == 0 (the wrapper checks).
+    SKIP_PAST_ROWS: a pick whose expert id is >= n_rows (the weight's leading dim) computes and
+    stores nothing (mxfp4_moe_decode_triton.py's rule)."""
     if PDL:
         gdc_wait()
     pick = tl.program_id(0)
     e = tl.load(experts_ptr + pick).to(tl.int64)
+    if SKIP_PAST_ROWS:
+        if e >= n_rows:  # no weight row to read: its row of y keeps what it holds
+            return
     row = (pick // TOP_K if X_PER_TOKEN else pick).to(tl.int64)
     ROWS: tl.constexpr = 2 * BLOCK_OUT if SWIGLU else BLOCK_OUT
     NB: tl.constexpr = BLOCK_K // 32
@@ -175,10 +181,11 @@ def mma_scales_exact(scale: torch.Tensor) -> bool:
 
 def mxfp4_moe_mma_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor,
                          top_k: int, per_token: bool, config: dict | None = None,
-                         swiglu_limit: float | None = None, decode: str | None = None) -> torch.Tensor:
-    """`mxfp4_moe_pick_triton`'s contract (no combine) on tensor cores: y [P, N] in pick order,
-    x bf16. `config` BLOCK_OUT, BLOCK_K, num_warps, num_stages (default `mma_config`); `decode`
-    "asm" (compiled CUDA) or "bits"."""
+                         swiglu_limit: float | None = None, decode: str | None = None, y: torch.Tensor | None = None,
+                         skip_past_rows: bool = False) -> torch.Tensor:
+    """`mxfp4_moe_pick_triton`'s contract (no combine; `y` and `skip_past_rows` as there) on tensor
+    cores: y [P, N] in pick order, x bf16. `config` BLOCK_OUT, BLOCK_K, num_warps, num_stages
+    (default `mma_config`); `decode` "asm" (compiled CUDA) or "bits"."""
     e, n_w, half_k = weight.shape
     k = 2 * half_k
     swiglu = swiglu_limit is not None
@@ -194,14 +201,14 @@ def mxfp4_moe_mma_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Ten
     if decode not in ("asm", "bits"):
         raise ValueError(f"decode must be 'asm' or 'bits', got {decode!r}")
     picks = experts.shape[0]
-    y = torch.empty(picks, n, dtype=x.dtype, device=x.device)
+    y = pick_rows(y, picks, n, x)
     if picks == 0:
         return y
     _mxfp4_moe_mma_kernel[(picks, triton.cdiv(n, cfg["BLOCK_OUT"]))](
         x, weight, scale, experts, y, n, k, x.stride(0), weight.stride(0), weight.stride(1), scale.stride(0),
-        scale.stride(1), y.stride(0), float(swiglu_limit) if swiglu else 0.0,
+        scale.stride(1), y.stride(0), float(swiglu_limit) if swiglu else 0.0, e,
         TOP_K=top_k, X_PER_TOKEN=per_token, DECODE_ASM=decode == "asm", SWIGLU=swiglu,
-        BLOCK_OUT=cfg["BLOCK_OUT"], BLOCK_K=cfg["BLOCK_K"],
+        BLOCK_OUT=cfg["BLOCK_OUT"], BLOCK_K=cfg["BLOCK_K"], SKIP_PAST_ROWS=skip_past_rows,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x),
     )
     return y
