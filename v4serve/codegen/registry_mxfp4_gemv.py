@@ -43,21 +43,26 @@ MXFP4_GEMV_KERNELS: tuple[KernelSpec, ...] = tuple(
 # weight words) for both, down with EARLY (weights before the PDL wait, so PDL on). sm_90, Triton
 # 3.6: 113-118 registers at AHEAD 1 (the sorted GEMV: 117-124), 779 / 837 SASS instructions for
 # down / gate_up against the sorted GEMV's 926 / 987 (the group-ends scan gone from the prologue).
+# `_skip`: an offloaded layer's passes (model/quantized_offload.py) at production's tiles: a program
+# whose expert id is past the weight's rows returns after reading it (sm_90, Triton 3.6: the same
+# registers, 5 more SASS instructions, the compare and the exit; so do the tensor-core `_skip` rows).
+_MOE_DECODE_TYPES = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", experts_ptr="*i64", y_ptr="*bf16", cw_ptr="*fp32",
+                         add_ptr="*bf16", out_ptr="*bf16", arrivals_ptr="*i32", N="i32", K="i32", K_SCALES="i32",
+                         stride_x="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32",
+                         stride_y="i32", stride_a="i32", limit="fp32", n_rows="i32")
+_MOE_DECODE_ALIGNED = ("x_ptr", "w_ptr", "s_ptr", "experts_ptr", "y_ptr", "cw_ptr", "add_ptr", "out_ptr", "arrivals_ptr",
+                       "N", "K", "K_SCALES", "stride_x", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_y",
+                       "stride_a")
 MXFP4_MOE_DECODE_KERNELS: tuple[KernelSpec, ...] = tuple(
     KernelSpec(
-        f"moe.mxfp4_decode_{proj}{'_combine' if combine else ''}{f'_ahead{ahead}' if ahead > 1 else ''}",
+        f"moe.mxfp4_decode_{proj}{'_combine' if combine else ''}{f'_ahead{ahead}' if ahead > 1 else ''}"
+        f"{'_skip' if skip else ''}",
         "v4serve.ops.mxfp4_moe_decode_triton:_mxfp4_moe_pick_kernel",
-        types=dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", experts_ptr="*i64", y_ptr="*bf16", cw_ptr="*fp32",
-                   add_ptr="*bf16", out_ptr="*bf16", arrivals_ptr="*i32", N="i32", K="i32", K_SCALES="i32",
-                   stride_x="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32",
-                   stride_y="i32", stride_a="i32", limit="fp32"),
-        aligned=("x_ptr", "w_ptr", "s_ptr", "experts_ptr", "y_ptr", "cw_ptr", "add_ptr", "out_ptr", "arrivals_ptr",
-                 "N", "K", "K_SCALES", "stride_x", "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_y",
-                 "stride_a"),
-        constexprs=dict(PDL=ahead > 1 and proj == "down", TOP_K=6, X_PER_TOKEN=proj == "gate_up", X_WORDS=True,
-                        DECODE_ASM=True, SWIGLU=proj == "gate_up", EVEN_K=True, COMBINE=combine, HAS_ADD=combine,
-                        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], AHEAD=ahead,
-                        EARLY=ahead > 1 and proj == "down"),
+        types=_MOE_DECODE_TYPES, aligned=_MOE_DECODE_ALIGNED,
+        constexprs=dict(PDL=ahead > 1 and proj == "down", TOP_K=6, X_PER_TOKEN=proj == "gate_up",
+                        X_WORDS=True, DECODE_ASM=True, SWIGLU=proj == "gate_up", EVEN_K=True, COMBINE=combine,
+                        HAS_ADD=combine, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], AHEAD=ahead,
+                        EARLY=ahead > 1 and proj == "down", SKIP_PAST_ROWS=skip),
         archs=(90, 100, 120) if ahead > 1 and proj == "down" else None,  # PDL: griddepcontrol is sm_90+
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         # AHEAD 2 holds a third register buffer (sm_90, Triton 3.6: gate_up 138 registers; down capped
@@ -65,8 +70,9 @@ MXFP4_MOE_DECODE_KERNELS: tuple[KernelSpec, ...] = tuple(
         # variant, 632 / 629 instructions a K step against 594 / 606 at AHEAD 1)
         expect=Expect(max_regs=168 if ahead > 1 else 141, max_spill_ops=4 if ahead > 1 else 0),
     )
-    for proj, combine in (("gate_up", False), ("down", False), ("down", True))
-    for ahead in (1, 2)
+    for proj, combine, skip in (("gate_up", False, False), ("down", False, False), ("down", True, False),
+                                ("gate_up", False, True), ("down", False, True))
+    for ahead in ((1,) if skip else (1, 2))
     for cfg in (gemv_config(1, proj == "gate_up"),)
     if not (combine and ahead > 1)
 )
@@ -74,8 +80,8 @@ MXFP4_MOE_DECODE_KERNELS: tuple[KernelSpec, ...] = tuple(
 # Both tensor-core decode kernels below (tl and Gluon) take the same arguments.
 _MMA_TYPES = dict(x_ptr="*bf16", w_ptr="*u8", s_ptr="*u8", experts_ptr="*i64", y_ptr="*bf16", N="i32", K="i32",
                   stride_x="i32", stride_we="i32", stride_wn="i32", stride_se="i32", stride_sn="i32", stride_y="i32",
-                  limit="fp32")
-_MMA_ALIGNED = tuple(name for name in _MMA_TYPES if name != "limit")
+                  limit="fp32", n_rows="i32")
+_MMA_ALIGNED = tuple(name for name in _MMA_TYPES if name not in ("limit", "n_rows"))
 
 # The tensor-core decode projection (v4serve/ops/mxfp4_moe_mma_triton.py, issue 18; the decode route of
 # `mxfp4_experts(tensor_cores=True)`, off in production: ops/mxfp4_moe_decode.TENSOR_CORE_DECODE):
@@ -84,14 +90,15 @@ _MMA_ALIGNED = tuple(name for name in _MMA_TYPES if name != "limit")
 # shared memory, K loop 466 SASS instructions for 128 weights a thread (3.64 a weight; docs/performance.md).
 MXFP4_MOE_MMA_KERNELS: tuple[KernelSpec, ...] = tuple(
     KernelSpec(
-        f"moe.mxfp4_mma_{proj}", "v4serve.ops.mxfp4_moe_mma_triton:_mxfp4_moe_mma_kernel",
+        f"moe.mxfp4_mma_{proj}{'_skip' if skip else ''}", "v4serve.ops.mxfp4_moe_mma_triton:_mxfp4_moe_mma_kernel",
         types=_MMA_TYPES, aligned=_MMA_ALIGNED,
         constexprs=dict(PDL=False, TOP_K=6, X_PER_TOKEN=proj == "gate_up", DECODE_ASM=True, SWIGLU=proj == "gate_up",
-                        BLOCK_OUT=cfg["BLOCK_OUT"], BLOCK_K=cfg["BLOCK_K"]),
+                        BLOCK_OUT=cfg["BLOCK_OUT"], BLOCK_K=cfg["BLOCK_K"], SKIP_PAST_ROWS=skip),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         expect=Expect(max_regs=168, tensor_cores=True),
     )
     for proj in ("gate_up", "down")
+    for skip in (False, True)  # skip: an offloaded layer's passes
     for cfg in (mma_config(proj == "gate_up"),)
 )
 
@@ -103,11 +110,13 @@ MXFP4_MOE_MMA_KERNELS: tuple[KernelSpec, ...] = tuple(
 # instructions (down / gate_up) for 256 weights a thread (2.85 a weight).
 MXFP4_MOE_MMA_KERNELS += tuple(
     KernelSpec(
-        f"moe.mxfp4_mma_gluon_{proj}", "v4serve.ops.mxfp4_moe_mma_gluon:_mxfp4_moe_mma_gluon_kernel",
+        f"moe.mxfp4_mma_gluon_{proj}{'_skip' if skip else ''}",
+        "v4serve.ops.mxfp4_moe_mma_gluon:_mxfp4_moe_mma_gluon_kernel",
         types=_MMA_TYPES, aligned=_MMA_ALIGNED,
-        constexprs=dict(TOP_K=6, X_PER_TOKEN=proj == "gate_up", SWIGLU=proj == "gate_up"),
+        constexprs=dict(TOP_K=6, X_PER_TOKEN=proj == "gate_up", SWIGLU=proj == "gate_up", SKIP_PAST_ROWS=skip),
         archs=(90,), num_warps=4, num_stages=1,
         expect=Expect(max_regs=168, tensor_cores=True),
     )
     for proj in ("gate_up", "down")
+    for skip in (False, True)  # skip: an offloaded layer's passes
 )
