@@ -22,15 +22,16 @@ Each pass computes the expert outputs of its members' picks; the other picks car
 R + S, past the last row, and read no weights (so never a slot being written). Two routes, chosen
 per step from shapes (`run`):
 
-- decode (one chunk, `MXFP4Experts.decodes_in_passes`: V4's numerics where the resident layer
-  decodes sort-free, `gemv_picks` = 1): a pass is the sort-free route's gate_up and down launches
-  (`MXFP4Experts.pass_outputs`, ops/mxfp4_moe_decode.py `mxfp4_experts_pass`: the GEMV, or tensor
-  cores where `bind_decode` chose them) whose programs skip the picks of id R + S (no load, no
-  store); each pass writes its picks' rows of the same hidden and y. A step at c1 on CUDA: the
-  resident rows, the plan, 2 + 2 MoE launches, the combine (4 fetches on the side stream).
-- otherwise (prefill, several chunks, V4.1, the torch ops): a pass sorts its picks
-  (`MXFP4Experts.pick_outputs`: the others sorted last, computed by no group), gathers its rows
-  back to pick order and keeps them over the earlier passes' (`torch.where`).
+- decode (`MXFP4Experts.decodes_in_passes`: V4's numerics where the resident layer decodes
+  sort-free, `gemv_picks` = 1; any number of chunks): a pass is the sort-free route's gate_up and
+  down launches (`MXFP4Experts.pass_outputs`, ops/mxfp4_moe_decode.py `mxfp4_experts_pass`: the
+  GEMV, or tensor cores where `bind_decode` chose them) whose programs skip the picks of id R + S
+  (no load, no store); each pass writes its picks' rows of the same hidden and y. A step of one
+  chunk (V4-Flash, offload auto, c1) on CUDA: the resident rows, the plan, 2 + 2 MoE launches, the
+  combine (4 fetches on the side stream); each further chunk a plan and 2 MoE launches.
+- otherwise (prefill, V4.1, the torch ops): a pass sorts its picks (`MXFP4Experts.pick_outputs`:
+  the others sorted last, computed by no group), gathers its rows back to pick order and keeps
+  them over the earlier passes' (`torch.where`).
 
 Either way every pick keeps its output from its expert's pass, with the bits the resident layer
 gives it (the same kernels and tiles on the same x row and expert weights; `pick_outputs` and
@@ -57,6 +58,10 @@ from v4serve.ops.moe_combine import moe_combine
 
 
 PREFETCH_MAX_PICKS = 512  # layer-ahead prefetch (model/expert_prefetch.py) for steps of up to this many picks
+# Production's rule, one line: decode steps run the sort-free passes (the module docstring's
+# "decode" route; docs/performance.md, "Session 15: offloaded layers decode sort-free"); False =
+# the sorted passes at every size (the same bits either way).
+SORT_FREE_PASSES = True
 
 
 class ExpertOffload:
@@ -156,7 +161,7 @@ class ExpertOffload:
         r = len(self.row_of)
         chunks = -(-min(picks.numel(), len(self.host_row)) // self.n_slots)
         self.multi_chunk_steps += chunks > 1
-        direct = chunks == 1 and module.decodes_in_passes(x, experts, self.device_tensors)
+        direct = SORT_FREE_PASSES and module.decodes_in_passes(x, experts, self.device_tensors)  # any chunks
         separate_resident = self.overlap and r > 0
         out = None
         for chunk in range(chunks):

@@ -24,13 +24,12 @@ Not the GEMV's bits, but still independent of the batch (a pick is column 0 of i
 verify = decode). Exact only when every scale byte is <= 128 (`mma_scales_exact`), which the
 caller checks once where the weights are loaded (`MXFP4Experts.bind_decode`), never per launch.
 
-A layer with experts in host memory (model/quantized_offload.py) runs its decode steps of one
-chunk through the same route, in passes (`mxfp4_experts_pass`: gate_up and down a pass, on the
-GEMV or on tensor cores as the layer is bound), each pass writing its own picks' rows of one
-hidden and one y (the other picks carry an expert id past the weight's rows, which the kernels
-skip: no load, no store), then one combine: the bits of the resident layer, in 2 launches a pass
-+ 1 instead of its 3. Larger batches, several chunks, V4.1's numerics and the torch ops keep the
-offload's sorted passes.
+A layer with experts in host memory (model/quantized_offload.py) runs its decode steps through
+the same route, in passes (`mxfp4_experts_pass`: gate_up and down a pass, on the GEMV or on tensor
+cores as the layer is bound), each pass writing its own picks' rows of one hidden and one y (the
+other picks carry an expert id past the weight's rows, which the kernels skip: no load, no
+store), then one combine: the bits of the resident layer, in 2 launches a pass + 1 instead of
+its 3. Larger batches (prefill), V4.1's numerics and the torch ops keep the offload's sorted passes.
 """
 
 import torch
