@@ -182,11 +182,12 @@ class MXFP4Experts(UsesKernels, nn.Module):
 
     def stored(self, name: str) -> list[torch.Tensor]:
         """Where expert tensor `name` (EXPERT_TENSORS) lives: the parameter, or an ExpertOffload's
-        device rows and host rows."""
+        resident device rows and its host rows (not the slots: they hold copies of host rows, or
+        whatever the allocator left before the first fetch)."""
         if self.offload is None:
             return [getattr(self, name)]
         i = EXPERT_TENSORS.index(name)
-        return [self.offload.device_tensors[i], self.offload.host_tensors[i]]
+        return [self.offload.device_tensors[i][:len(self.offload.row_of)], self.offload.host_tensors[i]]
 
     def combine_counters(self, x: torch.Tensor, top_k: int) -> torch.Tensor | None:
         """int32 zeros on x's device for the combine in the down launch (`mxfp4_experts`' arrivals,
