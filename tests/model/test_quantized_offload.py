@@ -1,10 +1,14 @@
 """Expert offload (`cpu_offload_gb`) on the CPU: the mechanism (resident experts, device slots,
 fetches, LRU eviction, steps split into rounds, placement by measured use) runs for real and gives
 bit for bit the logits of no offload (every lm_head output of the run compared with torch.equal),
-with the torch ops and with the Triton MoE kernels (interpreter); the placement arithmetic at full
-V4-Flash scale."""
+with the torch ops and with the Triton MoE kernels (interpreter: decode steps on the sort-free
+passes, prefill on the sorted ones); one offloaded layer's decode steps on the sort-free passes
+(GEMV and tensor-core routes, one and several chunks, launches counted) against the same layer
+all resident and the torch reference; the placement arithmetic at full V4-Flash scale."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 import torch
@@ -14,12 +18,16 @@ from quantized_writer import make_quantized_oracle
 from v4serve import LLM, SamplingParams
 from v4serve.config import apply_quantization_override
 from v4serve.engine.offload import calibrate_placement
+from v4serve.model import quantized, quantized_offload
 from v4serve.model.expert_prefetch import link_layer_ahead_prefetch
 from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
 from v4serve.model.loader import offloads_of
-from v4serve.model.quantized import MXFP4Experts
+from v4serve.model.quantized import EXPERT_TENSORS, MXFP4Experts
 from v4serve.model.quantized_install import install, official_plan
+from v4serve.model.quantized_offload import ExpertOffload
 from v4serve.model.quantized_placement import AUTO_MARGIN_BYTES, GIB, module_bytes, plan_placement
+from v4serve.ops import mxfp4_moe_decode
+from v4serve.ops.mxfp4_moe_decode import sorted_experts
 from v4serve.presets import preset_config
 
 EXPERT_BYTES = 64 * 32 + 64 * 2 + 64 * 16 + 64 * 1  # gate_up + scales, down + scales (hidden 64, moe 32)
@@ -160,8 +168,124 @@ def test_offload_with_the_triton_moe_kernels_is_bit_identical(checkpoint):
     offloads = offloads_of(llm.engine.model)
     for off in offloads:
         off.overlap = True
-    _assert_same(_run(llm, prompts, tokens=2), expected)
+    passes = []
+    pass_outputs = MXFP4Experts.pass_outputs
+    with pytest.MonkeyPatch.context() as patch:  # the decode steps' passes, counted
+        patch.setattr(MXFP4Experts, "pass_outputs", lambda *args: passes.append(1) or pass_outputs(*args))
+        _assert_same(_run(llm, prompts, tokens=2), expected)
     assert any(off.multi_chunk_steps > 0 for off in offloads)
+    assert passes and len(passes) % (2 * len(offloads)) == 0  # decode: a resident pass and chunk 0's a layer
+
+
+def _packed_experts(e, d, i, seed):
+    """MXFP4 gate_up [E, 2I, D/2] and down [E, D, I/2] with their scales, bytes 118..124 (|w| <= 0.75)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def packed(rows, cols):
+        w = torch.randint(0, 256, (e, rows, cols // 2), generator=gen, dtype=torch.int32)
+        s = torch.randint(118, 125, (e, rows, cols // 32), generator=gen, dtype=torch.int32)
+        return w.to(torch.uint8), s.to(torch.uint8)
+
+    return (*packed(2 * i, d), *packed(d, i))
+
+
+def _layer_pair(tensors, host, n_slots, sizes=None, tensor_cores=False):
+    """The tiny preset's MXFP4 layer (`sizes`: hidden / moe sizes) holding `tensors`, all resident,
+    and the same layer with `host` in host memory and `n_slots` slots (installed as the loader
+    does), in the CUDA schedule (a resident pass beside the fetch); Triton kernels, decode route
+    bound (`tensor_cores`) once the weights are in."""
+    config = preset_config("tiny", sizes or {})
+    resident, offloaded = MXFP4Experts(config), MXFP4Experts(config)
+    offload = ExpertOffload(offloaded, host, n_slots, torch.device("cpu"))
+    for name, value in zip(EXPERT_TENSORS, tensors):
+        getattr(resident, name).data.copy_(value)
+        for e in range(value.shape[0]):
+            offload.dest(name, e).copy_(value[e])
+        del offloaded._parameters[name]
+    offloaded.offload, offload.overlap = offload, True
+    for module in (resident, offloaded):
+        module.impl = "triton"
+        assert module.bind_decode(tensor_cores) is tensor_cores
+    return resident, offloaded
+
+
+def _count_launches(monkeypatch) -> Counter:
+    """Calls of the MoE launches an offloaded layer can make (each one kernel launch), counted."""
+    counts = Counter()
+
+    def counted(owner, attr, name):
+        fn = getattr(owner, attr)
+
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return fn(*args, **kwargs)
+        monkeypatch.setattr(owner, attr, call)
+
+    counted(mxfp4_moe_decode, "mxfp4_moe_pick_triton", "gemv")
+    counted(mxfp4_moe_decode, "mxfp4_moe_mma_triton", "tensor_cores")
+    counted(quantized, "moe_sort", "sort")
+    counted(quantized_offload, "moe_combine", "combine")
+    counted(quantized_offload, "expert_cache_plan", "plan")
+    return counts
+
+
+def _decode_step(tokens, d, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = (0.5 * torch.randn(tokens, d, generator=gen)).to(torch.bfloat16)
+    return x, torch.rand(tokens, 2, generator=gen), torch.randn(tokens, d, generator=gen).to(torch.bfloat16)
+
+
+def test_offloaded_decode_steps_run_sort_free_passes_with_the_resident_bits(monkeypatch):
+    """8 experts, top-2, hidden 64, moe 32; experts 5, 6, 7 in host memory, 2 slots. Decode steps
+    (<= 0.75 E picks) run the sort-free passes: a resident pass, then each chunk's pass (plan, then
+    gate_up and down skipping the other passes' picks), one combine, no sort; the output has the
+    all-resident layer's bits and lies near the torch reference. Chunks from shapes:
+    ceil(min(picks, 3) / 2)."""
+    tensors = _packed_experts(8, 64, 32, seed=21)
+    resident, layer = _layer_pair(tensors, host=[5, 6, 7], n_slots=2)
+    launches = _count_launches(monkeypatch)
+    steps = [([[0, 5]], 1),  # one host expert: one chunk, 5 fetched
+             ([[5, 0], [6, 7], [1, 5]], 2),  # chunk 0: 5 held, 6 fetched; chunk 1: 7 evicts 5
+             ([[3, 4], [0, 1], [2, 2]], 2),  # no host expert: the chunks have no member
+             ([[5, 6], [6, 1], [5, 3]], 2)]  # 6 held, 5 evicts 7; chunk 1 empty
+    for step, (picks, chunks) in enumerate(steps):
+        experts = torch.tensor(picks)
+        x, weights, add = _decode_step(len(picks), 64, seed=step)
+        want = resident(x, experts, weights, add)
+        launches.clear()
+        got = layer(x, experts, weights, add)
+        assert torch.equal(got, want), step
+        assert launches == {"plan": chunks, "gemv": 2 + 2 * chunks, "combine": 1}, step
+        ref = sorted_experts(x, experts, weights, tensors, resident.limit, add, impl="torch")
+        torch.testing.assert_close(got.float(), ref.float(), rtol=2**-7, atol=1e-2 * ref.abs().max().item())
+    assert layer.offload.fetches == 1 + 2 + 0 + 1
+
+    x, weights, add = _decode_step(3, 64, seed=9)
+    experts = torch.tensor([[5, 6], [0, 7], [6, 2]])
+    want = resident(x, experts, weights, add)
+    layer.offload.overlap = False  # the CPU schedule: the resident picks join chunk 0's pass
+    launches.clear()
+    assert torch.equal(layer(x, experts, weights, add), want)
+    assert launches == {"plan": 2, "gemv": 4, "combine": 1}
+    monkeypatch.setattr(quantized_offload, "SORT_FREE_PASSES", False)  # the rule off: sorted passes, same bits
+    launches.clear()
+    assert torch.equal(layer(x, experts, weights, add), want)
+    assert launches["sort"] == 2 and launches["gemv"] == 0 and launches["combine"] == 1
+
+
+def test_offloaded_decode_steps_on_tensor_cores_keep_the_resident_bits(monkeypatch):
+    """The tensor-core route (`bind_decode(True)`, the `tl` kernel in the interpreter; D = I = 256:
+    one MMA K step): an offloaded layer's passes take it too, with the all-resident layer's bits."""
+    tensors = _packed_experts(8, 256, 256, seed=22)
+    resident, layer = _layer_pair(tensors, host=[6, 7], n_slots=2,
+                                  sizes={"hidden_size": 256, "moe_intermediate_size": 256}, tensor_cores=True)
+    launches = _count_launches(monkeypatch)
+    experts = torch.tensor([[6, 0], [7, 6], [1, 2]])  # host experts 6, 7: one chunk
+    x, weights, add = _decode_step(3, 256, seed=23)
+    want = resident(x, experts, weights, add)
+    launches.clear()
+    assert torch.equal(layer(x, experts, weights, add), want)
+    assert launches == {"plan": 1, "tensor_cores": 4, "combine": 1}
 
 
 def test_memory_summary_counts_weights_on_a_device_named_with_or_without_an_index():

@@ -12,8 +12,8 @@ from v4serve.ops.moe_route import moe_route
 from v4serve.ops.moe_sort import moe_sort
 from v4serve.ops.mxfp4_gemv_triton import gemv_config, mxfp4_gemv_triton
 from v4serve.ops.mxfp4_moe_decode import (combine_counters_size, direct_applies, mxfp4_experts,
-                                          sorted_experts)
-from v4serve.ops.mxfp4_moe_decode_triton import combine_tiles
+                                          mxfp4_experts_pass, sorted_experts)
+from v4serve.ops.mxfp4_moe_decode_triton import combine_tiles, mxfp4_moe_pick_triton
 
 
 def _layer(e, d, i, t, k, seed=0, dtype=torch.bfloat16, device="cpu"):
@@ -88,6 +88,41 @@ def test_larger_batches_take_the_sorted_path():
     assert not direct_applies("triton", x, experts, tensors)
     got = mxfp4_experts(x, experts, weights, tensors, 0.75, add, impl="torch")
     assert torch.equal(got, sorted_experts(x, experts, weights, tensors, 0.75, add, impl="torch"))
+
+
+def test_skipped_picks_keep_their_rows():
+    # picks 1 and 4 carry id E (= 8, past the weight's rows): their rows of h and y keep the
+    # sentinel, the others have the unskipped launch's bits (D 128: two down tiles)
+    x, experts, _, _, (w13, s13, w2, s2) = _layer(e=8, d=128, i=64, t=3, k=2, seed=3)
+    flat = experts.reshape(-1).contiguous()
+    skipped = torch.tensor([False, True, False, False, True, False])
+    groups = torch.where(skipped, 8, flat)
+    sentinel = -7.0
+    hidden = torch.full((6, 64), sentinel, dtype=x.dtype)
+    mxfp4_moe_pick_triton(x, w13, s13, groups, 2, True, swiglu_limit=0.75, y=hidden, skip_past_rows=True)
+    full_hidden = mxfp4_moe_pick_triton(x, w13, s13, flat, 2, True, swiglu_limit=0.75)
+    assert (hidden[skipped] == sentinel).all()
+    assert torch.equal(hidden[~skipped], full_hidden[~skipped])
+    y = torch.full((6, 128), sentinel, dtype=x.dtype)
+    got = mxfp4_moe_pick_triton(full_hidden, w2, s2, groups, 2, False, y=y, skip_past_rows=True)
+    assert got.data_ptr() == y.data_ptr() and (y[skipped] == sentinel).all()
+    assert torch.equal(y[~skipped], mxfp4_moe_pick_triton(full_hidden, w2, s2, flat, 2, False)[~skipped])
+
+
+def test_passes_over_split_picks_give_the_layers_bits():
+    # an offloaded layer's schedule over one weight tensor: pass A computes the picks of experts
+    # 0..3, pass B the rest (each pass's other picks carry id E), into the same hidden and y; one
+    # combine after both = the one-launch layer, bit for bit, and near the torch reference
+    x, experts, weights, add, tensors = _layer(e=8, d=128, i=64, t=3, k=2, seed=4)
+    experts[1, 1] = experts[0, 0]
+    in_a = experts < 4
+    outputs = mxfp4_experts_pass(x, torch.where(in_a, experts, 8), tensors, 0.75)
+    hidden, y = mxfp4_experts_pass(x, torch.where(in_a, 8, experts), tensors, 0.75, outputs)
+    assert hidden.data_ptr() == outputs[0].data_ptr() and y.data_ptr() == outputs[1].data_ptr()
+    got = moe_combine(y, None, weights, add)
+    assert torch.equal(got, mxfp4_experts(x, experts, weights, tensors, 0.75, add, impl="triton"))
+    ref = sorted_experts(x, experts, weights, tensors, 0.75, add, impl="torch")
+    torch.testing.assert_close(got.float(), ref.float(), rtol=2**-7, atol=1e-2 * ref.abs().max().item())
 
 
 # ---- GPU, Flash shapes ----

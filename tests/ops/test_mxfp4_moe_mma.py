@@ -69,6 +69,24 @@ def test_a_picks_row_does_not_depend_on_the_batch():
         assert torch.equal(alone[0], full[p])
 
 
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_skipped_picks_keep_their_rows(swiglu):
+    # picks 0 and 3 carry id E (= 3, past the weight's rows): their rows keep the sentinel, the
+    # others have the unskipped launch's bits
+    e, k, n_out, top_k = 3, 256, 64, 2
+    n_w = 2 * n_out if swiglu else n_out
+    w, s = _tensors(e, n_w, k, seed=9)
+    x = torch.randn(2 if swiglu else 4, k, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+    experts = torch.tensor([2, 0, 1, 2], dtype=torch.int64)
+    skipped = torch.tensor([True, False, False, True])
+    limit = dict(swiglu_limit=LIMIT) if swiglu else {}
+    y = torch.full((4, n_out), -7.0, dtype=torch.bfloat16)
+    got = mxfp4_moe_mma_triton(x, w, s, torch.where(skipped, e, experts), top_k, swiglu, y=y, skip_past_rows=True,
+                               **limit)
+    assert got.data_ptr() == y.data_ptr() and (y[skipped] == -7.0).all()
+    assert torch.equal(y[~skipped], mxfp4_moe_mma_triton(x, w, s, experts, top_k, swiglu, **limit)[~skipped])
+
+
 def test_scales_exact_and_bad_input():
     w, s = _tensors(1, 64, 256, seed=5)
     assert mma_scales_exact(s)
