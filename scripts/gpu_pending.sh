@@ -12,7 +12,7 @@
 #           the kernel_configs sweeps whose winners are one-line production switches, ~6-7 min each
 #   flash   the 43-layer V4-Flash end to end (Zipf, placement by use, offload auto), c1 / c8, ~2.5 min
 #   moe-ab  the MoE decode route A/B end to end (`--moe-decode gemv`, then `tensor-cores`): 30 Flash
-#           layers without offload (layers with host experts keep the GEMV), c1 / c8, ~4 min
+#           layers without offload, c1 / c8, ~4 min
 #   spec    speculative verify on 30 layers, c1 / c8, k = 3, ~3 min
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
@@ -46,7 +46,8 @@ tests/ops/test_packed_kernels_gpu.py -k variants"
   [tests14b]="tests/ops/test_index_topk.py
 tests/ops/test_fp8_linear_swiglu.py tests/model/test_shared_expert_swiglu.py
 tests/ops/test_mxfp4_moe_mma.py
-tests/model/test_moe_tensor_core_decode.py"
+tests/model/test_moe_tensor_core_decode.py
+tests/model/test_offload_sort_free_gpu.py"
 )
 
 test_groups() {  # test_groups LOG STAGE...: each group of the stages, one after another
@@ -80,8 +81,8 @@ for stage in "$@"; do
   log="$OUT/pending_${stage}.log"
   gpu_env_line > "$log"
   case "$stage" in
-    tests13 | tests14a | tests14b)  # s13: o_a in FP8, launch glue; s14: rows 17..32, sort-free MoE,
-      test_groups "$log" "$stage"     # B8 variants, index top-k, shared SwiGLU, MoE on tensor cores
+    tests13 | tests14a | tests14b)  # s13: o_a in FP8, launch glue; s14: rows 17..32, sort-free MoE, B8
+      test_groups "$log" "$stage"     # variants, index top-k, shared SwiGLU, MoE on tensor cores, offload sort-free
       ;;
     tests)
       parallel_test_groups "$log"
