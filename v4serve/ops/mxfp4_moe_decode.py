@@ -28,8 +28,10 @@ A layer with experts in host memory (model/quantized_offload.py) runs its decode
 the same route, in passes (`mxfp4_experts_pass`: gate_up and down a pass, on the GEMV or on tensor
 cores as the layer is bound), each pass writing its own picks' rows of one hidden and one y (the
 other picks carry an expert id past the weight's rows, which the kernels skip: no load, no
-store), then one combine: the bits of the resident layer, in 2 launches a pass + 1 instead of
-its 3. Larger batches (prefill), V4.1's numerics and the torch ops keep the offload's sorted passes.
+store), then one combine: the bits of the resident layer, in 2 launches a pass and the combine
+(the sorted passes: a sort, 2 GEMVs and a gather a pass, a compare and a where to merge each
+further pass, the combine). Larger batches (prefill), V4.1's numerics and the torch ops keep the
+offload's sorted passes.
 """
 
 import torch

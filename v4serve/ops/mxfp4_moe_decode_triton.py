@@ -18,10 +18,11 @@ same order with the same tiles, so every row of y has the same bits):
 y is in pick order (the sorted path's row pos[p]); the combine reads row p where moe_combine reads
 row pos[p]. SKIP_PAST_ROWS (a layer split over passes, model/quantized_offload.py, whose other
 passes' picks carry an id past the weight's rows): program p with experts[p] >= n_rows (the
-weight's leading dim) returns once it has read the id, no weight read, no store, so row p of y keeps
-what another pass wrote there (production's launch, False, has no such test). With COMBINE (down only), after storing its y tile each program takes a ticket for
-(token t, column tile) (int32 atomic, acq_rel, gpu scope); the TOP_K-th to arrive adds the token's
-picks in slot order, as moe_combine_triton does, and leaves the ticket at zero:
+weight's leading dim) returns once it has read the id, no weight read, no store, so row p of y
+keeps what another pass wrote there (production's resident launch, False, has no such test).
+With COMBINE (down only), after storing its y tile each program takes a ticket for (token t,
+column tile) (int32 atomic, acq_rel, gpu scope); the TOP_K-th to arrive adds the token's picks in
+slot order, as moe_combine_triton does, and leaves the ticket at zero:
 
     out[t, n] = round(sum_{i = 0..TOP_K-1} w[t, i] * y[t TOP_K + i, n])   (fp32, slot order)
     out[t, n] = round(out[t, n] + add[t, n])                                (HAS_ADD)
@@ -126,7 +127,7 @@ def pick_rows(y: torch.Tensor | None, picks: int, n: int, x: torch.Tensor) -> to
     if y is None:
         return torch.empty(picks, n, dtype=x.dtype, device=x.device)
     if y.shape != (picks, n) or y.dtype != x.dtype or y.device != x.device or y.stride(1) != 1:
-        raise ValueError(f"y must be [{picks}, {n}] {x.dtype} on {x.device} with unit stride along {n}, got "
+        raise ValueError(f"y must be [{picks}, {n}] {x.dtype} on {x.device} with unit stride along N, got "
                          f"{y.dtype} {tuple(y.shape)} on {y.device}, strides {y.stride()}")
     return y
 
