@@ -164,14 +164,16 @@ def test_the_gluon_kernel_takes_only_the_shapes_it_fits():
 
 def test_the_bench_flag_binds_the_route_when_the_engine_builds():
     """`bench engine --moe-decode`: the engine's MXFP4 layers take tensor cores (the tiny preset in
-    the official formats at D = I = 256); the default is production's rule."""
+    the official formats at D = I = 256), those with host experts too (their decode passes take
+    the route, and the summary counts them); the default is production's rule."""
     parser = bench_engine._parser()
     common = ["--model", "tiny", "--quantization", "fp8", "--hf-overrides", json.dumps(SMALL), "--concurrency", "1",
               "--max-model-len", "256"]
     assert parser.parse_args(common).moe_decode == ("tensor-cores" if TENSOR_CORE_DECODE else "gemv")
-    args = parser.parse_args([*common, "--moe-decode", "tensor-cores"])
+    args = parser.parse_args([*common, "--moe-decode", "tensor-cores", "--cpu-offload-gb", "0.001"])
     engine = Engine(bench_engine.engine_args(args))
     layers = [m for m in engine.model.modules() if isinstance(m, MXFP4Experts)]
+    assert any(m.offload is not None and m.offload.host_row for m in layers)
     assert layers and all(m.tensor_core_decode for m in layers)
     assert bench_engine.moe_decode_summary(engine.model, args.moe_decode) == {
         "route": "tensor-cores", "mxfp4_layers": len(layers), "tensor_core_layers": len(layers)}
