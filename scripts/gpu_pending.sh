@@ -11,13 +11,15 @@
 #   sweeps-a sweeps-b
 #           the kernel_configs sweeps whose winners are one-line production switches, ~6-7 min each
 #   flash   the 43-layer V4-Flash end to end (Zipf, placement by use, offload auto), c1 / c8, ~2.5 min
+#   flash-tc  the same with the MoE decode on tensor cores (`--moe-decode tensor-cores`)
+#   bind    which MXFP4 layers bind the tensor-core route (2 Flash layers with host experts), ~1 min
 #   moe-ab  the MoE decode route A/B end to end (`--moe-decode gemv`, then `tensor-cores`): 30 Flash
 #           layers without offload, c1 / c8, ~4 min
 #   spec    speculative verify on 30 layers, c1 / c8, k = 3, ~3 min
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 tests|tests13|tests14a|tests14b|rows|sweeps-a|sweeps-b|flash|moe-ab|spec ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|rows|sweeps-a|sweeps-b|flash|flash-tc|moe-ab|spec ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -102,11 +104,26 @@ for stage in "$@"; do
       run 120 "$log" $PY -m v4serve.bench.kernel_configs 'index topk'
       run 90 "$log" $PY -m v4serve.bench.v41_index_configs 'cand decode|staged1M|start130944'
       ;;
-    flash)
+    flash | flash-tc)  # flash: production's MoE decode route; flash-tc: tensor cores
+      route=()
+      [[ $stage == flash-tc ]] && route=(--moe-decode tensor-cores)
       run 420 "$log" $PY -m v4serve.bench.engine --model deepseek-v4-flash --hf-overrides '{}' --cpu-offload-gb auto \
         --routing zipf --placement by-use --concurrency 1 8 --cuda-graph-sizes 1 8 --output-len 96 \
         --max-model-len 8448 --num-kv-pages 2200 --ttft-prompt-lens 2048 --ttft-repeats 1 \
-        --calibration-tokens 4096 --no-profile
+        --calibration-tokens 4096 --no-profile "${route[@]}"
+      ;;
+    bind)  # which layers `bind_decode` puts on tensor cores: 2 Flash layers with host experts
+      run 120 "$log" $PY -c "
+import torch
+from v4serve.model.loader import build_model
+from v4serve.model.quantized import MXFP4Experts
+net, _ = build_model('deepseek-v4-flash', 'cuda', torch.bfloat16, {'num_hidden_layers': 2}, progress=False,
+                     cpu_offload_gb=1.0, tensor_core_decode=True)
+for name, m in net.named_modules():
+    if isinstance(m, MXFP4Experts):
+        scales = m.stored('gate_up_proj_scale_inv') + m.stored('down_proj_scale_inv')
+        print(name, 'tensor cores', m.tensor_core_decode, 'host experts', m.offload is not None,
+              'scale maxima', [int(t.max()) for t in scales])"
       ;;
     moe-ab)
       for route in gemv tensor-cores; do
