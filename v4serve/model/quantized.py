@@ -165,6 +165,13 @@ class MXFP4Experts(UsesKernels, nn.Module):
         y, pos = self.pick_outputs(x, experts, tensors)
         return moe_combine(y, pos, weights, add, impl=self.impl)
 
+    @property
+    def v4_numerics(self) -> bool:
+        """V4's expert numerics (inputs as they are, routing weights in the combine): the sort-free
+        decode route and its tensor-core form take these; V4.1's (`act_quant`, `weight_before_down`)
+        keep the sorted path."""
+        return self.act_quant is None and not self.weight_before_down
+
     def bind_decode(self, tensor_cores: bool) -> bool:
         """Choose the decode route once the weights are in place (the loader, a bench), never per
         step: `tensor_core_decode` = `tensor_cores` (production's `TENSOR_CORE_DECODE` or the bench's
@@ -173,7 +180,7 @@ class MXFP4Experts(UsesKernels, nn.Module):
         folded scale multiply is exact), in device and host memory alike (an offloaded layer's slots
         receive its host experts). A reduction and a host read per scale tensor; nothing when off."""
         self.tensor_core_decode = bool(
-            tensor_cores and self.act_quant is None and not self.weight_before_down
+            tensor_cores and self.v4_numerics
             and all(2 * self.stored(w)[0].shape[2] % mma_config(swiglu)["BLOCK_K"] == 0
                     for w, swiglu in (("gate_up_proj", True), ("down_proj", False)))
             and all(mma_scales_exact(t) for name in ("gate_up_proj_scale_inv", "down_proj_scale_inv")
@@ -202,8 +209,7 @@ class MXFP4Experts(UsesKernels, nn.Module):
     def decodes_in_passes(self, x: torch.Tensor, experts: torch.Tensor, tensors: list[torch.Tensor]) -> bool:
         """`pass_outputs` takes this step: V4's numerics at a decode size (`direct_applies` at the
         layer's E: where `run` would take the sort-free route)."""
-        return (self.act_quant is None and not self.weight_before_down
-                and direct_applies(self.impl, x, experts, tensors, self.n_experts))
+        return self.v4_numerics and direct_applies(self.impl, x, experts, tensors, self.n_experts)
 
     def pass_outputs(self, x: torch.Tensor, groups: torch.Tensor, tensors: list[torch.Tensor],
                      outputs: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:

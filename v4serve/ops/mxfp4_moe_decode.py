@@ -98,41 +98,43 @@ def mxfp4_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
         return sorted_experts(x, experts, weights, tensors, swiglu_limit, add, impl, tile_experts)
     w13, s13, w2, s2 = tensors
     t, k = experts.shape
-    flat = experts.reshape(-1).contiguous()
     weights = weights.float().contiguous()
-    if tensor_cores and x.dtype == torch.bfloat16:
-        hidden = tensor_core_projection(x, w13, s13, flat, k, True, swiglu_limit)
-        return moe_combine(tensor_core_projection(hidden, w2, s2, flat, k, False), None, weights, add, impl=impl)
-    hidden = mxfp4_moe_pick_triton(x, w13, s13, flat, k, True, configs[0], swiglu_limit, decode)
-    tiles = combine_tiles(w2.shape[1], configs[1])
-    if combine_in_down and arrivals is not None and arrivals.numel() >= t * tiles:
+    on_gemv = not (tensor_cores and x.dtype == torch.bfloat16)
+    tickets = t * combine_tiles(w2.shape[1], configs[1])
+    if on_gemv and combine_in_down and arrivals is not None and arrivals.numel() >= tickets:
+        flat = experts.reshape(-1).contiguous()
+        hidden = mxfp4_moe_pick_triton(x, w13, s13, flat, k, True, configs[0], swiglu_limit, decode)
         return mxfp4_moe_pick_triton(hidden, w2, s2, flat, k, False, configs[1], decode=decode,
                                      combine=(weights, add, arrivals))
-    y = mxfp4_moe_pick_triton(hidden, w2, s2, flat, k, False, configs[1], decode=decode)
+    _, y = mxfp4_experts_pass(x, experts, tensors, swiglu_limit, tensor_cores=tensor_cores, configs=configs,
+                              decode=decode, skip_past_rows=False)
     return moe_combine(y, None, weights, add, impl=impl)
 
 
 def mxfp4_experts_pass(x: torch.Tensor, groups: torch.Tensor, tensors, swiglu_limit: float,
                        outputs: tuple | None = None, tensor_cores: bool = False,
-                       configs: tuple = SORT_FREE_CONFIGS) -> tuple[torch.Tensor, torch.Tensor]:
-    """One pass of a decode step whose picks are split over passes (model/quantized_offload.py), on
-    `mxfp4_experts`' sort-free route: the picks whose group (groups [T, k]: the row of `tensors`,
-    leading dim G) is < G get their rows of (hidden [T k, I], y [T k, D]) written, the others
-    (group >= G: another pass's) are skipped and their rows left as they are. `outputs`: the
-    (hidden, y) of the step's earlier passes, None in the first (made here). Once every pick has had
-    its pass, `moe_combine(y, None, weights, add)` is `mxfp4_experts`' output bit for bit (each row
-    of y has the same bits as there: the same kernels, tiles and route; the caller checks
-    `direct_applies` at the layer's E, as `mxfp4_experts` does)."""
+                       configs: tuple = SORT_FREE_CONFIGS, decode: str | None = None,
+                       skip_past_rows: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two projections of `mxfp4_experts`' sort-free route, (hidden [T k, I], y [T k, D]) in
+    pick order (groups [T, k]: the row of `tensors`, leading dim G, of each pick). One pass of a
+    decode step whose picks are split over passes (model/quantized_offload.py): the picks whose
+    group is < G get their rows written, the others (group >= G: another pass's) are skipped and
+    their rows left as they are (`skip_past_rows`; False: every group is a row, as in
+    `mxfp4_experts`). `outputs`: the (hidden, y) of the step's earlier passes, None in the first
+    (made here). Once every pick has had its pass, `moe_combine(y, None, weights, add)` is
+    `mxfp4_experts`' output bit for bit (each row of y has the same bits as there: the same
+    kernels, tiles and route; the caller checks `direct_applies` at the layer's E, as
+    `mxfp4_experts` does)."""
     w13, s13, w2, s2 = tensors
     k = groups.shape[1]
     flat = groups.reshape(-1).contiguous()
     hidden, y = outputs or (None, None)
-    skip = dict(skip_past_rows=True)
+    skip = dict(skip_past_rows=skip_past_rows)
     if tensor_cores and x.dtype == torch.bfloat16:
         hidden = tensor_core_projection(x, w13, s13, flat, k, True, swiglu_limit, y=hidden, **skip)
         return hidden, tensor_core_projection(hidden, w2, s2, flat, k, False, y=y, **skip)
-    hidden = mxfp4_moe_pick_triton(x, w13, s13, flat, k, True, configs[0], swiglu_limit, y=hidden, **skip)
-    return hidden, mxfp4_moe_pick_triton(hidden, w2, s2, flat, k, False, configs[1], y=y, **skip)
+    hidden = mxfp4_moe_pick_triton(x, w13, s13, flat, k, True, configs[0], swiglu_limit, decode, y=hidden, **skip)
+    return hidden, mxfp4_moe_pick_triton(hidden, w2, s2, flat, k, False, configs[1], decode=decode, y=y, **skip)
 
 
 def tensor_core_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor,
