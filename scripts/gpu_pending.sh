@@ -7,11 +7,16 @@
 #           (GROUP_LIMIT, 180 s: a cold-compile group under one limit printed nothing in session 13)
 #   tests   all groups of the three at once, one pytest process each (compiling is CPU-bound and
 #           the host has 16 cores; correctness tests only, so sharing the GPU is harmless)
+#   tests16 session 16's groups the same way (the failures of session 16's first call, the rules it
+#           switched: o_a block-diagonal to 64 rows, the top-k kernel, MoE decode on tensor cores)
 #   rows    `bench kernels` rows of the changed kernels (sets the rules' thresholds), ~3 min
+#   rows16  the o_a and launch-glue rows alone, ~1 min
 #   sweeps-a sweeps-b
 #           the kernel_configs sweeps whose winners are one-line production switches, ~6-7 min each
 #   flash   the 43-layer V4-Flash end to end (Zipf, placement by use, offload auto), c1 / c8, ~2.5 min
 #   flash-tc  the same with the MoE decode on tensor cores (`--moe-decode tensor-cores`)
+#   v41     the V4.1 indexer sweep's decode and long-start shapes (as sweeps-b ends), ~1.5 min
+#   flash-gemv  the same with the MoE decode on the GEMV (`--moe-decode gemv`)
 #   bind    which MXFP4 layers bind the tensor-core route (2 Flash layers with host experts), ~1 min
 #   moe-ab  the MoE decode route A/B end to end (`--moe-decode gemv`, then `tensor-cores`): 30 Flash
 #           layers without offload, c1 / c8, ~4 min
@@ -19,7 +24,7 @@
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|rows|sweeps-a|sweeps-b|flash|flash-tc|moe-ab|spec ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|moe-ab|spec ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -50,6 +55,11 @@ tests/ops/test_fp8_linear_swiglu.py tests/model/test_shared_expert_swiglu.py
 tests/ops/test_mxfp4_moe_mma.py
 tests/model/test_moe_tensor_core_decode.py
 tests/model/test_offload_sort_free_gpu.py"
+  [tests16]="tests/ops/test_fp8_grouped_linear.py tests/model/test_o_a_fp8_gpu.py
+tests/ops/test_packed_kernels_gpu.py -k variants
+tests/ops/test_index_topk.py
+tests/model/test_quantized_gpu.py tests/model/test_moe_tensor_core_decode.py
+tests/model/test_gpu_paths.py"
 )
 
 test_groups() {  # test_groups LOG STAGE...: each group of the stages, one after another
@@ -62,9 +72,10 @@ test_groups() {  # test_groups LOG STAGE...: each group of the stages, one after
   done
 }
 
-parallel_test_groups() {  # parallel_test_groups LOG: every group at once, logs appended in order
+parallel_test_groups() {  # parallel_test_groups LOG STAGE...: every group at once, logs appended in order
   local log=$1 stage line n=0 part
-  for stage in tests13 tests14a tests14b; do
+  shift
+  for stage in "$@"; do
     while read -r line; do
       part="$log.$n"
       ( summary=(); eval "pytest_group \"\$part\" $line"; printf '%s\n' "${summary[@]}" > "$part.sum" ) &
@@ -87,7 +98,13 @@ for stage in "$@"; do
       test_groups "$log" "$stage"     # variants, index top-k, shared SwiGLU, MoE on tensor cores, offload sort-free
       ;;
     tests)
-      parallel_test_groups "$log"
+      parallel_test_groups "$log" tests13 tests14a tests14b
+      ;;
+    tests16)
+      parallel_test_groups "$log" tests16
+      ;;
+    rows16)  # the o_a rule's rows and the launch-glue rows (session 16's first `rows` stopped there)
+      run 120 "$log" $PY -m v4serve.bench.kernels --no-cold --json "$OUT/pending_rows16.json" --only 'o_a |glue '
       ;;
     rows)
       run 300 "$log" $PY -m v4serve.bench.kernels --no-cold --json "$OUT/pending_rows.json" \
@@ -102,11 +119,15 @@ for stage in "$@"; do
     sweeps-b)  # packed B8 variants, index top-k, V4.1 indexer's one-wave trigger rule
       for r in 4 128 0; do run 60 "$log" $PY -m v4serve.bench.kernel_configs "fp8kv r$r B8"; done
       run 120 "$log" $PY -m v4serve.bench.kernel_configs 'index topk'
-      run 90 "$log" $PY -m v4serve.bench.v41_index_configs 'cand decode|staged1M|start130944'
+      run 90 "$log" $PY -m v4serve.bench.kernel_configs 'cand decode|staged1M|start130944'
       ;;
-    flash | flash-tc)  # flash: production's MoE decode route; flash-tc: tensor cores
+    v41)  # the V4.1 indexer's decode / long-start shapes alone (sweeps-b's last line)
+      run 90 "$log" $PY -m v4serve.bench.kernel_configs 'cand decode|staged1M|start130944'
+      ;;
+    flash | flash-tc | flash-gemv)  # flash: production's MoE decode route; -tc / -gemv: that route
       route=()
       [[ $stage == flash-tc ]] && route=(--moe-decode tensor-cores)
+      [[ $stage == flash-gemv ]] && route=(--moe-decode gemv)
       run 420 "$log" $PY -m v4serve.bench.engine --model deepseek-v4-flash --hf-overrides '{}' --cpu-offload-gb auto \
         --routing zipf --placement by-use --concurrency 1 8 --cuda-graph-sizes 1 8 --output-len 96 \
         --max-model-len 8448 --num-kv-pages 2200 --ttft-prompt-lens 2048 --ttft-repeats 1 \

@@ -17,12 +17,14 @@ def _case(t, g, r, i, block, seed=0, device="cpu"):
     return torch.randn(t, g, i, generator=gen, device=device).bfloat16(), weight, scale
 
 
-def _float64_groups(x, weight, scale, block):
-    """z[t, g] = x[t, g] @ W[g]^T in float64, W[n, i] = code * scale[n // bn, i // bk] written out."""
+def _float64_groups(x, weight, scale, block, absolute=False):
+    """z[t, g] = x[t, g] @ W[g]^T in float64, W[n, i] = code * scale[n // bn, i // bk] written out
+    (absolute: |x| @ |W|^T, the sum-order bound's magnitudes)."""
     t, g, i = x.shape
     rows = torch.arange(weight.shape[0], device=x.device)[:, None] // block[0]
     cols = torch.arange(i, device=x.device)[None, :] // block[1]
     w = weight.double() * scale.double()[rows, cols]
+    x, w = (x.double().abs(), w.abs()) if absolute else (x, w)
     r = weight.shape[0] // g
     return torch.stack([x[:, j].double() @ w[j * r:(j + 1) * r].T for j in range(g)], dim=1)
 
@@ -31,7 +33,7 @@ def _assert_sum_order_close(got, x, weight, scale, block):
     """Equal to the float64 product up to fp32 sum order and one bf16 rounding: |err| <= 2^-8 |z| +
     gamma_I * sum_i |x w| (fp32)."""
     want = _float64_groups(x, weight, scale, block)
-    bound = _float64_groups(x.abs(), weight.abs(), scale, block)
+    bound = _float64_groups(x, weight, scale, block, absolute=True)
     err = (got.double() - want).abs()
     assert got.shape == want.shape and got.dtype == x.dtype
     assert torch.all(err <= 2.0**-8 * want.abs() + x.shape[-1] * 2.0**-24 * bound + 1e-30), err.max()

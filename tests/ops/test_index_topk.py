@@ -71,7 +71,8 @@ def test_kernel_is_the_stable_sort(kind, B, T, k, splits, block):
 @pytest.mark.parametrize("kind", ("ties", "masked", "extremes"))
 @pytest.mark.parametrize("B, T, k", [(2, 37, 5), (2, 100, 100), (1, 130, 64)])
 def test_sort_all_variant_is_the_stable_sort(kind, B, T, k):
-    """The sweep's sort-everything variant (short rows: every key sorted, no select)."""
+    """The sort-everything schedule (short rows: every key sorted, no select; production up to
+    SORT_ALL_RULE_COLUMNS)."""
     s = _scores(kind, B, T, seed=T + k)
     _same(index_topk_triton(s, k, sort_all=True), index_topk_reference(s, k))
 
@@ -89,16 +90,17 @@ def test_random_shapes_and_schedules(seed):
         _same(index_topk_triton(s, k, splits=splits, block=256), index_topk_reference(s, k))
 
 
-def test_leading_dims_strided_rows_and_marks():
+@pytest.mark.parametrize("sort_all", [None, False])  # the rule's schedule at T 120 (sort all), the select
+def test_leading_dims_strided_rows_and_marks(sort_all):
     """[B, S, T] scores (a prefill chunk's), a strided row view; mark_masked writes -1 for -inf."""
     full = _scores("holes", 6, 130, seed=3)
     s = full[:, 1:121].reshape(2, 3, 120)  # rows of stride 130
-    values, columns = index_topk_triton(s, 70, mark_masked=True, block=256)
+    values, columns = index_topk_triton(s, 70, mark_masked=True, block=256, sort_all=sort_all)
     want_v, want_c = index_topk_reference(s, 70)
     assert columns.shape == (2, 3, 70)
     assert torch.equal(columns, torch.where(torch.isneginf(want_v), -1, want_c))
     assert torch.equal(values, want_v)
-    assert index_topk_triton(s, 70, write_values=False, block=256)[0] is None
+    assert index_topk_triton(s, 70, write_values=False, block=256, sort_all=sort_all)[0] is None
 
 
 @pytest.mark.parametrize("k", [0, 3, 40, 45])

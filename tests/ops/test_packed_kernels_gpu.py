@@ -147,10 +147,12 @@ def test_packed_decode_variants_are_the_bf16_kernel_over_unpacked_rows(name, var
 
 
 B8_SHAPES = [n for n in DECODE_SHAPES if "B1" not in n]
-# Variants expected to give production's packed bits: the scores pass over one warpgroup runs the same
-# k16 wgmma steps in the same order for every element of S (m64n64 instead of two m64n32 halves); the
-# transposed values dot sums the same products in the same k16 steps with the operands' roles swapped.
-SAME_BITS_VARIANTS = ["scores 4 warps", "values kv lhs dv64 h32", "values kv lhs dv64 h64"]
+# Variants that give production's packed bits on the H200 (session 16: the transposed values dot at
+# h64 sums the same products in the same k16 steps with the operands' roles swapped). Predicted but
+# measured otherwise, so left to the within-summation-order test above: "scores 4 warps" (one m64n64
+# wgmma a step instead of two m64n32 halves: rel err 6-7e-6 at every B8 shape) and "values kv lhs
+# dv64 h32" (7.6e-7 at r4).
+SAME_BITS_VARIANTS = ["values kv lhs dv64 h64"]
 
 
 @pytest.mark.parametrize("name,variant", [(n, v) for n in B8_SHAPES for v in SAME_BITS_VARIANTS])

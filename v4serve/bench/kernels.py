@@ -247,9 +247,13 @@ def time_cold(kind, args, device, set_bytes):
     return do_bench_cudagraph(lambda: [f() for f in fns], rep=100, return_mode="median") * 1e3 / n_sets
 
 
-def sha256(t: torch.Tensor) -> str:
-    raw = t.detach().contiguous().cpu().view(torch.uint8) if t.dtype != torch.uint8 else t.cpu()
-    return hashlib.sha256(raw.numpy().tobytes()).hexdigest()[:16]
+def sha256(out: torch.Tensor | tuple | list) -> str:
+    """The first 16 hex digits of the sha256 of an output's bytes (a tuple's tensors in order)."""
+    digest = hashlib.sha256()
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        raw = t.detach().contiguous().cpu()
+        digest.update((raw if raw.dtype == torch.uint8 else raw.view(torch.uint8)).numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def run(names, cold: bool, device="cuda", log=sys.stderr):

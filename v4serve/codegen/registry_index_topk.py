@@ -5,7 +5,7 @@ file so that merges with other registry edits stay trivial; registry.py appends 
   compaction, bitonic sort of the picks), V4-Flash's top-512 and V4-Pro's top-1024;
 - `index_topk.split_k512`: the split schedule's first launch (a chunk's picks into the workspace);
 - `index_topk.merge_k512`: its second launch (FROM_KEYS: the same steps over the chunks' int64 keys);
-- `index_topk.sort_all_4096`: the sweep's sort-everything variant at its widest row (4096 keys).
+- `index_topk.sort_all_4096`: the sort-everything schedule (production up to 1024 keys) at its widest row (4096 keys).
 All at the production loop step (BLOCK 2048, 8 warps). Registers (Triton 3.6): 64-80, no spill; the
 sort-everything entry 104-128 (16 int64 keys a thread), hence its own bound. The scores' row stride is T (a multiple of
 16 at every cache width); the counts n_cols / K / chunk are left unaligned (any T and k).

@@ -27,10 +27,11 @@ from v4serve.ops.fp8_grouped_linear_reference import fp8_grouped_linear_referenc
 from v4serve.ops.fp8_linear import fp8_linear
 from v4serve.ops.weight_formats import check_fp8_weight
 
-# Rows (T * G) up to which one block-diagonal GEMM runs: the FP8 decode tiles hold 16 rows, so the
-# weight is read once and the discarded blocks cost no extra pass (V4-Flash, G = 8: up to 2 tokens).
-# Measured on the H200 at T = 1 (session 12): 14.3 µs against the bf16 einsum's 18.5 µs.
-BLOCKDIAG_MAX_ROWS = 16
+# Rows (T * G) up to which one block-diagonal GEMM runs (V4-Flash, G = 8: up to 8 tokens): the weight
+# is read once, the discarded blocks' MMA work grows with T. Measured on the H200 at Flash's shape
+# (session 16, `bench kernels --only 'o_a '`, µs, blockdiag vs groups): T1 14.41 vs 37.95, T4 19.15
+# vs 40.27, T8 31.86 vs 39.35 (T64: groups 72.1).
+BLOCKDIAG_MAX_ROWS = 64
 ROUTES = ("auto", "blockdiag", "groups")
 
 

@@ -25,9 +25,9 @@ One program does, over its columns [lo, end) of a row (n = end - lo, m = min(k, 
    INT64_MIN padding), sorted descending (tl.sort, bitonic), and written as columns (~low word),
    with values gathered from the scores at those columns; MARK writes -1 for a -inf value.
 
-A variant for short rows (SORT_ALL, sweep only): one program sorts all T keys of its row in one
-block of next_power_of_2(T) lanes and writes the first k (no select; the bitonic sort's cost grows
-as T log^2 T, the select's as T).
+Short rows (SORT_ALL, production up to SORT_ALL_RULE_COLUMNS): one program sorts all T keys of its
+row in one block of next_power_of_2(T) lanes and writes the first k (no select; the bitonic sort's
+cost grows as T log^2 T, the select's as T).
 
 Schedules (`topk_splits`):
 - one launch, grid (B,): a program per row runs 1-3 over all T columns (FINAL);
@@ -58,8 +58,10 @@ BLOCK, NUM_WARPS = 2048, 8
 # at most ROW_PROGRAMS programs over all rows (the H200 has 132 SMs), and at most sqrt(T / k) (the
 # merge reads P * k keys: P * k <= T / P).
 SPLIT_COLUMNS, ROW_PROGRAMS = 4096, 128
-# The sort-everything variant (a sweep candidate, not production): rows up to this many columns.
-SORT_ALL_COLUMNS = 4096
+# The sort-everything schedule: rows up to SORT_ALL_COLUMNS columns; production up to
+# SORT_ALL_RULE_COLUMNS (H200, session 16, `kernel_configs 'index topk'`, k 512: T 1024 7.35 µs
+# against the select's 13.17 and torch.sort's 20.27; T 2048 27.96 against 13.45).
+SORT_ALL_COLUMNS, SORT_ALL_RULE_COLUMNS = 4096, 1024
 
 
 def topk_splits(rows: int, T: int, k: int) -> int:
@@ -184,12 +186,15 @@ def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, n_cols, K,
 
 def index_topk_triton(scores: torch.Tensor, k: int, mark_masked: bool = False, splits: int | None = None,
                       block: int = BLOCK, num_warps: int = NUM_WARPS,
-                      write_values: bool = True, sort_all: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
+                      write_values: bool = True, sort_all: bool | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
     """(values [..., k] fp32 or None, columns [..., k] int64) of scores [..., T] fp32, 0 <= k <= T;
     mark_masked: -1 for a -inf pick. splits None: `topk_splits`; block: the loop step (a power of
-    two >= 256, tests use small ones). sort_all: the variant that sorts all T keys in one block of
-    next_power_of_2(T) lanes (short rows only: T <= SORT_ALL_COLUMNS), no select."""
+    two >= 256, tests use small ones). sort_all: sort all T keys in one block of next_power_of_2(T)
+    lanes (short rows only: T <= SORT_ALL_COLUMNS), no select; None: the production rule (sort all
+    up to SORT_ALL_RULE_COLUMNS unless a split is asked for)."""
     T = scores.shape[-1]
+    if sort_all is None:
+        sort_all = splits is None and T <= SORT_ALL_RULE_COLUMNS
     lead = scores.shape[:-1]
     if scores.dtype != torch.float32:
         raise ValueError(f"scores must be fp32, got {scores.dtype}")

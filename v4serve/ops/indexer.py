@@ -54,9 +54,11 @@ def index_scores(q, weights, k_pool, key_rows, n_visible, row_format=None, impl=
 
 
 # The production rule for impl="auto" on CUDA: the Triton top-k (index_topk_triton.py) or torch.sort.
-# torch.sort until the GPU sweep (`kernel_configs 'index topk'`) measures the kernel at the decode /
-# verify shapes; switching is this one line.
-TOPK_KERNEL_ON_CUDA = False
+# The kernel, measured on the H200 (session 16, `kernel_configs 'index topk'`, µs, kernel vs
+# torch.sort): k 512 T 1024 7.35 vs 20.27, T 2048 13.45 vs 20.89, T 8192 33.5 vs 48.4-80.8,
+# T 32768 41.8-50.4 vs 49.3-133; k 1024 T 2048 17.5 vs 20.8, T 32768 B4 63.2 vs 73.4 (B1: 63.2 vs
+# 49.2, the one shape torch.sort wins).
+TOPK_KERNEL_ON_CUDA = True
 
 
 def _topk_on_device(impl: str, scores: torch.Tensor) -> bool:

@@ -53,12 +53,13 @@ COMBINE_IN_DOWN = False
 SORT_FREE_CONFIGS = (None, None)
 # The decode route of V4's MXFP4 experts, production's rule: False = the sort-free GEMV above (fp32
 # FMA chains, the sorted path's bits), True = tensor cores wherever the loader finds every scale
-# byte <= 128 (`MXFP4Experts.bind_decode`). Switching it changes the bits of every MoE layer at
-# decode (fp32 sums in the MMA's order: within gamma_K sum |w x| of the reference a projection) and,
-# predicted, c1 42.5-44.5 -> 30-38 µs a Flash layer: the sweep row "sort-free mma, Gluon" of
-# `python -m v4serve.bench.kernel_configs 'moe flash c'` (docs/performance.md, "Session 15:
-# tensor-core MoE decode route"); `bench engine --moe-decode` A/Bs it end to end.
-TENSOR_CORE_DECODE = False
+# byte <= 128 (`MXFP4Experts.bind_decode`). It changes the bits of every MoE layer at decode (fp32
+# sums in the MMA's order: within gamma_K sum |w x| of the reference a projection; a row still
+# independent of the batch, so verify = decode). Measured on the H200 (session 16, `kernel_configs
+# 'moe flash'`, one Flash layer, µs, GEMV vs "sort-free mma, Gluon"): c1 42.2 vs 43.1, c8 246.9 vs
+# 219.7, verify c16 464.2 vs 410.0, c32 909.5 vs 789.1; the 43-layer offloaded stage c1 10.13 ms
+# with it (docs/performance.md "Session 16").
+TENSOR_CORE_DECODE = True
 
 
 def sorted_experts(x, experts, weights, tensors, swiglu_limit, add=None, impl="auto", tile_experts=None):
