@@ -79,9 +79,14 @@ def test_plan_follows_the_cache_rules_over_many_steps(impl, n_experts, n_host, n
         with_resident = step % 2 == 0
         for chunk in range(n_chunks):
             want_mapped, want_copies = model.plan(picks.flatten().tolist(), chunk, with_resident, chunk == 0)
+            resident_rows = torch.full((picks.numel(),), -7)
             mapped = expert_cache_plan(picks, **state, chunk=chunk, n_resident=n_resident,
-                                       with_resident=with_resident, count_picks=chunk == 0, impl=impl)
+                                       with_resident=with_resident, count_picks=chunk == 0,
+                                       resident_rows=resident_rows, impl=impl)
             assert mapped.tolist() == want_mapped
+            # each pick's resident row (the model's index of a resident expert), R + S if offloaded
+            assert resident_rows.tolist() == [model.index[e] if host_row[e] < 0 else n_resident + n_slots
+                                              for e in picks.flatten().tolist()]
             m = int(state["copy_count"])
             assert m == len(want_copies)
             assert list(zip(state["copy_slot"][:m].tolist(), state["copy_src"][:m].tolist())) == want_copies

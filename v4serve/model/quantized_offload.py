@@ -86,7 +86,6 @@ class ExpertOffload:
         self.host_row = {x: i for i, x in enumerate(host_experts)}  # offloaded expert -> host row
         long = dict(dtype=torch.long, device=device)
         self.host_row_of = torch.empty(e, **long)  # expert -> host row, -1 if resident
-        self.resident_row = torch.empty(e, **long)  # expert -> resident row, R + S if offloaded
         self.index = torch.empty(e, **long)
         self.slot_expert, self.slot_stamp = torch.empty(max(s, 1), **long), torch.empty(max(s, 1), **long)
         self.clock, self._fetches, self.copy_count = (torch.zeros(1, **long) for _ in range(3))
@@ -121,15 +120,14 @@ class ExpertOffload:
 
     def _write_tables(self) -> None:
         """Device tables from `row_of` / `host_row`; the slots emptied."""
-        e, r = self.n_experts, len(self.row_of)
-        host_row, resident_row = [-1] * e, [r + self.n_slots] * e
+        e = self.n_experts
+        host_row, index = [-1] * e, [-1] * e
         for x, i in self.host_row.items():
             host_row[x] = i
         for x, i in self.row_of.items():
-            resident_row[x] = i
+            index[x] = i
         self.host_row_of.copy_(torch.tensor(host_row))
-        self.resident_row.copy_(torch.tensor(resident_row))
-        self.index.copy_(torch.tensor([i if i < r else -1 for i in resident_row]))
+        self.index.copy_(torch.tensor(index))
         self.slot_expert.fill_(-1)
         self.slot_stamp.fill_(-1)
 
@@ -164,14 +162,18 @@ class ExpertOffload:
         direct = SORT_FREE_PASSES and module.decodes_in_passes(x, experts, self.device_tensors)  # any chunks
         separate_resident = self.overlap and r > 0
         out = None
+        # The resident pass's groups (each pick's resident row, R + S if offloaded), written by chunk
+        # 0's plan: no launch of their own.
+        resident_rows = torch.empty_like(picks) if separate_resident else None
         for chunk in range(chunks):
             mapped = expert_cache_plan(
                 picks, self.host_row_of, self.index, self.slot_expert, self.slot_stamp, self.clock, self._fetches,
                 self.counts, self.copy_count, self.copy_slot, self.copy_src, chunk=chunk, n_resident=r,
-                with_resident=chunk == 0 and not separate_resident, count_picks=chunk == 0)
+                with_resident=chunk == 0 and not separate_resident, count_picks=chunk == 0,
+                resident_rows=resident_rows if chunk == 0 else None)
             self._fetch()
             if chunk == 0 and separate_resident:  # beside the copies of chunk 0
-                out = self._pass(module, x, self.resident_row[experts], out, direct)
+                out = self._pass(module, x, resident_rows.view_as(experts), out, direct)
             self._wait()
             out = self._pass(module, x, mapped.view_as(experts), out, direct)
         return moe_combine(out[1] if direct else out, None, weights, add, impl=module.impl)

@@ -24,7 +24,9 @@ unprotected slot (empty slots first, ties by slot number), in expert-id order:
 Outputs: the copy list (`copy_count` [1] = m; `copy_slot` [S], `copy_src` [S]: entry j < m copies
 host row copy_src[j] into slot copy_slot[j]; entries >= m are -1) and `mapped` [N], each pick's
 device row when its expert is a member (or resident, with `with_resident`), else R + S (a group
-past the last row: the MoE sorts such picks last and computes them in no group).
+past the last row: the MoE sorts such picks last and computes them in no group). Given
+`resident_rows` [N], the plan also writes there each pick's resident row (R + S for an offloaded
+expert): the groups of a separate pass over the resident experts, without a launch of its own.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def expert_cache_plan_reference(picks: torch.Tensor, host_row: torch.Tensor, ind
                                 slot_expert: torch.Tensor, slot_stamp: torch.Tensor, clock: torch.Tensor,
                                 fetches: torch.Tensor, counts: torch.Tensor, copy_count: torch.Tensor,
                                 copy_slot: torch.Tensor, copy_src: torch.Tensor, chunk: int, n_resident: int,
-                                with_resident: bool, count_picks: bool) -> torch.Tensor:
+                                with_resident: bool, count_picks: bool,
+                                resident_rows: torch.Tensor | None = None) -> torch.Tensor:
     picks = picks.reshape(-1)
     n_experts, n_slots = host_row.shape[0], slot_expert.shape[0]
     device = picks.device
@@ -74,6 +77,9 @@ def expert_cache_plan_reference(picks: torch.Tensor, host_row: torch.Tensor, ind
     copy_slot.copy_(torch.where(filled[first], first, -1))
     copy_src.copy_(torch.where(filled[first], host_row[new_expert[first].clamp(min=0)], -1))
     in_pass = member[picks]
+    resident = host_row[picks] < 0
     if with_resident:
-        in_pass |= host_row[picks] < 0
+        in_pass |= resident
+    if resident_rows is not None:
+        resident_rows.copy_(torch.where(resident, index[picks], n_resident + n_slots))
     return torch.where(in_pass, index[picks], n_resident + n_slots)

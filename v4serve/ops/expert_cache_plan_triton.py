@@ -14,10 +14,12 @@ steps that depend on each other are ordered by barriers inside it, not by launch
    int64 max when protected (an [S, S] compare: no sort); slot s is filled iff vrank[s] < m and
    receives the missing member of rank vrank[s];
 4. the state updates and the copy list (entry vrank[s] of the list is slot s: a permutation,
-   so every entry is written), then `mapped` from the updated index.
+   so every entry is written), then `mapped` from the updated index (and, with RESIDENT_OUT,
+   `resident_rows`: each pick's resident row, R + S for an offloaded expert).
 
 Picks int64 [N]; host_row, index, counts int64 [E]; slot_expert, slot_stamp int64 [S]; clock,
-fetches, copy_count int64 [1]; copy_slot, copy_src int64 [S]; mapped int64 [N]. No host sync.
+fetches, copy_count int64 [1]; copy_slot, copy_src int64 [S]; mapped, resident_rows int64 [N].
+No host sync.
 """
 
 import torch
@@ -30,9 +32,9 @@ PLAN_CONFIG = dict(BLOCK_N=1024, num_warps=4)
 @triton.jit
 def _expert_cache_plan_kernel(
     picks_ptr, host_row_ptr, index_ptr, slot_expert_ptr, slot_stamp_ptr, clock_ptr, fetches_ptr, counts_ptr,
-    scratch_ptr, copy_count_ptr, copy_slot_ptr, copy_src_ptr, mapped_ptr, N, E, S, chunk, n_resident,
-    COUNT: tl.constexpr, WITH_RESIDENT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    scratch_ptr, copy_count_ptr, copy_slot_ptr, copy_src_ptr, mapped_ptr, resident_ptr, N, E, S, chunk, n_resident,
+    COUNT: tl.constexpr, WITH_RESIDENT: tl.constexpr, RESIDENT_OUT: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     e = tl.arange(0, BLOCK_E)
     e_ok = e < E
@@ -95,18 +97,27 @@ def _expert_cache_plan_kernel(
             in_pass = in_pass | (tl.load(host_row_ptr + p, mask=n_ok, other=0) < 0)
         row = tl.load(index_ptr + p, mask=n_ok, other=0)
         tl.store(mapped_ptr + n, tl.where(in_pass, row, n_resident + S), mask=n_ok)
+    if RESIDENT_OUT:  # a resident expert's index is its resident row
+        for n0 in range(0, N, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            n_ok = n < N
+            p = tl.load(picks_ptr + n, mask=n_ok, other=0)
+            resident = tl.load(host_row_ptr + p, mask=n_ok, other=0) < 0
+            row = tl.load(index_ptr + p, mask=n_ok, other=0)
+            tl.store(resident_ptr + n, tl.where(resident, row, n_resident + S), mask=n_ok)
 
 
 def expert_cache_plan_triton(picks, host_row, index, slot_expert, slot_stamp, clock, fetches, counts, copy_count,
                              copy_slot, copy_src, chunk: int, n_resident: int, with_resident: bool,
-                             count_picks: bool) -> torch.Tensor:
+                             count_picks: bool, resident_rows: torch.Tensor | None = None) -> torch.Tensor:
     picks = picks.reshape(-1).contiguous()
     n_experts, n_slots = host_row.shape[0], slot_expert.shape[0]
     scratch = torch.empty(2 * n_experts + n_slots, dtype=torch.int32, device=picks.device)
     mapped = torch.empty_like(picks)
     _expert_cache_plan_kernel[(1,)](
         picks, host_row, index, slot_expert, slot_stamp, clock, fetches, counts, scratch, copy_count, copy_slot,
-        copy_src, mapped, picks.shape[0], n_experts, n_slots, chunk, n_resident,
-        COUNT=count_picks, WITH_RESIDENT=with_resident, BLOCK_E=triton.next_power_of_2(n_experts),
+        copy_src, mapped, mapped if resident_rows is None else resident_rows, picks.shape[0], n_experts, n_slots,
+        chunk, n_resident, COUNT=count_picks, WITH_RESIDENT=with_resident, RESIDENT_OUT=resident_rows is not None,
+        BLOCK_E=triton.next_power_of_2(n_experts),
         BLOCK_S=triton.next_power_of_2(n_slots), **PLAN_CONFIG)
     return mapped
