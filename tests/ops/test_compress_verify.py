@@ -57,9 +57,10 @@ def _overwritten(position, ratio, overlap):
     return {ratio + j} | (set(range(ratio)) if j == ratio - 1 else set())
 
 
-@pytest.mark.parametrize("overlap,ratio", [(True, 4), (False, 8)])
-def test_compress_verify_matches_decode_steps_and_commits_restore_each_group(overlap, ratio):
-    G, S, max_rows = 4, 3, 4
+# G = 6 > r = 4: groups that rewrite an open row another group wrote, two blocks completed in a step
+@pytest.mark.parametrize("overlap,ratio,G", [(True, 4, 4), (False, 8, 4), (True, 4, 6)])
+def test_compress_verify_matches_decode_steps_and_commits_restore_each_group(overlap, ratio, G):
+    S, max_rows = 3, 4
     inputs, state0 = _step(overlap, ratio, G=G, S=S)
     n = state0.shape[0]
     rows, target, after = _decode_launches(inputs, state0.clone(), G, S)
@@ -82,7 +83,7 @@ def test_compress_verify_matches_decode_steps_and_commits_restore_each_group(ove
         assert written[:G - 1, :S].tolist() == want_written, impl
         assert (written[:, S:] == -1).all() and (written[G - 1] == -1).all()  # rows past S, the last group: untouched
         # every accepted prefix, all sequences alike and mixed, through both commit paths
-        for accepted in [[a] * S for a in range(G)] + [[2, 0, 3][:S]]:
+        for accepted in [[a] * S for a in range(G)] + [[2, 0, G - 1][:S]]:
             for commit_impl in ("torch", "triton"):
                 live = stacked.clone()
                 StateCommit([live], [saved], [written], impl=commit_impl)(

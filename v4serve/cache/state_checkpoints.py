@@ -37,9 +37,10 @@ import torch
 from v4serve.ops.state_commit import StateCommit
 
 
-def checkpoint_bytes(state_bytes_per_slot: int, groups: int, max_rows: int) -> int:
-    """Bytes of the saved states: `groups` copies of each of `max_rows` slots' state rows."""
-    return state_bytes_per_slot * groups * max_rows
+def checkpoint_bytes(state_bytes_per_slot: int, states: int, groups: int, max_rows: int) -> int:
+    """Bytes of the journals: `groups` copies of each of `max_rows` slots' state rows, and an int32
+    mask per group, row and state object (`states` of them)."""
+    return (state_bytes_per_slot + 4 * states) * groups * max_rows
 
 
 class StateCheckpoints:
