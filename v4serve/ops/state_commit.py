@@ -1,6 +1,7 @@
 """The commit of a verify step's compressor states, every state object in one call (one launch on
-the Triton path instead of a gather and a scatter per state object; only what later groups overwrote moves): public entry point (math in
-state_commit_reference.py, kernel in state_commit_triton.py)."""
+the Triton path instead of a gather and a scatter per state object; only what later groups
+overwrote moves): public entry point (math in state_commit_reference.py, kernel in
+state_commit_triton.py)."""
 
 from __future__ import annotations
 
