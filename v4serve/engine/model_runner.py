@@ -194,9 +194,11 @@ class ModelRunner:
         if self.speculative is None:
             return 0
         k = self.speculative.num_speculative_tokens
-        per_slot = sum(c.state_bytes for g in geometry.layers for c in (g.compressor, g.indexer) if c is not None)
+        compressors = [c for g in geometry.layers for c in (g.compressor, g.indexer) if c is not None]
+        per_slot = sum(c.state_bytes for c in compressors)
         window_row = sum(rows["window"] for rows in geometry.row_bytes(torch.empty((), dtype=dtype).element_size()))
-        return checkpoint_bytes(per_slot, k + 1, args.max_num_seqs) + k * (args.max_num_seqs + 1) * window_row
+        return (checkpoint_bytes(per_slot, len(compressors), k + 1, args.max_num_seqs)
+                + k * (args.max_num_seqs + 1) * window_row)
 
     def max_step_tokens(self, args: EngineArgs) -> int:
         """Tokens one step may hold: the batch budget, plus k drafts per sequence when speculating."""

@@ -89,7 +89,7 @@ class Compressor(UsesKernels, nn.Module):
         records its token in the open block; sequences whose block did not complete write to the
         pool's scratch row. A verify step (`batch.verify_groups` tokens per sequence, group-major)
         folds its groups in position order in one call (`ops/compress_verify.py`), which also
-        writes the states after each group to the step's checkpoints.
+        journals what each group overwrites in the step's checkpoints (the rollback's undo log).
         The kernels also apply the keys' Hadamard rotation (`rotate`) and pack packed pools."""
         r = self.ratio
         angles = rope.block_starts(r)  # rows are rotated at their block's start position
@@ -103,10 +103,10 @@ class Compressor(UsesKernels, nn.Module):
             rows, target = compress_decode(*args, batch.slots, *common, impl=self.impl, hadamard=rotate, **packed)
         else:
             checkpoints = batch.checkpoints
-            saved = None if checkpoints is None else checkpoints.saved_rows(state)
+            saved, written = (None, None) if checkpoints is None else checkpoints.journal(state)
             slots = batch.slots[:kv.shape[0] // groups]  # group 0's: one per sequence
-            rows, target = compress_verify(*args, slots, *common, groups, saved, impl=self.impl, hadamard=rotate,
-                                           **packed)
+            rows, target = compress_verify(*args, slots, *common, groups, saved, written, impl=self.impl,
+                                           hadamard=rotate, **packed)
         if not fused:
             pool.store(target, rows, self.impl)
 

@@ -35,7 +35,12 @@ from v4serve.ops.kv_pack_triton import pack_row, packed_constexprs
 
 @triton.jit
 def _pool_overlap_step(kv_ptr, score_ptr, bias_ptr, state_kv, state_score, b, stride_in, j, complete, d, ch, ch_ok,
-                       RATIO: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                       RATIO: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, undo_kv=None, undo_score=None,
+                       undo_on=False, UNDO: tl.constexpr = False):
+    """UNDO (the verify kernel's journal): where `undo_on`, the rows this step overwrites are first
+    copied, at their own row offsets, to undo_kv / undo_score (row r + j; rows [0, r) when the
+    block completes). Each such load precedes the store to its address in the same tile shape (the
+    same thread), as the tile loads of the state below already do."""
     W = 2 * d
     kv_lo = tl.load(kv_ptr + b * stride_in + ch, mask=ch_ok, other=0.0)
     kv_hi = tl.load(kv_ptr + b * stride_in + d + ch, mask=ch_ok, other=0.0)
@@ -43,6 +48,12 @@ def _pool_overlap_step(kv_ptr, score_ptr, bias_ptr, state_kv, state_score, b, st
     sc_hi = tl.load(score_ptr + b * stride_in + d + ch, mask=ch_ok, other=0.0) + tl.load(bias_ptr + j * W + d + ch,
                                                                                           mask=ch_ok)
     new_row = (RATIO + j) * W
+    if UNDO:
+        keep = ch_ok & undo_on
+        for half in tl.static_range(2):
+            at = new_row + half * d + ch
+            tl.store(undo_kv + at, tl.load(state_kv + at, mask=keep), mask=keep)
+            tl.store(undo_score + at, tl.load(state_score + at, mask=keep), mask=keep)
     tl.store(state_kv + new_row + ch, kv_lo, mask=ch_ok)
     tl.store(state_kv + new_row + d + ch, kv_hi, mask=ch_ok)
     tl.store(state_score + new_row + ch, sc_lo, mask=ch_ok)
@@ -56,6 +67,12 @@ def _pool_overlap_step(kv_ptr, score_ptr, bias_ptr, state_kv, state_score, b, st
         is_new = (rr == j)[:, None]
         prev_kv = tl.load(state_kv + prev, mask=tile_ok, other=0.0)
         prev_sc = tl.load(state_score + prev, mask=tile_ok, other=float("-inf"))
+        if UNDO:  # the previous block's rows, both halves, before this block replaces them
+            keep_tile = tile_ok & undo_on
+            tl.store(undo_kv + prev, prev_kv, mask=keep_tile)
+            tl.store(undo_score + prev, prev_sc, mask=keep_tile)
+            tl.store(undo_kv + prev + d, tl.load(state_kv + prev + d, mask=keep_tile), mask=keep_tile)
+            tl.store(undo_score + prev + d, tl.load(state_score + prev + d, mask=keep_tile), mask=keep_tile)
         kv_a = tl.where(is_new, kv_lo[None, :], tl.load(state_kv + this, mask=tile_ok, other=0.0))
         kv_b = tl.where(is_new, kv_hi[None, :], tl.load(state_kv + this + d, mask=tile_ok, other=0.0))
         sc_a = tl.where(is_new, sc_lo[None, :], tl.load(state_score + this, mask=tile_ok, other=float("-inf")))
@@ -75,15 +92,24 @@ def _pool_overlap_step(kv_ptr, score_ptr, bias_ptr, state_kv, state_score, b, st
 
 @triton.jit
 def _pool_online_step(kv_ptr, score_ptr, bias_ptr, state_max, state_sum, state_acc, b, stride_in, j, complete, d, ch,
-                      ch_ok):
+                      ch_ok, undo_max=None, undo_sum=None, undo_acc=None, undo_on=False, UNDO: tl.constexpr = False):
+    """UNDO: where `undo_on`, the state this step replaces (all of it) is also stored, from the
+    registers it was loaded into, to undo_max / undo_sum / undo_acc."""
     kv = tl.load(kv_ptr + b * stride_in + ch, mask=ch_ok, other=0.0)
     sc = tl.load(score_ptr + b * stride_in + ch, mask=ch_ok, other=0.0) + tl.load(bias_ptr + j * d + ch, mask=ch_ok)
     m_old = tl.load(state_max + ch, mask=ch_ok, other=0.0)
     m = tl.maximum(m_old, sc)
     rescale = tl.exp(m_old - m)
     weight = tl.exp(sc - m)
-    total = tl.load(state_sum + ch, mask=ch_ok, other=1.0) * rescale + weight
-    acc = tl.load(state_acc + ch, mask=ch_ok, other=0.0) * rescale + weight * kv
+    sum_old = tl.load(state_sum + ch, mask=ch_ok, other=1.0)
+    acc_old = tl.load(state_acc + ch, mask=ch_ok, other=0.0)
+    if UNDO:
+        keep = ch_ok & undo_on
+        tl.store(undo_max + ch, m_old, mask=keep)
+        tl.store(undo_sum + ch, sum_old, mask=keep)
+        tl.store(undo_acc + ch, acc_old, mask=keep)
+    total = sum_old * rescale + weight
+    acc = acc_old * rescale + weight * kv
     tl.store(state_max + ch, tl.where(complete, float("-inf"), m), mask=ch_ok)  # a complete block starts over
     tl.store(state_sum + ch, tl.where(complete, 0.0, total), mask=ch_ok)
     tl.store(state_acc + ch, tl.where(complete, 0.0, acc), mask=ch_ok)
