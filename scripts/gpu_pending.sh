@@ -8,7 +8,8 @@
 #   tests   all groups of the three at once, one pytest process each (compiling is CPU-bound and
 #           the host has 16 cores; correctness tests only, so sharing the GPU is harmless)
 #   tests16 session 16's groups the same way (the failures of session 16's first call, the rules it
-#           switched: o_a block-diagonal to 64 rows, the top-k kernel, MoE decode on tensor cores)
+#           switched: o_a block-diagonal to 64 rows, the top-k kernel, MoE decode on tensor cores);
+#           tests16b: the verify compressor's undo journal, the offload plan's resident rows
 #   rows    `bench kernels` rows of the changed kernels (sets the rules' thresholds), ~3 min
 #   rows16  the o_a and launch-glue rows alone, ~1 min
 #   sweeps-a sweeps-b
@@ -24,7 +25,7 @@
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|moe-ab|spec ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|moe-ab|spec ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -60,6 +61,8 @@ tests/ops/test_packed_kernels_gpu.py -k variants
 tests/ops/test_index_topk.py
 tests/model/test_quantized_gpu.py tests/model/test_moe_tensor_core_decode.py
 tests/model/test_gpu_paths.py"
+  [tests16b]="tests/ops/test_compress_verify.py tests/engine/test_gpu_spec_decode.py
+tests/model/test_offload_sort_free_gpu.py tests/ops/test_expert_cache_ops.py"
 )
 
 test_groups() {  # test_groups LOG STAGE...: each group of the stages, one after another
@@ -100,8 +103,8 @@ for stage in "$@"; do
     tests)
       parallel_test_groups "$log" tests13 tests14a tests14b
       ;;
-    tests16)
-      parallel_test_groups "$log" tests16
+    tests16 | tests16b)
+      parallel_test_groups "$log" "$stage"
       ;;
     rows16)  # the o_a rule's rows and the launch-glue rows (session 16's first `rows` stopped there)
       run 120 "$log" $PY -m v4serve.bench.kernels --no-cold --json "$OUT/pending_rows16.json" --only 'o_a |glue '
