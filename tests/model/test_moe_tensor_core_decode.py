@@ -89,6 +89,29 @@ def _experts_module(tensors):
     return module
 
 
+def test_the_route_stays_sort_free_up_to_its_own_pick_bound(monkeypatch):
+    """12 picks over 8 experts (1.5 E, Flash's c64): past the GEMV's 0.75 E, so the GEMV sorts, but
+    the tensor-core route stays sort-free (no sort launched), within the route bound; one pick more
+    and it sorts too."""
+    tensors = _tensors(8, 256, 256, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    x = (0.25 * torch.randn(6, 256, generator=gen)).to(torch.bfloat16)
+    experts = torch.rand(6, 8, generator=gen).topk(2, 1).indices
+    weights = torch.rand(6, 2, generator=gen)
+    assert direct_applies("triton", x, experts, tensors, tensor_cores=True)
+    assert not direct_applies("triton", x, experts, tensors)
+    assert not direct_applies("triton", x[:1].expand(13, -1), torch.zeros(13, 1, dtype=torch.long), tensors,
+                              tensor_cores=True)
+
+    def no_sort(*args, **kwargs):
+        raise AssertionError("the sort-free route sorted")
+
+    monkeypatch.setattr(mxfp4_moe_decode, "sorted_experts", no_sort)  # the module's name, not this file's
+    got = mxfp4_experts(x, experts, weights, tensors, LIMIT, impl="triton", tensor_cores=True)
+    ref = sorted_experts(x, experts, weights, tensors, LIMIT, impl="torch")
+    assert (got.float() - ref.float()).abs().le(_route_bound(x, experts, weights, tensors, ref)).all()
+
+
 def test_the_layer_on_tensor_cores_matches_the_reference(monkeypatch):
     """The module's V4 decode path with the route bound (8 experts, top-2, 3 tokens: 6 picks =
     0.75 E, the sort-free size; one expert repeated within a token, one shared across tokens)."""

@@ -209,7 +209,8 @@ class MXFP4Experts(UsesKernels, nn.Module):
     def decodes_in_passes(self, x: torch.Tensor, experts: torch.Tensor, tensors: list[torch.Tensor]) -> bool:
         """`pass_outputs` takes this step: V4's numerics at a decode size (`direct_applies` at the
         layer's E: where `run` would take the sort-free route)."""
-        return self.v4_numerics and direct_applies(self.impl, x, experts, tensors, self.n_experts)
+        return self.v4_numerics and direct_applies(self.impl, x, experts, tensors, self.n_experts,
+                                                   self.tensor_core_decode)
 
     def pass_outputs(self, x: torch.Tensor, groups: torch.Tensor, tensors: list[torch.Tensor],
                      outputs: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,7 +15,7 @@ needs the caller's `arrivals` counters): one launch fewer again, a ticket atomic
 
 `tensor_cores=True` runs both projections of a decode batch on tensor cores instead
 (mxfp4_moe_mma_gluon.py on sm_90 where its shapes fit, else mxfp4_moe_mma_triton.py; the combine
-its own launch, as above): the decoded weights are the MMA's bf16 operand, so the products are
+its own launch, as above), sort-free up to TENSOR_CORE_SORT_FREE_PICKS x E picks (the GEMV: 0.75 E): the decoded weights are the MMA's bf16 operand, so the products are
 exact and only the fp32 sum order changes (the MMA's k16 chunks):
 
     |y - y_gemv| <= gamma_K sum_k |w x|   per projection, before the bf16 rounding of y
@@ -60,6 +60,10 @@ SORT_FREE_CONFIGS = (None, None)
 # 219.7, verify c16 464.2 vs 410.0, c32 909.5 vs 789.1; the 43-layer offloaded stage c1 10.13 ms
 # with it (docs/performance.md "Session 16").
 TENSOR_CORE_DECODE = True
+# Picks per expert up to which the tensor-core route stays sort-free (the GEMV's bound is 0.75 E,
+# `gemv_picks`): measured at 1.5 E (Flash c64, 384 picks, session 16 `kernel_configs 'moe flash c'`):
+# "sort-free mma, Gluon" 1530 µs against the sorted path's 2036 (the experts' re-reads come from L2).
+TENSOR_CORE_SORT_FREE_PICKS = 1.5
 
 
 def sorted_experts(x, experts, weights, tensors, swiglu_limit, add=None, impl="auto", tile_experts=None):
@@ -72,10 +76,16 @@ def sorted_experts(x, experts, weights, tensors, swiglu_limit, add=None, impl="a
     return moe_combine(mxfp4_grouped_matmul(hidden, w2, s2, None, ends, **tiles), pos, weights, add, impl=impl)
 
 
-def direct_applies(impl: str, x: torch.Tensor, experts: torch.Tensor, tensors, tile_experts: int | None = None) -> bool:
-    """The sort-free path runs: Triton, and one pick a GEMV program for this many picks."""
+def direct_applies(impl: str, x: torch.Tensor, experts: torch.Tensor, tensors, tile_experts: int | None = None,
+                   tensor_cores: bool = False) -> bool:
+    """The sort-free path runs: Triton, and one pick a GEMV program for this many picks; on the
+    tensor-core route (bf16 x) up to TENSOR_CORE_SORT_FREE_PICKS x E picks."""
     n_experts = tile_experts or tensors[0].shape[0]
-    return use_triton(impl, x, *tensors) and gemv_picks(experts.numel(), n_experts) == 1
+    if not use_triton(impl, x, *tensors):
+        return False
+    if tensor_cores and x.dtype == torch.bfloat16:
+        return experts.numel() <= TENSOR_CORE_SORT_FREE_PICKS * n_experts
+    return gemv_picks(experts.numel(), n_experts) == 1
 
 
 def mxfp4_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, tensors, swiglu_limit: float,
@@ -95,7 +105,7 @@ def mxfp4_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
     if experts.shape != weights.shape or experts.dim() != 2 or x.dim() != 2 or experts.shape[0] != x.shape[0]:
         raise ValueError(f"experts and weights must be [T, k] for x [T, D], got {tuple(experts.shape)}, "
                          f"{tuple(weights.shape)} and {tuple(x.shape)}")
-    if not direct_applies(impl, x, experts, tensors, tile_experts):
+    if not direct_applies(impl, x, experts, tensors, tile_experts, tensor_cores):
         return sorted_experts(x, experts, weights, tensors, swiglu_limit, add, impl, tile_experts)
     w13, s13, w2, s2 = tensors
     t, k = experts.shape
