@@ -18,6 +18,8 @@
 #   flash-tc  the same with the MoE decode on tensor cores (`--moe-decode tensor-cores`)
 #   v41     the V4.1 indexer sweep's decode and long-start shapes (as sweeps-b ends), ~1.5 min
 #   flash-gemv  the same with the MoE decode on the GEMV (`--moe-decode gemv`)
+#   flash-prefetch  the same with the layer-ahead expert prefetch (`--offload-prefetch`)
+#   flash-profile   the same with the profiler's kernel table of the decode steps
 #   bind    which MXFP4 layers bind the tensor-core route (2 Flash layers with host experts), ~1 min
 #   moe-ab  the MoE decode route A/B end to end (`--moe-decode gemv`, then `tensor-cores`): 30 Flash
 #           layers without offload, c1 / c8, ~4 min
@@ -25,7 +27,7 @@
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|moe-ab|spec ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|moe-ab|spec ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -127,14 +129,18 @@ for stage in "$@"; do
     v41)  # the V4.1 indexer's decode / long-start shapes alone (sweeps-b's last line)
       run 90 "$log" $PY -m v4serve.bench.kernel_configs 'cand decode|staged1M|start130944'
       ;;
-    flash | flash-tc | flash-gemv)  # flash: production's MoE decode route; -tc / -gemv: that route
-      route=()
-      [[ $stage == flash-tc ]] && route=(--moe-decode tensor-cores)
-      [[ $stage == flash-gemv ]] && route=(--moe-decode gemv)
+    flash | flash-tc | flash-gemv | flash-prefetch | flash-profile)
+      # flash: production; -tc / -gemv: that MoE decode route; -prefetch: the layer-ahead expert
+      # guess (`--offload-prefetch`, never measured); -profile: the kernel table of a decode step
+      extra=(--no-profile)
+      [[ $stage == flash-tc ]] && extra+=(--moe-decode tensor-cores)
+      [[ $stage == flash-gemv ]] && extra+=(--moe-decode gemv)
+      [[ $stage == flash-prefetch ]] && extra+=(--offload-prefetch)
+      [[ $stage == flash-profile ]] && extra=()
       run 420 "$log" $PY -m v4serve.bench.engine --model deepseek-v4-flash --hf-overrides '{}' --cpu-offload-gb auto \
         --routing zipf --placement by-use --concurrency 1 8 --cuda-graph-sizes 1 8 --output-len 96 \
         --max-model-len 8448 --num-kv-pages 2200 --ttft-prompt-lens 2048 --ttft-repeats 1 \
-        --calibration-tokens 4096 --no-profile "${route[@]}"
+        --calibration-tokens 4096 "${extra[@]}"
       ;;
     bind)  # which layers `bind_decode` puts on tensor cores: 2 Flash layers with host experts
       run 120 "$log" $PY -c "
