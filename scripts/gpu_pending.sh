@@ -23,11 +23,11 @@
 #   bind    which MXFP4 layers bind the tensor-core route (2 Flash layers with host experts), ~1 min
 #   moe-ab  the MoE decode route A/B end to end (`--moe-decode gemv`, then `tensor-cores`): 30 Flash
 #           layers without offload, c1 / c8, ~4 min
-#   spec    speculative verify on 30 layers, c1 / c8, k = 3, ~3 min
+#   spec    speculative verify on 30 layers, c1 / c8, k = 3, ~3 min (spec-zipf: Zipf(1) routing)
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|moe-ab|spec ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|moe-ab|spec|spec-zipf ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -162,9 +162,11 @@ for name, m in net.named_modules():
           --json-out "$OUT/pending_moe_ab_$route.json"
       done
       ;;
-    spec)
+    spec | spec-zipf)  # uniform routing (every expert equally likely) or Zipf(1) (skewed, as real routers)
+      routing=uniform
+      [[ $stage == spec-zipf ]] && routing=zipf
       run 420 "$log" $PY -m v4serve.bench.engine --hf-overrides '{"num_hidden_layers": 30}' --spec-verify \
-        --spec-profile --routing uniform --concurrency 1 8 --cuda-graph-sizes 1 8 --spec-k 3 --spec-lengths 2.8 \
+        --spec-profile --routing "$routing" --concurrency 1 8 --cuda-graph-sizes 1 8 --spec-k 3 --spec-lengths 2.8 \
         --output-len 32 --max-model-len 4096
       ;;
     *) echo "unknown stage $stage" >&2 ;;
