@@ -58,8 +58,17 @@ from triton.language.extra.cuda import gdc_wait
 from v4serve.ops._dispatch import pdl_launch
 from v4serve.ops.compress_decode_triton import _finish_row, _pool_online_step, _pool_overlap_step, launch_layout
 
-CHANNELS_PER_PROGRAM = 128  # a pooling program's slice: one warp, 4 channels a thread (see the docstring)
-POOL_WARPS = 1
+CHANNELS_PER_PROGRAM = 128  # a pooling program's slice: 4 channels a thread over one warp's 32 lanes
+DECODE_WARPS = 4  # compress_decode_triton's launch, whose thread layouts the two kernels reproduce
+
+
+def launch_warps(block_d: int) -> tuple[int, int]:
+    """(pooling warps, finish warps) at a row width BLOCK_D: the decode kernel's 4 warps lie
+    BLOCK_D / 128 along the channels and the rest along the r rows of its tiles; a 128-channel
+    slice with the row warps (4 * 128 / BLOCK_D) gets its per-channel layout, and a finish with
+    the channel warps (BLOCK_D / 128) the layout of its pooled row (docstring, "Bits")."""
+    along_channels = max(1, min(DECODE_WARPS, block_d // CHANNELS_PER_PROGRAM))
+    return DECODE_WARPS // along_channels, along_channels
 
 
 @triton.jit
@@ -135,6 +144,7 @@ def compress_verify_triton(kv, score, positions, slots, position_bias, state, ra
     overlap, s0, s1, s2, pk, block_d = launch_layout(state, d, pool, row_format)
     pooled = torch.empty(groups * s, d, dtype=torch.float32, device=kv.device)
     block_c = min(block_d, CHANNELS_PER_PROGRAM)
+    pool_warps, finish_warps = launch_warps(block_d)
     _compress_verify_pool_kernel[(s, triton.cdiv(d, block_c))](
         kv, score, positions, slots, position_bias, s0, s1, s2, pooled,
         s0 if saved is None else saved, target if written is None else written,
@@ -142,12 +152,12 @@ def compress_verify_triton(kv, score, positions, slots, position_bias, state, ra
         0 if written is None else written.stride(0),
         RATIO=ratio, OVERLAP=overlap, BLOCK_R=triton.next_power_of_2(ratio) if overlap else 1, BLOCK_C=block_c,
         # num_stages 1: the groups loop is sequential (each group reads the state the last one wrote)
-        SAVE=saved is not None, num_warps=POOL_WARPS, num_stages=1, **pdl_launch(kv),
+        SAVE=saved is not None, num_warps=pool_warps, num_stages=1, **pdl_launch(kv),
     )
     _compress_verify_finish_kernel[(groups * s,)](
         pooled, positions, norm_weight, cos, sin, rows_of, rows, target, rows if pool is None else pool,
         d, cos.shape[1], scratch, float(eps), rows_of.stride(0), cos.stride(0), 0 if pool is None else pool.stride(0),
-        RATIO=ratio, BLOCK_D=block_d, num_warps=4, **pdl_launch(kv), **pk,
+        RATIO=ratio, BLOCK_D=block_d, num_warps=finish_warps, **pdl_launch(kv), **pk,
         **(dict(HADAMARD=True, LOG2_D=d.bit_length() - 1) if hadamard else {}),
     )
     return rows, target
