@@ -5,49 +5,55 @@ sequence b's g-th) for kv, score, positions, cos, sin, rows_of, rows and target;
 every state tensor [slots, *row] with contiguous rows, a row being `sub` sub-rows of w floats
 (overlap: 2r rows of W = 2d; online: one row of d). The rollback's journal: saved [G, S_max * n,
 *row] fp32 (entry b * n + t: tensor t of sequence b) and written [G, S_max] int32. Between the two
-launches: pooled [G * S, d] fp32, the pooled rows (token order; zeros or an open block's partial
-pool where no block completes: the finish masks them).
+launches: pooled [G * S, d] fp32, token order (a row that completes no block holds zeros or its
+open block's partial pool; the finish masks it).
 
-Two launches, splitting the work where its dependencies split:
+Two launches, split where the dependencies split:
 
-1. `_compress_verify_pool_kernel`, grid (S, C): program (b, c) owns channels [c * BLOCK_C,
-   (c + 1) * BLOCK_C) of sequence b, i.e. state elements x * w + ch and (overlap) x * w + d + ch of
-   every sub-row x, and runs its G groups in order, each exactly `_compress_decode_kernel`'s
-   pooling step (`_pool_overlap_step` / `_pool_online_step`) on the slice. The pooling and the
-   state update are per channel (the softmax over the 2r candidates runs down a channel), so a
-   slice's rows and states are the decode kernel's bits: BLOCK_C = 128 at one warp gives the
-   [r, 128] tiles the decode kernel's [r, 512] thread layout (4 channels a thread, the r rows in
-   registers: the column sums are the same in-thread sums, in row order). Group g >= 1 first
-   journals what it is about to overwrite, on its slice only (UNDO): the sub-rows' values after
-   group g - 1 go to saved[g - 1] at their own offsets, and written[g - 1, b] gets their bit mask
-   (one value for all slices, stored by slice 0):
+1. `_compress_verify_pool_kernel`, grid (S, C = cdiv(d, BLOCK_C)), BLOCK_C = min(128, BLOCK_D):
+   program (b, c) owns channels ch in [c * BLOCK_C, (c + 1) * BLOCK_C) of sequence b, i.e. the
+   state elements x * w + ch and (overlap) x * w + d + ch of every sub-row x, and runs the G groups
+   in order, each exactly `_compress_decode_kernel`'s pooling step (`_pool_overlap_step` /
+   `_pool_online_step`) on its slice: the softmax over the 2r candidates and the state update run
+   down a channel, so slices never exchange data. Group g >= 1 first journals what it is about to
+   overwrite, in its slice (UNDO): the sub-rows' values after group g - 1 go to saved[g - 1] at
+   their own offsets, and written[g - 1, b] gets their bit mask (the same for every slice; slice 0
+   stores it):
 
        overlap: 1 << (r + j)  |  (2^r - 1 when the block completes: the previous block's rows)
        online:  1             (every group rewrites max, sum and acc)
 
    Each pre-image is loaded by the thread that then overwrites it (beside the step's own loads, or
    from its registers), so the journal adds stores, not a dependent load -> store loop; a CTA
-   barrier separates a group's state writes from the next group's reads. The pooled row goes to
-   pooled[g * S + b, slice].
-2. `_compress_verify_finish_kernel`, grid (G * S,): program b finishes token row b:
-   `_finish_row` (kv_norm over d, RoPE of the last 2R channels, Hadamard, target, packed row) on
-   pooled[b], the same fp32 values the decode kernel holds in registers, at the decode kernel's
-   BLOCK_D and 4 warps: its bits. It runs on the rows of all groups at once (PDL: launched while
-   the pooling drains).
+   barrier separates a group's state writes from the next group's reads, and the next group's
+   position is loaded during the group. The pooled row goes to pooled[g * S + b, slice].
+2. `_compress_verify_finish_kernel`, grid (G * S,): program b runs `_finish_row` (kv_norm over d,
+   RoPE of the last 2R channels, Hadamard, target, packed row) on pooled[b], the fp32 values the
+   decode kernel holds in registers at that point, for the rows of all groups at once (launched
+   with PDL while the pooling drains; it waits for all of it).
 
-Why this split (H200, V4-Flash, k = 3, G = 4; measured 12.6 µs a launch with one program a
-sequence running pooling and finish in series): a group is a chain of dependent memory round
-trips (position -> bias, open row -> block tiles -> stores; ~0.5-0.8 µs each from L2 / HBM) and,
-in the finish, four block reductions over d (norm, packed block scales, with CTA barriers) before
-its stores. Slicing the channels does not shorten a group's chain, but it moves each program's
-bytes from ~100 KiB (CSA, a completing group: tiles of 2r x 2d x 2 tensors) to ~25 KiB, and the
-finish leaves the serial loop: G x (pool + finish) ~ 4 x (1.2 + 1.2) µs becomes G x ~1.2 µs for the
-pooling plus one finish (~1.5 µs) that all G * S rows run in parallel. Predicted: CSA (d 512, C 4)
-~7 µs, indexer (d 128, C 1, Hadamard in the finish) ~6 µs, HCA (online, C 4) ~6 µs a verify call at
-c = 1 (two launches); c = 8 (32 pooling programs, 32 finish programs, both under the 132 SMs) the
-same +10%. A last-arriving program per sequence (an atomic ticket) would save the second launch
-but finish the G rows in series (G x ~1.2 µs, more than a PDL launch gap), and a caller-kept
-counter per sequence.
+Bits: the rows, states and journal equal G launches of the decode kernel bit for bit when every
+fp32 sum adds in the decode kernel's order, which its thread layout fixes. The decode kernel's 4
+warps lie BLOCK_D / 128 along the channels (4 channels a thread, 32 lanes) and the rest along the r
+rows of its [r, BLOCK_D] tiles (d 512: the rows in registers; d 128: one row a warp, summed across
+warps). `launch_warps` gives a 128-channel slice the row warps (d 512: 1; d 128: 4) and the finish
+the channel warps (4; 1), whose 1-D row layout is then the decode kernel's pooled row (its row
+warps held copies): the same column sums and the same kv_norm sum (tests/test_codegen.py checks the
+TTGIR; the rest of the finish is elementwise or max).
+
+Arithmetic (H200, V4-Flash, k = 3, G = 4; measured: 12.6 µs a launch at c = 1, 14.0 at c = 8, with
+one 4-warp program a sequence running pooling and finish in series; the decode kernel's one group
+2-3 µs). A group is a chain of dependent round trips (~0.4-0.8 µs each, L2 / HBM): its position ->
+bias and open row -> (completing) the block tiles -> stores; then the finish: weight, cos, sin,
+rows_of -> kv_norm (a CTA reduction) -> RoPE -> block scales (reductions) -> stores; ~2.8 µs a group
+in series. Slicing does not shorten a group's pooling chain (it cuts a program's bytes: CSA, a
+completing group, ~100 -> ~25 KiB); what it buys is the finish out of the serial loop, one position
+round trip fewer a group, and 4x the programs issuing: pooling ~G x 1.0-1.2 µs, then one finish for
+all G * S rows (~1.5 µs after the drain). Predicted per verify call (two launches): CSA (d 512, C 4)
+~7 µs, indexer (d 128, C 1) ~6.5 µs, HCA (online, C 4) ~6 µs at c = 1; c = 8 (S x C <= 32 pooling
+CTAs of one warp, 32 finish CTAs) +0.5-1 µs. A last-arriving program a sequence (an atomic
+ticket) would save the second launch but finish the G rows in series (G x ~1.2 µs, more than the
+PDL gap) and need a counter the caller keeps.
 """
 
 import torch
@@ -56,10 +62,10 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from v4serve.ops._dispatch import pdl_launch
-from v4serve.ops.compress_decode_triton import _finish_row, _pool_online_step, _pool_overlap_step, launch_layout
+from v4serve.ops.compress_decode_triton import (DECODE_WARPS, _finish_row, _pool_online_step, _pool_overlap_step,
+                                                launch_layout)
 
 CHANNELS_PER_PROGRAM = 128  # a pooling program's slice: 4 channels a thread over one warp's 32 lanes
-DECODE_WARPS = 4  # compress_decode_triton's launch, whose thread layouts the two kernels reproduce
 
 
 def launch_warps(block_d: int) -> tuple[int, int]:
@@ -87,9 +93,11 @@ def _compress_verify_pool_kernel(
     n: tl.constexpr = 2 if OVERLAP else 3
     ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     ch_ok = ch < d
+    p = tl.load(pos_ptr + seq)
     for g in range(groups):
         b = g * S + seq
-        p = tl.load(pos_ptr + b)
+        # the next group's position, in flight during this group (its bias row and open row depend on it)
+        p_next = tl.load(pos_ptr + b + S, mask=g + 1 < groups, other=0)
         j = p % RATIO
         complete = j == RATIO - 1
         journal = g > 0
@@ -106,6 +114,7 @@ def _compress_verify_pool_kernel(
             if journal & first_slice:
                 tl.store(written_ptr + (g - 1) * stride_written + seq, mask.to(tl.int32))
         tl.store(pooled_ptr + b * d + ch, row, mask=ch_ok)
+        p = p_next
         tl.debug_barrier()  # the group's state writes, visible to every thread of the program
 
 
