@@ -121,7 +121,10 @@ _GPU_CASES = {  # (overlap, ratio, d, packed row format, hadamard): Flash's CSA,
 @pytest.mark.parametrize("case", list(_GPU_CASES))
 def test_gpu_compress_verify_equals_decode_launches(case, S):
     """c = S sequences, k = 3: rows, targets, packed pool rows and final states bit for bit against
-    G decode launches, and the commit to every accepted prefix bit for bit against their states."""
+    G decode launches, and the commit to every accepted prefix bit for bit against their states.
+    The pooling runs over 4 channel slices of one warp (CSA, HCA) or one slice of 4 warps (indexer),
+    the finish at 4 warps (d 512) or 1 (d 128): `launch_warps`' claim that they add as the decode
+    kernel does."""
     from v4serve.formats import row_format
 
     overlap, ratio, d, fmt, rotate = _GPU_CASES[case]

@@ -39,7 +39,8 @@ rows of its [r, BLOCK_D] tiles (d 512: the rows in registers; d 128: one row a w
 warps). `launch_warps` gives a 128-channel slice the row warps (d 512: 1; d 128: 4) and the finish
 the channel warps (4; 1), whose 1-D row layout is then the decode kernel's pooled row (its row
 warps held copies): the same column sums and the same kv_norm sum (tests/test_codegen.py checks the
-TTGIR; the rest of the finish is elementwise or max).
+TTGIR at d 512 and 128, V4's widths; the rest of the finish is elementwise or max). Other widths
+get the same math; their sum order across threads is not checked.
 
 Arithmetic (H200, V4-Flash, k = 3, G = 4; measured: 12.6 µs a launch at c = 1, 14.0 at c = 8, with
 one 4-warp program a sequence running pooling and finish in series; the decode kernel's one group
