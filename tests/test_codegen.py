@@ -6,6 +6,8 @@ under 3.6; the check must fail on the first and pass on the second. The kernel l
 in the production registry. scripts/codegen_check.sh runs this file in each Triton venv.
 """
 import json
+import os
+import re
 
 import pytest
 import triton
@@ -131,3 +133,49 @@ def test_spill_budget():
     assert check.violations(Expect(max_spill_ops=96), 90, _measured(80)) == []
     assert "at most 96 STL/LDL" in check.violations(Expect(max_spill_ops=96), 90, _measured(97))[0]
 
+
+
+# ---- the verify compressor's bits: its two kernels reduce in the decode kernel's thread layouts ----
+
+def _sum_layouts(spec: KernelSpec) -> list[tuple[str, int, int, int]]:
+    """How every fp32 sum in the kernel's TTGIR spreads what it adds: (what, elements a thread
+    holds in a block, lanes, warps) along the summed axis: "rows" for a [rows, channels] tile summed
+    down its rows (the pooling), "row" for a row summed whole (kv_norm; a row sliced out of a tile
+    keeps the tile's channel axis, its row warps hold copies). Equal tuples add the same values in
+    the same order: within a thread, then across lanes, then across warps."""
+    ir = toolchain.compile_spec(spec, 90).asm["ttgir"]
+    blocked = dict(re.findall(r"^(#\w+) = #ttg\.blocked<\{(.*)\}>$", ir, re.M))
+    found = []
+    for shape, layout in re.findall(r"arith\.addf [^\n]*\n\s*tt\.reduce\.return [^\n]*\n\s*\}\) : "
+                                    r"\(tensor<([0-9x]+)xf32, (#ttg\.slice<\{[^}]*\}>|#\w+)>\)", ir):
+        sliced = re.fullmatch(r"#ttg\.slice<\{dim = 0, parent = (#\w+)\}>", layout)
+        fields = {k: [int(v) for v in vs.split(",")]
+                  for k, vs in re.findall(r"(\w+) = \[([0-9, ]+)\]", blocked[sliced.group(1) if sliced else layout])}
+        axis = 0 if "x" in shape else -1
+        found.append(("rows" if "x" in shape else "row", *(fields[k][axis] for k in
+                                                            ("sizePerThread", "threadsPerWarp", "warpsPerCTA"))))
+    return found
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="the kernels' @jit helpers stay interpreted: run with --noconftest (scripts/codegen_check.sh)")
+def test_verify_compressor_sums_in_the_decode_kernels_layouts():
+    """The pooling's column sums (per channel, down the 2r candidates) and the finish's kv_norm sum
+    over d run in the decode kernel's layouts at V4-Flash's CSA and indexer shapes, so the verify
+    kernels reproduce its bits (ops/compress_verify_triton.py, `launch_warps`)."""
+    import dataclasses
+
+    from v4serve.formats import row_format
+    from v4serve.ops.kv_pack_triton import packed_constexprs
+
+    specs = by_name()
+    csa = specs["compress_decode.csa_fp8kv"]
+    index = dataclasses.replace(csa, name="compress_decode.index_fp4", constexprs=dict(
+        csa.constexprs, BLOCK_D=128, HADAMARD=True, LOG2_D=7, **packed_constexprs(row_format("fp4_e8m0_b32"), 128)),
+        aligned=tuple(a for a in csa.aligned if a != "stride_pool"))
+    for decode, pool, finish in ((csa, "compress_verify.csa_pool", "compress_verify.finish_fp8kv"),
+                                 (index, "compress_verify.index_pool", "compress_verify.finish_index_fp4")):
+        *columns, norm = _sum_layouts(decode)
+        assert len(columns) == 4 and norm[0] == "row", decode.name  # 4 sums over the 2r candidates, the norm
+        assert _sum_layouts(specs[pool]) == columns, decode.name
+        assert _sum_layouts(specs[finish]) == [norm], decode.name

@@ -57,11 +57,13 @@ def _overwritten(position, ratio, overlap):
     return {ratio + j} | (set(range(ratio)) if j == ratio - 1 else set())
 
 
-# G = 6 > r = 4: groups that rewrite an open row another group wrote, two blocks completed in a step
-@pytest.mark.parametrize("overlap,ratio,G", [(True, 4, 4), (False, 8, 4), (True, 4, 6)])
-def test_compress_verify_matches_decode_steps_and_commits_restore_each_group(overlap, ratio, G):
+# G = 6 > r = 4: groups that rewrite an open row another group wrote, two blocks completed in a step;
+# d = 320: the pooling kernel's channel slices (128 a program: two full, one partial)
+@pytest.mark.parametrize("overlap,ratio,G,d", [(True, 4, 4, 32), (False, 8, 4, 32), (True, 4, 6, 32),
+                                               (True, 4, 4, 320), (False, 8, 3, 320)])
+def test_compress_verify_matches_decode_steps_and_commits_restore_each_group(overlap, ratio, G, d):
     S, max_rows = 3, 4
-    inputs, state0 = _step(overlap, ratio, G=G, S=S)
+    inputs, state0 = _step(overlap, ratio, d=d, G=G, S=S)
     n = state0.shape[0]
     rows, target, after = _decode_launches(inputs, state0.clone(), G, S)
     want_written = [[sum(1 << x for x in _overwritten(int(inputs["positions"][g * S + b]), ratio, overlap))
@@ -119,7 +121,10 @@ _GPU_CASES = {  # (overlap, ratio, d, packed row format, hadamard): Flash's CSA,
 @pytest.mark.parametrize("case", list(_GPU_CASES))
 def test_gpu_compress_verify_equals_decode_launches(case, S):
     """c = S sequences, k = 3: rows, targets, packed pool rows and final states bit for bit against
-    G decode launches, and the commit to every accepted prefix bit for bit against their states."""
+    G decode launches, and the commit to every accepted prefix bit for bit against their states.
+    The pooling runs over 4 channel slices of one warp (CSA, HCA) or one slice of 4 warps (indexer),
+    the finish at 4 warps (d 512) or 1 (d 128): `launch_warps`' claim that they add as the decode
+    kernel does."""
     from v4serve.formats import row_format
 
     overlap, ratio, d, fmt, rotate = _GPU_CASES[case]

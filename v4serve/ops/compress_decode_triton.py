@@ -32,6 +32,8 @@ from v4serve.ops._dispatch import pdl_launch
 from v4serve.ops.hadamard_triton import hadamard_fp32
 from v4serve.ops.kv_pack_triton import pack_row, packed_constexprs
 
+DECODE_WARPS = 4  # the decode launch's warps (the verify kernels reproduce its thread layouts)
+
 
 @triton.jit
 def _pool_overlap_step(kv_ptr, score_ptr, bias_ptr, state_kv, state_score, b, stride_in, j, complete, d, ch, ch_ok,
@@ -209,7 +211,7 @@ def compress_decode_triton(kv, score, positions, slots, position_bias, state, ra
         d, cos.shape[1], scratch, float(eps), kv.stride(0), s0.stride(0), rows_of.stride(0), cos.stride(0),
         0 if pool is None else pool.stride(0),
         RATIO=ratio, OVERLAP=overlap, BLOCK_R=triton.next_power_of_2(ratio) if overlap else 1,
-        BLOCK_D=block_d, num_warps=4, **pdl_launch(kv), **pk,
+        BLOCK_D=block_d, num_warps=DECODE_WARPS, **pdl_launch(kv), **pk,
         **(dict(HADAMARD=True, LOG2_D=d.bit_length() - 1) if hadamard else {}),
     )
     return rows, target

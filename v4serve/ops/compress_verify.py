@@ -1,7 +1,7 @@
-"""The compressor steps of a speculative verify step, k + 1 tokens per sequence in one call (one
-launch on the Triton path instead of one per token and a state copy per token; the rollback's
-undo journal written on the way): public entry point (math in compress_verify_reference.py,
-kernel in compress_verify_triton.py)."""
+"""The compressor steps of a speculative verify step, k + 1 tokens per sequence in one call (two
+launches on the Triton path, the pooling over channel slices and the row finish, instead of one per
+token and a state copy per token; the rollback's undo journal written on the way): public entry
+point (math in compress_verify_reference.py, kernels in compress_verify_triton.py)."""
 
 from __future__ import annotations
 
