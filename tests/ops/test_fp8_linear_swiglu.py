@@ -8,6 +8,7 @@ import pytest
 import torch
 from cases import fp8_linear_case
 
+from v4serve.ops import fp8_linear as fp8_linear_module
 from v4serve.ops import fp8_linear_triton as triton_path
 from v4serve.ops.fp8_linear import fp8_linear, fp8_linear_swiglu
 from v4serve.ops.fp8_linear_triton import fp8_linear_triton
@@ -108,6 +109,28 @@ def test_64_rows_on_the_decode_tiles():
     want = _unfused(x, weight, scale, block, None, limit, None, 2)
     got = fp8_linear_triton(x, weight, scale, block, None, split_k=2, arrivals=arrivals, swiglu_limit=limit)
     assert torch.equal(got, want) and not arrivals.any()
+
+
+def test_past_the_epilogue_rows_the_counters_are_not_used(monkeypatch):
+    """`fp8_linear_swiglu` at SWIGLU_EPILOGUE_MAX_ROWS + 1 rows with counters: the linear without
+    them, then the SwiGLU kernel (measured faster there), the same bits as the epilogue."""
+    seen = []
+    kernel = triton_path.fp8_linear_triton
+
+    def recorded(*args, **kwargs):
+        seen.append((args[0].shape[0], kwargs.get("arrivals") is not None))
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(fp8_linear_module, "fp8_linear_triton", recorded)
+    i, k, block = 128, 512, (128, 128)
+    rows = fp8_linear_module.SWIGLU_EPILOGUE_MAX_ROWS
+    x, weight, scale = fp8_linear_case(rows + 1, 2 * i, k, block, seed=5)
+    limit = _limit(x, weight, scale, block, None)
+    arrivals = torch.zeros(4, dtype=torch.int32)
+    got = fp8_linear_swiglu(x, weight, scale, limit, block, impl="triton", arrivals=arrivals)
+    fp8_linear_swiglu(x[:rows], weight, scale, limit, block, impl="triton", arrivals=arrivals)
+    assert seen == [(rows + 1, False), (rows, True)] and not arrivals.any()
+    assert torch.equal(got, kernel(x, weight, scale, block, None, arrivals=arrivals, swiglu_limit=limit))
 
 
 def test_prefill_rows_take_the_linear_then_the_swiglu_kernel():
