@@ -23,11 +23,12 @@
 #   bind    which MXFP4 layers bind the tensor-core route (2 Flash layers with host experts), ~1 min
 #   moe-ab  the MoE decode route A/B end to end (`--moe-decode gemv`, then `tensor-cores`): 30 Flash
 #           layers without offload, c1 / c8, ~4 min
+#   moe-c64 the MoE decode routes at c64 (tensor cores sort-free up to 1.5 E, the GEMV sorted), ~4 min
 #   spec    speculative verify on 30 layers, c1 / c8, k = 3, ~3 min (spec-zipf: Zipf(1) routing)
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|moe-ab|spec|spec-zipf ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -160,6 +161,13 @@ for name, m in net.named_modules():
         run 280 "$log" $PY -m v4serve.bench.engine --hf-overrides '{"num_hidden_layers": 30}' --concurrency 1 8 \
           --cuda-graph-sizes 1 8 --output-len 96 --ttft-repeats 1 --no-profile --moe-decode "$route" \
           --json-out "$OUT/pending_moe_ab_$route.json"
+      done
+      ;;
+    moe-c64)  # the 1.5 E sort-free rule (tensor cores) and the SwiGLU row rule at c64, 30 Flash layers
+      for route in tensor-cores gemv; do
+        run 250 "$log" $PY -m v4serve.bench.engine --hf-overrides '{"num_hidden_layers": 30}' --concurrency 64 \
+          --max-num-seqs 64 --cuda-graph-sizes 64 --output-len 32 --ttft-repeats 1 --no-profile --moe-decode "$route" \
+          --json-out "$OUT/pending_moe_c64_$route.json"
       done
       ;;
     spec | spec-zipf)  # uniform routing (every expert equally likely) or Zipf(1) (skewed, as real routers)
