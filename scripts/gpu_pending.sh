@@ -65,7 +65,8 @@ tests/ops/test_index_topk.py
 tests/model/test_quantized_gpu.py tests/model/test_moe_tensor_core_decode.py
 tests/model/test_gpu_paths.py"
   [tests16b]="tests/ops/test_compress_verify.py tests/engine/test_gpu_spec_decode.py
-tests/model/test_offload_sort_free_gpu.py tests/ops/test_expert_cache_ops.py"
+tests/model/test_offload_sort_free_gpu.py tests/ops/test_expert_cache_ops.py
+tests/ops/test_fp8_linear_swiglu.py tests/model/test_shared_expert_swiglu.py"
 )
 
 test_groups() {  # test_groups LOG STAGE...: each group of the stages, one after another
