@@ -9,7 +9,8 @@
 #           the host has 16 cores; correctness tests only, so sharing the GPU is harmless)
 #   tests16 session 16's groups the same way (the failures of session 16's first call, the rules it
 #           switched: o_a block-diagonal to 64 rows, the top-k kernel, MoE decode on tensor cores);
-#           tests16b: the verify compressor's undo journal, the offload plan's resident rows
+#           tests16b: the verify compressor (journal, channel slices), the offload plan's resident
+#           rows, the shared SwiGLU's rows rule
 #   rows    `bench kernels` rows of the changed kernels (sets the rules' thresholds), ~3 min
 #   rows16  the o_a and launch-glue rows alone, ~1 min
 #   sweeps-a sweeps-b
