@@ -23,12 +23,13 @@ R + S, past the last row, and read no weights (so never a slot being written). T
 per step from shapes (`run`):
 
 - decode (`MXFP4Experts.decodes_in_passes`: V4's numerics where the resident layer decodes
-  sort-free, `gemv_picks` = 1; any number of chunks): a pass is the sort-free route's gate_up and
+  sort-free, `direct_applies`; any number of chunks): a pass is the sort-free route's gate_up and
   down launches (`MXFP4Experts.pass_outputs`, ops/mxfp4_moe_decode.py `mxfp4_experts_pass`: the
   GEMV, or tensor cores where `bind_decode` chose them) whose programs skip the picks of id R + S
   (no load, no store); each pass writes its picks' rows of the same hidden and y. A step of one
-  chunk (V4-Flash, offload auto, c1) on CUDA: the resident pass's group ids (an index), the plan,
-  2 + 2 MoE launches, the combine (4 fetches on the side stream); a further chunk a plan and 2.
+  chunk (V4-Flash, offload auto, c1) on CUDA: the plan (which also writes the resident pass's
+  group ids), 2 + 2 MoE launches, the combine (4 fetches on the side stream); a further chunk a
+  plan and 2.
 - otherwise (prefill, V4.1, the torch ops): a pass sorts its picks (`MXFP4Experts.pick_outputs`:
   the others sorted last, computed by no group), gathers its rows back to pick order and keeps
   them over the earlier passes' (`torch.where`).

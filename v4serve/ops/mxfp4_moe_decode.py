@@ -13,10 +13,11 @@ adds the same rows in the same slot order. `COMBINE_IN_DOWN` (the production rul
 the combine into the down launch (the last-arriving program of each token's column tile sums it;
 needs the caller's `arrivals` counters): one launch fewer again, a ticket atomic per program.
 
-`tensor_cores=True` runs both projections of a decode batch on tensor cores instead
+`tensor_cores=True` runs both projections of a decode batch of bf16 x on tensor cores instead
 (mxfp4_moe_mma_gluon.py on sm_90 where its shapes fit, else mxfp4_moe_mma_triton.py; the combine
-its own launch, as above), sort-free up to TENSOR_CORE_SORT_FREE_PICKS x E picks (the GEMV: 0.75 E): the decoded weights are the MMA's bf16 operand, so the products are
-exact and only the fp32 sum order changes (the MMA's k16 chunks):
+its own launch, as above), sort-free up to TENSOR_CORE_SORT_FREE_PICKS x E picks (the GEMV: 0.75 E).
+The decoded weights are the MMA's bf16 operand, so the products are exact and only the fp32 sum
+order changes (the MMA's k16 chunks):
 
     |y - y_gemv| <= gamma_K sum_k |w x|   per projection, before the bf16 rounding of y
 
@@ -76,14 +77,19 @@ def sorted_experts(x, experts, weights, tensors, swiglu_limit, add=None, impl="a
     return moe_combine(mxfp4_grouped_matmul(hidden, w2, s2, None, ends, **tiles), pos, weights, add, impl=impl)
 
 
+def on_tensor_cores(tensor_cores: bool, x: torch.Tensor) -> bool:
+    """The route a call takes: tensor cores when asked for and x is bf16 (their operand), else the GEMV."""
+    return tensor_cores and x.dtype == torch.bfloat16
+
+
 def direct_applies(impl: str, x: torch.Tensor, experts: torch.Tensor, tensors, tile_experts: int | None = None,
                    tensor_cores: bool = False) -> bool:
     """The sort-free path runs: Triton, and one pick a GEMV program for this many picks; on the
-    tensor-core route (bf16 x) up to TENSOR_CORE_SORT_FREE_PICKS x E picks."""
+    tensor-core route up to TENSOR_CORE_SORT_FREE_PICKS x E picks."""
     n_experts = tile_experts or tensors[0].shape[0]
     if not use_triton(impl, x, *tensors):
         return False
-    if tensor_cores and x.dtype == torch.bfloat16:
+    if on_tensor_cores(tensor_cores, x):
         return experts.numel() <= TENSOR_CORE_SORT_FREE_PICKS * n_experts
     return gemv_picks(experts.numel(), n_experts) == 1
 
@@ -110,9 +116,8 @@ def mxfp4_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
     w13, s13, w2, s2 = tensors
     t, k = experts.shape
     weights = weights.float().contiguous()
-    on_gemv = not (tensor_cores and x.dtype == torch.bfloat16)
-    tickets = t * combine_tiles(w2.shape[1], configs[1])
-    if on_gemv and combine_in_down and arrivals is not None and arrivals.numel() >= tickets:
+    if (combine_in_down and not on_tensor_cores(tensor_cores, x) and arrivals is not None
+            and arrivals.numel() >= t * combine_tiles(w2.shape[1], configs[1])):
         flat = experts.reshape(-1).contiguous()
         hidden = mxfp4_moe_pick_triton(x, w13, s13, flat, k, True, configs[0], swiglu_limit, decode)
         return mxfp4_moe_pick_triton(hidden, w2, s2, flat, k, False, configs[1], decode=decode,
@@ -141,7 +146,7 @@ def mxfp4_experts_pass(x: torch.Tensor, groups: torch.Tensor, tensors, swiglu_li
     flat = groups.reshape(-1).contiguous()
     hidden, y = outputs or (None, None)
     skip = dict(skip_past_rows=skip_past_rows)
-    if tensor_cores and x.dtype == torch.bfloat16:
+    if on_tensor_cores(tensor_cores, x):
         hidden = tensor_core_projection(x, w13, s13, flat, k, True, swiglu_limit, y=hidden, **skip)
         return hidden, tensor_core_projection(hidden, w2, s2, flat, k, False, y=y, **skip)
     hidden = mxfp4_moe_pick_triton(x, w13, s13, flat, k, True, configs[0], swiglu_limit, decode, y=hidden, **skip)
