@@ -10,7 +10,9 @@
 #   tests16 session 16's groups the same way (the failures of session 16's first call, the rules it
 #           switched: o_a block-diagonal to 64 rows, the top-k kernel, MoE decode on tensor cores);
 #           tests16b: the verify compressor (journal, channel slices), the offload plan's resident
-#           rows, the shared SwiGLU's rows rule
+#           rows, the shared SwiGLU's rows rule; tests17: session 17's top-k live bound and the
+#           model / spec paths that call it
+#   topk-live  the top-k with and without the live bound (`kernel_configs 'index topk live'`)
 #   rows    `bench kernels` rows of the changed kernels (sets the rules' thresholds), ~3 min
 #   rows16  the o_a and launch-glue rows alone, ~1 min
 #   sweeps-a sweeps-b
@@ -29,7 +31,7 @@
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -68,6 +70,9 @@ tests/model/test_gpu_paths.py"
   [tests16b]="tests/ops/test_compress_verify.py tests/engine/test_gpu_spec_decode.py
 tests/model/test_offload_sort_free_gpu.py tests/ops/test_expert_cache_ops.py
 tests/ops/test_fp8_linear_swiglu.py tests/model/test_shared_expert_swiglu.py"
+  [tests17]="tests/ops/test_index_topk.py
+tests/model/test_gpu_paths.py
+tests/engine/test_gpu_spec_decode.py"
 )
 
 test_groups() {  # test_groups LOG STAGE...: each group of the stages, one after another
@@ -108,8 +113,11 @@ for stage in "$@"; do
     tests)
       parallel_test_groups "$log" tests13 tests14a tests14b
       ;;
-    tests16 | tests16b)
+    tests16 | tests16b | tests17)
       parallel_test_groups "$log" "$stage"
+      ;;
+    topk-live)  # the top-k over a row's live prefix (n_live) against the whole row, ~1 min
+      run 120 "$log" $PY -m v4serve.bench.kernel_configs 'index topk live'
       ;;
     rows16)  # the o_a rule's rows and the launch-glue rows (session 16's first `rows` stopped there)
       run 120 "$log" $PY -m v4serve.bench.kernels --no-cold --json "$OUT/pending_rows16.json" --only 'o_a |glue '

@@ -77,6 +77,45 @@ def test_sort_all_variant_is_the_stable_sort(kind, B, T, k):
     _same(index_topk_triton(s, k, sort_all=True), index_topk_reference(s, k))
 
 
+def _live_rows(kind: str, T: int, live: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row per live count: scores of `kind` below it, -inf from it on (a decode step's rows)."""
+    n_live = torch.tensor(live, dtype=torch.int32)
+    s = _scores(kind, len(live), T, seed=seed)
+    return torch.where(torch.arange(T)[None] < n_live[:, None], s, NEG_INF), n_live
+
+
+@pytest.mark.parametrize("kind", ("randn", "ties", "extremes"))  # extremes: -inf inside the live prefix too
+@pytest.mark.parametrize("T, k, splits, lanes", [
+    (300, 17, 1, 64),    # one launch: prefixes up to 64 sorted whole, longer ones selected
+    (300, 17, 3, 64),    # split: chunks past the prefix write padding only, the merge as before
+    (700, 40, 1, 256),
+    (37, 5, 1, 8),
+    (50, 50, 1, 64),     # k = T: the bound max(n_live, k) is the whole row
+])
+def test_live_bound_is_the_stable_sort(kind, T, k, splits, lanes):
+    """With `n_live` (columns from n_live[b] on score -inf) the kernel's picks are the stable sort's
+    of the whole row, at every live count around k, the sort lanes and T, and 0."""
+    live = sorted({min(T, max(0, n)) for n in (0, 1, k - 1, k, k + 1, lanes - 1, lanes, lanes + 1, T - 1, T)})
+    s, n_live = _live_rows(kind, T, live, seed=T + k + splits)
+    got = index_topk_triton(s, k, splits=splits, block=256, n_live=n_live, live_sort_lanes=lanes)
+    _same(got, index_topk_reference(s, k))
+    marked = index_topk_triton(s, k, mark_masked=True, write_values=False, splits=splits, block=256, n_live=n_live,
+                               live_sort_lanes=lanes)[1]
+    want_v, want_c = index_topk_reference(s, k)
+    assert torch.equal(marked, torch.where(torch.isneginf(want_v), -1, want_c))
+
+
+def test_live_bound_reads_only_the_prefix():
+    """A finite score past n_live (which the caller promises never to pass) is not picked: the
+    kernel does not read past max(n_live, k), so the bound is really taken."""
+    s, n_live = _live_rows("randn", 300, [20, 100], seed=5)
+    s[:, 250] = 1e30  # would be every row's first pick if it were read
+    for splits in (1, 3):  # rows of 20 (sorted whole in 64 lanes) and 100 live columns (selected)
+        columns = index_topk_triton(s, 17, splits=splits, block=256, n_live=n_live, live_sort_lanes=64)[1]
+        assert not (columns == 250).any()
+        assert (index_topk_triton(s, 17, splits=splits, block=256)[1][:, 0] == 250).all()
+
+
 @pytest.mark.parametrize("seed", range(2))
 def test_random_shapes_and_schedules(seed):
     """Random T, k <= T, split counts (1 .. 5) and kinds: many small cases at once."""
@@ -110,6 +149,8 @@ def test_select_topk_and_sorted_top_dispatch(k):
     assert torch.equal(select_topk(s, k, impl="triton"), select_topk(s, k, impl="torch"))
     if k <= 40:
         _same(sorted_top(s, k, impl="triton"), sorted_top(s, k, impl="torch"))
+        visible = (~torch.isneginf(s)).sum(-1).to(torch.int32)  # the "masked" rows: -inf past a prefix
+        _same(sorted_top(s, k, impl="triton", n_live=visible), sorted_top(s, k, impl="torch", n_live=visible))
 
 
 def test_reference_select_topk_marks():
@@ -136,6 +177,10 @@ def test_bad_arguments_are_named():
         index_topk_triton(s, 9)
     with pytest.raises(ValueError, match="sort_all"):
         index_topk_triton(torch.zeros(1, 4097), 2, sort_all=True)
+    with pytest.raises(ValueError, match="n_live"):
+        index_topk_triton(s, 2, n_live=torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="live_sort_lanes"):
+        index_topk_triton(torch.zeros(1, 2000), 2, n_live=torch.zeros(1, dtype=torch.int32), live_sort_lanes=1000)
 
 
 def test_sweep_candidates_run_on_the_cpu():
@@ -165,6 +210,20 @@ def test_kernel_is_the_stable_sort_on_gpu(B, T, k, kind):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("B, T, k", [(1, 2112, 512), (8, 2112, 512), (1, 8192, 512), (4, 32768, 512), (1, 32768, 1024)])
+@pytest.mark.parametrize("kind", ("randn", "ties"))
+def test_live_bound_on_gpu(B, T, k, kind):
+    """The decode step's call (n_live = the visible rows) at production lanes and schedules, every
+    live count class: 0, below k, between k and the 1024 sort lanes, past them, T."""
+    for live in ([0] * B, [k - 1] * B, [540 + 7 * b for b in range(B)], [min(T, 1500 + 300 * b) for b in range(B)],
+                 [T] * B):
+        s, n_live = _live_rows(kind, T, live, seed=T + sum(live))
+        s, n_live = s.cuda(), n_live.cuda()
+        want = index_topk_reference(s.cpu(), k)
+        _same(tuple(t.cpu() for t in index_topk_triton(s, k, n_live=n_live)), want)
+
+
+@pytest.mark.gpu
 def test_torch_cuda_sort_holds_signed_zeros_equal():
     """Whether torch.sort on CUDA (CUB's radix sorts: the production path while the kernel is off)
     also keeps -0.0 and +0.0 in column order, both below and above its 4096-column block sort. If
@@ -189,5 +248,16 @@ def test_kernel_in_a_cuda_graph():
             values, columns = index_topk_triton(s, 512)
         for seed in range(3):
             s.copy_(_scores("masked", B, T, seed=seed, device="cuda"))
+            graph.replay()
+            _same((values.cpu(), columns.cpu()), index_topk_reference(s.cpu(), 512))
+        n_live = torch.zeros(B, dtype=torch.int32, device="cuda")  # the live bound read on the device
+        index_topk_triton(s, 512, n_live=n_live)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            values, columns = index_topk_triton(s, 512, n_live=n_live)
+        for live in (600, 1500, T):
+            rows, visible = _live_rows("ties", T, [live] * B, seed=live)
+            s.copy_(rows)
+            n_live.copy_(visible)
             graph.replay()
             _same((values.cpu(), columns.cpu()), index_topk_reference(s.cpu(), 512))

@@ -9,6 +9,11 @@ scores with ties (a tenth exact zeros, as relu(q.k) = 0 for every head gives) an
 `sorted_top`'s stable sort, then the [:, :k] slices), the kernel at its split rule (`topk_splits`),
 forced split counts, other loop steps / warps, and the sort-everything variant (T <= 4096). Each line: median µs (do_bench_cudagraph) and
 whether the columns equal torch.sort's (they must: "exact").
+
+Live rows ("index topk live B1 T2112 k512 n540"): a short context in a wide cache (max_model_len
+8448 at ratio 4 is T 2112; a 2K-token prompt sees ~540 rows): the scores are -inf past n columns,
+and the kernel runs with and without `n_live` (the decode step's visible counts), production
+schedule both.
 """
 
 import torch
@@ -22,6 +27,10 @@ SHAPES = {f"index topk B{B} T{T} k{k}": (B, T, k) for k, pairs in (
            (32, 32768))),
     (1024, ((1, 2048), (4, 2048), (1, 32768), (4, 32768))),
 ) for B, T in pairs}
+
+LIVE_SHAPES = {f"index topk live B{B} T{T} k512 n{n}": (B, T, n) for B, T, n in (
+    (1, 2112, 540), (8, 2112, 540), (4, 2112, 2000), (1, 8192, 540), (1, 32768, 540), (8, 32768, 540),
+    (1, 32768, 8000))}
 
 CANDIDATES = [
     None,  # the kernel at its production schedule (topk_splits, BLOCK 2048, 8 warps)
@@ -65,7 +74,29 @@ def _label(cfg) -> str:
     return cfg if isinstance(cfg, str) else " ".join(f"{key}={v}" for key, v in cfg.items())
 
 
+def live_case(B: int, T: int, n: int, device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores [B, T] with -inf from column n on, n_live [B] int32 = n)."""
+    scores = topk_case(B, T, device, seed)
+    scores[:, n:] = float("-inf")
+    return scores, torch.full((B,), n, dtype=torch.int32, device=device)
+
+
+def live_sweep(only: str = "") -> None:
+    for name, (B, T, n) in LIVE_SHAPES.items():
+        if only not in name:
+            continue
+        scores, n_live = live_case(B, T, n, "cuda")
+        want = index_topk_reference(scores, 512)[1]
+        for label, cfg in (("full rows", {}), ("n_live", dict(n_live=n_live)), ("full rows", {})):
+            def run():
+                return index_topk_triton(scores, 512, **cfg)[1]
+            exact = "exact" if torch.equal(run(), want) else "MISMATCH"
+            us = do_bench_cudagraph(run, rep=30, return_mode="median") * 1e3
+            print(f"{name:36s} {us:9.2f} µs  {exact:8s}  {label}", flush=True)
+
+
 def sweep(only: str = "") -> None:
+    live_sweep(only)
     for name, (B, T, k) in SHAPES.items():
         if only not in name:
             continue

@@ -69,11 +69,12 @@ class Indexer(Compressor):
         rows_of = batch.compressed_rows[self.ratio]
         k = min(self.topk, rows_of.shape[1])
         if batch.is_decode:  # one query per sequence: one call over every sequence's rows
-            visible = batch.visible_compressed(self.ratio)[:, None]
-            scores = index_scores(q[:, None], head_weights[:, None], pool, rows_of, visible, **scaled)
+            visible = batch.visible_compressed(self.ratio)
+            scores = index_scores(q[:, None], head_weights[:, None], pool, rows_of, visible[:, None], **scaled)
             # Masked keys score -inf and sort last, past the `live_picks` count where the attention
             # stops reading: they need no -1 (every visible row is allocated and scores finitely).
-            _, order = sorted_top(scores[:, 0], k, self.impl)  # [B, k] columns of rows_of
+            # The top-k reads each row's visible prefix only (not the cache width).
+            _, order = sorted_top(scores[:, 0], k, self.impl, n_live=visible)  # [B, k] columns of rows_of
             return pick_columns(batch.window_columns, rows_of, order, k, impl=self.impl)  # one launch
         selected = torch.full((batch.num_tokens, k), -1, dtype=torch.int32, device=qr.device)
         for b, c in enumerate(batch.chunks):

@@ -37,8 +37,18 @@ Schedules (`topk_splits`):
   k larger keys in its own chunk, so it is among its chunk's picks; ws[b] holds the chunks' picks
   in column order, so "the first `need` of hi == v" is again the lowest columns.
 
+Live bound (LIVE, `n_live`): where the caller knows that a row's columns from n_live[b] on score
+-inf (the decode step: a sequence's scores past its visible compressed rows, over a static cache
+width T that CUDA graphs fix at max_model_len / ratio), the program works on the columns
+[0, n) only, n = min(T, max(n_live[b], k)). Exact: in the stable descending order every column
+below n_live comes before every -inf column past it, and those come in column order, so the k
+first are all among the first max(n_live, k) columns. The one-launch schedule then sorts the row
+whole (as SORT_ALL, in KS lanes) when n <= KS, else selects over [0, n); the split schedule's
+chunks stop at n (a chunk past it writes only padding). A short context costs its own length, not
+the cache width.
+
 Layouts: scores [B, T] fp32 (row stride stride_sb, unit column stride); ws [B, P, k] int64;
-scratch [B, k] int64 (the FINAL program's picks before the sort); values [B, k] fp32 and
+scratch [B, k] int64 (the FINAL program's picks before the sort); n_live [B] int32; values [B, k] fp32 and
 columns [B, k] int64 (row strides stride_vb, stride_cb). Reads: the T scores 5 times (the first
 from HBM, then L1 / L2), writes 8 bytes a pick.
 """
@@ -80,7 +90,7 @@ def _row_keys(src_ptr, pos, live, FROM_KEYS: tl.constexpr):
         key = tl.load(src_ptr + pos, mask=live, other=-9223372036854775808)
         hi = (key >> 32).to(tl.int32)
     else:
-        s = tl.load(src_ptr + pos, mask=live, other=0.0)
+        s = tl.load(src_ptr + pos, mask=live, other=float("-inf"))
         s = tl.where(s == 0.0, 0.0, s)  # -0.0 -> +0.0: torch.sort holds them equal
         bits = s.to(tl.int32, bitcast=True)
         hi = bits ^ ((bits >> 31) & 0x7FFFFFFF)
@@ -108,32 +118,19 @@ def _write_picks(picks, score_row, val_row, col_row, K, KP: tl.constexpr, MARK: 
 
 
 @triton.jit
-def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, n_cols, K, chunk,
-                       stride_sb, stride_vb, stride_cb,
-                       FROM_KEYS: tl.constexpr, FINAL: tl.constexpr, MARK: tl.constexpr,
-                       WRITE_VALUES: tl.constexpr, BLOCK: tl.constexpr, KP: tl.constexpr,
-                       SORT_ALL: tl.constexpr = False, PDL: tl.constexpr = False):
-    if PDL:
-        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
-    b = tl.program_id(0).to(tl.int64)
-    p = tl.program_id(1)
-    n_split = tl.num_programs(1)
-    if FROM_KEYS:
-        src = src_ptr + b * n_cols  # ws[b]: n_cols = P * k keys
-    else:
-        src = src_ptr + b * stride_sb
-    score_row = score_ptr + b * stride_sb
-    val_row = val_ptr + b * stride_vb
-    col_row = col_ptr + b * stride_cb
-    if SORT_ALL:  # the variant for short rows (KP >= n_cols): sort every key of the row, no select
-        ranks = tl.arange(0, KP)
-        all_hi, all_keys = _row_keys(src, ranks, ranks < n_cols, False)
-        _write_picks(all_keys, score_row, val_row, col_row, K, KP, MARK, WRITE_VALUES)
-        return
-    lo = p * chunk
-    end = tl.minimum(lo + chunk, n_cols)
+def _sort_all(src, n, score_row, val_row, col_row, K, LANES: tl.constexpr, MARK: tl.constexpr,
+              WRITE_VALUES: tl.constexpr):
+    """The k first of the row's n first columns (n <= LANES): every key sorted in one block."""
+    ranks = tl.arange(0, LANES)
+    all_hi, all_keys = _row_keys(src, ranks, ranks < n, False)
+    _write_picks(all_keys, score_row, val_row, col_row, K, LANES, MARK, WRITE_VALUES)
+
+
+@triton.jit
+def _select(src, out, lo, end, score_row, val_row, col_row, K, FROM_KEYS: tl.constexpr, FINAL: tl.constexpr,
+            MARK: tl.constexpr, WRITE_VALUES: tl.constexpr, BLOCK: tl.constexpr, KP: tl.constexpr):
+    """Steps 1-2 (and 3 when FINAL) of the module docstring over the columns [lo, end)."""
     m = tl.minimum(K, end - lo)
-    out = out_ptr + (b * n_split + p) * K
     lanes = tl.arange(0, BLOCK)
     bins = tl.arange(0, 256)
 
@@ -184,14 +181,55 @@ def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, n_cols, K,
         _write_picks(picks, score_row, val_row, col_row, K, KP, MARK, WRITE_VALUES)
 
 
+@triton.jit
+def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, live_ptr, n_cols, K, chunk,
+                       stride_sb, stride_vb, stride_cb,
+                       FROM_KEYS: tl.constexpr, FINAL: tl.constexpr, MARK: tl.constexpr,
+                       WRITE_VALUES: tl.constexpr, BLOCK: tl.constexpr, KP: tl.constexpr,
+                       SORT_ALL: tl.constexpr = False, LIVE: tl.constexpr = False, KS: tl.constexpr = 1,
+                       PDL: tl.constexpr = False):
+    if PDL:
+        gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
+    b = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    n_split = tl.num_programs(1)
+    if FROM_KEYS:
+        src = src_ptr + b * n_cols  # ws[b]: n_cols = P * k keys
+    else:
+        src = src_ptr + b * stride_sb
+    score_row = score_ptr + b * stride_sb
+    val_row = val_ptr + b * stride_vb
+    col_row = col_ptr + b * stride_cb
+    n = n_cols
+    if LIVE:  # the live bound (module docstring): no pick lies past max(n_live, K)
+        n = tl.minimum(n_cols, tl.maximum(tl.load(live_ptr + b), K))
+    if SORT_ALL:  # the variant for short rows (KP >= n_cols): sort every key of the row, no select
+        _sort_all(src, n, score_row, val_row, col_row, K, KP, MARK, WRITE_VALUES)
+    elif LIVE and FINAL:  # one launch over a live prefix: sorted whole when it fits KS lanes
+        if n <= KS:
+            _sort_all(src, n, score_row, val_row, col_row, K, KS, MARK, WRITE_VALUES)
+        else:
+            _select(src, out_ptr + b * K, 0, n, score_row, val_row, col_row, K, FROM_KEYS, FINAL, MARK,
+                    WRITE_VALUES, BLOCK, KP)
+    else:
+        lo = p * chunk
+        _select(src, out_ptr + (b * n_split + p) * K, lo, tl.maximum(lo, tl.minimum(lo + chunk, n)), score_row,
+                val_row, col_row, K, FROM_KEYS, FINAL, MARK, WRITE_VALUES, BLOCK, KP)
+
+
 def index_topk_triton(scores: torch.Tensor, k: int, mark_masked: bool = False, splits: int | None = None,
-                      block: int = BLOCK, num_warps: int = NUM_WARPS,
-                      write_values: bool = True, sort_all: bool | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+                      block: int = BLOCK, num_warps: int = NUM_WARPS, write_values: bool = True,
+                      sort_all: bool | None = None, n_live: torch.Tensor | None = None,
+                      live_sort_lanes: int = SORT_ALL_RULE_COLUMNS) -> tuple[torch.Tensor | None, torch.Tensor]:
     """(values [..., k] fp32 or None, columns [..., k] int64) of scores [..., T] fp32, 0 <= k <= T;
     mark_masked: -1 for a -inf pick. splits None: `topk_splits`; block: the loop step (a power of
     two >= 256, tests use small ones). sort_all: sort all T keys in one block of next_power_of_2(T)
     lanes (short rows only: T <= SORT_ALL_COLUMNS), no select; None: the production rule (sort all
-    up to SORT_ALL_RULE_COLUMNS unless a split is asked for)."""
+    up to SORT_ALL_RULE_COLUMNS unless a split is asked for). n_live: int32 [...] (scores' leading
+    shape), the caller's promise that row b scores -inf from column n_live[b] on (the module
+    docstring's live bound; ignored by the sort-everything schedule); the one-launch schedule sorts
+    a live prefix whole up to `live_sort_lanes` columns (a power of two, SORT_ALL_COLUMNS at most;
+    tests use small ones)."""
     T = scores.shape[-1]
     if sort_all is None:
         sort_all = splits is None and T <= SORT_ALL_RULE_COLUMNS
@@ -200,6 +238,8 @@ def index_topk_triton(scores: torch.Tensor, k: int, mark_masked: bool = False, s
         raise ValueError(f"scores must be fp32, got {scores.dtype}")
     if not 0 <= k <= T:
         raise ValueError(f"k must be in [0, T = {T}], got {k}")
+    if n_live is not None and (n_live.dtype != torch.int32 or n_live.shape != lead):
+        raise ValueError(f"n_live must be int32 {tuple(lead)}, got {n_live.dtype} {tuple(n_live.shape)}")
     rows = scores.reshape(-1, T)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
@@ -209,31 +249,36 @@ def index_topk_triton(scores: torch.Tensor, k: int, mark_masked: bool = False, s
     columns = torch.empty(B, k, dtype=torch.int64, device=dev)
     if B == 0 or k == 0:
         return (None if values is None else values.reshape(*lead, k)), columns.reshape(*lead, k)
+    vals = values if write_values else columns  # a placeholder pointer when no values are written
+    stride_v = values.stride(0) if write_values else 0
+    live = n_live.reshape(B).contiguous() if n_live is not None else columns  # a placeholder without LIVE
+    common = dict(MARK=mark_masked, WRITE_VALUES=write_values, BLOCK=block, num_warps=num_warps, **pdl_launch(rows))
     if sort_all:
         if T > SORT_ALL_COLUMNS:
             raise ValueError(f"sort_all sorts rows of at most {SORT_ALL_COLUMNS} columns, got {T}")
-        vals = values if write_values else columns
-        _index_topk_kernel[(B, 1)](rows, rows, columns, vals, columns, T, k, T, rows.stride(0),
-                                   values.stride(0) if write_values else 0, columns.stride(0), FROM_KEYS=False,
-                                   FINAL=True, MARK=mark_masked, WRITE_VALUES=write_values, BLOCK=block,
-                                   KP=triton.next_power_of_2(T), SORT_ALL=True, num_warps=num_warps,
-                                   **pdl_launch(rows))
+        _index_topk_kernel[(B, 1)](rows, rows, columns, vals, columns, live, T, k, T, rows.stride(0), stride_v,
+                                   columns.stride(0), FROM_KEYS=False, FINAL=True, KP=triton.next_power_of_2(T),
+                                   SORT_ALL=True, **common)
         return (None if values is None else values.reshape(*lead, k)), columns.reshape(*lead, k)
     P = topk_splits(B, T, k) if splits is None else max(1, min(splits, T))
     chunk = triton.cdiv(triton.cdiv(T, P), block) * block
     P = triton.cdiv(T, chunk)
     scratch = torch.empty(B, k, dtype=torch.int64, device=dev)
-    common = dict(MARK=mark_masked, WRITE_VALUES=write_values, BLOCK=block, KP=triton.next_power_of_2(k),
-                  num_warps=num_warps, **pdl_launch(rows))
-    vals = values if write_values else columns  # a placeholder pointer when no values are written
-    stride_v = values.stride(0) if write_values else 0
+    common.update(KP=triton.next_power_of_2(k))
+    if n_live is not None:
+        # Sorting a live prefix whole needs its k picks in the block: lanes >= k (else never: n >= k).
+        lanes = live_sort_lanes if live_sort_lanes >= k else 1
+        if lanes > SORT_ALL_COLUMNS or lanes & (lanes - 1):
+            raise ValueError(f"live_sort_lanes must be a power of two <= {SORT_ALL_COLUMNS}, got {live_sort_lanes}")
+        common.update(LIVE=True, KS=lanes)
     if P == 1:
-        _index_topk_kernel[(B, 1)](rows, rows, scratch, vals, columns, T, k, chunk, rows.stride(0), stride_v,
+        _index_topk_kernel[(B, 1)](rows, rows, scratch, vals, columns, live, T, k, chunk, rows.stride(0), stride_v,
                                    columns.stride(0), FROM_KEYS=False, FINAL=True, **common)
     else:
         ws = torch.empty(B, P, k, dtype=torch.int64, device=dev)
-        _index_topk_kernel[(B, P)](rows, rows, ws, vals, columns, T, k, chunk, rows.stride(0), stride_v,
+        _index_topk_kernel[(B, P)](rows, rows, ws, vals, columns, live, T, k, chunk, rows.stride(0), stride_v,
                                    columns.stride(0), FROM_KEYS=False, FINAL=False, **common)
-        _index_topk_kernel[(B, 1)](ws, rows, scratch, vals, columns, P * k, k, P * k, rows.stride(0), stride_v,
-                                   columns.stride(0), FROM_KEYS=True, FINAL=True, **common)
+        merge = dict(common, LIVE=False, KS=1)  # the chunks' keys: no live bound
+        _index_topk_kernel[(B, 1)](ws, rows, scratch, vals, columns, live, P * k, k, P * k, rows.stride(0), stride_v,
+                                   columns.stride(0), FROM_KEYS=True, FINAL=True, **merge)
     return (None if values is None else values.reshape(*lead, k)), columns.reshape(*lead, k)

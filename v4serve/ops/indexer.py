@@ -66,14 +66,17 @@ def _topk_on_device(impl: str, scores: torch.Tensor) -> bool:
     return use_triton(impl, scores) and (impl == "triton" or TOPK_KERNEL_ON_CUDA) and scores.dtype == torch.float32
 
 
-def sorted_top(scores: torch.Tensor, k: int, impl: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+def sorted_top(scores: torch.Tensor, k: int, impl: str = "auto",
+               n_live: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The k <= T largest scores [..., k], largest first, and their columns (int64, the sort's index
     dtype, ready to index with). Equal scores go to the lower column, so the pick does not depend on
     T or the backend (random weights make exact ties common: a key whose every head has
     relu(q.k) = 0 scores 0). -inf scores (masked keys) come last, unmarked. The Triton kernel picks
-    exactly these columns in this order (a radix select and a sort of the k picks, no host sync)."""
+    exactly these columns in this order (a radix select and a sort of the k picks, no host sync).
+    n_live: int32 [...], where row b is known to score -inf from column n_live[b] on (a decode
+    step's visible rows): the kernel then works on a row's live prefix only (the same picks)."""
     if _topk_on_device(impl, scores):
-        return index_topk_triton(scores, k)
+        return index_topk_triton(scores, k, n_live=n_live)
     return index_topk_reference(scores, k)
 
 
