@@ -42,10 +42,12 @@ Live bound (LIVE, `n_live`): where the caller knows that a row's columns from n_
 width T that CUDA graphs fix at max_model_len / ratio), the program works on the columns
 [0, n) only, n = min(T, max(n_live[b], k)). Exact: in the stable descending order every column
 below n_live comes before every -inf column past it, and those come in column order, so the k
-first are all among the first max(n_live, k) columns. The one-launch schedule then sorts the row
-whole (as SORT_ALL, in KS lanes) when n <= KS, else selects over [0, n); the split schedule's
-chunks stop at n (a chunk past it writes only padding). A short context costs its own length, not
-the cache width.
+first are all among the first max(n_live, k) columns. When n <= KS the row's first program sorts those
+n columns whole (as SORT_ALL, in KS lanes) and writes the picks: in the one-launch schedule that
+is the row's only program; in the split schedule the other chunks' programs and the merge's
+program (which read n_live and decide the same) return at once. Otherwise the one-launch schedule
+selects over [0, n) and the split schedule's chunks stop at n (a chunk past it writes only
+padding). A short context costs its own length, not the cache width.
 
 Layouts: scores [B, T] fp32 (row stride stride_sb, unit column stride); ws [B, P, k] int64;
 scratch [B, k] int64 (the FINAL program's picks before the sort); n_live [B] int32; values [B, k] fp32 and
@@ -90,7 +92,7 @@ def _row_keys(src_ptr, pos, live, FROM_KEYS: tl.constexpr):
         key = tl.load(src_ptr + pos, mask=live, other=-9223372036854775808)
         hi = (key >> 32).to(tl.int32)
     else:
-        s = tl.load(src_ptr + pos, mask=live, other=float("-inf"))
+        s = tl.load(src_ptr + pos, mask=live, other=0.0)
         s = tl.where(s == 0.0, 0.0, s)  # -0.0 -> +0.0: torch.sort holds them equal
         bits = s.to(tl.int32, bitcast=True)
         hi = bits ^ ((bits >> 31) & 0x7FFFFFFF)
@@ -127,10 +129,13 @@ def _sort_all(src, n, score_row, val_row, col_row, K, LANES: tl.constexpr, MARK:
 
 
 @triton.jit
-def _select(src, out, lo, end, score_row, val_row, col_row, K, FROM_KEYS: tl.constexpr, FINAL: tl.constexpr,
-            MARK: tl.constexpr, WRITE_VALUES: tl.constexpr, BLOCK: tl.constexpr, KP: tl.constexpr):
-    """Steps 1-2 (and 3 when FINAL) of the module docstring over the columns [lo, end)."""
+def _select(src, out_ptr, b, n_split, p, lo, end, score_row, val_row, col_row, K, FROM_KEYS: tl.constexpr,
+            FINAL: tl.constexpr, MARK: tl.constexpr, WRITE_VALUES: tl.constexpr, BLOCK: tl.constexpr,
+            KP: tl.constexpr):
+    """Steps 1-2 (and 3 when FINAL) of the module docstring over the columns [lo, end) of row b,
+    chunk p of n_split, the picks' keys to out [B, n_split, K]."""
     m = tl.minimum(K, end - lo)
+    out = out_ptr + (b * n_split + p) * K
     lanes = tl.arange(0, BLOCK)
     bins = tl.arange(0, 256)
 
@@ -182,8 +187,8 @@ def _select(src, out, lo, end, score_row, val_row, col_row, K, FROM_KEYS: tl.con
 
 
 @triton.jit
-def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, live_ptr, n_cols, K, chunk,
-                       stride_sb, stride_vb, stride_cb,
+def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, n_cols, K, chunk,
+                       stride_sb, stride_vb, stride_cb, live_ptr, n_row,
                        FROM_KEYS: tl.constexpr, FINAL: tl.constexpr, MARK: tl.constexpr,
                        WRITE_VALUES: tl.constexpr, BLOCK: tl.constexpr, KP: tl.constexpr,
                        SORT_ALL: tl.constexpr = False, LIVE: tl.constexpr = False, KS: tl.constexpr = 1,
@@ -200,21 +205,25 @@ def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, live_ptr, 
     score_row = score_ptr + b * stride_sb
     val_row = val_ptr + b * stride_vb
     col_row = col_ptr + b * stride_cb
-    n = n_cols
-    if LIVE:  # the live bound (module docstring): no pick lies past max(n_live, K)
-        n = tl.minimum(n_cols, tl.maximum(tl.load(live_ptr + b), K))
+    n = n_cols  # the entries this program may read: columns, or ws keys (FROM_KEYS)
+    short = False
+    if LIVE:  # the live bound (module docstring): no pick lies past max(n_live, K) of the row's n_row
+        live = tl.minimum(n_row, tl.maximum(tl.load(live_ptr + b), K))
+        short = live <= KS
+        if not FROM_KEYS:
+            n = live
     if SORT_ALL:  # the variant for short rows (KP >= n_cols): sort every key of the row, no select
         _sort_all(src, n, score_row, val_row, col_row, K, KP, MARK, WRITE_VALUES)
-    elif LIVE and FINAL:  # one launch over a live prefix: sorted whole when it fits KS lanes
-        if n <= KS:
+    elif short:  # a live prefix of at most KS columns: the row's first program sorts it whole
+        if not FROM_KEYS and p == 0:
             _sort_all(src, n, score_row, val_row, col_row, K, KS, MARK, WRITE_VALUES)
-        else:
-            _select(src, out_ptr + b * K, 0, n, score_row, val_row, col_row, K, FROM_KEYS, FINAL, MARK,
-                    WRITE_VALUES, BLOCK, KP)
     else:
         lo = p * chunk
-        _select(src, out_ptr + (b * n_split + p) * K, lo, tl.maximum(lo, tl.minimum(lo + chunk, n)), score_row,
-                val_row, col_row, K, FROM_KEYS, FINAL, MARK, WRITE_VALUES, BLOCK, KP)
+        end = tl.minimum(lo + chunk, n)
+        if LIVE:
+            end = tl.maximum(lo, end)  # a chunk past the live prefix: no column
+        _select(src, out_ptr, b, n_split, p, lo, end, score_row, val_row, col_row, K, FROM_KEYS, FINAL, MARK,
+                WRITE_VALUES, BLOCK, KP)
 
 
 def index_topk_triton(scores: torch.Tensor, k: int, mark_masked: bool = False, splits: int | None = None,
@@ -256,9 +265,9 @@ def index_topk_triton(scores: torch.Tensor, k: int, mark_masked: bool = False, s
     if sort_all:
         if T > SORT_ALL_COLUMNS:
             raise ValueError(f"sort_all sorts rows of at most {SORT_ALL_COLUMNS} columns, got {T}")
-        _index_topk_kernel[(B, 1)](rows, rows, columns, vals, columns, live, T, k, T, rows.stride(0), stride_v,
-                                   columns.stride(0), FROM_KEYS=False, FINAL=True, KP=triton.next_power_of_2(T),
-                                   SORT_ALL=True, **common)
+        _index_topk_kernel[(B, 1)](rows, rows, columns, vals, columns, T, k, T, rows.stride(0), stride_v,
+                                   columns.stride(0), live, T, FROM_KEYS=False, FINAL=True,
+                                   KP=triton.next_power_of_2(T), SORT_ALL=True, **common)
         return (None if values is None else values.reshape(*lead, k)), columns.reshape(*lead, k)
     P = topk_splits(B, T, k) if splits is None else max(1, min(splits, T))
     chunk = triton.cdiv(triton.cdiv(T, P), block) * block
@@ -272,13 +281,12 @@ def index_topk_triton(scores: torch.Tensor, k: int, mark_masked: bool = False, s
             raise ValueError(f"live_sort_lanes must be a power of two <= {SORT_ALL_COLUMNS}, got {live_sort_lanes}")
         common.update(LIVE=True, KS=lanes)
     if P == 1:
-        _index_topk_kernel[(B, 1)](rows, rows, scratch, vals, columns, live, T, k, chunk, rows.stride(0), stride_v,
-                                   columns.stride(0), FROM_KEYS=False, FINAL=True, **common)
+        _index_topk_kernel[(B, 1)](rows, rows, scratch, vals, columns, T, k, chunk, rows.stride(0), stride_v,
+                                   columns.stride(0), live, T, FROM_KEYS=False, FINAL=True, **common)
     else:
         ws = torch.empty(B, P, k, dtype=torch.int64, device=dev)
-        _index_topk_kernel[(B, P)](rows, rows, ws, vals, columns, live, T, k, chunk, rows.stride(0), stride_v,
-                                   columns.stride(0), FROM_KEYS=False, FINAL=False, **common)
-        merge = dict(common, LIVE=False, KS=1)  # the chunks' keys: no live bound
-        _index_topk_kernel[(B, 1)](ws, rows, scratch, vals, columns, live, P * k, k, P * k, rows.stride(0), stride_v,
-                                   columns.stride(0), FROM_KEYS=True, FINAL=True, **merge)
+        _index_topk_kernel[(B, P)](rows, rows, ws, vals, columns, T, k, chunk, rows.stride(0), stride_v,
+                                   columns.stride(0), live, T, FROM_KEYS=False, FINAL=False, **common)
+        _index_topk_kernel[(B, 1)](ws, rows, scratch, vals, columns, P * k, k, P * k, rows.stride(0), stride_v,
+                                   columns.stride(0), live, T, FROM_KEYS=True, FINAL=True, **common)
     return (None if values is None else values.reshape(*lead, k)), columns.reshape(*lead, k)
