@@ -12,7 +12,8 @@
 #           tests16b: the verify compressor (journal, channel slices), the offload plan's resident
 #           rows, the shared SwiGLU's rows rule; tests17: session 17's top-k live bound and the
 #           model / spec paths that call it
-#   topk    the top-k's GPU tests alone
+#   topk    the top-k's GPU tests, and the verify compressor's + state commit's (its table width now a
+#           constexpr)
 #   topk-live  the top-k with and without the live bound (`kernel_configs 'index topk live'`)
 #   rows    `bench kernels` rows of the changed kernels (sets the rules' thresholds), ~3 min
 #   rows16  the o_a and launch-glue rows alone, ~1 min
@@ -72,7 +73,8 @@ tests/model/test_gpu_paths.py"
   [tests16b]="tests/ops/test_compress_verify.py tests/engine/test_gpu_spec_decode.py
 tests/model/test_offload_sort_free_gpu.py tests/ops/test_expert_cache_ops.py
 tests/ops/test_fp8_linear_swiglu.py tests/model/test_shared_expert_swiglu.py"
-  [topk]="tests/ops/test_index_topk.py"
+  [topk]="tests/ops/test_index_topk.py
+tests/ops/test_compress_verify.py"
   [tests17]="tests/ops/test_index_topk.py
 tests/model/test_gpu_paths.py
 tests/engine/test_gpu_spec_decode.py"

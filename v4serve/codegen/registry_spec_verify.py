@@ -22,7 +22,7 @@ marked fp32 sub-rows.
 from v4serve.formats import row_format
 from v4serve.ops.kv_pack_triton import packed_constexprs
 from v4serve.ops.compress_verify_triton import CHANNELS_PER_PROGRAM, launch_warps
-from v4serve.ops.state_commit_triton import BLOCK as COMMIT_BLOCK
+from v4serve.ops.state_commit_triton import BLOCK as COMMIT_BLOCK, TABLE_COLUMNS
 
 from .spec import Expect, KernelSpec
 
@@ -71,6 +71,6 @@ SPEC_VERIFY_KERNELS: tuple[KernelSpec, ...] = (
         "state_commit", "v4serve.ops.state_commit_triton:_state_commit_kernel",
         types=dict(table_ptr="*i64", slots_ptr="*i64", accepted_ptr="*i64"),
         aligned=("table_ptr", "slots_ptr", "accepted_ptr"),
-        constexprs=dict(BLOCK=COMMIT_BLOCK, PDL=False), num_warps=4, num_stages=1, expect=Expect(max_regs=128),
+        constexprs=dict(BLOCK=COMMIT_BLOCK, COLUMNS=TABLE_COLUMNS, PDL=False), num_warps=4, num_stages=1, expect=Expect(max_regs=128),
     ),
 )

@@ -27,12 +27,13 @@ BLOCK = 1024  # floats a copy step: 4 warps x 32 threads x 8
 
 
 @triton.jit
-def _state_commit_kernel(table_ptr, slots_ptr, accepted_ptr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _state_commit_kernel(table_ptr, slots_ptr, accepted_ptr, BLOCK: tl.constexpr, COLUMNS: tl.constexpr,
+                         PDL: tl.constexpr = False):
     if PDL:
         gdc_wait()  # the previous kernel (launched before us, see pdl_launch) has finished
     i = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
-    entry = table_ptr + i * 10
+    entry = table_ptr + i * COLUMNS  # the table row: commit_table's columns, in its order
     state = tl.load(entry).to(tl.pointer_type(tl.float32))
     saved = tl.load(entry + 1).to(tl.pointer_type(tl.float32))
     written = tl.load(entry + 2).to(tl.pointer_type(tl.int32))
@@ -73,5 +74,6 @@ def state_commit_triton(table: torch.Tensor, slots: torch.Tensor, accepted: torc
     if table.shape[0] == 0 or slots.shape[0] == 0:
         return
     # num_stages 1: the copy loops are not software-pipelined (no dot; registers stay low)
-    _state_commit_kernel[(table.shape[0], slots.shape[0])](table, slots, accepted, BLOCK=BLOCK, num_warps=4,
-                                                            num_stages=1, **pdl_launch(slots))
+    _state_commit_kernel[(table.shape[0], slots.shape[0])](table, slots, accepted, BLOCK=BLOCK,
+                                                            COLUMNS=TABLE_COLUMNS, num_warps=4, num_stages=1,
+                                                            **pdl_launch(slots))
