@@ -148,7 +148,7 @@ for stage in "$@"; do
       ;;
     flash | flash-tc | flash-gemv | flash-prefetch | flash-profile | flash-long | flash-long-profile)
       # flash: production; -tc / -gemv: that MoE decode route; -prefetch: the layer-ahead expert
-      # guess (`--offload-prefetch`, never measured); -profile: the kernel table of a decode step
+      # guess (`--offload-prefetch`: loses, session 17); -profile: the kernel table of a decode step
       extra=(--no-profile)
       [[ $stage == flash-tc ]] && extra+=(--moe-decode tensor-cores)
       [[ $stage == flash-gemv ]] && extra+=(--moe-decode gemv)
