@@ -50,9 +50,11 @@ rows_of -> kv_norm (a CTA reduction) -> RoPE -> block scales (reductions) -> sto
 in series. Slicing does not shorten a group's pooling chain (it cuts a program's bytes: CSA, a
 completing group, ~100 -> ~25 KiB); what it buys is the finish out of the serial loop, one position
 round trip fewer a group, and 4x the programs issuing: pooling ~G x 1.0-1.2 µs, then one finish for
-all G * S rows (~1.5 µs after the drain). Predicted per verify call (two launches): CSA (d 512, C 4)
-~7 µs, indexer (d 128, C 1) ~6.5 µs, HCA (online, C 4) ~6 µs at c = 1; c = 8 (S x C <= 32 pooling
-CTAs of one warp, 32 finish CTAs) +0.5-1 µs. A last-arriving program a sequence (an atomic
+all G * S rows (~1.5 µs after the drain). Predicted ~6-7 µs a verify call (two launches) at c = 1;
+measured (session 17, H200, 42 calls of a 30-layer k = 3 verify step): pooling 334 + finish 99 =
+433 µs at c = 1 (~10.3 µs a call, against 12.6 for the one-kernel version), 348 + 102 = 450 at
+c = 8 (~10.7, against 14.0): the G groups' pooling chain in series stays the floor of this split,
+~8 µs a call. A last-arriving program a sequence (an atomic
 ticket) would save the second launch but finish the G rows in series (G x ~1.2 µs, more than the
 PDL gap) and need a counter the caller keeps.
 """
