@@ -47,7 +47,9 @@ n columns whole (as SORT_ALL, in KS lanes) and writes the picks: in the one-laun
 is the row's only program; in the split schedule the other chunks' programs and the merge's
 program (which read n_live and decide the same) return at once. Otherwise the one-launch schedule
 selects over [0, n) and the split schedule's chunks stop at n (a chunk past it writes only
-padding). A short context costs its own length, not the cache width.
+padding), and the merge reads only the cdiv(n, chunk) chunks below n (`chunk` is then the first
+launch's chunk width, not the merge's span): every pick lies there. A short context costs its own
+length, not the cache width.
 
 Layouts: scores [B, T] fp32 (row stride stride_sb, unit column stride); ws [B, P, k] int64;
 scratch [B, k] int64 (the FINAL program's picks before the sort); n_live [B] int32; values [B, k] fp32 and
@@ -210,7 +212,9 @@ def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, n_cols, K,
     if LIVE:  # the live bound (module docstring): no pick lies past max(n_live, K) of the row's n_row
         live = tl.minimum(n_row, tl.maximum(tl.load(live_ptr + b), K))
         short = live <= KS
-        if not FROM_KEYS:
+        if FROM_KEYS:  # the merge: only the chunks that hold live columns (`chunk`: their width)
+            n = tl.minimum(n_cols, tl.cdiv(live, chunk) * K)
+        else:
             n = live
     if SORT_ALL:  # the variant for short rows (KP >= n_cols): sort every key of the row, no select
         _sort_all(src, n, score_row, val_row, col_row, K, KP, MARK, WRITE_VALUES)
@@ -219,9 +223,12 @@ def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, n_cols, K,
             _sort_all(src, n, score_row, val_row, col_row, K, KS, MARK, WRITE_VALUES)
     else:
         lo = p * chunk
-        end = tl.minimum(lo + chunk, n)
-        if LIVE:
-            end = tl.maximum(lo, end)  # a chunk past the live prefix: no column
+        if LIVE and FROM_KEYS:
+            end = n
+        else:
+            end = tl.minimum(lo + chunk, n)
+            if LIVE:
+                end = tl.maximum(lo, end)  # a chunk past the live prefix: no column
         _select(src, out_ptr, b, n_split, p, lo, end, score_row, val_row, col_row, K, FROM_KEYS, FINAL, MARK,
                 WRITE_VALUES, BLOCK, KP)
 
@@ -287,6 +294,9 @@ def index_topk_triton(scores: torch.Tensor, k: int, mark_masked: bool = False, s
         ws = torch.empty(B, P, k, dtype=torch.int64, device=dev)
         _index_topk_kernel[(B, P)](rows, rows, ws, vals, columns, T, k, chunk, rows.stride(0), stride_v,
                                    columns.stride(0), live, T, FROM_KEYS=False, FINAL=False, **common)
-        _index_topk_kernel[(B, 1)](ws, rows, scratch, vals, columns, P * k, k, P * k, rows.stride(0), stride_v,
+        # The merge's span: P * k keys; with the live bound it reads the first launch's chunk
+        # width instead and merges only the chunks below the live prefix.
+        span = chunk if n_live is not None else P * k
+        _index_topk_kernel[(B, 1)](ws, rows, scratch, vals, columns, P * k, k, span, rows.stride(0), stride_v,
                                    columns.stride(0), live, T, FROM_KEYS=True, FINAL=True, **common)
     return (None if values is None else values.reshape(*lead, k)), columns.reshape(*lead, k)
