@@ -25,7 +25,8 @@
 #   flash-gemv  the same with the MoE decode on the GEMV (`--moe-decode gemv`)
 #   flash-prefetch  the same with the layer-ahead expert prefetch (`--offload-prefetch`)
 #   flash-profile   the same with the profiler's kernel table of the decode steps
-#   flash-long      the same 2K context with max_model_len 131072 (top-k rows of 32768 columns)
+#   flash-long      the same 2K context with max_model_len 131072 (top-k rows of 32768 columns);
+#                   flash-long-profile: with the kernel table
 #   bind    which MXFP4 layers bind the tensor-core route (2 Flash layers with host experts), ~1 min
 #   moe-ab  the MoE decode route A/B end to end (`--moe-decode gemv`, then `tensor-cores`): 30 Flash
 #           layers without offload, c1 / c8, ~4 min
@@ -34,7 +35,7 @@
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -145,15 +146,16 @@ for stage in "$@"; do
     v41)  # the V4.1 indexer's decode / long-start shapes alone (sweeps-b's last line)
       run 90 "$log" $PY -m v4serve.bench.kernel_configs 'cand decode|staged1M|start130944'
       ;;
-    flash | flash-tc | flash-gemv | flash-prefetch | flash-profile | flash-long)
+    flash | flash-tc | flash-gemv | flash-prefetch | flash-profile | flash-long | flash-long-profile)
       # flash: production; -tc / -gemv: that MoE decode route; -prefetch: the layer-ahead expert
-      # guess (`--offload-prefetch`, never measured); -profile: the kernel table of a decode step
+      # guess (`--offload-prefetch`: loses, session 17); -profile: the kernel table of a decode step
       extra=(--no-profile)
       [[ $stage == flash-tc ]] && extra+=(--moe-decode tensor-cores)
       [[ $stage == flash-gemv ]] && extra+=(--moe-decode gemv)
       [[ $stage == flash-prefetch ]] && extra+=(--offload-prefetch)
       [[ $stage == flash-profile ]] && extra=()
-      [[ $stage == flash-long ]] && extra+=(--max-model-len 131072)  # the same 2K context in a 128K cache
+      [[ $stage == flash-long-profile ]] && extra=()
+      [[ $stage == flash-long* ]] && extra+=(--max-model-len 131072)  # the same 2K context in a 128K cache
       run 420 "$log" $PY -m v4serve.bench.engine --model deepseek-v4-flash --hf-overrides '{}' --cpu-offload-gb auto \
         --routing zipf --placement by-use --concurrency 1 8 --cuda-graph-sizes 1 8 --output-len 96 \
         --max-model-len 8448 --num-kv-pages 2200 --ttft-prompt-lens 2048 --ttft-repeats 1 \
