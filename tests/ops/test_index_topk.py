@@ -89,13 +89,15 @@ def _live_rows(kind: str, T: int, live: list[int], seed: int) -> tuple[torch.Ten
     (300, 17, 1, 64),    # one launch: prefixes up to 64 sorted whole, longer ones selected
     (300, 17, 3, 64),    # split: chunks past the prefix write padding only, the merge as before
     (700, 40, 1, 256),
+    (1000, 40, 4, 64),   # split in 4 chunks of 256: the merge reads only the chunks below the prefix
     (37, 5, 1, 8),
     (50, 50, 1, 64),     # k = T: the bound max(n_live, k) is the whole row
 ])
 def test_live_bound_is_the_stable_sort(kind, T, k, splits, lanes):
     """With `n_live` (columns from n_live[b] on score -inf) the kernel's picks are the stable sort's
     of the whole row, at every live count around k, the sort lanes and T, and 0."""
-    live = sorted({min(T, max(0, n)) for n in (0, 1, k - 1, k, k + 1, lanes - 1, lanes, lanes + 1, T - 1, T)})
+    live = sorted({min(T, max(0, n)) for n in (0, 1, k - 1, k, k + 1, lanes - 1, lanes, lanes + 1, 256, 257, 600,
+                                                T - 1, T)})  # 256, 257, 600: chunk edges of block 256
     s, n_live = _live_rows(kind, T, live, seed=T + k + splits)
     got = index_topk_triton(s, k, splits=splits, block=256, n_live=n_live, live_sort_lanes=lanes)
     _same(got, index_topk_reference(s, k))

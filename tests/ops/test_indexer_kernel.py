@@ -103,3 +103,28 @@ def test_weight_scale_in_the_kernel_is_the_scaled_weights_bit_for_bit(config, pa
     assert torch.equal(ref, index_scores(q, w * scale, pool, key_rows, n_visible, impl="torch", **fmt))
     finite = torch.isfinite(ref)
     assert torch.equal(torch.isfinite(scaled), finite) and rel_err(scaled[finite], ref[finite]) < 1e-5
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_decode_over_a_wide_table_scores_the_live_blocks_and_masks_the_rest(packed):
+    """A decode step of a short context in a wide cache: one query per sequence over a 320-column
+    table (5 blocks of 64) whose sequences see 0, 63, 64, 65 and 200 keys, the unallocated tail -1.
+    Blocks past every visible key skip their loads (ops/indexer_triton.py) and must still write
+    -inf; the live blocks must score as the reference does."""
+    g = torch.Generator().manual_seed(4)
+    B, T, H, Dk, N = 5, 320, 20, 128, 1700
+    q = torch.randn(B, 1, H, Dk, generator=g).bfloat16()
+    w = torch.randn(B, 1, H, generator=g)
+    keys = torch.randn(N, Dk, generator=g).bfloat16()
+    n_visible = torch.tensor([[0], [63], [64], [65], [200]], dtype=torch.int32)
+    key_rows = torch.randperm(N, generator=g)[: B * T].view(B, T).to(torch.int32)
+    allocated = torch.tensor([0, 64, 64, 128, 256])[:, None]  # whole pages: rows past them are -1
+    key_rows = torch.where(torch.arange(T)[None, :] < allocated, key_rows, -1)
+    fmt = dict(row_format=FP4) if packed else {}
+    pool = pack_rows(keys, FP4, impl="torch") if packed else keys
+    out = index_scores_triton(q, w, pool, key_rows, n_visible, config=CONFIGS["decode"], **fmt)
+    ref = index_scores(q, w, pool, key_rows, n_visible, impl="torch", **fmt)
+    finite = torch.isfinite(ref)
+    assert torch.equal(finite.sum(-1).flatten(), n_visible.flatten())
+    assert torch.equal(torch.isfinite(out), finite) and (out[~finite] == float("-inf")).all()
+    assert rel_err(out[finite], ref[finite]) < 1e-5

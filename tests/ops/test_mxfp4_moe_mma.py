@@ -147,6 +147,33 @@ def test_mma_gluon_flash_shapes_gpu(tokens):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("stages", [2, 3, 4, 6, 9])
+@pytest.mark.parametrize("tokens", [1, 8])
+def test_mma_gluon_staged_is_the_register_loop_bit_for_bit_gpu(tokens, stages):
+    """The K loop over cp.async shared-memory stages (STAGES) feeds the same decoded weights and X
+    into the same MMAs in the same K order as the register loop: the same bits, both projections
+    (down's K 2048 = 8 steps: 9 stages is the most it takes, every step in flight at once)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    from v4serve.ops.mxfp4_moe_mma_gluon import mxfp4_moe_mma_gluon
+    w13, s13, w2, s2, x, experts = _flash_case(tokens)
+    h = mxfp4_moe_mma_gluon(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT, stages=0)
+    assert torch.equal(mxfp4_moe_mma_gluon(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT, stages=stages), h)
+    y = mxfp4_moe_mma_gluon(h, w2, s2, experts, 6, False, stages=0)
+    assert torch.equal(mxfp4_moe_mma_gluon(h, w2, s2, experts, 6, False, stages=stages), y)
+    assert y.float().norm() > 0
+
+
+def test_mma_gluon_stage_count_is_checked():
+    """A ring needs 2 .. K / 256 + 1 stages (0: the register loop): any other count is refused by name."""
+    from v4serve.ops.mxfp4_moe_mma_gluon import mxfp4_moe_mma_gluon
+    w2, s2 = _tensors(2, 64, 1024, seed=1, device="cpu")
+    x = torch.zeros(1, 1024, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="stages must be 0 or 2 .. 5"):
+        mxfp4_moe_mma_gluon(x, w2, s2, torch.zeros(6, dtype=torch.int64), 6, True, stages=6)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 8, 16, 32])
 def test_mma_flash_shapes_gpu(tokens):
     """V4-Flash: gate_up [256, 4096, 4096 / 2] with the SwiGLU, down [256, 4096, 2048 / 2], top-6."""

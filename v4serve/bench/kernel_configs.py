@@ -139,13 +139,19 @@ INDEXER_DECODE_CANDIDATES = [
     dict(BLOCK_Q=1, BLOCK_T=64, BLOCKS_PER_SPLIT=2, num_warps=4, num_stages=2),
     None,
 ]
+# The decode rows "T32768 n540": a 2K-token context in a 128K cache (max_model_len 131072 at ratio 4):
+# 540 visible keys in a 32768-column table, the rest unallocated (-1); "T540 n540": the same context in
+# a table of its own width (what the wide table's dead blocks cost on top).
 INDEXER_SHAPES = {f"indexer {name} {keys}": (args, keys) for name, args in (
-    ("prefill S2048@28672", (1, 2048, 28672)), ("decode B1", (1, 1, 32767)), ("decode B8", (8, 1, 32767)))
+    ("prefill S2048@28672", (1, 2048, 28672)), ("decode B1", (1, 1, 32767)), ("decode B8", (8, 1, 32767)),
+    ("decode B1 T32768 n540", (1, 1, 2159, 32768)), ("decode B8 T32768 n540", (8, 1, 2159, 32768)),
+    ("decode B8 T540 n540", (8, 1, 2159)))
     for keys in ("bf16", "fp4")}
 
 
 def _indexer_run(args, keys):
-    q, w, k_pool, key_rows, n_visible = indexer_case(*args, "cuda")
+    B, S, start, *columns = args
+    q, w, k_pool, key_rows, n_visible = indexer_case(B, S, start, "cuda", columns=columns[0] if columns else None)
     fmt = row_format("fp4_e8m0_b32") if keys == "fp4" else None
     pool = k_pool if fmt is None else pack_rows(k_pool, fmt)
     return lambda cfg: index_scores_triton(q, w, pool, key_rows, n_visible, config=cfg, row_format=fmt)

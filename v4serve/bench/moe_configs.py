@@ -69,6 +69,10 @@ DECODE_VARIANTS = [
     ("sort-free mma, stages 2 (cp.async weights)", dict(MMA_SWIGLU_CONFIG, MMA=True, num_stages=2),
      dict(MMA_CONFIG, MMA=True, num_stages=2), True),
     ("sort-free mma, Gluon (bytes in the A fragment's layout)", dict(MMA=True, GLUON=True), dict(MMA=True, GLUON=True), True),
+    # session 18 (issue 18, branch moe-staged): the Gluon kernel's bytes and scales through a ring of
+    # cp.async shared-memory stages (STAGES - 1 steps in flight while a step decodes; same bits)
+    *((f"sort-free mma, Gluon, cp.async {n} stages", dict(MMA=True, GLUON=True, STAGES=n),
+       dict(MMA=True, GLUON=True, STAGES=n), True) for n in (3, 4, 6)),
     ("production", None, None, True),
 ]
 PREFILL_VARIANTS = [
@@ -89,9 +93,13 @@ VERIFY_VARIANTS = [DECODE_VARIANTS[i] for i in (0, 1, 2, 3)] + [
     v for v in DECODE_VARIANTS if v[0] in ("sort-free, combine in down", "sort-free, 2 steps ahead",
                                            "sort-free mma (weights in wgmma registers)",
                                            "sort-free mma, Gluon (bytes in the A fragment's layout)")] + [DECODE_VARIANTS[0]]
+# The cp.async stages against the register loop alone ("moe staged c1", ...; production on both ends).
+STAGED_VARIANTS = [DECODE_VARIANTS[0]] + [v for v in DECODE_VARIANTS if v[0].startswith("sort-free mma, Gluon")] + [
+    DECODE_VARIANTS[0]]
 SHAPES = {"moe flash c1": ("flash", 1), "moe flash c8": ("flash", 8), "moe flash c64": ("flash", 64),
           "moe flash prefill S2048": ("flash", 2048),
-          "moe flash verify c16": ("flash", 16), "moe flash verify c32": ("flash", 32)}
+          "moe flash verify c16": ("flash", 16), "moe flash verify c32": ("flash", 32),
+          "moe staged c1": ("flash", 1), "moe staged c8": ("flash", 8), "moe staged verify c32": ("flash", 32)}
 
 
 def _matmul(x, w, s, rows, ends, picks, cfg, swiglu_limit=None):
@@ -112,8 +120,9 @@ def layer(case, up_cfg, down_cfg, fused):
             experts, weights = moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)
             flat = experts.reshape(-1).contiguous()
             if up_cfg.get("GLUON"):
-                hidden = mxfp4_moe_mma_gluon(x, w13, s13, flat, MOE_TOP_K, True, SWIGLU_LIMIT)
-                y = mxfp4_moe_mma_gluon(hidden, w2, s2, flat, MOE_TOP_K, False)
+                stages = up_cfg.get("STAGES", 0)
+                hidden = mxfp4_moe_mma_gluon(x, w13, s13, flat, MOE_TOP_K, True, SWIGLU_LIMIT, stages=stages)
+                y = mxfp4_moe_mma_gluon(hidden, w2, s2, flat, MOE_TOP_K, False, stages=stages)
             else:
                 hidden = mxfp4_moe_mma_triton(x, w13, s13, flat, MOE_TOP_K, True, up_cfg, SWIGLU_LIMIT)
                 y = mxfp4_moe_mma_triton(hidden, w2, s2, flat, MOE_TOP_K, False, down_cfg)
@@ -154,7 +163,8 @@ def sweep(only: str) -> None:
         _, nbytes, flops, _, peak = build("mxfp4_moe", (model, tokens), "cuda")
         floor_us = max(nbytes / (H200_TBPS * 1e6), flops / (peak * 1e6))
         case = mxfp4_moe_case(model, tokens, "cuda")
-        variants = PREFILL_VARIANTS if tokens >= 2048 else VERIFY_VARIANTS if "verify" in name else DECODE_VARIANTS
+        variants = (STAGED_VARIANTS if "staged" in name else PREFILL_VARIANTS if tokens >= 2048
+                    else VERIFY_VARIANTS if "verify" in name else DECODE_VARIANTS)
         ref = layer(case, *variants[0][1:])().float()
         for i, (label, up_cfg, down_cfg, fused) in enumerate(variants):
             try:

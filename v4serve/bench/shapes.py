@@ -146,15 +146,20 @@ def gated_pool_case(B: int, R: int, D: int, device, seed: int = 0):
     return (torch.randn(B, R, D, generator=g, device=device), torch.randn(B, R, D, generator=g, device=device))
 
 
-def indexer_case(B: int, S: int, start: int, device, seed: int = 0, ratio: int = 4, heads: int = 64, dim: int = 128):
+def indexer_case(B: int, S: int, start: int, device, seed: int = 0, ratio: int = 4, heads: int = 64, dim: int = 128,
+                 columns: int | None = None):
     """V4 indexer scores for S query tokens per request at positions start.. (decode: S = 1):
     64 index heads x 128, bf16 keys of the (start + S) // ratio compressed rows, each query seeing
-    (p + 1) // ratio of them; weights fp32 with the scales folded in, as the model passes them."""
+    (p + 1) // ratio of them; weights fp32 with the scales folded in, as the model passes them.
+    columns: the key-row table's width when the cache is wider than the context (max_model_len //
+    ratio): the columns past the context are -1, unallocated pages."""
     g = torch.Generator(device=device).manual_seed(seed)
     T = (start + S) // ratio
     pos = torch.arange(start, start + S, device=device)
     k_pool = torch.randn(B * T + 64, dim, generator=g, device=device).bfloat16()
     key_rows = torch.randperm(B * T + 64, generator=g, device=device)[: B * T].view(B, T).to(torch.int32)
+    if columns is not None:
+        key_rows = torch.nn.functional.pad(key_rows, (0, columns - T), value=-1)
     return (
         torch.randn(B, S, heads, dim, generator=g, device=device).bfloat16(),
         torch.randn(B, S, heads, generator=g, device=device) * (dim**-0.5 * heads**-0.5),

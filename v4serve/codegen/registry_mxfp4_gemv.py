@@ -113,10 +113,26 @@ MXFP4_MOE_MMA_KERNELS += tuple(
         f"moe.mxfp4_mma_gluon_{proj}{'_skip' if skip else ''}",
         "v4serve.ops.mxfp4_moe_mma_gluon:_mxfp4_moe_mma_gluon_kernel",
         types=_MMA_TYPES, aligned=_MMA_ALIGNED,
-        constexprs=dict(TOP_K=6, X_PER_TOKEN=proj == "gate_up", SWIGLU=proj == "gate_up", SKIP_PAST_ROWS=skip),
+        constexprs=dict(TOP_K=6, X_PER_TOKEN=proj == "gate_up", SWIGLU=proj == "gate_up", SKIP_PAST_ROWS=skip,
+                        STAGES=0),
         archs=(90,), num_warps=4, num_stages=1,
         expect=Expect(max_regs=168, tensor_cores=True),
     )
     for proj in ("gate_up", "down")
     for skip in (False, True)  # skip: an offloaded layer's passes
+)
+# Its K loop over a ring of cp.async shared-memory stages (STAGES; a sweep variant): 16-byte copies
+# of the bytes, 4-byte copies of the scales, one step an iteration.
+MXFP4_MOE_MMA_KERNELS += tuple(
+    KernelSpec(
+        f"moe.mxfp4_mma_gluon_{proj}_stages{stages}",
+        "v4serve.ops.mxfp4_moe_mma_gluon:_mxfp4_moe_mma_gluon_kernel",
+        types=_MMA_TYPES, aligned=_MMA_ALIGNED,
+        constexprs=dict(TOP_K=6, X_PER_TOKEN=proj == "gate_up", SWIGLU=proj == "gate_up", SKIP_PAST_ROWS=False,
+                        STAGES=stages),
+        archs=(90,), num_warps=4, num_stages=1,
+        expect=Expect(max_regs=168, tensor_cores=True),
+    )
+    for proj in ("gate_up", "down")
+    for stages in (4,)
 )

@@ -46,9 +46,11 @@ first are all among the first max(n_live, k) columns. When n <= KS the row's fir
 sorts those n columns whole (as SORT_ALL, in KS lanes) and writes the picks: in the one-launch
 schedule that is the row's only program; in the split schedule the other chunks' programs and the
 merge's program (which read n_live and decide the same) return at once. Otherwise the one-launch
-schedule selects over [0, n) and the split schedule's chunks stop at n (a chunk past it writes
-only padding). A short context costs its own length, not the cache width (H200: B1 T32768 k512
-with 540 live columns 8.2 µs against 41.6 for the whole row; docs/performance.md, session 17).
+schedule selects over [0, n), the split schedule's chunks stop at n (a chunk past it writes only
+padding), and the merge reads only the cdiv(n, chunk) chunks below n (`chunk` is then the first
+launch's chunk width, not the merge's span): every pick lies there. A short context costs its own
+length, not the cache width (H200: B1 T32768 k512 with 540 live columns 8.2 µs against 41.6 for
+the whole row; docs/performance.md, session 17).
 
 Layouts: scores [B, T] fp32 (row stride stride_sb, unit column stride); ws [B, P, k] int64;
 scratch [B, k] int64 (the FINAL program's picks before the sort); n_live [B] int32; values
@@ -104,14 +106,19 @@ def _row_keys(src_ptr, pos, live, FROM_KEYS: tl.constexpr):
 
 
 @triton.jit
-def _write_picks(picks, score_row, val_row, col_row, K, KP: tl.constexpr, MARK: tl.constexpr,
-                 WRITE_VALUES: tl.constexpr):
+def _write_picks(picks, score_ptr, val_ptr, col_ptr, b, stride_sb, stride_vb, stride_cb, K, KP: tl.constexpr,
+                 MARK: tl.constexpr, WRITE_VALUES: tl.constexpr):
     """Sort KP keys (the picks, INT64_MIN padding) descending; write the first K as columns (-1 for a
-    -inf value under MARK) and their scores."""
+    -inf value under MARK) and their scores, into row b of the outputs. The row pointers are formed
+    here, where they are used: formed at the kernel's start they stayed in registers through the
+    select's loops, and the merge with the live bound spilled 8 B under Triton 3.6."""
     ranks = tl.arange(0, KP)
     picks = tl.sort(picks, descending=True)
     column = ~(picks.to(tl.int32))
     written = ranks < K
+    score_row = score_ptr + b * stride_sb
+    val_row = val_ptr + b * stride_vb
+    col_row = col_ptr + b * stride_cb
     value = tl.load(score_row + column, mask=written, other=0.0)
     if WRITE_VALUES:
         tl.store(val_row + ranks, value, mask=written)
@@ -121,18 +128,19 @@ def _write_picks(picks, score_row, val_row, col_row, K, KP: tl.constexpr, MARK: 
 
 
 @triton.jit
-def _sort_all(src, n, score_row, val_row, col_row, K, LANES: tl.constexpr, MARK: tl.constexpr,
-              WRITE_VALUES: tl.constexpr):
+def _sort_all(src, n, score_ptr, val_ptr, col_ptr, b, stride_sb, stride_vb, stride_cb, K, LANES: tl.constexpr,
+              MARK: tl.constexpr, WRITE_VALUES: tl.constexpr):
     """The k first of the row's n first columns (n <= LANES): every key sorted in one block."""
     ranks = tl.arange(0, LANES)
     all_hi, all_keys = _row_keys(src, ranks, ranks < n, False)
-    _write_picks(all_keys, score_row, val_row, col_row, K, LANES, MARK, WRITE_VALUES)
+    _write_picks(all_keys, score_ptr, val_ptr, col_ptr, b, stride_sb, stride_vb, stride_cb, K, LANES, MARK,
+                 WRITE_VALUES)
 
 
 @triton.jit
-def _select(src, out_ptr, b, n_split, p, lo, end, score_row, val_row, col_row, K, FROM_KEYS: tl.constexpr,
-            FINAL: tl.constexpr, MARK: tl.constexpr, WRITE_VALUES: tl.constexpr, BLOCK: tl.constexpr,
-            KP: tl.constexpr):
+def _select(src, out_ptr, b, n_split, p, lo, end, score_ptr, val_ptr, col_ptr, stride_sb, stride_vb, stride_cb, K,
+            FROM_KEYS: tl.constexpr, FINAL: tl.constexpr, MARK: tl.constexpr, WRITE_VALUES: tl.constexpr,
+            BLOCK: tl.constexpr, KP: tl.constexpr):
     """Steps 1-2 (and 3 when FINAL) of the module docstring over the columns [lo, end) of row b,
     chunk p of n_split, the picks' keys to out [B, n_split, K]."""
     m = tl.minimum(K, end - lo)
@@ -184,7 +192,7 @@ def _select(src, out_ptr, b, n_split, p, lo, end, score_row, val_row, col_row, K
         tl.debug_barrier()  # the compaction's stores are visible to every thread of the program
         ranks = tl.arange(0, KP)
         picks = tl.load(out + ranks, mask=ranks < K, other=-9223372036854775808)
-        _write_picks(picks, score_row, val_row, col_row, K, KP, MARK, WRITE_VALUES)
+        _write_picks(picks, score_ptr, val_ptr, col_ptr, b, stride_sb, stride_vb, stride_cb, K, KP, MARK, WRITE_VALUES)
 
 
 # `live_ptr` and `n_row` come last: placed before `n_cols` they shifted the other parameters'
@@ -205,28 +213,32 @@ def _index_topk_kernel(src_ptr, score_ptr, out_ptr, val_ptr, col_ptr, n_cols, K,
         src = src_ptr + b * n_cols  # ws[b]: n_cols = P * k keys
     else:
         src = src_ptr + b * stride_sb
-    score_row = score_ptr + b * stride_sb
-    val_row = val_ptr + b * stride_vb
-    col_row = col_ptr + b * stride_cb
     n = n_cols  # the entries this program may read: columns, or ws keys (FROM_KEYS)
     short = False
     if LIVE:  # the live bound (module docstring): no pick lies past max(n_live, K) of the row's n_row
         live = tl.minimum(n_row, tl.maximum(tl.load(live_ptr + b), K))
         short = live <= KS
-        if not FROM_KEYS:
+        if FROM_KEYS:  # the merge: only the chunks that hold live columns (`chunk`: their width)
+            n = tl.minimum(n_cols, tl.cdiv(live, chunk) * K)
+        else:
             n = live
     if SORT_ALL:  # the variant for short rows (KP >= n_cols): sort every key of the row, no select
-        _sort_all(src, n, score_row, val_row, col_row, K, KP, MARK, WRITE_VALUES)
+        _sort_all(src, n, score_ptr, val_ptr, col_ptr, b, stride_sb, stride_vb, stride_cb, K, KP, MARK,
+                  WRITE_VALUES)
     elif short:  # a live prefix of at most KS columns: the row's first program sorts it whole
         if not FROM_KEYS and p == 0:
-            _sort_all(src, n, score_row, val_row, col_row, K, KS, MARK, WRITE_VALUES)
+            _sort_all(src, n, score_ptr, val_ptr, col_ptr, b, stride_sb, stride_vb, stride_cb, K, KS, MARK,
+                      WRITE_VALUES)
     else:
         lo = p * chunk
-        end = tl.minimum(lo + chunk, n)
-        if LIVE:
-            end = tl.maximum(lo, end)  # a chunk past the live prefix: no column
-        _select(src, out_ptr, b, n_split, p, lo, end, score_row, val_row, col_row, K, FROM_KEYS, FINAL, MARK,
-                WRITE_VALUES, BLOCK, KP)
+        if LIVE and FROM_KEYS:
+            end = n
+        else:
+            end = tl.minimum(lo + chunk, n)
+            if LIVE:
+                end = tl.maximum(lo, end)  # a chunk past the live prefix: no column
+        _select(src, out_ptr, b, n_split, p, lo, end, score_ptr, val_ptr, col_ptr, stride_sb, stride_vb, stride_cb,
+                K, FROM_KEYS, FINAL, MARK, WRITE_VALUES, BLOCK, KP)
 
 
 def index_topk_triton(scores: torch.Tensor, k: int, mark_masked: bool = False, splits: int | None = None,
@@ -290,6 +302,9 @@ def index_topk_triton(scores: torch.Tensor, k: int, mark_masked: bool = False, s
         ws = torch.empty(B, P, k, dtype=torch.int64, device=dev)
         _index_topk_kernel[(B, P)](rows, rows, ws, vals, columns, T, k, chunk, rows.stride(0), stride_v,
                                    columns.stride(0), live, T, FROM_KEYS=False, FINAL=False, **common)
-        _index_topk_kernel[(B, 1)](ws, rows, scratch, vals, columns, P * k, k, P * k, rows.stride(0), stride_v,
+        # The merge's span: P * k keys; with the live bound it reads the first launch's chunk
+        # width instead and merges only the chunks below the live prefix.
+        span = chunk if n_live is not None else P * k
+        _index_topk_kernel[(B, 1)](ws, rows, scratch, vals, columns, P * k, k, span, rows.stride(0), stride_v,
                                    columns.stride(0), live, T, FROM_KEYS=True, FINAL=True, **common)
     return (None if values is None else values.reshape(*lead, k)), columns.reshape(*lead, k)

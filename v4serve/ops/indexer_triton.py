@@ -28,8 +28,9 @@ a prefill costs nothing but its -inf stores) and writes -inf for the rest of its
 
 Tiles (index_scores_config): prefill 4 queries per program on sm_90 (wgmma m64n256k16, two
 programs per SM so one decodes while the other's dot runs), 2 elsewhere; decode one query, one
-block of 64 keys per program (8192 keys: 128 programs; ONE_BLOCK: the key rows, the keys behind
-them, Q and the counts are all requested up front, two memory latencies in a row, not four).
+block of 64 keys per program (8192 keys: 128 programs; ONE_BLOCK: the key rows beside the counts,
+then Q beside the keys: two memory latencies in a row, not four; a block past every visible key
+loads neither, so a short context in a wide cache costs its -inf stores, not T / 64 loads of Q).
 Prefill over packed keys (DECODE_FIRST, the production default for S > 1; a config without it
 runs the fused fp4 kernel): the keys decoded once into a bf16 slab by _decode_keys_kernel, then this
 kernel over bf16 keys with Q in the slab's column order (PAIR_ORDER). Decode reads the packed words.
@@ -141,12 +142,12 @@ def _index_scores_kernel(
     out_ok = (queries < S)[None, :]
     offs = tl.arange(0, BLOCK_T)
     rows_at = rows_ptr + b * stride_rb
-    if ONE_BLOCK:  # (decode) everything requested at once: key rows, then keys, beside Q and the counts
+    if ONE_BLOCK:  # (decode) the key rows requested beside the counts, then the keys beside Q
         rows = tl.load(rows_at + t_begin + offs, mask=offs < t_end - t_begin, other=-1)
-        q_t, w = _load_queries(q_ptr, w_ptr, b, q0, S, H, Dk, stride_qb, stride_qs, stride_qh, stride_wb, stride_ws,
-                               w_scale, BLOCK_Q, BLOCK_H, BLOCK_D, PACKED or PAIR_ORDER)
-        k = _load_keys(k_ptr, rows, rows >= 0, stride_k, Dk, BLOCK_D, PACKED)
-        if t_begin < t_live:
+        if t_begin < t_live:  # a block past every visible key (a wide cache's tail) loads no Q and no keys
+            q_t, w = _load_queries(q_ptr, w_ptr, b, q0, S, H, Dk, stride_qb, stride_qs, stride_qh, stride_wb,
+                                   stride_ws, w_scale, BLOCK_Q, BLOCK_H, BLOCK_D, PACKED or PAIR_ORDER)
+            k = _load_keys(k_ptr, rows, rows >= 0, stride_k, Dk, BLOCK_D, PACKED)
             _score_block(k, rows >= 0, q_t, w, t_begin, n_visible, out_rows, out_ok, T, BLOCK_T, BLOCK_Q, BLOCK_H)
     elif t_begin < t_live:
         q_t, w = _load_queries(q_ptr, w_ptr, b, q0, S, H, Dk, stride_qb, stride_qs, stride_qh, stride_wb, stride_ws,

@@ -37,6 +37,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere.async_copy import commit_group, wait_group
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda
@@ -44,6 +46,7 @@ from v4serve.ops.mxfp4_decode_triton import NIBBLE_HIGH, NIBBLE_LOW, nibble_pair
 from v4serve.ops.mxfp4_moe_decode_triton import pick_rows
 
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 
 # $0 / $1: the low nibbles of bytes (0, 2) / (1, 3) of the 4 bytes in $4; $2 / $3: the high ones;
@@ -56,6 +59,10 @@ _DECODE_ASM = gl.constexpr(
     + nibble_pair_ptx("$2", "$4", NIBBLE_HIGH, "$5") + nibble_pair_ptx("$3", "v", NIBBLE_HIGH, "$5") + "}")
 ROWS = 64  # weight rows a program (wgmma M)
 BLOCK_K = gl.constexpr(256)
+# The K loop of production: 0 = bytes loaded into registers, two steps an iteration; n >= 2 = a
+# ring of n shared-memory stages filled by cp.async (n - 1 steps in flight; a sweep variant until
+# measured: bench/moe_configs.py "staged").
+STAGES = 0
 
 
 @gluon.jit
@@ -88,8 +95,67 @@ def _step(acc, packed, sb, x_at, x_off, row_z, xe_s, xo_s, a_op: gl.constexpr, l
     _barrier()
     acc = warpgroup_mma(wa, xe_s.permute((1, 0)), acc, is_async=True)
     acc = warpgroup_mma(wb, xo_s.permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, wa, wb))[0]
-    _barrier()  # both MMAs have read X before the next step's stores
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc, wa, wb))[0]  # the caller's barrier: X read
+
+
+@gluon.jit
+def _k_loop_registers(acc, w_base, s_base, byte_off, s_off, x_row, x_off, row_z, xe_s, xo_s, K,
+                      a_op: gl.constexpr, lb: gl.constexpr):
+    """The K loop with the bytes loaded into registers, two steps an iteration: both steps' bytes
+    loaded first, so the second step's loads are in flight while the first decodes (a loop-carried
+    uint8 buffer would be split into bytes by LLVM). Each iteration's loads wait for the previous
+    iteration's MMAs: 16 KB in flight a program at most, none while it decodes."""
+    for k0 in range(0, K, 2 * BLOCK_K):
+        packed0 = gl.load(w_base + k0 // 2 + byte_off)
+        sb0 = gl.load(s_base + k0 // 32 + s_off).to(gl.int32)
+        packed1 = gl.load(w_base + (k0 + BLOCK_K) // 2 + byte_off)
+        sb1 = gl.load(s_base + (k0 + BLOCK_K) // 32 + s_off).to(gl.int32)
+        acc = _step(acc, packed0, sb0, x_row + k0, x_off, row_z, xe_s, xo_s, a_op, lb)
+        _barrier()  # both MMAs have read X before the next step's stores
+        acc = _step(acc, packed1, sb1, x_row + k0 + BLOCK_K, x_off, row_z, xe_s, xo_s, a_op, lb)
+        _barrier()
+    return acc
+
+
+@gluon.jit
+def _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, row_z, xe_s, xo_s, K, a_op: gl.constexpr,
+                   lb: gl.constexpr, l3: gl.constexpr, STAGES: gl.constexpr):
+    """The K loop with the bytes and scales of STAGES - 1 steps in flight (cp.async into a ring of
+    shared-memory stages, one step an iteration): a program keeps loading while it decodes.
+    w_steps [64, 128] / s_steps [64, 8]: the pointers of step 0's bytes and scale bytes of the
+    program's rows (step k: + 128 k / + 8 k). Iteration i reads stage i % STAGES, then refills
+    the stage iteration i - 1 read (every thread has passed that iteration's closing barrier) with
+    step i + STAGES - 1, and closes with wait_group(STAGES - 2) and a barrier: step i + 1 has
+    landed for every thread (the scales are read by other threads than the ones that copied them)
+    and the MMAs have read X."""
+    R: gl.constexpr = 64
+    bytes_s = gl.allocate_shared_memory(gl.uint8, [STAGES, R, 128], gl.SwizzledSharedLayout(16, 1, 2, [1, 0]))
+    scales_s = gl.allocate_shared_memory(gl.uint8, [STAGES, R, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    lw: gl.constexpr = gl.DistributedLinearLayout(  # lb's registers over [64 rows, 128 bytes]
+        reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16], [8, 0]],
+        lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[R, 128])
+    ls: gl.constexpr = gl.DistributedLinearLayout(  # l3's registers over [64 rows, 8 scale bytes]
+        reg_bases=[[0, 1], [8, 0]], lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[R, 8])
+    n_steps = K // BLOCK_K
+    for s in gl.static_range(STAGES - 1):  # the launcher checks n_steps >= STAGES - 1
+        _cp_async(bytes_s.index(s), w_steps + 128 * s)
+        _cp_async(scales_s.index(s), s_steps + 8 * s)
+        commit_group()
+    wait_group(STAGES - 2)
+    _barrier()
+    for i in range(n_steps):
+        packed = gl.convert_layout(gl.reshape(bytes_s.index(i % STAGES).load(lw), [R, 4, 2, 16]), lb)
+        sb = gl.convert_layout(gl.reshape(scales_s.index(i % STAGES).load(ls), [R, 4, 2]), l3).to(gl.int32)
+        ahead = i + STAGES - 1
+        if ahead < n_steps:
+            _cp_async(bytes_s.index(ahead % STAGES), w_steps + 128 * ahead)
+            _cp_async(scales_s.index(ahead % STAGES), s_steps + 8 * ahead)
+        commit_group()  # (an empty group past the last step keeps the count)
+        acc = _step(acc, packed, sb, x_row + i * BLOCK_K, x_off, row_z, xe_s, xo_s, a_op, lb)
+        wait_group(STAGES - 2)
+        _barrier()
     return acc
 
 
@@ -98,10 +164,13 @@ def _mxfp4_moe_mma_gluon_kernel(
     x_ptr, w_ptr, s_ptr, experts_ptr, y_ptr,
     N, K, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, limit, n_rows,
     TOP_K: gl.constexpr, X_PER_TOKEN: gl.constexpr, SWIGLU: gl.constexpr, SKIP_PAST_ROWS: gl.constexpr = False,
+    STAGES: gl.constexpr = 0,
 ):
     """Strides in elements (bytes for the uint8 tensors); N % (32 or 64) == 0, K % 512 == 0. No PDL
     (a sweep variant: launched plainly). SKIP_PAST_ROWS: a pick whose expert id is >= n_rows (the
-    weight's leading dim) computes and stores nothing (mxfp4_moe_decode_triton.py's rule)."""
+    weight's leading dim) computes and stores nothing (mxfp4_moe_decode_triton.py's rule).
+    STAGES: 0 = the bytes loaded into registers (_k_loop_registers), else a ring of that many
+    shared-memory stages filled by cp.async (_k_loop_staged)."""
     R: gl.constexpr = 64
     OUT: gl.constexpr = 32 if SWIGLU else 64
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
@@ -146,15 +215,19 @@ def _mxfp4_moe_mma_gluon_kernel(
     xe_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl, gl.zeros([16, 128], gl.bfloat16, zeros))
     xo_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl, gl.zeros([16, 128], gl.bfloat16, zeros))
     acc = gl.zeros([R, 16], gl.float32, mma)
-    # two K steps an iteration, both steps' bytes loaded first: the second step's loads are in flight
-    # while the first decodes (a loop-carried uint8 buffer would be split into bytes by LLVM)
-    for k0 in range(0, K, 2 * BLOCK_K):
-        packed0 = gl.load(w_base + k0 // 2 + byte_off)
-        sb0 = gl.load(s_base + k0 // 32 + s_off).to(gl.int32)
-        packed1 = gl.load(w_base + (k0 + BLOCK_K) // 2 + byte_off)
-        sb1 = gl.load(s_base + (k0 + BLOCK_K) // 32 + s_off).to(gl.int32)
-        acc = _step(acc, packed0, sb0, x_row + k0, x_off, row_z, xe_s, xo_s, a_op, lb)
-        acc = _step(acc, packed1, sb1, x_row + k0 + BLOCK_K, x_off, row_z, xe_s, xo_s, a_op, lb)
+    if STAGES == 0:
+        acc = _k_loop_registers(acc, w_base, s_base, byte_off, s_off, x_row, x_off, row_z, xe_s, xo_s, K, a_op, lb)
+    else:
+        cw: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # a 16-byte cp.async a thread and row
+        cs: gl.constexpr = gl.BlockedLayout([1, 4], [16, 2], [4, 1], [1, 0])  # a 4-byte cp.async a thread
+        rw = gl.arange(0, R, layout=gl.SliceLayout(1, cw))[:, None]
+        rs = gl.arange(0, R, layout=gl.SliceLayout(1, cs))[:, None]
+        if SWIGLU:
+            rw = rw % OUT + (rw // OUT) * N
+            rs = rs % OUT + (rs // OUT) * N
+        w_steps = w_base + (n0 + rw).to(gl.int64) * stride_wn + gl.arange(0, 128, layout=gl.SliceLayout(0, cw))[None, :]
+        s_steps = s_base + (n0 + rs).to(gl.int64) * stride_sn + gl.arange(0, 8, layout=gl.SliceLayout(0, cs))[None, :]
+        acc = _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, row_z, xe_s, xo_s, K, a_op, lb, l3, STAGES)
     col = gl.arange(0, 16, layout=gl.SliceLayout(0, mma))[None, :]
     v = gl.sum(gl.where(col == 0, acc, 0.0), axis=1)  # column 0: the pick
     dtype = y_ptr.dtype.element_ty
@@ -189,9 +262,9 @@ def gluon_applies(x: torch.Tensor, weight: torch.Tensor, swiglu: bool) -> bool:
 
 def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor,
                         top_k: int, per_token: bool, swiglu_limit: float | None = None, y: torch.Tensor | None = None,
-                        skip_past_rows: bool = False) -> torch.Tensor:
+                        skip_past_rows: bool = False, stages: int = STAGES) -> torch.Tensor:
     """`mxfp4_moe_mma_triton`'s contract (`y`, `skip_past_rows` included) on sm_90 CUDA (Gluon does
-    not run in the interpreter)."""
+    not run in the interpreter). stages: the K loop (the kernel's STAGES; 2 .. K / 256 + 1 stages)."""
     e, n_w, half_k = weight.shape
     k = 2 * half_k
     swiglu = swiglu_limit is not None
@@ -203,6 +276,9 @@ def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     if not gluon_shapes_fit(weight, swiglu):
         raise ValueError(f"K % {2 * BLOCK_K.value} == 0, N % {out} == 0 and weight rows 16-byte aligned with unit "
                          f"stride along K, got K {k}, N {n}, weight strides {weight.stride()}")
+    if stages and not 2 <= stages <= k // BLOCK_K.value + 1:
+        raise ValueError(f"stages must be 0 or 2 .. {k // BLOCK_K.value + 1} (K {k} in steps of {BLOCK_K.value}), "
+                         f"got {stages}")
     if experts.dim() != 1 or not experts.is_contiguous():
         raise ValueError(f"experts must be contiguous [P], got {tuple(experts.shape)}")
     picks = experts.shape[0]
@@ -212,6 +288,6 @@ def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     _mxfp4_moe_mma_gluon_kernel[(picks, triton.cdiv(n, out))](
         x, weight, scale, experts, y, n, k, x.stride(0), weight.stride(0), weight.stride(1), scale.stride(0),
         scale.stride(1), y.stride(0), float(swiglu_limit) if swiglu else 0.0, e,
-        TOP_K=top_k, X_PER_TOKEN=per_token, SWIGLU=swiglu, SKIP_PAST_ROWS=skip_past_rows, num_warps=4,
+        TOP_K=top_k, X_PER_TOKEN=per_token, SWIGLU=swiglu, SKIP_PAST_ROWS=skip_past_rows, STAGES=stages, num_warps=4,
     )
     return y
