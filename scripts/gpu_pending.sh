@@ -15,6 +15,8 @@
 #   topk    the top-k's GPU tests, and the verify compressor's + state commit's (its table width now a
 #           constexpr)
 #   topk-live  the top-k with and without the live bound (`kernel_configs 'index topk live'`)
+#   tests18 rows18  session 18: the GPU tests of the merge-bound top-k, the index scores' dead blocks
+#           and the MoE's cp.async stages; their rows (top-k live, 'indexer decode B', 'moe staged')
 #   rows    `bench kernels` rows of the changed kernels (sets the rules' thresholds), ~3 min
 #   rows16  the o_a and launch-glue rows alone, ~1 min
 #   sweeps-a sweeps-b
@@ -35,7 +37,7 @@
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|rows18|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -74,6 +76,9 @@ tests/model/test_gpu_paths.py"
   [tests16b]="tests/ops/test_compress_verify.py tests/engine/test_gpu_spec_decode.py
 tests/model/test_offload_sort_free_gpu.py tests/ops/test_expert_cache_ops.py
 tests/ops/test_fp8_linear_swiglu.py tests/model/test_shared_expert_swiglu.py"
+  [tests18]="tests/ops/test_index_topk.py tests/ops/test_compress_verify.py
+tests/ops/test_indexer_kernel_gpu.py tests/ops/test_mxfp4_moe_mma.py
+tests/model/test_gpu_paths.py tests/model/test_moe_tensor_core_decode.py"
   [topk]="tests/ops/test_index_topk.py
 tests/ops/test_compress_verify.py"
   [tests17]="tests/ops/test_index_topk.py
@@ -119,11 +124,16 @@ for stage in "$@"; do
     tests)
       parallel_test_groups "$log" tests13 tests14a tests14b
       ;;
-    tests16 | tests16b | tests17 | topk)
+    tests16 | tests16b | tests17 | tests18 | topk)
       parallel_test_groups "$log" "$stage"
       ;;
     topk-live)  # the top-k over a row's live prefix (n_live) against the whole row, ~1 min
       run 120 "$log" $PY -m v4serve.bench.kernel_configs 'index topk live'
+      ;;
+    rows18)  # session 18: top-k live rows, index scores over a wide table, the MoE's cp.async stages
+      run 120 "$log" $PY -m v4serve.bench.kernel_configs 'index topk live'
+      run 120 "$log" $PY -m v4serve.bench.kernel_configs 'indexer decode B'
+      run 150 "$log" $PY -m v4serve.bench.kernel_configs 'moe staged'
       ;;
     rows16)  # the o_a rule's rows and the launch-glue rows (session 16's first `rows` stopped there)
       run 120 "$log" $PY -m v4serve.bench.kernels --no-cold --json "$OUT/pending_rows16.json" --only 'o_a |glue '
