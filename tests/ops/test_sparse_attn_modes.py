@@ -71,6 +71,24 @@ def test_two_pass_decode(mode, D):
     assert out[2].abs().max() == 0
 
 
+def test_two_pass_values_rounds_over_a_wide_table():
+    """The values pass reads its tiles' maxima and sums VALUES_MAX_TILES tiles a round (so a 1M-token
+    cache costs its live tiles): with 2 tiles a round, 650 columns in tiles of 16 (41 tiles) take up
+    to 21 rounds. Tokens with a short live prefix in the wide table (4, 33 and 150 compressed columns:
+    1, 4 and 11 tiles with the window), all columns live, none live, and all holes: the same outputs
+    as one round over every tile (within the fp32 sum order of the denominator) and the reference."""
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(6, 1, 20, 64, 20, 630, seed=5)
+    counts[:, 0] = torch.tensor([4, 33, 150, 630, 0, 630], dtype=counts.dtype)
+    idx[5, 0, :] = -1
+    one_round = sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts,
+                                         tile_config=dict(_two_pass(16, 16, 32, 32), VALUES_MAX_TILES=64))
+    rounds = sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts,
+                                      tile_config=dict(_two_pass(16, 16, 32, 32), VALUES_MAX_TILES=2))
+    assert rel_err(rounds, one_round) < 1e-5
+    assert rel_err(rounds, _reference(q, win, cmp, idx, 20, sink, 0.1, counts)) < 1.5e-2
+    assert rounds[5].abs().max() == 0 and rounds[4].abs().max() > 0
+
+
 @pytest.mark.parametrize("tokens, columns, expected", [
     (1, 640, "small"), (1, 1152, "large"), (2, 384, "two_pass"), (3, 640, "two_pass"), (4, 128, "two_pass"),
     (8, 640, "two_pass"), (64, 1152, "two_pass"),
