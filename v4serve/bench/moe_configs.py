@@ -69,8 +69,9 @@ DECODE_VARIANTS = [
     ("sort-free mma, stages 2 (cp.async weights)", dict(MMA_SWIGLU_CONFIG, MMA=True, num_stages=2),
      dict(MMA_CONFIG, MMA=True, num_stages=2), True),
     ("sort-free mma, Gluon (bytes in the A fragment's layout)", dict(MMA=True, GLUON=True), dict(MMA=True, GLUON=True), True),
-    # session 18 (issue 18, branch moe-staged): the Gluon kernel's bytes and scales through a ring of
-    # cp.async shared-memory stages (STAGES - 1 steps in flight while a step decodes; same bits)
+    # session 18 (issue 18): the Gluon kernel's bytes and scales through a ring of cp.async
+    # shared-memory stages (STAGES - 1 steps in flight while a step decodes; same bits; production
+    # up to 48 picks since session 18)
     *((f"sort-free mma, Gluon, cp.async {n} stages", dict(MMA=True, GLUON=True, STAGES=n),
        dict(MMA=True, GLUON=True, STAGES=n), True) for n in (3, 4, 6)),
     ("production", None, None, True),
@@ -120,7 +121,7 @@ def layer(case, up_cfg, down_cfg, fused):
             experts, weights = moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)
             flat = experts.reshape(-1).contiguous()
             if up_cfg.get("GLUON"):
-                stages = up_cfg.get("STAGES", 0)
+                stages = up_cfg.get("STAGES", 0)  # 0: the register loop (the variant of session 14)
                 hidden = mxfp4_moe_mma_gluon(x, w13, s13, flat, MOE_TOP_K, True, SWIGLU_LIMIT, stages=stages)
                 y = mxfp4_moe_mma_gluon(hidden, w2, s2, flat, MOE_TOP_K, False, stages=stages)
             else:

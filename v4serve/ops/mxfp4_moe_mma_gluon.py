@@ -14,7 +14,12 @@ K loop (sm_90, Triton 3.6; two 256-element steps an iteration, both steps' bytes
 mxfp4_moe_mma_triton.py 3.64): decode 2.13 (3 integer ops and one HFMA2 a pair, a shift a word),
 1/8 HGMMA, the rest X (8 STS, 5 PRMT, 1 LDG a step: rows 0..7 of the tile rewritten, 8..15 zeroed
 once), addresses, fences and barriers; 128
-registers, no spills.
+registers, no spills. The staged K loop (production at decode sizes, STAGES below): the bytes and
+scale bytes of STAGES - 1 steps in flight through a ring of cp.async shared-memory stages (16-byte
+copies of [64 rows, 128 bytes] a step, 128-byte rows swizzled in 16-byte chunks by row parity so
+the readback's LDS.128 of a quad pair is conflict-free; 4-byte copies of the [64, 8] scale bytes),
+one step an iteration, each read back in the register layout above: 381 SASS instructions a step
+(2.98 a weight), 125 registers, 43 KB of shared memory at 4 stages.
 
 Layouts (4 warps = one warpgroup, 64 weight rows a program, BLOCK_K 256 a step). A K step's bytes
 of one row are 128: thread t (lane bits 0-1) of a quad owns bytes 32t .. 32t+31 (two 16-byte
@@ -59,10 +64,14 @@ _DECODE_ASM = gl.constexpr(
     + nibble_pair_ptx("$2", "$4", NIBBLE_HIGH, "$5") + nibble_pair_ptx("$3", "v", NIBBLE_HIGH, "$5") + "}")
 ROWS = 64  # weight rows a program (wgmma M)
 BLOCK_K = gl.constexpr(256)
-# The K loop of production: 0 = bytes loaded into registers, two steps an iteration; n >= 2 = a
-# ring of n shared-memory stages filled by cp.async (n - 1 steps in flight; a sweep variant until
-# measured: bench/moe_configs.py "staged").
-STAGES = 0
+# The K loop of production, by the launch's picks: up to STAGED_MAX_PICKS (decode c1 / c8: 6 / 48
+# picks) a ring of STAGES shared-memory stages filled by cp.async (STAGES - 1 steps in flight while a
+# step decodes), above (verify batches) the bytes loaded into registers, two steps an iteration. Same
+# bits either way. H200, `kernel_configs 'moe staged'` (session 18, Flash layer, µs, registers /
+# 3 / 4 / 6 stages): c1 43.1 / 39.2 / 39.0 / 43.2, c8 219.9 / 220.0 / 215.3 / 245.1, verify c32
+# 789.2 / 805.7 / 804.9 / 855.7 (6 stages: 59 KB of shared memory a program, fewer resident).
+STAGES = 4
+STAGED_MAX_PICKS = 48
 
 
 @gluon.jit
@@ -262,9 +271,10 @@ def gluon_applies(x: torch.Tensor, weight: torch.Tensor, swiglu: bool) -> bool:
 
 def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor,
                         top_k: int, per_token: bool, swiglu_limit: float | None = None, y: torch.Tensor | None = None,
-                        skip_past_rows: bool = False, stages: int = STAGES) -> torch.Tensor:
+                        skip_past_rows: bool = False, stages: int | None = None) -> torch.Tensor:
     """`mxfp4_moe_mma_triton`'s contract (`y`, `skip_past_rows` included) on sm_90 CUDA (Gluon does
-    not run in the interpreter). stages: the K loop (the kernel's STAGES; 2 .. K / 256 + 1 stages)."""
+    not run in the interpreter). stages: the K loop (the kernel's STAGES: 0 = registers, 2 .. K / 256
+    + 1 = a cp.async ring); None = production's rule (STAGES up to STAGED_MAX_PICKS picks, else 0)."""
     e, n_w, half_k = weight.shape
     k = 2 * half_k
     swiglu = swiglu_limit is not None
@@ -276,6 +286,8 @@ def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     if not gluon_shapes_fit(weight, swiglu):
         raise ValueError(f"K % {2 * BLOCK_K.value} == 0, N % {out} == 0 and weight rows 16-byte aligned with unit "
                          f"stride along K, got K {k}, N {n}, weight strides {weight.stride()}")
+    if stages is None:
+        stages = STAGES if experts.shape[0] <= STAGED_MAX_PICKS else 0
     if stages and not 2 <= stages <= k // BLOCK_K.value + 1:
         raise ValueError(f"stages must be 0 or 2 .. {k // BLOCK_K.value + 1} (K {k} in steps of {BLOCK_K.value}), "
                          f"got {stages}")
