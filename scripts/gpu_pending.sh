@@ -16,7 +16,8 @@
 #           constexpr)
 #   topk-live  the top-k with and without the live bound (`kernel_configs 'index topk live'`)
 #   tests18 rows18  session 18: the GPU tests of the merge-bound top-k, the index scores' dead blocks
-#           and the MoE's cp.async stages; their rows (top-k live, 'indexer decode B', 'moe staged')
+#           and the MoE's cp.async stages; their rows (top-k live, 'indexer decode B', 'moe staged');
+#           tests18b / moe-staged: the MoE tests and rows once the cp.async ring is production
 #   rows    `bench kernels` rows of the changed kernels (sets the rules' thresholds), ~3 min
 #   rows16  the o_a and launch-glue rows alone, ~1 min
 #   sweeps-a sweeps-b
@@ -37,7 +38,7 @@
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|rows18|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -79,6 +80,8 @@ tests/ops/test_fp8_linear_swiglu.py tests/model/test_shared_expert_swiglu.py"
   [tests18]="tests/ops/test_index_topk.py tests/ops/test_compress_verify.py
 tests/ops/test_indexer_kernel_gpu.py tests/ops/test_mxfp4_moe_mma.py
 tests/model/test_gpu_paths.py tests/model/test_moe_tensor_core_decode.py"
+  [tests18b]="tests/ops/test_mxfp4_moe_mma.py
+tests/model/test_moe_tensor_core_decode.py"
   [topk]="tests/ops/test_index_topk.py
 tests/ops/test_compress_verify.py"
   [tests17]="tests/ops/test_index_topk.py
@@ -124,11 +127,14 @@ for stage in "$@"; do
     tests)
       parallel_test_groups "$log" tests13 tests14a tests14b
       ;;
-    tests16 | tests16b | tests17 | tests18 | topk)
+    tests16 | tests16b | tests17 | tests18 | tests18b | topk)
       parallel_test_groups "$log" "$stage"
       ;;
     topk-live)  # the top-k over a row's live prefix (n_live) against the whole row, ~1 min
       run 120 "$log" $PY -m v4serve.bench.kernel_configs 'index topk live'
+      ;;
+    moe-staged)  # the MoE's cp.async rule (production) against the register loop, c1 / c8 / verify c32
+      run 150 "$log" $PY -m v4serve.bench.kernel_configs 'moe staged'
       ;;
     rows18)  # session 18: top-k live rows, index scores over a wide table, the MoE's cp.async stages
       run 120 "$log" $PY -m v4serve.bench.kernel_configs 'index topk live'
