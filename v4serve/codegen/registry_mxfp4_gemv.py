@@ -105,34 +105,22 @@ MXFP4_MOE_MMA_KERNELS: tuple[KernelSpec, ...] = tuple(
 # The same projection in Gluon (v4serve/ops/mxfp4_moe_mma_gluon.py, sm_90 only; the route's kernel
 # there, where its shapes fit): the bytes loaded in the layout whose decoded registers are wgmma's A
 # fragment (no shared-memory re-layout), X's zero columns in a 4 KB tile per operand (x: one 16-byte
-# load a row-0 thread a step; rows 8..15 zeroed once). sm_90, Triton 3.6:
-# 128 registers, no spills; two K steps an iteration (both loaded first): 727 / 726 SASS
-# instructions (down / gate_up) for 256 weights a thread (2.85 a weight).
+# load a row-0 thread a step; rows 8..15 zeroed once). sm_90, Triton 3.6, STAGES 0 (the register
+# loop, verify batches): 128 registers, no spills; two K steps an iteration (both loaded first): 727 /
+# 726 SASS instructions (down / gate_up) for 256 weights a thread (2.85 a weight). STAGES 4 (decode):
+# a ring of cp.async shared-memory stages (16-byte copies of the bytes, 4-byte copies of the scales),
+# one step an iteration: 116 / 125 registers, 43 KB of shared memory, 2.98 instructions a weight.
 MXFP4_MOE_MMA_KERNELS += tuple(
     KernelSpec(
-        f"moe.mxfp4_mma_gluon_{proj}{'_skip' if skip else ''}",
+        f"moe.mxfp4_mma_gluon_{proj}{'_skip' if skip else ''}{f'_stages{stages}' if stages else ''}",
         "v4serve.ops.mxfp4_moe_mma_gluon:_mxfp4_moe_mma_gluon_kernel",
         types=_MMA_TYPES, aligned=_MMA_ALIGNED,
         constexprs=dict(TOP_K=6, X_PER_TOKEN=proj == "gate_up", SWIGLU=proj == "gate_up", SKIP_PAST_ROWS=skip,
-                        STAGES=0),
-        archs=(90,), num_warps=4, num_stages=1,
-        expect=Expect(max_regs=168, tensor_cores=True),
-    )
-    for proj in ("gate_up", "down")
-    for skip in (False, True)  # skip: an offloaded layer's passes
-)
-# Its K loop over a ring of cp.async shared-memory stages (STAGES; a sweep variant): 16-byte copies
-# of the bytes, 4-byte copies of the scales, one step an iteration.
-MXFP4_MOE_MMA_KERNELS += tuple(
-    KernelSpec(
-        f"moe.mxfp4_mma_gluon_{proj}_stages{stages}",
-        "v4serve.ops.mxfp4_moe_mma_gluon:_mxfp4_moe_mma_gluon_kernel",
-        types=_MMA_TYPES, aligned=_MMA_ALIGNED,
-        constexprs=dict(TOP_K=6, X_PER_TOKEN=proj == "gate_up", SWIGLU=proj == "gate_up", SKIP_PAST_ROWS=False,
                         STAGES=stages),
         archs=(90,), num_warps=4, num_stages=1,
         expect=Expect(max_regs=168, tensor_cores=True),
     )
+    for stages in (0, 4)
     for proj in ("gate_up", "down")
-    for stages in (4,)
+    for skip in (False, True)  # skip: an offloaded layer's passes
 )
