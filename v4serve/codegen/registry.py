@@ -270,7 +270,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=_VALUES_TYPES, aligned=_VALUES_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
                             BLOCK_DV=_TWO_PASS["BLOCK_DV"], BLOCK_J=16, EVEN_D=True, PDL=pdl, PREFETCH=False,
-                            TAIL_PROGRAMS=False, TOKEN_ROWS=False, KV_OPERAND=0,
+                            TAIL_PROGRAMS=False, TOKEN_ROWS=False, KV_OPERAND=0, ROUNDS=False,
                             **_NO_PK_LOAD),
             archs=archs, **_TWO_PASS["VALUES"],
             # Triton 3.8's sm_100 build keeps one 8-byte value in local memory (2 STL/LDL); the

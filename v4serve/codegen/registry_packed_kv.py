@@ -155,7 +155,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         types=dict(_VALUES_TYPES, win_ptr="*bf16", cmp_ptr="*bf16"), aligned=tuple(_VALUES_TYPES),
         constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
                         BLOCK_J=16, EVEN_D=True, PDL=True, PREFETCH=False, TAIL_PROGRAMS=False, TOKEN_ROWS=True,
-                        KV_OPERAND=0, PACKED=False, PK_NQ=0, PK_BLOCK=1, PK_TAIL_OFF=0, PK_SCALE_OFF=0,
+                        ROUNDS=False, KV_OPERAND=0, PACKED=False, PK_NQ=0, PK_BLOCK=1, PK_TAIL_OFF=0, PK_SCALE_OFF=0,
                         PK_HAS_TAIL=False, PK_FP8_CVT=False),  # the launch's defaults: the rows are bf16
         archs=(90, 100), **_TP["VALUES"],
         expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", tensor_cores=True),
@@ -172,16 +172,20 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
             types=_VALUES_TYPES, aligned=tuple(_VALUES_TYPES),
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=block_h, BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=block_dv,
                             BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, PREFETCH=False,
-                            TAIL_PROGRAMS=False, TOKEN_ROWS=False, KV_OPERAND=kv_operand, **_LOAD_PK),
+                            TAIL_PROGRAMS=False, TOKEN_ROWS=False, KV_OPERAND=kv_operand, ROUNDS=rounds,
+                            **_LOAD_PK),
             archs=archs, **_TP["VALUES"],
             expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
         )
         # kv_lhs_h64 on sm_90 only: Triton 3.9 spills it on sm_100 (255 registers), where wgmma's
         # register operand, the point of the variant, does not exist
-        for suffix, block_h, block_dv, kv_operand, archs in (("", _TP["BLOCK_H"], _TP["BLOCK_DV"], 0, (90, 100, 120)),
-                                                             ("_h32_mma", 32, 32, 1, (90, 100)),
-                                                             ("_kv_lhs", 32, 64, 2, (90, 100)),
-                                                             ("_kv_lhs_h64", 64, 64, 2, (90,)))
+        # _rounds: production's tiles over a wide cache (more than BLOCK_J tiles: the prologue in rounds)
+        for suffix, block_h, block_dv, kv_operand, rounds, archs in (
+            ("", _TP["BLOCK_H"], _TP["BLOCK_DV"], 0, False, (90, 100, 120)),
+            ("_rounds", _TP["BLOCK_H"], _TP["BLOCK_DV"], 0, True, (90, 100, 120)),
+            ("_h32_mma", 32, 32, 1, False, (90, 100)),
+            ("_kv_lhs", 32, 64, 2, False, (90, 100)),
+            ("_kv_lhs_h64", 64, 64, 2, False, (90,)))
     ),
     KernelSpec(
         "sparse_attn.two_pass_scores_fp8kv_4w_pdl", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",

@@ -313,6 +313,22 @@ def _packed_values_prefetched(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, 
 
 
 @triton.jit
+def _live_tiles(idx_ptr, tok, stride_it, c0, hi, tiles, BLOCK_T: tl.constexpr):
+    """Tiles of token `tok` up to its last live column among the len(tiles) tiles from column c0."""
+    cols = c0 + tiles[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
+    rows = load_rows(idx_ptr, tok, stride_it, cols, hi)
+    return tl.cdiv(tl.max(tl.max(tl.where(rows >= 0, cols + 1, 0), 1), 0), BLOCK_T)
+
+
+@triton.jit
+def _tile_stats(m_ptr, l_ptr, tok, j0, n_live, tiles, heads, head_ok, stride_mt, stride_mj):
+    """(m_j, l_j) [len(tiles), len(heads)] of tiles j0 + tiles (-inf / 0 from n_live on)."""
+    ok = ((j0 + tiles) < n_live)[:, None] & head_ok[None, :]
+    ml = tok * stride_mt + (j0 + tiles)[:, None] * stride_mj + heads[None, :]
+    return tl.load(m_ptr + ml, mask=ok, other=float("-inf")), tl.load(l_ptr + ml, mask=ok, other=0.0)
+
+
+@triton.jit
 def _values_kernel(
     win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr, out_ptr,
     H, D, C, n_window,
@@ -322,6 +338,7 @@ def _values_kernel(
     PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
     PK_HAS_TAIL: tl.constexpr = False, PK_FP8_CVT: tl.constexpr = False, PREFETCH: tl.constexpr = False,
     TAIL_PROGRAMS: tl.constexpr = False, TOKEN_ROWS: tl.constexpr = False, KV_OPERAND: tl.constexpr = 0,
+    ROUNDS: tl.constexpr = False,
 ):
     tok = tl.program_id(0).to(tl.int64)
     d0 = tl.program_id(1) * BLOCK_DV
@@ -333,36 +350,34 @@ def _values_kernel(
     else:
         dim_ok = dims < D
     hi = column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS)
-    # Tiles up to the last live column (holes past it contribute nothing), BLOCK_J tiles at a time
-    # below hi: one round for any C up to BLOCK_J tiles, and a wide cache (a short context in a
-    # long max_model_len) costs its live tiles, not C. Loading the token's idx row for this also
-    # brings it into the SM's L1, where the loop's per-step loads of the next tiles' rows find it
-    # instead of paying an L2 round trip each step.
+    # Tiles up to the last live column (holes past it contribute nothing). Loading the token's
+    # idx row for this also brings it into the SM's L1, where the loop's per-step loads of the next
+    # tiles' rows find it instead of paying an L2 round trip each step. ROUNDS (more tiles than
+    # BLOCK_J: a wide cache) reads BLOCK_J tiles a round below the token's bound instead of one block.
     tiles = tl.arange(0, BLOCK_J)
-    all_cols = tiles[:, None] * BLOCK_T + tl.arange(0, BLOCK_T)[None, :]
-    n_live = 0
-    for c0 in range(0, hi, BLOCK_J * BLOCK_T):
-        all_rows = load_rows(idx_ptr, tok, stride_it, c0 + all_cols, hi)
-        last = tl.max(tl.max(tl.where(all_rows >= 0, c0 + all_cols + 1, 0), 1), 0)
-        n_live = tl.maximum(n_live, tl.cdiv(last, BLOCK_T))
+    if ROUNDS:
+        n_live = 0
+        for c0 in range(0, hi, BLOCK_J * BLOCK_T):
+            n_live = tl.maximum(n_live, _live_tiles(idx_ptr, tok, stride_it, c0, hi, tiles, BLOCK_T))
+    else:
+        n_live = _live_tiles(idx_ptr, tok, stride_it, 0, hi, tiles, BLOCK_T)
     sink2 = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
     if PDL:
         gdc_wait()  # the scores pass's p, m and l are complete and visible past this point
-    # The softmax's max and denominator over the live tiles' m_j and l_j, BLOCK_J tiles a round
-    # (one round: the max and the sum of one [BLOCK_J, BLOCK_H] block, plus the sink's term).
-    m = sink2
-    for j0 in range(0, n_live, BLOCK_J):
-        ml = tok * stride_mt + (j0 + tiles)[:, None] * stride_mj + heads[None, :]
-        m_tiles = tl.load(m_ptr + ml, mask=((j0 + tiles) < n_live)[:, None] & head_ok[None, :], other=float("-inf"))
-        m = tl.maximum(m, tl.max(m_tiles, 0))
-    denom = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for j0 in range(0, n_live, BLOCK_J):
-        tile_ok = ((j0 + tiles) < n_live)[:, None] & head_ok[None, :]
-        ml = tok * stride_mt + (j0 + tiles)[:, None] * stride_mj + heads[None, :]
-        m_tiles = tl.load(m_ptr + ml, mask=tile_ok, other=float("-inf"))
-        l_tiles = tl.load(l_ptr + ml, mask=tile_ok, other=0.0)
-        denom += tl.sum(l_tiles * tl.exp2(m_tiles - m[None, :]), 0)
-    denom += tl.exp2(sink2 - m)
+    # The softmax's max and denominator over the live tiles' m_j and l_j (and the sink's term).
+    if ROUNDS:
+        m = sink2
+        for j0 in range(0, n_live, BLOCK_J):
+            m_tiles, _ = _tile_stats(m_ptr, l_ptr, tok, j0, n_live, tiles, heads, head_ok, stride_mt, stride_mj)
+            m = tl.maximum(m, tl.max(m_tiles, 0))
+        denom = tl.exp2(sink2 - m)
+        for j0 in range(0, n_live, BLOCK_J):
+            m_tiles, l_tiles = _tile_stats(m_ptr, l_ptr, tok, j0, n_live, tiles, heads, head_ok, stride_mt, stride_mj)
+            denom += tl.sum(l_tiles * tl.exp2(m_tiles - m[None, :]), 0)
+    else:
+        m_tiles, l_tiles = _tile_stats(m_ptr, l_ptr, tok, 0, n_live, tiles, heads, head_ok, stride_mt, stride_mj)
+        m = tl.maximum(sink2, tl.max(m_tiles, 0))
+        denom = tl.sum(l_tiles * tl.exp2(m_tiles - m[None, :]), 0) + tl.exp2(sink2 - m)
     m_row = m_ptr + tok * stride_mt + heads
     if PACKED and PREFETCH:
         lanes = tl.arange(0, BLOCK_T)
@@ -406,10 +421,11 @@ def _values_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
 
 
-# The values pass reads the tiles' rows, maxima and sums VALUES_MAX_TILES tiles at a time (2048
-# columns at 64 a tile: every C of a V4 / V4-Pro decode step up to max_model_len 240K in one round,
-# as before; beyond, rounds over the token's live tiles, so a 1M-token cache costs what its live
-# columns cost, not a [C / 64, heads] block of registers). A tile config may set its own.
+# The values pass reads the tiles' rows, maxima and sums in one block of up to VALUES_MAX_TILES tiles
+# (2048 columns at 64 a tile: every C of a V4 / V4-Pro decode step up to max_model_len 240K, the
+# kernel's code since session 10); beyond, in rounds of that many below the token's bound (ROUNDS), so
+# a 1M-token cache costs what its live columns cost, not a [C / 64, heads] block of registers. A tile
+# config may set its own.
 VALUES_MAX_TILES = 32
 
 
@@ -487,6 +503,7 @@ def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, 
     block_t, block_hv = cfg["BLOCK_T"], cfg.get("VALUE_BLOCK_H", cfg["BLOCK_H"])
     block_dv = min(cfg["BLOCK_DV"], max(16, triton.next_power_of_2(D)))
     n_tiles = m.shape[1]
+    block_j = min(triton.next_power_of_2(n_tiles), cfg.get("VALUES_MAX_TILES", VALUES_MAX_TILES))
     if rows is not None:
         win = cmp = rows
     kv_operand = cfg.get("KV_OPERAND", 0) if pk else 0
@@ -500,8 +517,7 @@ def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, 
         win.stride(-2), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1), out.stride(0),
         out.stride(1), 0 if rows is None else rows.stride(0),
         HAS_COUNTS=has_counts, BLOCK_H=block_hv, BLOCK_T=block_t, BLOCK_DV=block_dv,
-        BLOCK_J=min(triton.next_power_of_2(n_tiles), cfg.get("VALUES_MAX_TILES", VALUES_MAX_TILES)),
-        EVEN_D=D % block_dv == 0,
+        BLOCK_J=block_j, ROUNDS=block_j < n_tiles, EVEN_D=D % block_dv == 0,
         PREFETCH=bool(pk) and cfg.get("PREFETCH", False),
         # Tail programs (each values program reads codes or the bf16 tail, not both) measured slower
         # on the H200 in session 12 (r4 / r128 B8 14.61 / 11.75 µs against session 11's 13.19 / 10.85
