@@ -16,7 +16,7 @@ from v4serve.ops.index_topk_triton import index_topk_triton
 torch.set_num_threads(1)
 
 PROMPTS = [list(range(10, 80))]  # 70 tokens: 17 compressed rows > top-8
-PARAMS = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+PARAMS = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
 ARGS = dict(model="tiny", device="cpu", max_num_seqs=1, max_num_batched_tokens=32, progress=False)
 
 
@@ -46,7 +46,7 @@ def kernel_topk(monkeypatch):
     return calls
 
 
-@pytest.mark.slow  # ~30 s of interpreted top-k launches
+@pytest.mark.slow  # ~100 s of interpreted top-k launches on one core (3 tokens: the prefill's and one verify step's)
 def test_engine_with_the_kernel_is_the_sort_engine(kernel_topk):
     with pytest.MonkeyPatch.context() as plain_sort:  # the reference run: torch.sort
         plain_sort.setattr(indexer_ops, "_topk_on_device", lambda impl, scores: False)
