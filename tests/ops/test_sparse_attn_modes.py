@@ -49,9 +49,9 @@ def test_decode_split_widths(mode):
 def test_split_decode_merges_many_splits_in_rounds(monkeypatch):
     """Split-K decode over a wide table: 700 columns in splits of 16 (44 splits, more than
     MERGE_MAX_SPLITS = 32: the merge takes two rounds), tokens whose live columns end early (a short
-    context in a wide cache: most splits have no live column and write no partial row), one with all
-    columns live, one with only window columns, one with none: the reference's outputs, and the
-    merge's rounds agree with one round over every split."""
+    context in a wide cache: most splits have no live column), one with all columns live, one with
+    only window columns, one with none: the reference's outputs, and the merge's rounds agree with
+    one block of every split."""
     import v4serve.ops.sparse_attn_triton as sat
 
     q, win, cmp, idx, sink, counts = sparse_attn_inputs(5, 1, 20, 64, 20, 680, seed=9)
