@@ -46,6 +46,26 @@ def test_decode_split_widths(mode):
     assert out[2].abs().max() == 0
 
 
+def test_split_decode_merges_many_splits_in_rounds(monkeypatch):
+    """Split-K decode over a wide table: 700 columns in splits of 16 (44 splits, more than
+    MERGE_MAX_SPLITS = 32: the merge takes two rounds), tokens whose live columns end early (a short
+    context in a wide cache: most splits have no live column), one with all columns live, one with
+    only window columns, one with none: the reference's outputs, and the merge's rounds agree with
+    one block of every split."""
+    import v4serve.ops.sparse_attn_triton as sat
+
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(5, 1, 20, 64, 20, 680, seed=9)
+    counts[:, 0] = torch.tensor([5, 40, 680, 0, 300], dtype=counts.dtype)
+    idx[3, 0, :] = -1
+    cfg = dict(BLOCK_H=16, BLOCK_T=16, COLS_PER_SPLIT=16, num_warps=4, num_stages=1)
+    rounds = sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts, tile_config=cfg)
+    monkeypatch.setattr(sat, "MERGE_MAX_SPLITS", 64)
+    one_round = sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts, tile_config=cfg)
+    assert rel_err(rounds, one_round) < 1e-5
+    assert rel_err(rounds, _reference(q, win, cmp, idx, 20, sink, 0.1, counts)) < 1.5e-2
+    assert rounds[3].abs().max() == 0 and torch.isfinite(rounds).all()
+
+
 def _two_pass(block_h, block_t, block_k, block_dv, warps=4):
     return dict(KERNEL="two_pass", BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=block_k, BLOCK_DV=block_dv,
                 PDL=True, SCORES=dict(num_warps=warps, num_stages=2), VALUES=dict(num_warps=warps, num_stages=2))

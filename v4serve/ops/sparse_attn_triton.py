@@ -375,24 +375,49 @@ def _sparse_attn_merge_kernel(
     part_ptr, m_ptr, l_ptr, sink_ptr, out_ptr,
     H, D, n_splits,
     stride_pt, stride_ps, stride_ph, stride_mt, stride_ms, stride_ot, stride_oh,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False, ROUNDS: tl.constexpr = False,
 ):
+    """out[tok, head] = sum_s 2^(m_s - m) part_s / (sum_s 2^(m_s - m) l_s + 2^(sink - m)), m = max(sink,
+    max_s m_s): one block of BLOCK_S >= n_splits splits, or (ROUNDS: a wide cache's many splits) BLOCK_S
+    splits a round."""
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     splits = tl.arange(0, BLOCK_S)
     dims = tl.arange(0, BLOCK_D)
-    split_ok = splits < n_splits
+    ml_row = tok * stride_mt + head
+    part_row = part_ptr + tok * stride_pt + head * stride_ph + dims[None, :]
     if PDL:
         gdc_wait()  # the split kernel's partials are complete and visible past this point
-    m_s = tl.load(m_ptr + tok * stride_mt + splits * stride_ms + head, mask=split_ok, other=float("-inf"))
-    l_s = tl.load(l_ptr + tok * stride_mt + splits * stride_ms + head, mask=split_ok, other=0.0)
-    sink = tl.load(sink_ptr + head) * 1.4426950408889634
-    m = tl.maximum(tl.max(m_s, 0), sink)
-    w = tl.exp2(m_s - m)
-    denom = tl.sum(l_s * w, 0) + tl.exp2(sink - m)
-    part = tl.load(part_ptr + tok * stride_pt + splits[:, None] * stride_ps + head * stride_ph + dims[None, :],
-                   mask=split_ok[:, None] & (dims < D)[None, :], other=0.0)
-    out = tl.sum(part * w[:, None], 0) / denom
+    if ROUNDS:
+        sink = tl.load(sink_ptr + head) * 1.4426950408889634
+        m = sink
+        for s0 in range(0, n_splits, BLOCK_S):
+            m_s = tl.load(m_ptr + ml_row + (s0 + splits) * stride_ms, mask=s0 + splits < n_splits,
+                          other=float("-inf"))
+            m = tl.maximum(tl.max(m_s, 0), m)
+        denom = tl.exp2(sink - m)
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for s0 in range(0, n_splits, BLOCK_S):
+            split_ok = s0 + splits < n_splits
+            m_s = tl.load(m_ptr + ml_row + (s0 + splits) * stride_ms, mask=split_ok, other=float("-inf"))
+            l_s = tl.load(l_ptr + ml_row + (s0 + splits) * stride_ms, mask=split_ok, other=0.0)
+            w = tl.exp2(m_s - m)
+            denom += tl.sum(l_s * w, 0)
+            part = tl.load(part_row + (s0 + splits)[:, None] * stride_ps, mask=split_ok[:, None] & (dims < D)[None, :],
+                           other=0.0)
+            acc += tl.sum(part * w[:, None], 0)
+        out = acc / denom
+    else:
+        split_ok = splits < n_splits
+        m_s = tl.load(m_ptr + tok * stride_mt + splits * stride_ms + head, mask=split_ok, other=float("-inf"))
+        l_s = tl.load(l_ptr + tok * stride_mt + splits * stride_ms + head, mask=split_ok, other=0.0)
+        sink = tl.load(sink_ptr + head) * 1.4426950408889634
+        m = tl.maximum(tl.max(m_s, 0), sink)
+        w = tl.exp2(m_s - m)
+        denom = tl.sum(l_s * w, 0) + tl.exp2(sink - m)
+        part = tl.load(part_ptr + tok * stride_pt + splits[:, None] * stride_ps + head * stride_ph + dims[None, :],
+                       mask=split_ok[:, None] & (dims < D)[None, :], other=0.0)
+        out = tl.sum(part * w[:, None], 0) / denom
     tl.store(out_ptr + tok * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dims < D)
 
 
@@ -549,14 +574,21 @@ def _partials(T, n_splits, H, D, device):
     return torch.empty(T, n_splits, H, D, dtype=torch.float32, device=device), m_part, torch.empty_like(m_part)
 
 
+# The merge reads up to MERGE_MAX_SPLITS splits in one block (every decode step of V4 / V4-Pro up
+# to 2048 columns: the kernel's code before session 18); more (HCA rows of a 1M-token max_model_len:
+# 130 splits) in rounds of that many instead of a [splits, D] fp32 tile in registers.
+MERGE_MAX_SPLITS = 32
+
+
 def _merge(part, m_part, l_part, sink, out, pdl):
     T, n_splits, H, D = part.shape
+    block_s = min(triton.next_power_of_2(n_splits), MERGE_MAX_SPLITS)
     _sparse_attn_merge_kernel[(T, H)](
         part, m_part, l_part, sink, out,
         H, D, n_splits,
         part.stride(0), part.stride(1), part.stride(2), m_part.stride(0), m_part.stride(1),
         out.stride(0), out.stride(1),
-        BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4,
+        BLOCK_S=block_s, BLOCK_D=max(16, triton.next_power_of_2(D)), ROUNDS=block_s < n_splits, num_warps=4,
         **(dict(PDL=True, launch_pdl=True) if pdl else {}),
     )
 
