@@ -16,8 +16,10 @@ from v4serve.ops.index_topk_triton import index_topk_triton
 torch.set_num_threads(1)
 
 PROMPTS = [list(range(10, 80))]  # 70 tokens: 17 compressed rows > top-8
-PARAMS = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
-ARGS = dict(model="tiny", device="cpu", max_num_seqs=1, max_num_batched_tokens=32, progress=False)
+PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+# max_model_len 128: decode rows of 32 compressed columns (the default 4096 gave 1024-column rows,
+# ~10 s an interpreted launch).
+ARGS = dict(model="tiny", device="cpu", max_num_seqs=1, max_num_batched_tokens=32, max_model_len=128, progress=False)
 
 
 def _run(**spec) -> dict[str, list[int]]:
@@ -46,7 +48,7 @@ def kernel_topk(monkeypatch):
     return calls
 
 
-@pytest.mark.slow  # ~100 s of interpreted top-k launches on one core (3 tokens: the prefill's and one verify step's)
+@pytest.mark.slow  # ~15 s of interpreted top-k launches on one core (6 tokens: the prefill's and verify steps')
 def test_engine_with_the_kernel_is_the_sort_engine(kernel_topk):
     with pytest.MonkeyPatch.context() as plain_sort:  # the reference run: torch.sort
         plain_sort.setattr(indexer_ops, "_topk_on_device", lambda impl, scores: False)

@@ -47,20 +47,20 @@ def test_decode_split_widths(mode):
 
 
 def test_split_decode_merges_many_splits_in_rounds(monkeypatch):
-    """Split-K decode over a wide table: 700 columns in splits of 16 (44 splits, more than
-    MERGE_MAX_SPLITS = 32: the merge takes two rounds), tokens whose live columns end early (a short
-    context in a wide cache: most splits have no live column), one with all columns live, one with
-    only window columns, one with none: the reference's outputs, and the merge's rounds agree with
-    one block of every split."""
+    """Split-K decode over a wide table, merged in rounds: 180 columns in splits of 16 (12 splits)
+    with MERGE_MAX_SPLITS = 4 (three rounds), tokens whose live columns end early (a short context
+    in a wide cache: most splits have no live column), one with all columns live, one with only
+    window columns, one with none: the reference's outputs, and the merge's rounds agree with one
+    block of every split."""
     import v4serve.ops.sparse_attn_triton as sat
 
-    q, win, cmp, idx, sink, counts = sparse_attn_inputs(5, 1, 20, 64, 20, 680, seed=9)
-    counts[:, 0] = torch.tensor([5, 40, 680, 0, 300], dtype=counts.dtype)
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(5, 1, 16, 64, 20, 160, seed=9)
+    counts[:, 0] = torch.tensor([5, 40, 160, 0, 70], dtype=counts.dtype)
     idx[3, 0, :] = -1
     cfg = dict(BLOCK_H=16, BLOCK_T=16, COLS_PER_SPLIT=16, num_warps=4, num_stages=1)
-    rounds = sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts, tile_config=cfg)
-    monkeypatch.setattr(sat, "MERGE_MAX_SPLITS", 64)
     one_round = sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts, tile_config=cfg)
+    monkeypatch.setattr(sat, "MERGE_MAX_SPLITS", 4)
+    rounds = sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts, tile_config=cfg)
     assert rel_err(rounds, one_round) < 1e-5
     assert rel_err(rounds, _reference(q, win, cmp, idx, 20, sink, 0.1, counts)) < 1.5e-2
     assert rounds[3].abs().max() == 0 and torch.isfinite(rounds).all()
@@ -93,12 +93,12 @@ def test_two_pass_decode(mode, D):
 
 def test_two_pass_values_rounds_over_a_wide_table():
     """The values pass reads its tiles' maxima and sums VALUES_MAX_TILES tiles a round (so a 1M-token
-    cache costs its live tiles): with 2 tiles a round, 650 columns in tiles of 16 (41 tiles) take up
-    to 21 rounds. Tokens with a short live prefix in the wide table (4, 33 and 150 compressed columns:
-    1, 4 and 11 tiles with the window), all columns live, none live, and all holes: the same outputs
+    cache costs its live tiles): with 2 tiles a round, 180 columns in tiles of 16 (12 tiles) take up
+    to 6 rounds. Tokens with a short live prefix in the wide table (4, 33 and 100 compressed columns:
+    2, 4 and 8 tiles with the window), all columns live, none live, and all holes: the same outputs
     as one round over every tile (within the fp32 sum order of the denominator) and the reference."""
-    q, win, cmp, idx, sink, counts = sparse_attn_inputs(6, 1, 20, 64, 20, 630, seed=5)
-    counts[:, 0] = torch.tensor([4, 33, 150, 630, 0, 630], dtype=counts.dtype)
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(6, 1, 16, 64, 20, 160, seed=5)
+    counts[:, 0] = torch.tensor([4, 33, 100, 160, 0, 160], dtype=counts.dtype)
     idx[5, 0, :] = -1
     one_round = sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts,
                                          tile_config=dict(_two_pass(16, 16, 32, 32), VALUES_MAX_TILES=64))
@@ -173,6 +173,32 @@ def test_two_pass_decode_head_counts(H):
     out = sparse_attn_paged_triton(q, win, cmp, idx, 128, sink, 512 ** -0.5, counts,
                                    tile_config=DECODE_CONFIG_TWO_PASS)
     assert rel_err(out, _reference(q, win, cmp, idx, 128, sink, 512 ** -0.5, counts)) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("B", [1, 8])
+def test_decode_rounds_over_a_wide_table_full_dims(B, packed):
+    """The production decode over a table as wide as a 128K-token HCA cache's (128 window + 4096
+    compressed columns): at B1 the split-K kernel's 66 splits of 64 columns merge in rounds of 32
+    (MERGE_MAX_SPLITS), at B8 the two-pass values read 66 tiles' maxima and sums in rounds of 32
+    (VALUES_MAX_TILES), over bf16 and packed fp8 rows. Live prefixes short (a 2K context in the wide
+    cache), long and zero, against the fp32 torch reference over the same (unpacked) rows."""
+    from v4serve.ops.kv_pack import pack_rows, unpack_rows
+
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(B, 1, 64, 512, 128, 4096, device="cuda", seed=B)
+    counts[:, 0] = torch.tensor([3500, 16, 4096, 0, 700, 1, 2047, 3000][:B], dtype=counts.dtype)
+    kwargs = {}
+    if packed:
+        fmt = "fp8_e8m0_b64_rope64"
+        win, cmp = pack_rows(win, fmt), pack_rows(cmp, fmt)
+        kwargs = dict(row_format=fmt)
+        win_ref, cmp_ref = unpack_rows(win, fmt, 512, impl="torch"), unpack_rows(cmp, fmt, 512, impl="torch")
+    else:
+        win_ref, cmp_ref = win, cmp
+    out = sparse_attn_paged(q, win, cmp, idx, 128, sink, 512 ** -0.5, counts, impl="triton", **kwargs)
+    ref = _reference(q, win_ref, cmp_ref, idx, 128, sink, 512 ** -0.5, counts)
+    assert not out.isnan().any() and rel_err(out, ref) < 1e-2
 
 
 def _needs_sm90():
