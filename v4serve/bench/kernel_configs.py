@@ -16,6 +16,7 @@ from v4serve.ops.indexer_triton import index_scores_triton
 from v4serve.ops.kv_pack import pack_rows, unpack_rows
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_LARGE,
+    DECODE_CONFIG_LARGE_PACKED,
     DECODE_CONFIG_SMALL,
     DECODE_CONFIG_SMALL_PACKED,
     DECODE_CONFIG_TWO_PASS,
@@ -193,6 +194,12 @@ PREFILL_SHAPES = {"prefill r4 S8192": (4, 8192, 0), "prefill r128 S8192": (128, 
 # B1 and B8 are the PR's; B2 and B4 show where the split-K / two-pass dispatch should switch.
 DECODE_SHAPES = {f"decode r{r} B{B}": (r, B, 32767) for B in (1, 2, 4, 8) for r in (4, 128, 0)}
 PACKED_DECODE_SHAPES = {f"decode fp8kv r{r} B{B}": (r, B, 32767) for B in (1, 8) for r in (4, 128, 0)}
+# B1 HCA rows of a 128K-token cache (max_model_len 131072: 128 + 1024 columns): a 2K context (144 live
+# columns, the rest past the live bound) and a full one (every column live); split-K SMALL against LARGE.
+WIDE_DECODE_SHAPES = {"decode wide r128 B1 pos2047 C1152": (128, 1, 2047, 1024),
+                      "decode wide r128 B1 pos131071 C1152": (128, 1, 131071, 1024)}
+WIDE_DECODE_CANDIDATES = [None, DECODE_CONFIG_SMALL, DECODE_CONFIG_LARGE, None]
+WIDE_PACKED_DECODE_CANDIDATES = [None, DECODE_CONFIG_SMALL_PACKED, DECODE_CONFIG_LARGE_PACKED, "bf16 rows", None]
 PACKED_FORMAT = "fp8_e8m0_b64_rope64"
 # The compaction before prefill over packed rows (ops/kv_compact_triton.py): its launch entries.
 KV_COMPACT_SHAPES = {"kv compact r4 S2048": (4, 2048, 0), "kv compact r4 S8192": (4, 8192, 0),
@@ -287,6 +294,14 @@ def main() -> int:
             _sweep(name, _packed_run(case), candidates)
             if args[1] > 1:
                 _pass_times(name, case)
+    for name, (ratio, B, pos, columns) in WIDE_DECODE_SHAPES.items():
+        if only in name:
+            case = sparse_decode_case(ratio, B, pos, "cuda", columns=columns)
+            _sweep(name, lambda cfg, c=case: sparse_attn_paged_triton(*c.args(), tile_config=cfg),
+                   WIDE_DECODE_CANDIDATES)
+        if only in name.replace("wide", "wide fp8kv"):
+            case = sparse_decode_case(ratio, B, pos, "cuda", columns=columns)
+            _sweep(name.replace("wide", "wide fp8kv"), _packed_run(case), WIDE_PACKED_DECODE_CANDIDATES)
     for name, args in KV_COMPACT_SHAPES.items():
         if only in name:
             _sweep(name, _compact_run(sparse_prefill_case(*args, "cuda")), KV_COMPACT_CANDIDATES)

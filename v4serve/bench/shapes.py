@@ -120,14 +120,18 @@ def sparse_prefill_case(ratio: int, S: int, start: int, device, seed: int = 0) -
     )
 
 
-def sparse_decode_case(ratio: int, B: int, pos: int, device, seed: int = 0) -> SparseCase:
-    """B requests at position `pos`: a 128-row window ring each, (pos + 1) // r compressed rows each."""
+def sparse_decode_case(ratio: int, B: int, pos: int, device, seed: int = 0, columns: int | None = None) -> SparseCase:
+    """B requests at position `pos`: a 128-row window ring each, (pos + 1) // r compressed rows each.
+    columns: the width of the compressed part of the table when wider than the live picks (an HCA
+    layer's table is max_model_len / 128 wide whatever the context): -1 past the live ones."""
     g = torch.Generator(device=device).manual_seed(seed)
     n_cmp = (pos + 1) // ratio if ratio else 0
     k = (TOPK if ratio == 4 else n_cmp) if ratio else 0
     win_idx = torch.arange(B, device=device)[:, None] * WINDOW + torch.arange(WINDOW, device=device)[None, :]
     positions = torch.full((B,), pos, device=device)
     picks = _compressed_picks(positions, ratio, n_cmp, k, g) if ratio else win_idx[:, :0].int()
+    if columns is not None and columns > picks.shape[1]:
+        picks = torch.nn.functional.pad(picks, (0, columns - picks.shape[1]), value=-1)
     cmp_idx = torch.where(picks >= 0, picks + torch.arange(B, device=device)[:, None] * n_cmp, -1)
     idx = torch.cat([win_idx, cmp_idx], 1).to(torch.int32)[:, None]
     return SparseCase(

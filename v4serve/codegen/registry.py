@@ -80,8 +80,8 @@ _SPARSE_ATTN_WS_ALIGNED = (
     "l_ptr", "H", "C", "n_window", "cols_per_split", "stride_qt", "stride_qh", "stride_pool", "stride_it",
     "stride_ot", "stride_oh", "stride_pt", "stride_ps", "stride_ph", "stride_mt", "stride_ms")
 _MERGE_TYPES = dict(
-    part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32", sink_ptr="*fp32", out_ptr="*bf16", H="i32",
-    D="i32", n_splits="i32", **dict.fromkeys(
+    part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32", sink_ptr="*fp32", out_ptr="*bf16", counts_ptr="*i32", H="i32",
+    D="i32", C="i32", n_window="i32", cols_per_split="i32", n_splits="i32", **dict.fromkeys(
         ("stride_pt", "stride_ps", "stride_ph", "stride_mt", "stride_ms", "stride_ot", "stride_oh"),
         "i32"))
 _MERGE_ALIGNED = ("part_ptr", "m_ptr", "l_ptr", "sink_ptr", "out_ptr", "H", "D", "stride_pt",
@@ -236,25 +236,25 @@ KERNELS: tuple[KernelSpec, ...] = (
         # fp32 tile alone is 128 registers per thread
         "sparse_attn.merge_s32", f"{_OPS}.sparse_attn_triton:_sparse_attn_merge_kernel",
         types=_MERGE_TYPES, aligned=_MERGE_ALIGNED,
-        constexprs=dict(BLOCK_S=32, BLOCK_D=512, PDL=False, ROUNDS=False), num_warps=4, num_stages=3,
+        constexprs=dict(HAS_COUNTS=True, BLOCK_S=32, BLOCK_D=512, PDL=False, ROUNDS=False), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"part = tl\.load", max_regs=192),
     ),
     KernelSpec(  # merge_s32 with PDL=True (launched with launch_pdl on sm_90+)
         "sparse_attn.merge_s32_pdl", f"{_OPS}.sparse_attn_triton:_sparse_attn_merge_kernel",
         types=_MERGE_TYPES, aligned=_MERGE_ALIGNED,
-        constexprs=dict(BLOCK_S=32, BLOCK_D=512, PDL=True, ROUNDS=False), archs=(90, 100, 120), num_warps=4,
+        constexprs=dict(HAS_COUNTS=True, BLOCK_S=32, BLOCK_D=512, PDL=True, ROUNDS=False), archs=(90, 100, 120), num_warps=4,
         num_stages=3, expect=Expect(kv_load_bytes=16, kv_lines=r"part = tl\.load", max_regs=192),
     ),
     KernelSpec(  # more than 32 splits (a wide cache's HCA rows at B1): 32 a round
         "sparse_attn.merge_s32_rounds_pdl", f"{_OPS}.sparse_attn_triton:_sparse_attn_merge_kernel",
         types=_MERGE_TYPES, aligned=_MERGE_ALIGNED,
-        constexprs=dict(BLOCK_S=32, BLOCK_D=512, PDL=True, ROUNDS=True), archs=(90, 100, 120), num_warps=4,
+        constexprs=dict(HAS_COUNTS=True, BLOCK_S=32, BLOCK_D=512, PDL=True, ROUNDS=True), archs=(90, 100, 120), num_warps=4,
         num_stages=3, expect=Expect(kv_load_bytes=16, kv_lines=r"part = tl\.load", max_regs=192),
     ),
     KernelSpec(  # B1 r128: 384 columns / 32 per split = 12 splits -> BLOCK_S 16
         "sparse_attn.merge_s16", f"{_OPS}.sparse_attn_triton:_sparse_attn_merge_kernel",
         types=_MERGE_TYPES, aligned=_MERGE_ALIGNED,
-        constexprs=dict(BLOCK_S=16, BLOCK_D=512, PDL=False, ROUNDS=False), num_warps=4, num_stages=3,
+        constexprs=dict(HAS_COUNTS=True, BLOCK_S=16, BLOCK_D=512, PDL=False, ROUNDS=False), num_warps=4, num_stages=3,
         expect=Expect(kv_load_bytes=16, kv_lines=r"part = tl\.load", max_regs=128),
     ),
     # ---- two-pass decode (ops/sparse_attn_two_pass.py), DECODE_CONFIG_TWO_PASS; PDL on sm_90+ ----

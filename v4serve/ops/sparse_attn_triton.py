@@ -288,8 +288,13 @@ def _sparse_attn_program(
         gdc_launch_dependents()
     tok = tl.program_id(0).to(tl.int64)
     hblock = tl.program_id(1)
-    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
+    lo = split * cols_per_split
+    bound = column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS)
+    if SPLIT and not FUSED_MERGE:
+        if (split > 0) & (lo >= bound):
+            return  # past the token's live columns (a short context in a wide cache): the merge stops below
+    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
     dims = tl.arange(0, BLOCK_D)
     head_ok = heads < H
     if EVEN_D:
@@ -302,8 +307,7 @@ def _sparse_attn_program(
                     mask=head_ok[:, None] & dim_ok[None, :], other=0.0)
     sink = tl.load(sink_ptr + heads, mask=head_ok, other=0.0) * 1.4426950408889634
 
-    lo = split * cols_per_split
-    hi = tl.minimum(column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS), lo + cols_per_split)
+    hi = tl.minimum(bound, lo + cols_per_split)
 
     m_i = sink
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -372,20 +376,24 @@ def _sparse_attn_program(
 
 @triton.jit
 def _sparse_attn_merge_kernel(
-    part_ptr, m_ptr, l_ptr, sink_ptr, out_ptr,
-    H, D, n_splits,
+    part_ptr, m_ptr, l_ptr, sink_ptr, out_ptr, counts_ptr,
+    H, D, C, n_window, cols_per_split, n_splits,
     stride_pt, stride_ps, stride_ph, stride_mt, stride_ms, stride_ot, stride_oh,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False, ROUNDS: tl.constexpr = False,
+    HAS_COUNTS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
+    ROUNDS: tl.constexpr = False,
 ):
     """out[tok, head] = sum_s 2^(m_s - m) part_s / (sum_s 2^(m_s - m) l_s + 2^(sink - m)), m = max(sink,
-    max_s m_s): one block of BLOCK_S >= n_splits splits, or (ROUNDS: a wide cache's many splits) BLOCK_S
-    splits a round."""
+    max_s m_s), over the splits that hold a live column of the token (split 0 always; a split past the
+    token's live columns writes nothing): one block of BLOCK_S >= n_splits splits, or (ROUNDS: a wide
+    cache's many splits) BLOCK_S splits a round."""
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     splits = tl.arange(0, BLOCK_S)
     dims = tl.arange(0, BLOCK_D)
     ml_row = tok * stride_mt + head
     part_row = part_ptr + tok * stride_pt + head * stride_ph + dims[None, :]
+    bound = column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS)
+    n_splits = tl.minimum(n_splits, tl.maximum(tl.cdiv(bound, cols_per_split), 1))
     if PDL:
         gdc_wait()  # the split kernel's partials are complete and visible past this point
     if ROUNDS:
@@ -523,7 +531,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     )
     if fused:
         return out.reshape(B, M, H, D)
-    _merge(part, m_part, l_part, sink, out, pdl)
+    _merge(part, m_part, l_part, sink, out, ct, C, n_window, cols_per_split, counts is not None, pdl)
     return out.reshape(B, M, H, D)
 
 
@@ -580,15 +588,17 @@ def _partials(T, n_splits, H, D, device):
 MERGE_MAX_SPLITS = 32
 
 
-def _merge(part, m_part, l_part, sink, out, pdl):
+def _merge(part, m_part, l_part, sink, out, counts, C, n_window, cols_per_split, has_counts, pdl):
+    """Merge the split partials of the splits below each token's live-column bound (`counts` as the
+    split kernel read them: the idx rows when there are none)."""
     T, n_splits, H, D = part.shape
     block_s = min(triton.next_power_of_2(n_splits), MERGE_MAX_SPLITS)
     _sparse_attn_merge_kernel[(T, H)](
-        part, m_part, l_part, sink, out,
-        H, D, n_splits,
+        part, m_part, l_part, sink, out, counts,
+        H, D, C, n_window, cols_per_split, n_splits,
         part.stride(0), part.stride(1), part.stride(2), m_part.stride(0), m_part.stride(1),
         out.stride(0), out.stride(1),
-        BLOCK_S=block_s, BLOCK_D=max(16, triton.next_power_of_2(D)), ROUNDS=block_s < n_splits, num_warps=4,
+        HAS_COUNTS=has_counts, BLOCK_S=block_s, BLOCK_D=max(16, triton.next_power_of_2(D)), ROUNDS=block_s < n_splits, num_warps=4,
         **(dict(PDL=True, launch_pdl=True) if pdl else {}),
     )
 
@@ -603,5 +613,5 @@ def _run_ws(qt, win, cmp, it, ct, sink, out, n_window, cols_per_split, n_splits,
     part, m_part, l_part = _partials(T, n_splits, H, D, qt.device)
     sparse_attn_ws(qt, win, cmp, it, ct, sink, out, part, m_part, l_part, n_window, cols_per_split, n_splits,
                    qk_scale_log2, has_counts, _sm_count(qt.device), cfg)
-    _merge(part, m_part, l_part, sink, out, pdl)
+    _merge(part, m_part, l_part, sink, out, ct, it.shape[1], n_window, cols_per_split, has_counts, pdl)
     return out
