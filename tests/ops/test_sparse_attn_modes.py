@@ -16,7 +16,7 @@ from v4serve.bench.shapes import WINDOW, sparse_decode_case, sparse_prefill_case
 from v4serve.ops._dispatch import triton_at_least
 from v4serve.ops.sparse_attn import sparse_attn_paged
 from v4serve.ops.sparse_attn_triton import (
-    DECODE_CONFIG_LARGE,
+    DECODE_CONFIG_LIVE,
     DECODE_CONFIG_SMALL,
     DECODE_CONFIG_TWO_PASS,
     PREFILL_CONFIG,
@@ -69,6 +69,28 @@ def test_split_decode_merges_many_splits_in_rounds(monkeypatch):
     assert rounds[3].abs().max() == 0 and torch.isfinite(rounds).all()
 
 
+def test_split_width_follows_the_live_columns(monkeypatch):
+    """WIDE_FROM / WIDE_COLS_PER_SPLIT: a token with more than WIDE_FROM live columns takes the wide
+    splits, the others the narrow ones (the grid has the narrow count; the rest write nothing, the
+    partials start as NaN). Tokens of 24 and 100 live columns (narrow: 2 and 7 splits of 16) and of
+    180 (wide: 3 of 64) in a 180-column table: the reference's outputs, and each token's bits those
+    of the one width it takes."""
+    import v4serve.ops.sparse_attn_triton as sat
+
+    partials = sat._partials
+    monkeypatch.setattr(sat, "_partials", lambda *a: tuple(t.fill_(float("nan")) for t in partials(*a)))
+    q, win, cmp, idx, sink, counts = sparse_attn_inputs(3, 1, 16, 64, 20, 160, seed=13)
+    counts[:, 0] = torch.tensor([4, 80, 160], dtype=counts.dtype)
+    narrow = dict(BLOCK_H=16, BLOCK_T=16, COLS_PER_SPLIT=16, num_warps=4, num_stages=1)
+    live = sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts,
+                                    tile_config=dict(narrow, WIDE_FROM=128, WIDE_COLS_PER_SPLIT=64))
+    one_width = [sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts,
+                                          tile_config=dict(narrow, COLS_PER_SPLIT=cols)) for cols in (16, 64)]
+    assert not torch.equal(one_width[0][2], one_width[1][2])  # the widths sum in different orders
+    assert torch.equal(live[:2], one_width[0][:2]) and torch.equal(live[2:], one_width[1][2:])
+    assert rel_err(live, _reference(q, win, cmp, idx, 20, sink, 0.1, counts)) < 1.5e-2
+
+
 def _two_pass(block_h, block_t, block_k, block_dv, warps=4):
     return dict(KERNEL="two_pass", BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=block_k, BLOCK_DV=block_dv,
                 PDL=True, SCORES=dict(num_warps=warps, num_stages=2), VALUES=dict(num_warps=warps, num_stages=2))
@@ -113,12 +135,13 @@ def test_two_pass_values_rounds_over_a_wide_table():
 
 
 @pytest.mark.parametrize("tokens, columns, expected", [
-    (1, 640, "small"), (1, 1152, "large"), (2, 384, "two_pass"), (3, 640, "two_pass"), (4, 128, "two_pass"),
+    (1, 640, "small"), (1, 1152, "live"), (2, 384, "two_pass"), (3, 640, "two_pass"), (4, 128, "two_pass"),
     (8, 640, "two_pass"), (64, 1152, "two_pass"),
 ])
 def test_decode_config_dispatch(tokens, columns, expected):
-    # Split-K for one token (32 columns per split up to 1024 pairs, 64 beyond), two-pass from 2.
-    configs = dict(small=DECODE_CONFIG_SMALL, large=DECODE_CONFIG_LARGE, two_pass=DECODE_CONFIG_TWO_PASS)
+    # Split-K for one token (32 columns per split up to 1024 columns; past that, 64 for a token with
+    # more than 1024 live), two-pass from 2.
+    configs = dict(small=DECODE_CONFIG_SMALL, live=DECODE_CONFIG_LIVE, two_pass=DECODE_CONFIG_TWO_PASS)
     assert decode_config(tokens, columns) == configs[expected]
 
 

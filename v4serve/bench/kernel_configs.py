@@ -17,6 +17,7 @@ from v4serve.ops.kv_pack import pack_rows, unpack_rows
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_LARGE,
     DECODE_CONFIG_LARGE_PACKED,
+    DECODE_CONFIG_LIVE_PACKED,
     DECODE_CONFIG_SMALL,
     DECODE_CONFIG_SMALL_PACKED,
     DECODE_CONFIG_TWO_PASS,
@@ -195,11 +196,14 @@ PREFILL_SHAPES = {"prefill r4 S8192": (4, 8192, 0), "prefill r128 S8192": (128, 
 DECODE_SHAPES = {f"decode r{r} B{B}": (r, B, 32767) for B in (1, 2, 4, 8) for r in (4, 128, 0)}
 PACKED_DECODE_SHAPES = {f"decode fp8kv r{r} B{B}": (r, B, 32767) for B in (1, 8) for r in (4, 128, 0)}
 # B1 HCA rows of a 128K-token cache (max_model_len 131072: 128 + 1024 columns): a 2K context (144 live
-# columns, the rest past the live bound) and a full one (every column live); split-K SMALL against LARGE.
+# columns, the rest past the live bound) and a full one (every column live); split-K SMALL, LARGE and
+# the split width by live columns (production).
 WIDE_DECODE_SHAPES = {"decode wide r128 B1 pos2047 C1152": (128, 1, 2047, 1024),
                       "decode wide r128 B1 pos131071 C1152": (128, 1, 131071, 1024)}
+# Production (None) is DECODE_CONFIG_LIVE(_PACKED): the split width by each token's live columns.
 WIDE_DECODE_CANDIDATES = [None, DECODE_CONFIG_SMALL, DECODE_CONFIG_LARGE, None]
-WIDE_PACKED_DECODE_CANDIDATES = [None, DECODE_CONFIG_SMALL_PACKED, DECODE_CONFIG_LARGE_PACKED, "bf16 rows", None]
+WIDE_PACKED_DECODE_CANDIDATES = [None, DECODE_CONFIG_SMALL_PACKED, DECODE_CONFIG_LARGE_PACKED,
+                                 dict(DECODE_CONFIG_LIVE_PACKED, num_warps=8), "bf16 rows", None]
 PACKED_FORMAT = "fp8_e8m0_b64_rope64"
 # The compaction before prefill over packed rows (ops/kv_compact_triton.py): its launch entries.
 KV_COMPACT_SHAPES = {"kv compact r4 S2048": (4, 2048, 0), "kv compact r4 S8192": (4, 8192, 0),

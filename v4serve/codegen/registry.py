@@ -57,16 +57,17 @@ _OPS = "v4serve.ops"
 _SPARSE_ATTN_TYPES = dict(
     q_ptr="*bf16", win_ptr="*bf16", cmp_ptr="*bf16", idx_ptr="*i32", counts_ptr="*i32",
     sink_ptr="*fp32", out_ptr="*bf16", ticket_ptr="*i32", H="i32", D="i32", C="i32",
-    n_window="i32", cols_per_split="i32", n_splits="i32", qk_scale_log2="fp32", **dict.fromkeys(
+    n_window="i32", cols_per_split="i32", wide_from="i32", wide_cols_per_split="i32", n_splits="i32",
+    qk_scale_log2="fp32", **dict.fromkeys(
         ("stride_qt", "stride_qh", "stride_pool", "stride_it", "stride_ot", "stride_oh",
          "stride_pt", "stride_ps", "stride_ph", "stride_mt", "stride_ms"), "i32"))
 # Every pointer (pools asserted 16-byte aligned, the rest fresh allocations) and every integer
 # that is a multiple of 16 at the DeepSeek-V4 shapes (H 64, D 512, C 640, n_window 128).
 _SPARSE_ATTN_ALIGNED = (
     "q_ptr", "win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "sink_ptr", "out_ptr", "part_ptr",
-    "m_ptr", "l_ptr", "ticket_ptr", "H", "D", "C", "n_window", "cols_per_split", "stride_qt",
-    "stride_qh", "stride_pool", "stride_it", "stride_ot", "stride_oh", "stride_pt", "stride_ps",
-    "stride_ph", "stride_mt", "stride_ms")
+    "m_ptr", "l_ptr", "ticket_ptr", "H", "D", "C", "n_window", "cols_per_split", "wide_from",
+    "wide_cols_per_split", "stride_qt", "stride_qh", "stride_pool", "stride_it", "stride_ot", "stride_oh",
+    "stride_pt", "stride_ps", "stride_ph", "stride_mt", "stride_ms")
 _SPARSE_ATTN_WS_TYPES = dict(
     q_ptr="*bf16", win_ptr="*bf16", cmp_ptr="*bf16", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
     out_ptr="*bf16", part_ptr="*bf16", m_ptr="*bf16", l_ptr="*bf16", H="i32", C="i32", n_window="i32",
@@ -81,7 +82,8 @@ _SPARSE_ATTN_WS_ALIGNED = (
     "stride_ot", "stride_oh", "stride_pt", "stride_ps", "stride_ph", "stride_mt", "stride_ms")
 _MERGE_TYPES = dict(
     part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32", sink_ptr="*fp32", out_ptr="*bf16", counts_ptr="*i32", H="i32",
-    D="i32", C="i32", n_window="i32", cols_per_split="i32", n_splits="i32", **dict.fromkeys(
+    D="i32", C="i32", n_window="i32", cols_per_split="i32", wide_from="i32", wide_cols_per_split="i32",
+    n_splits="i32", **dict.fromkeys(
         ("stride_pt", "stride_ps", "stride_ph", "stride_mt", "stride_ms", "stride_ot", "stride_oh"),
         "i32"))
 _MERGE_ALIGNED = ("part_ptr", "m_ptr", "l_ptr", "sink_ptr", "out_ptr", "H", "D", "stride_pt",

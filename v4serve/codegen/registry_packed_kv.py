@@ -59,10 +59,11 @@ def unpack_columns_spec(name: str, window_format: str, compressed_format: str) -
 _ATTN_TYPES = dict(
     q_ptr="*bf16", win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
     out_ptr="*bf16", ticket_ptr="*i32", H="i32", D="i32", C="i32", n_window="i32", cols_per_split="i32",
-    n_splits="i32", qk_scale_log2="fp32", **dict.fromkeys(_STRIDES, "i32"))
+    wide_from="i32", wide_cols_per_split="i32", n_splits="i32", qk_scale_log2="fp32", **dict.fromkeys(_STRIDES, "i32"))
 # stride_pool 592 is a multiple of 16; the rest as in registry.py's sparse-attention entries.
 _ATTN_ALIGNED = ("q_ptr", "win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "sink_ptr", "out_ptr", "part_ptr", "m_ptr",
-                 "l_ptr", "ticket_ptr", "H", "D", "C", "n_window", "cols_per_split", *_STRIDES)
+                 "l_ptr", "ticket_ptr", "H", "D", "C", "n_window", "cols_per_split", "wide_from", "wide_cols_per_split",
+                 *_STRIDES)
 _TP = DECODE_CONFIG_TWO_PASS
 _TPP = DECODE_CONFIG_TWO_PASS_PACKED
 _DEC = DECODE_CONFIG_SMALL_PACKED

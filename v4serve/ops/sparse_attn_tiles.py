@@ -22,6 +22,13 @@ def column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS: tl.constexpr):
 
 
 @triton.jit
+def split_width(bound, cols_per_split, wide_from, wide_cols_per_split):
+    """Columns per split of a token whose live columns end at `bound`: the wide width past wide_from
+    live columns (split-K decode: few serial tiles for a short context, few splits for a long one)."""
+    return tl.where(bound > wide_from, wide_cols_per_split, cols_per_split)
+
+
+@triton.jit
 def load_rows(idx_ptr, tok, stride_it, cols, hi):
     """Pool rows token `tok`'s columns `cols` name: idx, with -1 (a hole) for columns >= hi."""
     return tl.load(idx_ptr + tok * stride_it + cols, mask=cols < hi, other=-1)

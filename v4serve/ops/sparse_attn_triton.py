@@ -92,15 +92,16 @@ from v4serve.ops.sparse_attn_gluon import WS_HEAD_DIM, sparse_attn_ws
 from v4serve.ops.kv_compact import unpack_referenced_rows
 from v4serve.ops.kv_pack_triton import packed_constexprs
 from v4serve.ops.sparse_attn_tiles import (
-    bf16_operand_boundary, column_bound, gather_kv_tile, gather_packed_kv_tile, sliced_scores)
+    bf16_operand_boundary, column_bound, gather_kv_tile, gather_packed_kv_tile, sliced_scores, split_width)
 from v4serve.ops.sparse_attn_two_pass import sparse_attn_two_pass
 from v4serve.ops.sparse_attn_unpacked_decode import unpack_columns
 
 # Production tiles (H200 sweeps, docs/performance.md). Prefill: all 64 heads of a token share each
 # gathered [64, 512] KV tile. Single-token decode (steps of more tokens take the two-pass kernels
 # below): 16 heads per program; splits of 32 columns up to SMALL_DECODE_PAIRS columns (B1 r4: 80
-# programs for 640 columns), 64 beyond (V4-Pro's 1152); the merge kernel is launched with programmatic dependent launch (PDL, sm_90+) so its
-# launch overlaps the split kernel. Also available by tile_config, and measured slower on the H200
+# programs for 640 columns), 64 once a token has more live (DECODE_CONFIG_LIVE: V4-Pro's 1152); the
+# merge kernel is launched with programmatic dependent launch (PDL, sm_90+) so its launch overlaps
+# the split kernel. Also available by tile_config, and measured slower on the H200
 # (a program's serial tile steps cost ~2 µs each): COLS_PER_SPLIT None (one program per
 # (token, head block) walks every column) and MERGE "fused" (the last split program merges).
 # Prefill tiles per GPU architecture (compute capability major*10 + minor). sm_90 (the one timed)
@@ -154,6 +155,14 @@ DECODE_CONFIG_SMALL_PACKED = dict(DECODE_CONFIG_SMALL, num_warps=4, num_stages=1
 DECODE_CONFIG_LARGE_PACKED = dict(DECODE_CONFIG_LARGE, num_warps=8, num_stages=1)
 DECODE_CONFIG_SMALL_PACKED_SLICED = _sliced(dict(DECODE_CONFIG_SMALL, num_warps=8))
 SMALL_DECODE_PAIRS = 1024
+# B1 over a table wider than SMALL_DECODE_PAIRS (V4-Pro's 1152 top-k columns; HCA rows, whose width
+# is 128 + max_model_len / 128 whatever the context): the split width follows each token's live
+# columns on the device, 32 up to SMALL_DECODE_PAIRS live, 64 past it; the grid has the 32-column
+# splits' count and the programs past a token's live columns exit at once. H200, session 19 (HCA
+# 128 + 1024 columns, µs, bf16 / packed): 144 live (a 2K context) SMALL 7.49 / 7.41, LARGE 8.09 /
+# 9.36; all 1152 live SMALL 11.89 / 11.99, LARGE 8.59 / 10.04.
+DECODE_CONFIG_LIVE = dict(DECODE_CONFIG_SMALL, WIDE_FROM=SMALL_DECODE_PAIRS, WIDE_COLS_PER_SPLIT=64)
+DECODE_CONFIG_LIVE_PACKED = dict(DECODE_CONFIG_SMALL_PACKED, WIDE_FROM=SMALL_DECODE_PAIRS, WIDE_COLS_PER_SPLIT=64)
 # Decode steps of TWO_PASS_MIN_TOKENS or more tokens take the two-pass kernels
 # (sparse_attn_two_pass.py): bf16 P between a scores and a values launch instead of fp32 split
 # partials. Scores: one 64-column tile for all 64 heads (wgmma's M on sm_90) per program, S
@@ -206,7 +215,7 @@ def decode_config(n_tokens: int, n_columns: int, packed: bool = False, device: t
         return DECODE_CONFIG_TWO_PASS_PACKED if packed and _whole_tile_scores_fit(device) else DECODE_CONFIG_TWO_PASS
     if n_tokens * n_columns <= SMALL_DECODE_PAIRS:
         return DECODE_CONFIG_SMALL_PACKED if packed else DECODE_CONFIG_SMALL
-    return DECODE_CONFIG_LARGE_PACKED if packed else DECODE_CONFIG_LARGE
+    return DECODE_CONFIG_LIVE_PACKED if packed else DECODE_CONFIG_LIVE
 
 
 def _whole_tile_scores_fit(device: torch.device | None) -> bool:
@@ -226,7 +235,7 @@ def _sm_count(device: torch.device) -> int:
 @triton.jit
 def _sparse_attn_kernel(
     q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr, ticket_ptr,
-    H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
+    H, D, C, n_window, cols_per_split, wide_from, wide_cols_per_split, n_splits, qk_scale_log2,
     stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
     stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
     HAS_COUNTS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
@@ -239,7 +248,7 @@ def _sparse_attn_kernel(
     """S = Q K^T as one dot over the whole [BLOCK_T, BLOCK_D] tile (the bf16 production kernel)."""
     _sparse_attn_program(
         q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr, ticket_ptr,
-        H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
+        H, D, C, n_window, cols_per_split, wide_from, wide_cols_per_split, n_splits, qk_scale_log2,
         stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
         stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
         HAS_COUNTS, SPLIT, FUSED_MERGE, BLOCK_H, BLOCK_T, BLOCK_D, EVEN_D, PDL, PACKED, PK_NQ, PK_BLOCK,
@@ -249,7 +258,7 @@ def _sparse_attn_kernel(
 @triton.jit
 def _sparse_attn_sliced_kernel(
     q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr, ticket_ptr,
-    H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
+    H, D, C, n_window, cols_per_split, wide_from, wide_cols_per_split, n_splits, qk_scale_log2,
     stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
     stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
     HAS_COUNTS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
@@ -263,7 +272,7 @@ def _sparse_attn_sliced_kernel(
     rows): each K slice is gathered and dequantized on its own, only P V takes the whole tile."""
     _sparse_attn_program(
         q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr, ticket_ptr,
-        H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
+        H, D, C, n_window, cols_per_split, wide_from, wide_cols_per_split, n_splits, qk_scale_log2,
         stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
         stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
         HAS_COUNTS, SPLIT, FUSED_MERGE, BLOCK_H, BLOCK_T, BLOCK_D, EVEN_D, PDL, PACKED, PK_NQ, PK_BLOCK,
@@ -273,7 +282,7 @@ def _sparse_attn_sliced_kernel(
 @triton.jit
 def _sparse_attn_program(
     q_ptr, win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, out_ptr, part_ptr, m_ptr, l_ptr, ticket_ptr,
-    H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
+    H, D, C, n_window, cols_per_split, wide_from, wide_cols_per_split, n_splits, qk_scale_log2,
     stride_qt, stride_qh, stride_pool, stride_it, stride_ot, stride_oh,
     stride_pt, stride_ps, stride_ph, stride_mt, stride_ms,
     HAS_COUNTS: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
@@ -289,8 +298,9 @@ def _sparse_attn_program(
     tok = tl.program_id(0).to(tl.int64)
     hblock = tl.program_id(1)
     split = tl.program_id(2)
-    lo = split * cols_per_split
     bound = column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS)
+    cols_per_split = split_width(bound, cols_per_split, wide_from, wide_cols_per_split)
+    lo = split * cols_per_split
     if SPLIT and not FUSED_MERGE:
         if (split > 0) & (lo >= bound):
             return  # past the token's live columns (a short context in a wide cache): the merge stops below
@@ -377,7 +387,7 @@ def _sparse_attn_program(
 @triton.jit
 def _sparse_attn_merge_kernel(
     part_ptr, m_ptr, l_ptr, sink_ptr, out_ptr, counts_ptr,
-    H, D, C, n_window, cols_per_split, n_splits,
+    H, D, C, n_window, cols_per_split, wide_from, wide_cols_per_split, n_splits,
     stride_pt, stride_ps, stride_ph, stride_mt, stride_ms, stride_ot, stride_oh,
     HAS_COUNTS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
     ROUNDS: tl.constexpr = False,
@@ -393,6 +403,7 @@ def _sparse_attn_merge_kernel(
     ml_row = tok * stride_mt + head
     part_row = part_ptr + tok * stride_pt + head * stride_ph + dims[None, :]
     bound = column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS)
+    cols_per_split = split_width(bound, cols_per_split, wide_from, wide_cols_per_split)
     n_splits = tl.minimum(n_splits, tl.maximum(tl.cdiv(bound, cols_per_split), 1))
     if PDL:
         gdc_wait()  # the split kernel's partials are complete and visible past this point
@@ -495,6 +506,10 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
         pk["PK_BF16_OPERAND"] = bool(bf16_operand) and compiled_on_cuda(q.device)  # no inline asm in the interpreter
     cols_per_split = cfg.pop("COLS_PER_SPLIT", None)
     cols_per_split = max(1, C) if cols_per_split is None else max(1, min(cols_per_split, C))
+    # A token with more than WIDE_FROM live columns takes splits of WIDE_COLS_PER_SPLIT (the grid
+    # has the narrow splits' count; the rest exit at once): the split width follows the live columns.
+    wide_from = cfg.pop("WIDE_FROM", None)
+    wide = (max(1, C), cols_per_split) if wide_from is None else (wide_from, cfg.pop("WIDE_COLS_PER_SPLIT"))
     merge = cfg.pop("MERGE", "kernel")
     BLOCK_D = max(16, triton.next_power_of_2(D))
     even_d = BLOCK_D == D
@@ -510,7 +525,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
         # One program per (token, head block) over every column: the output is written directly.
         attn_kernel[(T, n_hblocks, 1)](
             *common, out, out, out, out,
-            H, D, C, n_window, max(C, 1), 1, qk_scale_log2,
+            H, D, C, n_window, max(C, 1), max(C, 1), max(C, 1), 1, qk_scale_log2,
             qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), out.stride(0), out.stride(1),
             0, 0, 0, 0, 0,
             HAS_COUNTS=counts is not None, SPLIT=False, FUSED_MERGE=False, BLOCK_D=BLOCK_D, EVEN_D=even_d, **cfg,
@@ -519,10 +534,12 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
         return out.reshape(B, M, H, D)
     part, m_part, l_part = _partials(T, n_splits, H, D, q.device)
     fused = merge == "fused"
+    if fused and wide_from is not None:
+        raise ValueError("MERGE 'fused' counts every split: it takes no WIDE_FROM")
     tickets = torch.zeros(T * n_hblocks, dtype=torch.int32, device=q.device) if fused else it
     attn_kernel[(T, n_hblocks, n_splits)](
         *common, part, m_part, l_part, tickets,
-        H, D, C, n_window, cols_per_split, n_splits, qk_scale_log2,
+        H, D, C, n_window, cols_per_split, *wide, n_splits, qk_scale_log2,
         qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), out.stride(0), out.stride(1),
         part.stride(0), part.stride(1), part.stride(2), m_part.stride(0), m_part.stride(1),
         HAS_COUNTS=counts is not None, SPLIT=True, FUSED_MERGE=fused, BLOCK_D=BLOCK_D, EVEN_D=even_d,
@@ -531,7 +548,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     )
     if fused:
         return out.reshape(B, M, H, D)
-    _merge(part, m_part, l_part, sink, out, ct, C, n_window, cols_per_split, counts is not None, pdl)
+    _merge(part, m_part, l_part, sink, out, ct, C, n_window, (cols_per_split, *wide), counts is not None, pdl)
     return out.reshape(B, M, H, D)
 
 
@@ -588,14 +605,15 @@ def _partials(T, n_splits, H, D, device):
 MERGE_MAX_SPLITS = 32
 
 
-def _merge(part, m_part, l_part, sink, out, counts, C, n_window, cols_per_split, has_counts, pdl):
+def _merge(part, m_part, l_part, sink, out, counts, C, n_window, split_widths, has_counts, pdl):
     """Merge the split partials of the splits below each token's live-column bound (`counts` as the
-    split kernel read them: the idx rows when there are none)."""
+    split kernel read them: the idx rows when there are none). split_widths: (cols_per_split,
+    wide_from, wide_cols_per_split) as the split kernel took them."""
     T, n_splits, H, D = part.shape
     block_s = min(triton.next_power_of_2(n_splits), MERGE_MAX_SPLITS)
     _sparse_attn_merge_kernel[(T, H)](
         part, m_part, l_part, sink, out, counts,
-        H, D, C, n_window, cols_per_split, n_splits,
+        H, D, C, n_window, *split_widths, n_splits,
         part.stride(0), part.stride(1), part.stride(2), m_part.stride(0), m_part.stride(1),
         out.stride(0), out.stride(1),
         HAS_COUNTS=has_counts, BLOCK_S=block_s, BLOCK_D=max(16, triton.next_power_of_2(D)), ROUNDS=block_s < n_splits, num_warps=4,
@@ -613,5 +631,6 @@ def _run_ws(qt, win, cmp, it, ct, sink, out, n_window, cols_per_split, n_splits,
     part, m_part, l_part = _partials(T, n_splits, H, D, qt.device)
     sparse_attn_ws(qt, win, cmp, it, ct, sink, out, part, m_part, l_part, n_window, cols_per_split, n_splits,
                    qk_scale_log2, has_counts, _sm_count(qt.device), cfg)
-    _merge(part, m_part, l_part, sink, out, ct, it.shape[1], n_window, cols_per_split, has_counts, pdl)
+    _merge(part, m_part, l_part, sink, out, ct, it.shape[1], n_window, (cols_per_split, it.shape[1], cols_per_split),
+           has_counts, pdl)
     return out
