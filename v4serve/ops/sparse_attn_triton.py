@@ -610,13 +610,18 @@ def _merge(part, m_part, l_part, sink, out, counts, C, n_window, split_widths, h
     split kernel read them: the idx rows when there are none). split_widths: (cols_per_split,
     wide_from, wide_cols_per_split) as the split kernel took them."""
     T, n_splits, H, D = part.shape
-    block_s = min(triton.next_power_of_2(n_splits), MERGE_MAX_SPLITS)
+    cols, wide_from, wide_cols = split_widths
+    # The most splits a token can have live: narrow splits up to wide_from columns, wide ones past it
+    # (at 1152 columns, 32 and 18 of a grid of 36: one block, no rounds).
+    live_splits = min(n_splits, max(triton.cdiv(min(wide_from, C), cols), triton.cdiv(C, wide_cols)))
+    block_s = min(triton.next_power_of_2(live_splits), MERGE_MAX_SPLITS)
     _sparse_attn_merge_kernel[(T, H)](
         part, m_part, l_part, sink, out, counts,
         H, D, C, n_window, *split_widths, n_splits,
         part.stride(0), part.stride(1), part.stride(2), m_part.stride(0), m_part.stride(1),
         out.stride(0), out.stride(1),
-        HAS_COUNTS=has_counts, BLOCK_S=block_s, BLOCK_D=max(16, triton.next_power_of_2(D)), ROUNDS=block_s < n_splits, num_warps=4,
+        HAS_COUNTS=has_counts, BLOCK_S=block_s, BLOCK_D=max(16, triton.next_power_of_2(D)),
+        ROUNDS=block_s < live_splits, num_warps=4,
         **(dict(PDL=True, launch_pdl=True) if pdl else {}),
     )
 
