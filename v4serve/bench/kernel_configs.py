@@ -199,7 +199,8 @@ PACKED_DECODE_SHAPES = {f"decode fp8kv r{r} B{B}": (r, B, 32767) for B in (1, 8)
 # columns, the rest past the live bound) and a full one (every column live); split-K SMALL, LARGE and
 # the split width by live columns (production).
 WIDE_DECODE_SHAPES = {"decode wide r128 B1 pos2047 C1152": (128, 1, 2047, 1024),
-                      "decode wide r128 B1 pos131071 C1152": (128, 1, 131071, 1024)}
+                      "decode wide r128 B1 pos131071 C1152": (128, 1, 131071, 1024),
+                      "decode wide r128 B1 pos2047 C194": (128, 1, 2047, 66)}  # max_model_len 8448: the reference
 # Production (None) is DECODE_CONFIG_LIVE(_PACKED): the split width by each token's live columns.
 WIDE_DECODE_CANDIDATES = [None, DECODE_CONFIG_SMALL, DECODE_CONFIG_LARGE, None]
 WIDE_PACKED_DECODE_CANDIDATES = [None, DECODE_CONFIG_SMALL_PACKED, DECODE_CONFIG_LARGE_PACKED,
