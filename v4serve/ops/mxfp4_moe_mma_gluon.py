@@ -169,6 +169,15 @@ def _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, row_z, xe_s, xo_s, K, a_
 
 
 @gluon.jit
+def _weight_rows(r, n0, N, OUT: gl.constexpr, SWIGLU: gl.constexpr):
+    """The weight row of a program's row r (0..63): n0 + r, or for the SwiGLU projection gate rows
+    n0 + r for r < 32 and up rows N + n0 + r - 32 (the pair lands in one program)."""
+    if SWIGLU:
+        return n0 + r % OUT + (r // OUT) * N
+    return n0 + r
+
+
+@gluon.jit
 def _mxfp4_moe_mma_gluon_kernel(
     x_ptr, w_ptr, s_ptr, experts_ptr, y_ptr,
     N, K, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, limit, n_rows,
@@ -198,18 +207,8 @@ def _mxfp4_moe_mma_gluon_kernel(
             return
     row = (pick // TOP_K if X_PER_TOKEN else pick).to(gl.int64)
     n0 = gl.program_id(1) * OUT
-    r3 = gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, l3)))[:, None, None]
-    t3 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, l3)))[None, :, None]
-    b3 = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, l3)))[None, None, :]
-    ii = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, lb))))[None, None, None, :]
-    if SWIGLU:  # rows 0..31 gate n0 + r, 32..63 up N + n0 + r - 32
-        w_n = (n0 + r3 % OUT + (r3 // OUT) * N).to(gl.int64)
-    else:
-        w_n = (n0 + r3).to(gl.int64)
     w_base = w_ptr + e * stride_we
     s_base = s_ptr + e * stride_se
-    byte_off = (w_n * stride_wn + 32 * t3 + 16 * b3)[:, :, :, None] + ii
-    s_off = w_n * stride_sn + 2 * t3 + b3
     # X's column 0 in the decoder's order (see _x_operands): x_off [16, 32, 8] = 8 m + j, m = 8t + 2c + b
     xl: gl.constexpr = gl.DistributedLinearLayout(
         reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [4, 0, 0]],
@@ -224,18 +223,22 @@ def _mxfp4_moe_mma_gluon_kernel(
     xe_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl, gl.zeros([16, 128], gl.bfloat16, zeros))
     xo_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl, gl.zeros([16, 128], gl.bfloat16, zeros))
     acc = gl.zeros([R, 16], gl.float32, mma)
-    if STAGES == 0:
+    if STAGES == 0:  # each thread's bytes and scale bytes, in lb's layout
+        r3 = gl.arange(0, R, layout=gl.SliceLayout(1, gl.SliceLayout(2, l3)))[:, None, None]
+        t3 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, l3)))[None, :, None]
+        b3 = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, l3)))[None, None, :]
+        ii = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, lb))))[None, None, None, :]
+        w_n = _weight_rows(r3, n0, N, OUT, SWIGLU).to(gl.int64)
+        byte_off = (w_n * stride_wn + 32 * t3 + 16 * b3)[:, :, :, None] + ii
+        s_off = w_n * stride_sn + 2 * t3 + b3
         acc = _k_loop_registers(acc, w_base, s_base, byte_off, s_off, x_row, x_off, row_z, xe_s, xo_s, K, a_op, lb)
     else:
         cw: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # a 16-byte cp.async a thread and row
         cs: gl.constexpr = gl.BlockedLayout([1, 4], [16, 2], [4, 1], [1, 0])  # a 4-byte cp.async a thread
-        rw = gl.arange(0, R, layout=gl.SliceLayout(1, cw))[:, None]
-        rs = gl.arange(0, R, layout=gl.SliceLayout(1, cs))[:, None]
-        if SWIGLU:
-            rw = rw % OUT + (rw // OUT) * N
-            rs = rs % OUT + (rs // OUT) * N
-        w_steps = w_base + (n0 + rw).to(gl.int64) * stride_wn + gl.arange(0, 128, layout=gl.SliceLayout(0, cw))[None, :]
-        s_steps = s_base + (n0 + rs).to(gl.int64) * stride_sn + gl.arange(0, 8, layout=gl.SliceLayout(0, cs))[None, :]
+        rw = _weight_rows(gl.arange(0, R, layout=gl.SliceLayout(1, cw))[:, None], n0, N, OUT, SWIGLU)
+        rs = _weight_rows(gl.arange(0, R, layout=gl.SliceLayout(1, cs))[:, None], n0, N, OUT, SWIGLU)
+        w_steps = w_base + rw.to(gl.int64) * stride_wn + gl.arange(0, 128, layout=gl.SliceLayout(0, cw))[None, :]
+        s_steps = s_base + rs.to(gl.int64) * stride_sn + gl.arange(0, 8, layout=gl.SliceLayout(0, cs))[None, :]
         acc = _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, row_z, xe_s, xo_s, K, a_op, lb, l3, STAGES)
     col = gl.arange(0, 16, layout=gl.SliceLayout(0, mma))[None, :]
     v = gl.sum(gl.where(col == 0, acc, 0.0), axis=1)  # column 0: the pick
