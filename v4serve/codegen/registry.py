@@ -221,8 +221,9 @@ KERNELS: tuple[KernelSpec, ...] = (
                       max_spill_ops=96),
     ),
     *(
-        KernelSpec(  # DECODE_CONFIG_SMALL (_LARGE differs only in the runtime cols_per_split, 64 not
-            # 32), merge kernel after; PDL on sm_90+ (griddepcontrol needs sm_90)
+        KernelSpec(  # DECODE_CONFIG_SMALL (_LARGE and _LIVE differ only in the runtime split widths:
+            # cols_per_split, wide_from, wide_cols_per_split), merge kernel after; PDL on sm_90+
+            # (griddepcontrol needs sm_90)
             f"sparse_attn.decode{suffix}", f"{_OPS}.sparse_attn_triton:_sparse_attn_kernel",
             types=dict(_SPARSE_ATTN_TYPES, part_ptr="*fp32", m_ptr="*fp32", l_ptr="*fp32"),
             aligned=_SPARSE_ATTN_ALIGNED,
