@@ -302,12 +302,13 @@ def _sparse_attn_program(
     bound = column_bound(counts_ptr, tok, C, n_window, HAS_COUNTS)
     cols_per_split = split_width(bound, cols_per_split, wide_from, wide_cols_per_split)
     lo = split * cols_per_split
-    if SPLIT and not FUSED_MERGE:
-        if (split > 0) & (lo >= bound):
-            return  # past the token's live columns (a short context in a wide cache): the merge stops below
     heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
     dims = tl.arange(0, BLOCK_D)
     head_ok = heads < H
+    if SPLIT and not FUSED_MERGE:
+        # A split past the token's live columns (a short context in a wide cache) loads and stores
+        # nothing (its masks are all off; its loop is empty): the merge stops below it.
+        head_ok = head_ok & ((split == 0) | (lo < bound))
     if EVEN_D:
         dim_ok = tl.full([BLOCK_D], True, tl.int1)  # D == BLOCK_D: no column mask to compute
     else:
