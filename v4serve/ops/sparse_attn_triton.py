@@ -56,11 +56,14 @@ sparse_attn_unpacked_decode.py).
   acc / (l + 2^(sink2 - m)) in bf16. sm_90: BLOCK_H 64, so one [64, 512] fp32 accumulator per
   token fills the register file (one program per SM).
 - decode (M == 1): grid (T, cdiv(H, BLOCK_H), n_splits); split s covers columns
-  [s * COLS_PER_SPLIT, (s + 1) * COLS_PER_SPLIT). With one split the program writes the output
-  like prefill. Otherwise split s stores its unnormalised state in fp32:
+  [s * w, (s + 1) * w), w = COLS_PER_SPLIT, or WIDE_COLS_PER_SPLIT for a token with more than
+  WIDE_FROM live columns (n_window + counts: the width is chosen on the device). With one split the
+  program writes the output like prefill. Otherwise split s stores its unnormalised state in fp32
+  (a split past its token's live columns, other than split 0, loads and stores nothing):
       part [T, n_splits, H, D] = acc_s,   m_part, l_part [T, n_splits, H] = m_s, l_s
   and `_sparse_attn_merge_kernel` (grid (T, H), one head of one token per program, launched with
-  programmatic dependent launch on sm_90+) combines them with the sink:
+  programmatic dependent launch on sm_90+) combines the splits below the token's live bound with
+  the sink:
       m = max(sink2, max_s m_s),  w_s = 2^(m_s - m),
       o = sum_s w_s acc_s / (sum_s w_s l_s + 2^(sink2 - m)).
   MERGE "fused" instead lets the last split program of each (token, head block) merge (an int32
@@ -158,8 +161,8 @@ SMALL_DECODE_PAIRS = 1024
 # B1 over a table wider than SMALL_DECODE_PAIRS (V4-Pro's 1152 top-k columns; HCA rows, whose width
 # is 128 + max_model_len / 128 whatever the context): the split width follows each token's live
 # columns on the device, 32 up to SMALL_DECODE_PAIRS live, 64 past it; the grid has the 32-column
-# splits' count and the programs past a token's live columns exit at once. H200, session 19 (HCA
-# 128 + 1024 columns, µs, bf16 / packed): 144 live (a 2K context) 6.15 / 6.40 against SMALL 7.28 /
+# splits' count and the programs past a token's live columns load and store nothing. H200, session
+# 19 (HCA 128 + 1024 columns, µs, bf16 / packed; timed with those programs returning at once): 144 live (a 2K context) 6.15 / 6.40 against SMALL 7.28 /
 # 7.37 and LARGE 7.90 / 9.41 (the 8448-token cache's 194 columns: 5.98 / 6.17); all 1152 live 8.96
 # / 9.85 against SMALL 12.22 / 12.26 and LARGE 8.65 / 10.10.
 DECODE_CONFIG_LIVE = dict(DECODE_CONFIG_SMALL, WIDE_FROM=SMALL_DECODE_PAIRS, WIDE_COLS_PER_SPLIT=64)
