@@ -162,9 +162,10 @@ SMALL_DECODE_PAIRS = 1024
 # is 128 + max_model_len / 128 whatever the context): the split width follows each token's live
 # columns on the device, 32 up to SMALL_DECODE_PAIRS live, 64 past it; the grid has the 32-column
 # splits' count and the programs past a token's live columns load and store nothing. H200, session
-# 19 (HCA 128 + 1024 columns, µs, bf16 / packed; timed with those programs returning at once): 144 live (a 2K context) 6.15 / 6.40 against SMALL 7.28 /
-# 7.37 and LARGE 7.90 / 9.41 (the 8448-token cache's 194 columns: 5.98 / 6.17); all 1152 live 8.96
-# / 9.85 against SMALL 12.22 / 12.26 and LARGE 8.65 / 10.10.
+# 19 (HCA 128 + 1024 columns, µs, bf16 / packed; timed with those programs returning at once): 144
+# live (a 2K context) 6.15 / 6.40 against SMALL 7.28 / 7.37 and LARGE 7.90 / 9.41 (the 8448-token
+# cache's 194 columns: 5.98 / 6.17); all 1152 live 8.96 / 9.85 against SMALL 12.22 / 12.26 and
+# LARGE 8.65 / 10.10.
 DECODE_CONFIG_LIVE = dict(DECODE_CONFIG_SMALL, WIDE_FROM=SMALL_DECODE_PAIRS, WIDE_COLS_PER_SPLIT=64)
 DECODE_CONFIG_LIVE_PACKED = dict(DECODE_CONFIG_SMALL_PACKED, WIDE_FROM=SMALL_DECODE_PAIRS, WIDE_COLS_PER_SPLIT=64)
 # Decode steps of TWO_PASS_MIN_TOKENS or more tokens take the two-pass kernels
