@@ -139,7 +139,7 @@ for stage in "$@"; do
     moe-staged)  # the MoE's cp.async rule (production) against the register loop, c1 / c8 / verify c32
       run 150 "$log" $PY -m v4serve.bench.kernel_configs 'moe staged'
       ;;
-    rows19)  # session 19: B1 split-K over a wide table (dead splits skipped), SMALL against LARGE
+    rows19)  # session 19: B1 split-K over a wide table, the live split width against SMALL and LARGE
       run 150 "$log" $PY -m v4serve.bench.kernel_configs 'decode wide'
       ;;
     rows18)  # session 18: top-k live rows, index scores over a wide table, the MoE's cp.async stages

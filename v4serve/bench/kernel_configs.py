@@ -300,13 +300,14 @@ def main() -> int:
             if args[1] > 1:
                 _pass_times(name, case)
     for name, (ratio, B, pos, columns) in WIDE_DECODE_SHAPES.items():
-        if only in name:
+        packed_name = name.replace("wide", "wide fp8kv")
+        if only in name or only in packed_name:
             case = sparse_decode_case(ratio, B, pos, "cuda", columns=columns)
+        if only in name:
             _sweep(name, lambda cfg, c=case: sparse_attn_paged_triton(*c.args(), tile_config=cfg),
                    WIDE_DECODE_CANDIDATES)
-        if only in name.replace("wide", "wide fp8kv"):
-            case = sparse_decode_case(ratio, B, pos, "cuda", columns=columns)
-            _sweep(name.replace("wide", "wide fp8kv"), _packed_run(case), WIDE_PACKED_DECODE_CANDIDATES)
+        if only in packed_name:
+            _sweep(packed_name, _packed_run(case), WIDE_PACKED_DECODE_CANDIDATES)
     for name, args in KV_COMPACT_SHAPES.items():
         if only in name:
             _sweep(name, _compact_run(sparse_prefill_case(*args, "cuda")), KV_COMPACT_CANDIDATES)

@@ -513,9 +513,11 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     cols_per_split = cfg.pop("COLS_PER_SPLIT", None)
     cols_per_split = max(1, C) if cols_per_split is None else max(1, min(cols_per_split, C))
     # A token with more than WIDE_FROM live columns takes splits of WIDE_COLS_PER_SPLIT (the grid
-    # has the narrow splits' count; the rest exit at once): the split width follows the live columns.
+    # has the narrow splits' count; the rest load and store nothing): the split width follows the
+    # live columns. split_widths: (cols_per_split, wide_from, wide_cols_per_split) as the kernels take them.
     wide_from = cfg.pop("WIDE_FROM", None)
-    wide = (max(1, C), cols_per_split) if wide_from is None else (wide_from, cfg.pop("WIDE_COLS_PER_SPLIT"))
+    split_widths = ((cols_per_split, max(1, C), cols_per_split) if wide_from is None
+                    else (cols_per_split, wide_from, cfg.pop("WIDE_COLS_PER_SPLIT")))
     merge = cfg.pop("MERGE", "kernel")
     BLOCK_D = max(16, triton.next_power_of_2(D))
     even_d = BLOCK_D == D
@@ -545,7 +547,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     tickets = torch.zeros(T * n_hblocks, dtype=torch.int32, device=q.device) if fused else it
     attn_kernel[(T, n_hblocks, n_splits)](
         *common, part, m_part, l_part, tickets,
-        H, D, C, n_window, cols_per_split, *wide, n_splits, qk_scale_log2,
+        H, D, C, n_window, *split_widths, n_splits, qk_scale_log2,
         qt.stride(0), qt.stride(1), win.stride(0), it.stride(0), out.stride(0), out.stride(1),
         part.stride(0), part.stride(1), part.stride(2), m_part.stride(0), m_part.stride(1),
         HAS_COUNTS=counts is not None, SPLIT=True, FUSED_MERGE=fused, BLOCK_D=BLOCK_D, EVEN_D=even_d,
@@ -554,7 +556,7 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
     )
     if fused:
         return out.reshape(B, M, H, D)
-    _merge(part, m_part, l_part, sink, out, ct, C, n_window, (cols_per_split, *wide), counts is not None, pdl)
+    _merge(part, m_part, l_part, sink, out, ct, C, n_window, split_widths, counts is not None, pdl)
     return out.reshape(B, M, H, D)
 
 
