@@ -19,6 +19,7 @@
 #           and the MoE's cp.async stages; their rows (top-k live, 'indexer decode B', 'moe staged');
 #           tests18b / moe-staged: the MoE tests and rows once the cp.async ring is production
 #   tests19 rows19  the decode's rounds (merge over > 32 splits, values over > 32 tiles) and the packed kernels
+#   tests20 rows20  up to 8 picks of an expert a Gluon MoE program (GROUP) against a program a pick
 #   rows    `bench kernels` rows of the changed kernels (sets the rules' thresholds), ~3 min
 #   rows16  the o_a and launch-glue rows alone, ~1 min
 #   sweeps-a sweeps-b
@@ -39,7 +40,7 @@
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|rows19|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|tests20|rows19|rows20|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -83,6 +84,10 @@ tests/ops/test_indexer_kernel_gpu.py tests/ops/test_mxfp4_moe_mma.py
 tests/model/test_gpu_paths.py tests/model/test_moe_tensor_core_decode.py"
   [tests19]="tests/ops/test_sparse_attn_modes.py
 tests/ops/test_packed_kernels_gpu.py"
+  [tests20]="tests/ops/test_mxfp4_moe_mma.py
+tests/model/test_moe_tensor_core_decode.py
+tests/model/test_offload_sort_free_gpu.py
+tests/engine/test_gpu_spec_decode.py"
   [tests18b]="tests/ops/test_mxfp4_moe_mma.py
 tests/model/test_moe_tensor_core_decode.py"
   [topk]="tests/ops/test_index_topk.py
@@ -130,11 +135,14 @@ for stage in "$@"; do
     tests)
       parallel_test_groups "$log" tests13 tests14a tests14b
       ;;
-    tests16 | tests16b | tests17 | tests18 | tests18b | tests19 | topk)
+    tests16 | tests16b | tests17 | tests18 | tests18b | tests19 | tests20 | topk)
       parallel_test_groups "$log" "$stage"
       ;;
     topk-live)  # the top-k over a row's live prefix (n_live) against the whole row, ~1 min
       run 120 "$log" $PY -m v4serve.bench.kernel_configs 'index topk live'
+      ;;
+    rows20)  # session 20: up to 8 picks of an expert a Gluon program against a program a pick
+      run 300 "$log" $PY -m v4serve.bench.kernel_configs 'moe grouped'
       ;;
     moe-staged)  # the MoE's cp.async rule (production) against the register loop, c1 / c8 / verify c32
       run 150 "$log" $PY -m v4serve.bench.kernel_configs 'moe staged'

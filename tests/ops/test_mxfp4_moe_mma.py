@@ -164,6 +164,48 @@ def test_mma_gluon_staged_is_the_register_loop_bit_for_bit_gpu(tokens, stages):
     assert y.float().norm() > 0
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("stages", [0, 4])
+@pytest.mark.parametrize("routing", ["uniform", "shared", "skipped"])
+def test_mma_gluon_grouped_is_a_program_a_pick_bit_for_bit_gpu(routing, stages):
+    """Up to 8 picks of one expert a program (GROUP: X's rows 0..7, column j of the MMA for member j)
+    store the bits a program a pick stores (column 0), every pick's row. Routing: uniform over 20
+    tokens (a few repeated experts), 20 tokens on the same 6 experts (groups of 8, 8, 4: three
+    leading programs an expert), or that with every third pick skipped (an offload pass's id past
+    the weight's rows: its row keeps the sentinel; the groups form among the other picks)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    from v4serve.ops.mxfp4_moe_mma_gluon import mxfp4_moe_mma_gluon
+    w13, s13, w2, s2, x, experts = _flash_case(20)
+    if routing != "uniform":
+        experts = torch.tensor([3, 250, 17, 99, 128, 64], device="cuda").repeat(20)
+    skip = dict(skip_past_rows=routing == "skipped")
+    if routing == "skipped":
+        experts = torch.where(torch.arange(120, device="cuda") % 3 == 1, w13.shape[0], experts)
+    sentinel = dict(dtype=torch.bfloat16, device="cuda")
+    runs = {}
+    for group in (1, 8):
+        h = torch.full((120, 2048), float("nan"), **sentinel)
+        mxfp4_moe_mma_gluon(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT, y=h, stages=stages, group=group, **skip)
+        y = torch.full((120, 4096), float("nan"), **sentinel)
+        mxfp4_moe_mma_gluon(h.nan_to_num(), w2, s2, experts, 6, False, y=y, stages=stages, group=group, **skip)
+        runs[group] = h, y
+    for a, b in zip(runs[1], runs[8]):
+        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+        live = experts < w13.shape[0]
+        assert not a[live].isnan().any() and a[~live].isnan().all()
+    assert runs[8][1][experts < w13.shape[0]].float().norm() > 0
+
+
+def test_mma_gluon_group_is_checked():
+    """A program serves 1 .. 8 picks of its expert (X's rows): any other group is refused by name."""
+    from v4serve.ops.mxfp4_moe_mma_gluon import mxfp4_moe_mma_gluon
+    w2, s2 = _tensors(2, 64, 1024, seed=1, device="cpu")
+    x = torch.zeros(2, 1024, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="group must be 1 .. 8"):
+        mxfp4_moe_mma_gluon(x, w2, s2, torch.zeros(12, dtype=torch.int64), 6, True, group=9)
+
+
 def test_mma_gluon_stage_count_is_checked():
     """A ring needs 2 .. K / 256 + 1 stages (0: the register loop): any other count is refused by name."""
     from v4serve.ops.mxfp4_moe_mma_gluon import mxfp4_moe_mma_gluon

@@ -68,7 +68,8 @@ DECODE_VARIANTS = [
     ("sort-free mma (weights in wgmma registers)", dict(MMA_SWIGLU_CONFIG, MMA=True), dict(MMA_CONFIG, MMA=True), True),
     ("sort-free mma, stages 2 (cp.async weights)", dict(MMA_SWIGLU_CONFIG, MMA=True, num_stages=2),
      dict(MMA_CONFIG, MMA=True, num_stages=2), True),
-    ("sort-free mma, Gluon (bytes in the A fragment's layout)", dict(MMA=True, GLUON=True), dict(MMA=True, GLUON=True), True),
+    ("sort-free mma, Gluon (bytes in the A fragment's layout)", dict(MMA=True, GLUON=True, STAGES=0),
+     dict(MMA=True, GLUON=True, STAGES=0), True),
     # session 18 (issue 18): the Gluon kernel's bytes and scales through a ring of cp.async
     # shared-memory stages (STAGES - 1 steps in flight while a step decodes; same bits; production
     # up to 48 picks since session 18)
@@ -97,10 +98,18 @@ VERIFY_VARIANTS = [DECODE_VARIANTS[i] for i in (0, 1, 2, 3)] + [
 # The cp.async stages against the register loop alone ("moe staged c1", ...; production on both ends).
 STAGED_VARIANTS = [DECODE_VARIANTS[0]] + [v for v in DECODE_VARIANTS if v[0].startswith("sort-free mma, Gluon")] + [
     DECODE_VARIANTS[0]]
+# Session 20 (issue 18): up to 8 picks of one expert a Gluon program (GROUP) against a program a pick,
+# production's stage rule in both ("moe grouped c8", ...; production on both ends).
+GROUPED_VARIANTS = [DECODE_VARIANTS[-1]] + [
+    (f"sort-free mma, Gluon, {label}", dict(MMA=True, GLUON=True, GROUP=group), dict(MMA=True, GLUON=True, GROUP=group),
+     True) for label, group in (("a program a pick", 1), ("up to 8 picks of an expert a program", 8))] + [
+    DECODE_VARIANTS[-1]]
 SHAPES = {"moe flash c1": ("flash", 1), "moe flash c8": ("flash", 8), "moe flash c64": ("flash", 64),
           "moe flash prefill S2048": ("flash", 2048),
           "moe flash verify c16": ("flash", 16), "moe flash verify c32": ("flash", 32),
-          "moe staged c1": ("flash", 1), "moe staged c8": ("flash", 8), "moe staged verify c32": ("flash", 32)}
+          "moe staged c1": ("flash", 1), "moe staged c8": ("flash", 8), "moe staged verify c32": ("flash", 32),
+          "moe grouped c8": ("flash", 8), "moe grouped verify c16": ("flash", 16),
+          "moe grouped verify c32": ("flash", 32), "moe grouped c64": ("flash", 64)}
 
 
 def _matmul(x, w, s, rows, ends, picks, cfg, swiglu_limit=None):
@@ -120,10 +129,10 @@ def layer(case, up_cfg, down_cfg, fused):
         def mma():
             experts, weights = moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)
             flat = experts.reshape(-1).contiguous()
-            if up_cfg.get("GLUON"):
-                stages = up_cfg.get("STAGES", 0)  # 0: the register loop (the variant of session 14)
-                hidden = mxfp4_moe_mma_gluon(x, w13, s13, flat, MOE_TOP_K, True, SWIGLU_LIMIT, stages=stages)
-                y = mxfp4_moe_mma_gluon(hidden, w2, s2, flat, MOE_TOP_K, False, stages=stages)
+            if up_cfg.get("GLUON"):  # STAGES / GROUP: None = production's rule; GROUP 1 = a program a pick
+                rule = dict(stages=up_cfg.get("STAGES"), group=up_cfg.get("GROUP", 1))
+                hidden = mxfp4_moe_mma_gluon(x, w13, s13, flat, MOE_TOP_K, True, SWIGLU_LIMIT, **rule)
+                y = mxfp4_moe_mma_gluon(hidden, w2, s2, flat, MOE_TOP_K, False, **rule)
             else:
                 hidden = mxfp4_moe_mma_triton(x, w13, s13, flat, MOE_TOP_K, True, up_cfg, SWIGLU_LIMIT)
                 y = mxfp4_moe_mma_triton(hidden, w2, s2, flat, MOE_TOP_K, False, down_cfg)
@@ -164,7 +173,8 @@ def sweep(only: str) -> None:
         _, nbytes, flops, _, peak = build("mxfp4_moe", (model, tokens), "cuda")
         floor_us = max(nbytes / (H200_TBPS * 1e6), flops / (peak * 1e6))
         case = mxfp4_moe_case(model, tokens, "cuda")
-        variants = (STAGED_VARIANTS if "staged" in name else PREFILL_VARIANTS if tokens >= 2048
+        variants = (STAGED_VARIANTS if "staged" in name else GROUPED_VARIANTS if "grouped" in name
+                    else PREFILL_VARIANTS if tokens >= 2048
                     else VERIFY_VARIANTS if "verify" in name else DECODE_VARIANTS)
         ref = layer(case, *variants[0][1:])().float()
         for i, (label, up_cfg, down_cfg, fused) in enumerate(variants):

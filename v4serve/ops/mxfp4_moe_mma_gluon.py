@@ -34,8 +34,16 @@ thread holds exactly the positions wgmma's A fragment gives it (rows g, g + 8; k
 operands as they are. Position p holds the nibble of byte 32t + 16b + 4c + 2 (q & 1) + (q >> 1),
 q = 2u + e (the decoder's byte order 0, 2, 1, 3); X's column 0 is loaded in that order.
 
+Picks of one expert (GROUP; production from two tokens' picks): a launch of several tokens repeats
+experts (uniform routing over 256: ~4 of 48 picks at c8, ~58 of 192 in a c32 verify batch, ~185 of
+384 at c64), and a program a pick decodes a repeated expert's weights once per pick. With GROUP a
+program serves up to 8 picks of its expert, their x rows in X's rows 0..7 (column j of the MMA is
+member j's output); each program first scans the launch's expert ids (_group_of) and only the first
+pick of each run of 8 (in pick order) goes on.
+
 Numerics: as mxfp4_moe_mma_triton.py (exact products, fp32 sums in the MMA's order), the k order
-of the sums differs from it (so do the last bits). A pick's row does not depend on the batch.
+of the sums differs from it (so do the last bits). A pick's row does not depend on the batch: column
+j of an HGMMA sums in the order column 0 does, so grouped picks get a program a pick's bits (GPU test).
 """
 
 import torch
@@ -72,15 +80,24 @@ BLOCK_K = gl.constexpr(256)
 # 789.2 / 805.7 / 804.9 / 855.7 (6 stages: 59 KB of shared memory a program, fewer resident).
 STAGES = 4
 STAGED_MAX_PICKS = 48
+# Picks of one expert a program (X's rows 0..GROUP-1; 1 = a program a pick) where a launch has more
+# than one token's picks (one token's picks are distinct experts), up to GROUPED_MAX_PICKS (every
+# program scans the launch's expert ids: PICKS of them). Uniform routing at c8 repeats ~4 of 48
+# picks' experts, a c32 verify batch ~58 of 192: each repeat is a program that decodes its weights
+# again. Same bits as a program a pick (column j of the MMA sums as column 0 does: GPU test).
+GROUP = 8
+GROUPED_MAX_PICKS = 512
 
 
 @gluon.jit
-def _x_operands(x_at, x_off, row_x, xe_s, xo_s):
-    """Write X_even and X_odd [16, 128] (row 0 = x's even / odd elements in the decoder's order, rows
-    1..15 zero). x_off [16, 32, 8]: lane m = (t, c, b) of a row-0 thread loads x[8 (8t + 2c... )]:
-    the 8 consecutive elements of bytes 32t + 16b + 4c + 0..3, one 16-byte load; byte beta of them
-    sits at q = (beta & 1) * 2 + (beta >> 1) = 2u + e, so beta = (e, u) as bits (1, 0)."""
-    x8 = gl.load(x_at + x_off, mask=row_x == 0, other=0.0)  # [8, 32 (t, c, b), 8 (beta, parity)]
+def _x_operands(x_at, x_off, x_ok, xe_s, xo_s):
+    """Write X_even and X_odd [16, 128] (row j = the even / odd elements of x row j in the decoder's
+    order where x_ok [8, 1, 1] holds, else zero; rows 8..15 zero). x_at: the x row of each X row
+    ([8, 1, 1] pointers) or of row 0 alone (a scalar). x_off [8, 32, 8]: lane m = (t, c, b) of a
+    thread loads the 8 consecutive elements of bytes 32t + 16b + 4c + 0..3 of its row, one 16-byte
+    load; byte beta of them sits at q = (beta & 1) * 2 + (beta >> 1) = 2u + e, so beta = (e, u) as
+    bits (1, 0)."""
+    x8 = gl.load(x_at + x_off, mask=x_ok, other=0.0)  # [8, 32 (t, c, b), 8 (beta, parity)]
     xe, xo = gl.split(gl.reshape(x8, [8, 32, 4, 2]))
     xe = gl.reshape(gl.permute(gl.reshape(xe, [8, 4, 4, 2, 2, 2]), [0, 3, 2, 5, 1, 4]), [8, 128])
     xo = gl.reshape(gl.permute(gl.reshape(xo, [8, 4, 4, 2, 2, 2]), [0, 3, 2, 5, 1, 4]), [8, 128])
@@ -89,7 +106,7 @@ def _x_operands(x_at, x_off, row_x, xe_s, xo_s):
 
 
 @gluon.jit
-def _step(acc, packed, sb, x_at, x_off, row_z, xe_s, xo_s, a_op: gl.constexpr, lb: gl.constexpr):
+def _step(acc, packed, sb, x_at, x_off, x_ok, xe_s, xo_s, a_op: gl.constexpr, lb: gl.constexpr):
     """One K step: decode the bytes into the two A fragments, write X, two wgmma."""
     R: gl.constexpr = 64
     mult = ((sb + 126) * 0x00800080)[:, :, :, None] + gl.zeros([R, 4, 2, 16], gl.int32, lb)
@@ -99,7 +116,7 @@ def _step(acc, packed, sb, x_at, x_off, row_z, xe_s, xo_s, a_op: gl.constexpr, l
                                       [R, 128]), a_op)
     wb = gl.convert_layout(gl.reshape(gl.permute(gl.reshape(wb, [R, 4, 2, 4, 2, 2]), [0, 2, 3, 4, 1, 5]),
                                       [R, 128]), a_op)
-    _x_operands(x_at, x_off, row_z, xe_s, xo_s)
+    _x_operands(x_at, x_off, x_ok, xe_s, xo_s)
     fence_async_shared()  # generic-proxy stores, then wgmma's async-proxy reads
     _barrier()
     acc = warpgroup_mma(wa, xe_s.permute((1, 0)), acc, is_async=True)
@@ -108,7 +125,7 @@ def _step(acc, packed, sb, x_at, x_off, row_z, xe_s, xo_s, a_op: gl.constexpr, l
 
 
 @gluon.jit
-def _k_loop_registers(acc, w_base, s_base, byte_off, s_off, x_row, x_off, row_z, xe_s, xo_s, K,
+def _k_loop_registers(acc, w_base, s_base, byte_off, s_off, x_row, x_off, x_ok, xe_s, xo_s, K,
                       a_op: gl.constexpr, lb: gl.constexpr):
     """The K loop with the bytes loaded into registers, two steps an iteration: both steps' bytes
     loaded first, so the second step's loads are in flight while the first decodes (a loop-carried
@@ -119,15 +136,15 @@ def _k_loop_registers(acc, w_base, s_base, byte_off, s_off, x_row, x_off, row_z,
         sb0 = gl.load(s_base + k0 // 32 + s_off).to(gl.int32)
         packed1 = gl.load(w_base + (k0 + BLOCK_K) // 2 + byte_off)
         sb1 = gl.load(s_base + (k0 + BLOCK_K) // 32 + s_off).to(gl.int32)
-        acc = _step(acc, packed0, sb0, x_row + k0, x_off, row_z, xe_s, xo_s, a_op, lb)
+        acc = _step(acc, packed0, sb0, x_row + k0, x_off, x_ok, xe_s, xo_s, a_op, lb)
         _barrier()  # both MMAs have read X before the next step's stores
-        acc = _step(acc, packed1, sb1, x_row + k0 + BLOCK_K, x_off, row_z, xe_s, xo_s, a_op, lb)
+        acc = _step(acc, packed1, sb1, x_row + k0 + BLOCK_K, x_off, x_ok, xe_s, xo_s, a_op, lb)
         _barrier()
     return acc
 
 
 @gluon.jit
-def _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, row_z, xe_s, xo_s, K, a_op: gl.constexpr,
+def _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, x_ok, xe_s, xo_s, K, a_op: gl.constexpr,
                    lb: gl.constexpr, l3: gl.constexpr, STAGES: gl.constexpr):
     """The K loop with the bytes and scales of STAGES - 1 steps in flight (cp.async into a ring of
     shared-memory stages, one step an iteration): a program keeps loading while it decodes.
@@ -162,10 +179,80 @@ def _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, row_z, xe_s, xo_s, K, a_
             _cp_async(bytes_s.index(ahead % STAGES), w_steps + 128 * ahead)
             _cp_async(scales_s.index(ahead % STAGES), s_steps + 8 * ahead)
         commit_group()  # (an empty group past the last step keeps the count)
-        acc = _step(acc, packed, sb, x_row + i * BLOCK_K, x_off, row_z, xe_s, xo_s, a_op, lb)
+        acc = _step(acc, packed, sb, x_row + i * BLOCK_K, x_off, x_ok, xe_s, xo_s, a_op, lb)
         wait_group(STAGES - 2)
         _barrier()
     return acc
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _group_of(experts_ptr, pick, e, n_picks, PICKS: gl.constexpr, GROUP: gl.constexpr):
+    """The picks of expert e this program serves: (lead, members [8]: pick ids for X's rows 0..7, -1
+    past the group). An expert's picks, in pick order, are served GROUP at a time, each group by the
+    program of its first pick (lead; the group's other programs store nothing)."""
+    ls: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # [PICKS] (a scan's layout)
+    lp: gl.constexpr = gl.BlockedLayout([8, 1], [1, 32], [1, 4], [1, 0])  # [8, PICKS]
+    q = gl.arange(0, PICKS, layout=ls)
+    same = (gl.load(experts_ptr + q, mask=q < n_picks, other=-1).to(gl.int64) == e).to(gl.int32)
+    rank_q = gl.associative_scan(same, 0, _add) - 1  # q's rank among e's picks (where same)
+    rank = gl.sum(gl.where(q < pick, same, 0), axis=0)
+    taken = gl.convert_layout(gl.where(same == 1, rank_q - rank, -1), gl.SliceLayout(0, lp))[None, :]
+    j = gl.arange(0, 8, layout=gl.SliceLayout(1, lp))[:, None]
+    at = gl.arange(0, PICKS, layout=gl.SliceLayout(0, lp))[None, :]
+    return rank % GROUP == 0, gl.max(gl.where((taken == j) & (j < GROUP), at, -1), axis=1)
+
+
+@gluon.jit
+def _clamped_swiglu(gate, up, limit, dtype: gl.constexpr):
+    """swiglu_triton.clamped_swiglu_f32's roundings: gate and up in bf16 first, silu(gate) rounded."""
+    g = gl.minimum(gate.to(dtype).to(gl.float32), limit).to(dtype).to(gl.float32)
+    u = gl.minimum(gl.maximum(up.to(dtype).to(gl.float32), -limit), limit).to(dtype).to(gl.float32)
+    return ((g / (1.0 + gl.exp(-g))).to(dtype).to(gl.float32) * u).to(dtype)
+
+
+@gluon.jit
+def _store_column0(y_ptr, acc, pick, n0, stride_y, limit, mma: gl.constexpr, OUT: gl.constexpr,
+                   SWIGLU: gl.constexpr):
+    """Column 0 of acc [64, 16] (the pick's x) is y[pick, n0 .. n0 + OUT]: for the SwiGLU projection
+    rows r < 32 are gate and 32 + r up."""
+    col = gl.arange(0, 16, layout=gl.SliceLayout(0, mma))[None, :]
+    v = gl.sum(gl.where(col == 0, acc, 0.0), axis=1)  # column 0: the pick
+    dtype = y_ptr.dtype.element_ty
+    if SWIGLU:
+        pairs: gl.constexpr = gl.BlockedLayout([1, 2], [32, 1], [4, 1], [1, 0])  # (gate, up) in a thread
+        gate, up = gl.split(gl.convert_layout(gl.permute(gl.reshape(v, [2, OUT]), [1, 0]), pairs))
+        h = _clamped_swiglu(gate, up, limit, dtype)
+        offs = n0 + gl.arange(0, OUT, layout=gl.SliceLayout(1, pairs))
+    else:
+        h = v.to(dtype)
+        offs = n0 + gl.arange(0, OUT, layout=gl.SliceLayout(1, mma))
+    gl.store(y_ptr + pick.to(gl.int64) * stride_y + offs, h)
+
+
+@gluon.jit
+def _store_members(y_ptr, acc, members, n0, stride_y, limit, mma: gl.constexpr, OUT: gl.constexpr,
+                   SWIGLU: gl.constexpr):
+    """Column j < 8 of acc [64, 16] is pick members[j]'s row (none where members[j] < 0), as
+    _store_column0 stores column 0: the same roundings a value (columns 8..15: X's zero rows)."""
+    dtype = y_ptr.dtype.element_ty
+    if SWIGLU:  # (gate, up) pairs in a thread, columns over registers and warps
+        pairs: gl.constexpr = gl.BlockedLayout([1, 4, 2], [32, 1, 1], [1, 4, 1], [2, 1, 0])
+        gate, up = gl.split(gl.convert_layout(gl.permute(gl.reshape(acc, [2, OUT, 16]), [1, 2, 0]), pairs))
+        h = _clamped_swiglu(gate, up, limit, dtype)
+        lo: gl.constexpr = gl.SliceLayout(2, pairs)
+    else:
+        h = acc.to(dtype)
+        lo: gl.constexpr = mma
+    offs = n0 + gl.arange(0, OUT, layout=gl.SliceLayout(1, lo))[:, None]
+    past = gl.full([8], -1, gl.int32, members.type.layout)  # columns 8..15
+    to = gl.reshape(gl.permute(gl.join(members, past), [1, 0]), [16])
+    to = gl.convert_layout(to, gl.SliceLayout(0, lo))[None, :]
+    gl.store(y_ptr + to.to(gl.int64) * stride_y + offs, h, mask=to >= 0)
 
 
 @gluon.jit
@@ -181,14 +268,16 @@ def _weight_rows(r, n0, N, OUT: gl.constexpr, SWIGLU: gl.constexpr):
 def _mxfp4_moe_mma_gluon_kernel(
     x_ptr, w_ptr, s_ptr, experts_ptr, y_ptr,
     N, K, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, limit, n_rows,
-    TOP_K: gl.constexpr, X_PER_TOKEN: gl.constexpr, SWIGLU: gl.constexpr, SKIP_PAST_ROWS: gl.constexpr = False,
-    STAGES: gl.constexpr = 0,
+    n_picks, TOP_K: gl.constexpr, X_PER_TOKEN: gl.constexpr, SWIGLU: gl.constexpr,
+    SKIP_PAST_ROWS: gl.constexpr = False, STAGES: gl.constexpr = 0, GROUP: gl.constexpr = 1, PICKS: gl.constexpr = 1,
 ):
     """Strides in elements (bytes for the uint8 tensors); N % (32 or 64) == 0, K % 512 == 0. No PDL
     (a sweep variant: launched plainly). SKIP_PAST_ROWS: a pick whose expert id is >= n_rows (the
     weight's leading dim) computes and stores nothing (mxfp4_moe_decode_triton.py's rule).
     STAGES: 0 = the bytes loaded into registers (_k_loop_registers), else a ring of that many
-    shared-memory stages filled by cp.async (_k_loop_staged)."""
+    shared-memory stages filled by cp.async (_k_loop_staged). GROUP (2..8; PICKS >= n_picks, a power
+    of two): up to GROUP picks of one expert share a program, one x row each in X's rows 0..GROUP-1
+    (_group_of); 1 = a program a pick, its x in row 0."""
     R: gl.constexpr = 64
     OUT: gl.constexpr = 32 if SWIGLU else 64
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
@@ -205,20 +294,27 @@ def _mxfp4_moe_mma_gluon_kernel(
     if SKIP_PAST_ROWS:
         if e >= n_rows:  # no weight row to read: its row of y keeps what it holds
             return
-    row = (pick // TOP_K if X_PER_TOKEN else pick).to(gl.int64)
     n0 = gl.program_id(1) * OUT
     w_base = w_ptr + e * stride_we
     s_base = s_ptr + e * stride_se
-    # X's column 0 in the decoder's order (see _x_operands): x_off [16, 32, 8] = 8 m + j, m = 8t + 2c + b
+    # X's rows in the decoder's order (see _x_operands): x_off [8, 32, 8] = 8 m + j, m = 8t + 2c + b
     xl: gl.constexpr = gl.DistributedLinearLayout(
         reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [4, 0, 0]],
         lane_bases=[[0, 1, 0], [0, 2, 0], [0, 4, 0], [0, 8, 0], [0, 16, 0]],
         warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[8, 32, 8])
-    row_z = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))[:, None, None]
     m = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))[None, :, None]
     jj = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))[None, None, :]
     x_off = 2 * (32 * (m // 8) + 16 * (m % 2) + 4 * ((m // 2) % 4)) + jj
-    x_row = x_ptr + row * stride_x
+    if GROUP > 1:  # X's row j: member j's x row
+        lead, members = _group_of(experts_ptr, pick, e, n_picks, PICKS, GROUP)
+        if not lead:
+            return
+        at = gl.convert_layout(members, gl.SliceLayout(1, gl.SliceLayout(2, xl)))[:, None, None]
+        x_ok = at >= 0
+        x_row = x_ptr + gl.where(x_ok, at // TOP_K if X_PER_TOKEN else at, 0).to(gl.int64) * stride_x
+    else:
+        x_ok = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl)))[:, None, None] == 0
+        x_row = x_ptr + (pick // TOP_K if X_PER_TOKEN else pick).to(gl.int64) * stride_x
     zeros: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
     xe_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl, gl.zeros([16, 128], gl.bfloat16, zeros))
     xo_s = gl.allocate_shared_memory(gl.bfloat16, [16, 128], sl, gl.zeros([16, 128], gl.bfloat16, zeros))
@@ -231,7 +327,7 @@ def _mxfp4_moe_mma_gluon_kernel(
         w_n = _weight_rows(r3, n0, N, OUT, SWIGLU).to(gl.int64)
         byte_off = (w_n * stride_wn + 32 * t3 + 16 * b3)[:, :, :, None] + ii
         s_off = w_n * stride_sn + 2 * t3 + b3
-        acc = _k_loop_registers(acc, w_base, s_base, byte_off, s_off, x_row, x_off, row_z, xe_s, xo_s, K, a_op, lb)
+        acc = _k_loop_registers(acc, w_base, s_base, byte_off, s_off, x_row, x_off, x_ok, xe_s, xo_s, K, a_op, lb)
     else:
         cw: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # a 16-byte cp.async a thread and row
         cs: gl.constexpr = gl.BlockedLayout([1, 4], [16, 2], [4, 1], [1, 0])  # a 4-byte cp.async a thread
@@ -239,22 +335,11 @@ def _mxfp4_moe_mma_gluon_kernel(
         rs = _weight_rows(gl.arange(0, R, layout=gl.SliceLayout(1, cs))[:, None], n0, N, OUT, SWIGLU)
         w_steps = w_base + rw.to(gl.int64) * stride_wn + gl.arange(0, 128, layout=gl.SliceLayout(0, cw))[None, :]
         s_steps = s_base + rs.to(gl.int64) * stride_sn + gl.arange(0, 8, layout=gl.SliceLayout(0, cs))[None, :]
-        acc = _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, row_z, xe_s, xo_s, K, a_op, lb, l3, STAGES)
-    col = gl.arange(0, 16, layout=gl.SliceLayout(0, mma))[None, :]
-    v = gl.sum(gl.where(col == 0, acc, 0.0), axis=1)  # column 0: the pick
-    dtype = y_ptr.dtype.element_ty
-    if SWIGLU:
-        pairs: gl.constexpr = gl.BlockedLayout([1, 2], [32, 1], [4, 1], [1, 0])  # (gate, up) in a thread
-        gate, up = gl.split(gl.convert_layout(gl.permute(gl.reshape(v, [2, OUT]), [1, 0]), pairs))
-        # swiglu_triton.clamped_swiglu_f32's roundings: gate and up in bf16 first, silu(gate) rounded
-        g = gl.minimum(gate.to(dtype).to(gl.float32), limit).to(dtype).to(gl.float32)
-        u = gl.minimum(gl.maximum(up.to(dtype).to(gl.float32), -limit), limit).to(dtype).to(gl.float32)
-        h = ((g / (1.0 + gl.exp(-g))).to(dtype).to(gl.float32) * u).to(dtype)
-        offs = n0 + gl.arange(0, OUT, layout=gl.SliceLayout(1, pairs))
+        acc = _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, x_ok, xe_s, xo_s, K, a_op, lb, l3, STAGES)
+    if GROUP > 1:
+        _store_members(y_ptr, acc, members, n0, stride_y, limit, mma, OUT, SWIGLU)
     else:
-        h = v.to(dtype)
-        offs = n0 + gl.arange(0, OUT, layout=gl.SliceLayout(1, mma))
-    gl.store(y_ptr + pick.to(gl.int64) * stride_y + offs, h)
+        _store_column0(y_ptr, acc, pick, n0, stride_y, limit, mma, OUT, SWIGLU)
 
 
 def gluon_shapes_fit(weight: torch.Tensor, swiglu: bool) -> bool:
@@ -274,10 +359,13 @@ def gluon_applies(x: torch.Tensor, weight: torch.Tensor, swiglu: bool) -> bool:
 
 def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor,
                         top_k: int, per_token: bool, swiglu_limit: float | None = None, y: torch.Tensor | None = None,
-                        skip_past_rows: bool = False, stages: int | None = None) -> torch.Tensor:
+                        skip_past_rows: bool = False, stages: int | None = None,
+                        group: int | None = None) -> torch.Tensor:
     """`mxfp4_moe_mma_triton`'s contract (`y`, `skip_past_rows` included) on sm_90 CUDA (Gluon does
     not run in the interpreter). stages: the K loop (the kernel's STAGES: 0 = registers, 2 .. K / 256
-    + 1 = a cp.async ring); None = production's rule (STAGES up to STAGED_MAX_PICKS picks, else 0)."""
+    + 1 = a cp.async ring); None = production's rule (STAGES up to STAGED_MAX_PICKS picks, else 0).
+    group: picks of one expert a program (1 .. 8; the kernel's GROUP); None = production's rule
+    (GROUP for more than one token's picks, up to GROUPED_MAX_PICKS)."""
     e, n_w, half_k = weight.shape
     k = 2 * half_k
     swiglu = swiglu_limit is not None
@@ -297,12 +385,17 @@ def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     if experts.dim() != 1 or not experts.is_contiguous():
         raise ValueError(f"experts must be contiguous [P], got {tuple(experts.shape)}")
     picks = experts.shape[0]
+    if group is None:
+        group = GROUP if top_k < picks <= GROUPED_MAX_PICKS else 1
+    if not 1 <= group <= 8:
+        raise ValueError(f"group must be 1 .. 8 (X's rows a program), got {group}")
     y = pick_rows(y, picks, n, x)
     if picks == 0:
         return y
     _mxfp4_moe_mma_gluon_kernel[(picks, triton.cdiv(n, out))](
         x, weight, scale, experts, y, n, k, x.stride(0), weight.stride(0), weight.stride(1), scale.stride(0),
-        scale.stride(1), y.stride(0), float(swiglu_limit) if swiglu else 0.0, e,
-        TOP_K=top_k, X_PER_TOKEN=per_token, SWIGLU=swiglu, SKIP_PAST_ROWS=skip_past_rows, STAGES=stages, num_warps=4,
+        scale.stride(1), y.stride(0), float(swiglu_limit) if swiglu else 0.0, e, picks,
+        TOP_K=top_k, X_PER_TOKEN=per_token, SWIGLU=swiglu, SKIP_PAST_ROWS=skip_past_rows, STAGES=stages,
+        GROUP=group, PICKS=triton.next_power_of_2(picks) if group > 1 else 1, num_warps=4,
     )
     return y
