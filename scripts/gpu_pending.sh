@@ -84,7 +84,7 @@ tests/ops/test_indexer_kernel_gpu.py tests/ops/test_mxfp4_moe_mma.py
 tests/model/test_gpu_paths.py tests/model/test_moe_tensor_core_decode.py"
   [tests19]="tests/ops/test_sparse_attn_modes.py
 tests/ops/test_packed_kernels_gpu.py"
-  [tests20]="tests/ops/test_mxfp4_moe_mma.py
+  [tests20]="tests/ops/test_mxfp4_moe_mma.py tests/ops/test_moe_pick_groups.py
 tests/model/test_moe_tensor_core_decode.py
 tests/model/test_offload_sort_free_gpu.py
 tests/engine/test_gpu_spec_decode.py"

@@ -184,26 +184,28 @@ def test_mma_gluon_grouped_is_a_program_a_pick_bit_for_bit_gpu(routing, stages):
         experts = torch.where(torch.arange(120, device="cuda") % 3 == 1, w13.shape[0], experts)
     sentinel = dict(dtype=torch.bfloat16, device="cuda")
     runs = {}
-    for group in (1, 8):
+    for grouped in (False, True):
         h = torch.full((120, 2048), float("nan"), **sentinel)
-        mxfp4_moe_mma_gluon(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT, y=h, stages=stages, group=group, **skip)
+        mxfp4_moe_mma_gluon(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT, y=h, stages=stages, grouped=grouped,
+                            **skip)
         y = torch.full((120, 4096), float("nan"), **sentinel)
-        mxfp4_moe_mma_gluon(h.nan_to_num(), w2, s2, experts, 6, False, y=y, stages=stages, group=group, **skip)
-        runs[group] = h, y
-    for a, b in zip(runs[1], runs[8]):
+        mxfp4_moe_mma_gluon(h.nan_to_num(), w2, s2, experts, 6, False, y=y, stages=stages, grouped=grouped, **skip)
+        runs[grouped] = h, y
+    live = experts < w13.shape[0]
+    for a, b in zip(runs[False], runs[True]):
         assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
-        live = experts < w13.shape[0]
         assert not a[live].isnan().any() and a[~live].isnan().all()
-    assert runs[8][1][experts < w13.shape[0]].float().norm() > 0
+    assert runs[True][1][live].float().norm() > 0
 
 
-def test_mma_gluon_group_is_checked():
-    """A program serves 1 .. 8 picks of its expert (X's rows): any other group is refused by name."""
+def test_mma_gluon_members_table_is_checked():
+    """A grouped launch reads moe_pick_groups' int32 [P, 8] table: another shape is refused by name."""
     from v4serve.ops.mxfp4_moe_mma_gluon import mxfp4_moe_mma_gluon
     w2, s2 = _tensors(2, 64, 1024, seed=1, device="cpu")
     x = torch.zeros(2, 1024, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="group must be 1 .. 8"):
-        mxfp4_moe_mma_gluon(x, w2, s2, torch.zeros(12, dtype=torch.int64), 6, True, group=9)
+    table = torch.full((12, 4), -1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"members must be moe_pick_groups' contiguous int32 \[12, 8\]"):
+        mxfp4_moe_mma_gluon(x, w2, s2, torch.zeros(12, dtype=torch.int64), 6, True, grouped=True, members=table)
 
 
 def test_mma_gluon_stage_count_is_checked():

@@ -98,11 +98,13 @@ VERIFY_VARIANTS = [DECODE_VARIANTS[i] for i in (0, 1, 2, 3)] + [
 # The cp.async stages against the register loop alone ("moe staged c1", ...; production on both ends).
 STAGED_VARIANTS = [DECODE_VARIANTS[0]] + [v for v in DECODE_VARIANTS if v[0].startswith("sort-free mma, Gluon")] + [
     DECODE_VARIANTS[0]]
-# Session 20 (issue 18): up to 8 picks of one expert a Gluon program (GROUP) against a program a pick,
+# Session 20 (issue 18): up to 8 picks of one expert a Gluon program (GROUPED; here the pick-groups
+# table is made for each projection, production makes one a layer) against a program a pick,
 # production's stage rule in both ("moe grouped c8", ...; production on both ends).
 GROUPED_VARIANTS = [DECODE_VARIANTS[-1]] + [
-    (f"sort-free mma, Gluon, {label}", dict(MMA=True, GLUON=True, GROUP=group), dict(MMA=True, GLUON=True, GROUP=group),
-     True) for label, group in (("a program a pick", 1), ("up to 8 picks of an expert a program", 8))] + [
+    (f"sort-free mma, Gluon, {label}", dict(MMA=True, GLUON=True, GROUPED=grouped),
+     dict(MMA=True, GLUON=True, GROUPED=grouped), True)
+    for label, grouped in (("a program a pick", False), ("up to 8 picks of an expert a program", True))] + [
     DECODE_VARIANTS[-1]]
 SHAPES = {"moe flash c1": ("flash", 1), "moe flash c8": ("flash", 8), "moe flash c64": ("flash", 64),
           "moe flash prefill S2048": ("flash", 2048),
@@ -129,8 +131,8 @@ def layer(case, up_cfg, down_cfg, fused):
         def mma():
             experts, weights = moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)
             flat = experts.reshape(-1).contiguous()
-            if up_cfg.get("GLUON"):  # STAGES / GROUP: None = production's rule; GROUP 1 = a program a pick
-                rule = dict(stages=up_cfg.get("STAGES"), group=up_cfg.get("GROUP", 1))
+            if up_cfg.get("GLUON"):  # STAGES: None = production's rule; GROUPED: a program a pick unless said
+                rule = dict(stages=up_cfg.get("STAGES"), grouped=up_cfg.get("GROUPED", False))
                 hidden = mxfp4_moe_mma_gluon(x, w13, s13, flat, MOE_TOP_K, True, SWIGLU_LIMIT, **rule)
                 y = mxfp4_moe_mma_gluon(hidden, w2, s2, flat, MOE_TOP_K, False, **rule)
             else:

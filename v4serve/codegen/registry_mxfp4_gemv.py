@@ -110,22 +110,32 @@ MXFP4_MOE_MMA_KERNELS: tuple[KernelSpec, ...] = tuple(
 # 726 SASS instructions (down / gate_up) for 256 weights a thread (2.85 a weight). STAGES 4 (decode):
 # a ring of cp.async shared-memory stages (16-byte copies of the bytes, 4-byte copies of the scales),
 # one step an iteration: 116 / 125 registers, 43 KB of shared memory, 2.98 instructions a weight.
-# GROUP 8: a program serves up to 8 picks of its expert (X's rows 0..7), after a scan of the
-# launch's PICKS expert ids; production from two tokens' picks (c8: 48 picks, the ring; c64: 384,
-# the register loop).
-_GLUON_TYPES = dict(_MMA_TYPES, n_picks="i32")
+# GROUPED: a program serves up to 8 picks of its expert (X's rows 0..7) as the launch's
+# moe_pick_groups table says; production from two tokens' picks (c8: 48 picks, the ring; verify
+# c32: 192, the register loop).
+_GLUON_TYPES = dict(_MMA_TYPES, members_ptr="*i32")
 MXFP4_MOE_MMA_KERNELS += tuple(
     KernelSpec(
         f"moe.mxfp4_mma_gluon_{proj}{'_skip' if skip else ''}{f'_stages{stages}' if stages else ''}"
-        f"{f'_group{group}' if group > 1 else ''}",
+        f"{'_grouped' if grouped else ''}",
         "v4serve.ops.mxfp4_moe_mma_gluon:_mxfp4_moe_mma_gluon_kernel",
         types=_GLUON_TYPES, aligned=_MMA_ALIGNED,
         constexprs=dict(TOP_K=6, X_PER_TOKEN=proj == "gate_up", SWIGLU=proj == "gate_up", SKIP_PAST_ROWS=skip,
-                        STAGES=stages, GROUP=group, PICKS=picks),
+                        STAGES=stages, GROUPED=grouped),
         archs=(90,), num_warps=4, num_stages=1,
         expect=Expect(max_regs=168, tensor_cores=True),
     )
-    for stages, group, picks in ((0, 1, 1), (4, 1, 1), (4, 8, 64), (0, 8, 512))
+    for stages, grouped in ((0, False), (4, False), (4, True), (0, True))
     for proj in ("gate_up", "down")
     for skip in (False, True)  # skip: an offloaded layer's passes
+)
+
+# The Gluon projection's pick-groups table (v4serve/ops/moe_pick_groups_triton.py): one launch a
+# grouped decode layer, [32, 32] expert-id compares a step over the launch's picks.
+MXFP4_MOE_MMA_KERNELS += (
+    KernelSpec(
+        "moe.pick_groups", "v4serve.ops.moe_pick_groups_triton:_moe_pick_groups_kernel",
+        types=dict(experts_ptr="*i64", members_ptr="*i32", P="i32"), aligned=("experts_ptr", "members_ptr"),
+        constexprs=dict(GROUP=8, BLOCK=32), num_warps=4, num_stages=1, expect=Expect(max_regs=128),
+    ),
 )

@@ -43,7 +43,8 @@ from v4serve.ops.moe_sort import moe_sort
 from v4serve.ops.mxfp4_gemv_triton import gemv_picks
 from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
 from v4serve.ops.mxfp4_moe_decode_triton import combine_tiles, mxfp4_moe_pick_triton
-from v4serve.ops.mxfp4_moe_mma_gluon import gluon_applies, mxfp4_moe_mma_gluon
+from v4serve.ops.moe_pick_groups import moe_pick_groups
+from v4serve.ops.mxfp4_moe_mma_gluon import GROUP, gluon_applies, groups_apply, mxfp4_moe_mma_gluon
 from v4serve.ops.mxfp4_moe_mma_triton import mxfp4_moe_mma_triton
 
 # The production rules of the sort-free path, one line each (docs/performance.md, "Session 14: the
@@ -147,21 +148,25 @@ def mxfp4_experts_pass(x: torch.Tensor, groups: torch.Tensor, tensors, swiglu_li
     hidden, y = outputs or (None, None)
     skip = dict(skip_past_rows=skip_past_rows)
     if on_tensor_cores(tensor_cores, x):
-        hidden = tensor_core_projection(x, w13, s13, flat, k, True, swiglu_limit, y=hidden, **skip)
-        return hidden, tensor_core_projection(hidden, w2, s2, flat, k, False, y=y, **skip)
+        members = (moe_pick_groups(flat, GROUP) if gluon_applies(x, w13, True) and groups_apply(flat.numel(), k)
+                   else None)  # one table for both projections
+        hidden = tensor_core_projection(x, w13, s13, flat, k, True, swiglu_limit, y=hidden, members=members, **skip)
+        return hidden, tensor_core_projection(hidden, w2, s2, flat, k, False, y=y, members=members, **skip)
     hidden = mxfp4_moe_pick_triton(x, w13, s13, flat, k, True, configs[0], swiglu_limit, decode, y=hidden, **skip)
     return hidden, mxfp4_moe_pick_triton(hidden, w2, s2, flat, k, False, configs[1], decode=decode, y=y, **skip)
 
 
 def tensor_core_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor,
                            top_k: int, per_token: bool, swiglu_limit: float | None = None,
-                           y: torch.Tensor | None = None, skip_past_rows: bool = False) -> torch.Tensor:
+                           y: torch.Tensor | None = None, skip_past_rows: bool = False,
+                           members: torch.Tensor | None = None) -> torch.Tensor:
     """One projection of the tensor-core route, y [T k, N] in pick order: the Gluon kernel on sm_90
-    where its shapes fit, else the `tl` one (any GPU, the interpreter). `y`, `skip_past_rows`: as
-    `mxfp4_moe_pick_triton`'s."""
+    where its shapes fit (grouped by `members`, the launch's moe_pick_groups table, where given),
+    else the `tl` one (any GPU, the interpreter). `y`, `skip_past_rows`: as `mxfp4_moe_pick_triton`'s."""
     rows = dict(y=y, skip_past_rows=skip_past_rows)
     if gluon_applies(x, weight, swiglu_limit is not None):
-        return mxfp4_moe_mma_gluon(x, weight, scale, experts, top_k, per_token, swiglu_limit, **rows)
+        return mxfp4_moe_mma_gluon(x, weight, scale, experts, top_k, per_token, swiglu_limit,
+                                   grouped=members is not None, members=members, **rows)
     return mxfp4_moe_mma_triton(x, weight, scale, experts, top_k, per_token, swiglu_limit=swiglu_limit, **rows)
 
 

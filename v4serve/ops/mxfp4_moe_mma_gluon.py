@@ -34,12 +34,13 @@ thread holds exactly the positions wgmma's A fragment gives it (rows g, g + 8; k
 operands as they are. Position p holds the nibble of byte 32t + 16b + 4c + 2 (q & 1) + (q >> 1),
 q = 2u + e (the decoder's byte order 0, 2, 1, 3); X's column 0 is loaded in that order.
 
-Picks of one expert (GROUP; production from two tokens' picks): a launch of several tokens repeats
-experts (uniform routing over 256: ~4 of 48 picks at c8, ~58 of 192 in a c32 verify batch, ~185 of
-384 at c64), and a program a pick decodes a repeated expert's weights once per pick. With GROUP a
-program serves up to 8 picks of its expert, their x rows in X's rows 0..7 (column j of the MMA is
-member j's output); each program first scans the launch's expert ids (_group_of) and only the first
-pick of each run of 8 (in pick order) goes on.
+Picks of one expert (GROUPED; production from two tokens' picks): a launch of several tokens
+repeats experts (uniform routing over 256: ~4 of 48 picks at c8, ~58 of 192 in a c32 verify batch,
+~185 of 384 at c64), and a program a pick decodes a repeated expert's weights once per pick.
+Grouped, a program serves up to 8 picks of its expert, their x rows in X's rows 0..7 (column j of
+the MMA is member j's output), as the launch's moe_pick_groups table says (one small launch a layer,
+read by both projections); the programs of the other picks exit at once. (Each program scanning the
+launch's expert ids itself cost more than it saved at c8: +30 µs, session 20.)
 
 Numerics: as mxfp4_moe_mma_triton.py (exact products, fp32 sums in the MMA's order), the k order
 of the sums differs from it (so do the last bits). A pick's row does not depend on the batch: column
@@ -55,6 +56,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda
+from v4serve.ops.moe_pick_groups import moe_pick_groups
 from v4serve.ops.mxfp4_decode_triton import NIBBLE_HIGH, NIBBLE_LOW, nibble_pair_ptx
 from v4serve.ops.mxfp4_moe_decode_triton import pick_rows
 
@@ -80,13 +82,16 @@ BLOCK_K = gl.constexpr(256)
 # 789.2 / 805.7 / 804.9 / 855.7 (6 stages: 59 KB of shared memory a program, fewer resident).
 STAGES = 4
 STAGED_MAX_PICKS = 48
-# Picks of one expert a program (X's rows 0..GROUP-1; 1 = a program a pick) where a launch has more
-# than one token's picks (one token's picks are distinct experts), up to GROUPED_MAX_PICKS (every
-# program scans the launch's expert ids: PICKS of them). Uniform routing at c8 repeats ~4 of 48
-# picks' experts, a c32 verify batch ~58 of 192: each repeat is a program that decodes its weights
-# again. Same bits as a program a pick (column j of the MMA sums as column 0 does: GPU test).
+# Up to GROUP picks of one expert a program (X's rows 0..7) where a launch has more than one token's
+# picks (one token's picks are distinct experts), up to GROUPED_MAX_PICKS (moe_pick_groups compares
+# every pair of picks). Same bits as a program a pick (column j of the MMA sums as column 0: GPU test).
 GROUP = 8
 GROUPED_MAX_PICKS = 512
+
+
+def groups_apply(picks: int, top_k: int) -> bool:
+    """Production's rule: the launch's picks are grouped by expert (GROUPED)."""
+    return top_k < picks <= GROUPED_MAX_PICKS
 
 
 @gluon.jit
@@ -186,28 +191,6 @@ def _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, x_ok, xe_s, xo_s, K, a_o
 
 
 @gluon.jit
-def _add(a, b):
-    return a + b
-
-
-@gluon.jit
-def _group_of(experts_ptr, pick, e, n_picks, PICKS: gl.constexpr, GROUP: gl.constexpr):
-    """The picks of expert e this program serves: (lead, members [8]: pick ids for X's rows 0..7, -1
-    past the group). An expert's picks, in pick order, are served GROUP at a time, each group by the
-    program of its first pick (lead; the group's other programs store nothing)."""
-    ls: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # [PICKS] (a scan's layout)
-    lp: gl.constexpr = gl.BlockedLayout([8, 1], [1, 32], [1, 4], [1, 0])  # [8, PICKS]
-    q = gl.arange(0, PICKS, layout=ls)
-    same = (gl.load(experts_ptr + q, mask=q < n_picks, other=-1).to(gl.int64) == e).to(gl.int32)
-    rank_q = gl.associative_scan(same, 0, _add) - 1  # q's rank among e's picks (where same)
-    rank = gl.sum(gl.where(q < pick, same, 0), axis=0)
-    taken = gl.convert_layout(gl.where(same == 1, rank_q - rank, -1), gl.SliceLayout(0, lp))[None, :]
-    j = gl.arange(0, 8, layout=gl.SliceLayout(1, lp))[:, None]
-    at = gl.arange(0, PICKS, layout=gl.SliceLayout(0, lp))[None, :]
-    return rank % GROUP == 0, gl.max(gl.where((taken == j) & (j < GROUP), at, -1), axis=1)
-
-
-@gluon.jit
 def _clamped_swiglu(gate, up, limit, dtype: gl.constexpr):
     """swiglu_triton.clamped_swiglu_f32's roundings: gate and up in bf16 first, silu(gate) rounded."""
     g = gl.minimum(gate.to(dtype).to(gl.float32), limit).to(dtype).to(gl.float32)
@@ -235,9 +218,9 @@ def _store_column0(y_ptr, acc, pick, n0, stride_y, limit, mma: gl.constexpr, OUT
 
 
 @gluon.jit
-def _store_members(y_ptr, acc, members, n0, stride_y, limit, mma: gl.constexpr, OUT: gl.constexpr,
+def _store_members(y_ptr, acc, members_at, n0, stride_y, limit, mma: gl.constexpr, OUT: gl.constexpr,
                    SWIGLU: gl.constexpr):
-    """Column j < 8 of acc [64, 16] is pick members[j]'s row (none where members[j] < 0), as
+    """Column j < 8 of acc [64, 16] is the row of pick members_at[j] (none where it is < 0), as
     _store_column0 stores column 0: the same roundings a value (columns 8..15: X's zero rows)."""
     dtype = y_ptr.dtype.element_ty
     if SWIGLU:  # (gate, up) pairs in a thread, columns over registers and warps
@@ -249,9 +232,8 @@ def _store_members(y_ptr, acc, members, n0, stride_y, limit, mma: gl.constexpr, 
         h = acc.to(dtype)
         lo: gl.constexpr = mma
     offs = n0 + gl.arange(0, OUT, layout=gl.SliceLayout(1, lo))[:, None]
-    past = gl.full([8], -1, gl.int32, members.type.layout)  # columns 8..15
-    to = gl.reshape(gl.permute(gl.join(members, past), [1, 0]), [16])
-    to = gl.convert_layout(to, gl.SliceLayout(0, lo))[None, :]
+    col = gl.arange(0, 16, layout=gl.SliceLayout(0, lo))
+    to = gl.load(members_at + col, mask=col < 8, other=-1)[None, :]
     gl.store(y_ptr + to.to(gl.int64) * stride_y + offs, h, mask=to >= 0)
 
 
@@ -266,18 +248,18 @@ def _weight_rows(r, n0, N, OUT: gl.constexpr, SWIGLU: gl.constexpr):
 
 @gluon.jit
 def _mxfp4_moe_mma_gluon_kernel(
-    x_ptr, w_ptr, s_ptr, experts_ptr, y_ptr,
+    x_ptr, w_ptr, s_ptr, experts_ptr, y_ptr, members_ptr,
     N, K, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, limit, n_rows,
-    n_picks, TOP_K: gl.constexpr, X_PER_TOKEN: gl.constexpr, SWIGLU: gl.constexpr,
-    SKIP_PAST_ROWS: gl.constexpr = False, STAGES: gl.constexpr = 0, GROUP: gl.constexpr = 1, PICKS: gl.constexpr = 1,
+    TOP_K: gl.constexpr, X_PER_TOKEN: gl.constexpr, SWIGLU: gl.constexpr, SKIP_PAST_ROWS: gl.constexpr = False,
+    STAGES: gl.constexpr = 0, GROUPED: gl.constexpr = False,
 ):
     """Strides in elements (bytes for the uint8 tensors); N % (32 or 64) == 0, K % 512 == 0. No PDL
     (a sweep variant: launched plainly). SKIP_PAST_ROWS: a pick whose expert id is >= n_rows (the
     weight's leading dim) computes and stores nothing (mxfp4_moe_decode_triton.py's rule).
     STAGES: 0 = the bytes loaded into registers (_k_loop_registers), else a ring of that many
-    shared-memory stages filled by cp.async (_k_loop_staged). GROUP (2..8; PICKS >= n_picks, a power
-    of two): up to GROUP picks of one expert share a program, one x row each in X's rows 0..GROUP-1
-    (_group_of); 1 = a program a pick, its x in row 0."""
+    shared-memory stages filled by cp.async (_k_loop_staged). GROUPED: members_ptr is the launch's
+    moe_pick_groups table [P, 8] int32; the program of a pick that leads its group serves all of
+    them (X's row j: member j's x), the others store nothing. Else a program a pick, x in X's row 0."""
     R: gl.constexpr = 64
     OUT: gl.constexpr = 32 if SWIGLU else 64
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
@@ -305,11 +287,11 @@ def _mxfp4_moe_mma_gluon_kernel(
     m = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, xl)))[None, :, None]
     jj = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, xl)))[None, None, :]
     x_off = 2 * (32 * (m // 8) + 16 * (m % 2) + 4 * ((m // 2) % 4)) + jj
-    if GROUP > 1:  # X's row j: member j's x row
-        lead, members = _group_of(experts_ptr, pick, e, n_picks, PICKS, GROUP)
-        if not lead:
+    members_at = members_ptr + pick.to(gl.int64) * 8
+    if GROUPED:  # X's row j: member j's x row
+        if gl.load(members_at) < 0:  # another pick's program serves this one
             return
-        at = gl.convert_layout(members, gl.SliceLayout(1, gl.SliceLayout(2, xl)))[:, None, None]
+        at = gl.load(members_at + gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(2, xl))))[:, None, None]
         x_ok = at >= 0
         x_row = x_ptr + gl.where(x_ok, at // TOP_K if X_PER_TOKEN else at, 0).to(gl.int64) * stride_x
     else:
@@ -336,8 +318,8 @@ def _mxfp4_moe_mma_gluon_kernel(
         w_steps = w_base + rw.to(gl.int64) * stride_wn + gl.arange(0, 128, layout=gl.SliceLayout(0, cw))[None, :]
         s_steps = s_base + rs.to(gl.int64) * stride_sn + gl.arange(0, 8, layout=gl.SliceLayout(0, cs))[None, :]
         acc = _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, x_ok, xe_s, xo_s, K, a_op, lb, l3, STAGES)
-    if GROUP > 1:
-        _store_members(y_ptr, acc, members, n0, stride_y, limit, mma, OUT, SWIGLU)
+    if GROUPED:
+        _store_members(y_ptr, acc, members_at, n0, stride_y, limit, mma, OUT, SWIGLU)
     else:
         _store_column0(y_ptr, acc, pick, n0, stride_y, limit, mma, OUT, SWIGLU)
 
@@ -360,12 +342,13 @@ def gluon_applies(x: torch.Tensor, weight: torch.Tensor, swiglu: bool) -> bool:
 def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor,
                         top_k: int, per_token: bool, swiglu_limit: float | None = None, y: torch.Tensor | None = None,
                         skip_past_rows: bool = False, stages: int | None = None,
-                        group: int | None = None) -> torch.Tensor:
+                        grouped: bool | None = None, members: torch.Tensor | None = None) -> torch.Tensor:
     """`mxfp4_moe_mma_triton`'s contract (`y`, `skip_past_rows` included) on sm_90 CUDA (Gluon does
     not run in the interpreter). stages: the K loop (the kernel's STAGES: 0 = registers, 2 .. K / 256
     + 1 = a cp.async ring); None = production's rule (STAGES up to STAGED_MAX_PICKS picks, else 0).
-    group: picks of one expert a program (1 .. 8; the kernel's GROUP); None = production's rule
-    (GROUP for more than one token's picks, up to GROUPED_MAX_PICKS)."""
+    grouped: up to GROUP picks of one expert a program (the kernel's GROUPED); None = production's rule
+    (`groups_apply`). members: the launch's `moe_pick_groups(experts, GROUP)` where the caller has it
+    (one table for both projections), else made here when grouped."""
     e, n_w, half_k = weight.shape
     k = 2 * half_k
     swiglu = swiglu_limit is not None
@@ -385,17 +368,20 @@ def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     if experts.dim() != 1 or not experts.is_contiguous():
         raise ValueError(f"experts must be contiguous [P], got {tuple(experts.shape)}")
     picks = experts.shape[0]
-    if group is None:
-        group = GROUP if top_k < picks <= GROUPED_MAX_PICKS else 1
-    if not 1 <= group <= 8:
-        raise ValueError(f"group must be 1 .. 8 (X's rows a program), got {group}")
+    if grouped is None:
+        grouped = groups_apply(picks, top_k)
+    if grouped and members is None:
+        members = moe_pick_groups(experts, GROUP)
+    if grouped and (members.shape != (picks, GROUP) or members.dtype != torch.int32 or not members.is_contiguous()):
+        raise ValueError(f"members must be moe_pick_groups' contiguous int32 [{picks}, {GROUP}], got "
+                         f"{members.dtype} {tuple(members.shape)}")
     y = pick_rows(y, picks, n, x)
     if picks == 0:
         return y
     _mxfp4_moe_mma_gluon_kernel[(picks, triton.cdiv(n, out))](
-        x, weight, scale, experts, y, n, k, x.stride(0), weight.stride(0), weight.stride(1), scale.stride(0),
-        scale.stride(1), y.stride(0), float(swiglu_limit) if swiglu else 0.0, e, picks,
+        x, weight, scale, experts, y, members if grouped else experts, n, k, x.stride(0), weight.stride(0),
+        weight.stride(1), scale.stride(0), scale.stride(1), y.stride(0), float(swiglu_limit) if swiglu else 0.0, e,
         TOP_K=top_k, X_PER_TOKEN=per_token, SWIGLU=swiglu, SKIP_PAST_ROWS=skip_past_rows, STAGES=stages,
-        GROUP=group, PICKS=triton.next_power_of_2(picks) if group > 1 else 1, num_warps=4,
+        GROUPED=grouped, num_warps=4,
     )
     return y
