@@ -148,7 +148,7 @@ def mxfp4_experts_pass(x: torch.Tensor, groups: torch.Tensor, tensors, swiglu_li
     hidden, y = outputs or (None, None)
     skip = dict(skip_past_rows=skip_past_rows)
     if on_tensor_cores(tensor_cores, x):
-        members = (moe_pick_groups(flat, GROUP) if gluon_applies(x, w13, True) and groups_apply(flat.numel(), k)
+        members = (moe_pick_groups(flat, GROUP) if gluon_applies(x, w13, True) and groups_apply(flat.numel())
                    else None)  # one table for both projections
         hidden = tensor_core_projection(x, w13, s13, flat, k, True, swiglu_limit, y=hidden, members=members, **skip)
         return hidden, tensor_core_projection(hidden, w2, s2, flat, k, False, y=y, members=members, **skip)

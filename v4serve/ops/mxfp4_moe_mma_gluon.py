@@ -34,7 +34,7 @@ thread holds exactly the positions wgmma's A fragment gives it (rows g, g + 8; k
 operands as they are. Position p holds the nibble of byte 32t + 16b + 4c + 2 (q & 1) + (q >> 1),
 q = 2u + e (the decoder's byte order 0, 2, 1, 3); X's column 0 is loaded in that order.
 
-Picks of one expert (GROUPED; production from two tokens' picks): a launch of several tokens
+Picks of one expert (GROUPED; production past STAGED_MAX_PICKS picks): a launch of several tokens
 repeats experts (uniform routing over 256: ~4 of 48 picks at c8, ~58 of 192 in a c32 verify batch,
 ~185 of 384 at c64), and a program a pick decodes a repeated expert's weights once per pick.
 Grouped, a program serves up to 8 picks of its expert, their x rows in X's rows 0..7 (column j of
@@ -82,16 +82,19 @@ BLOCK_K = gl.constexpr(256)
 # 789.2 / 805.7 / 804.9 / 855.7 (6 stages: 59 KB of shared memory a program, fewer resident).
 STAGES = 4
 STAGED_MAX_PICKS = 48
-# Up to GROUP picks of one expert a program (X's rows 0..7) where a launch has more than one token's
-# picks (one token's picks are distinct experts), up to GROUPED_MAX_PICKS (moe_pick_groups compares
-# every pair of picks). Same bits as a program a pick (column j of the MMA sums as column 0: GPU test).
+# Up to GROUP picks of one expert a program (X's rows 0..7) in launches of more than STAGED_MAX_PICKS
+# picks (the register loop's), up to GROUPED_MAX_PICKS (moe_pick_groups compares every pair of
+# picks). Same bits as a program a pick (column j of the MMA sums as column 0: GPU test). H200,
+# `kernel_configs 'moe grouped'` (session 20, Flash layer, µs, a program a pick / grouped): c8 (48
+# picks, the ring) 210.2 / 228.8 (a loss: ~4 repeats of 48 do not pay for the table launch and each
+# program's table read), verify c16 407.2 / 386.1, c32 782.3 / 670.9, c64 1527.5 / 1037.5.
 GROUP = 8
 GROUPED_MAX_PICKS = 512
 
 
-def groups_apply(picks: int, top_k: int) -> bool:
+def groups_apply(picks: int) -> bool:
     """Production's rule: the launch's picks are grouped by expert (GROUPED)."""
-    return top_k < picks <= GROUPED_MAX_PICKS
+    return STAGED_MAX_PICKS < picks <= GROUPED_MAX_PICKS
 
 
 @gluon.jit
@@ -369,7 +372,7 @@ def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
         raise ValueError(f"experts must be contiguous [P], got {tuple(experts.shape)}")
     picks = experts.shape[0]
     if grouped is None:
-        grouped = groups_apply(picks, top_k)
+        grouped = groups_apply(picks)
     if grouped and members is None:
         members = moe_pick_groups(experts, GROUP)
     if grouped and (members.shape != (picks, GROUP) or members.dtype != torch.int32 or not members.is_contiguous()):
