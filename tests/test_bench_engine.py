@@ -3,6 +3,8 @@ line last (the GPU-idle profile needs CUDA and is skipped here; it is exercised 
 
 import json
 
+import pytest
+
 from v4serve.bench import engine as bench_engine
 
 
@@ -15,6 +17,9 @@ def test_bench_engine_reports_ttft_and_tpot_for_every_concurrency(capsys):
     assert len(result["ttft_ms"]) == 3 and all(t > 0 for t in result["ttft_ms"])
     assert [row["concurrency"] for row in result["tpot"]] == [1, 2]
     assert all(row["tpot_ms"] > 0 and row["tpot_max_ms"] >= row["tpot_ms"] for row in result["tpot"])
+    # out tok/s is the decode rate over TPOT's span (concurrency tokens a TPOT), not the whole run's
+    c1 = result["tpot"][0]
+    assert c1["output_tok_s"] == pytest.approx(1e3 / c1["tpot_ms"], rel=0.05)
     assert result["profile"] == []
 
 

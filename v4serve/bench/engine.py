@@ -135,7 +135,6 @@ def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: 
     counts: dict[str, int] = {}
     mark: tuple[float, dict[str, int]] | None = None  # (time, tokens per request) once all have started
     last: dict[str, tuple[float, int]] = {}
-    start = time.perf_counter()
     fetched_at_mark, steps_after_mark = None, 0
     while engine.has_unfinished():
         outs = engine.step()
@@ -150,13 +149,15 @@ def measure_tpot(engine: Engine, concurrency: int, prompt_len: int, output_len: 
             fetched_at_mark = fetched()  # a device tensor: no synchronisation
         elif mark is not None:
             steps_after_mark += 1
-    total = time.perf_counter() - start
-    tokens = sum(counts.values())  # a speculative step may give a request several tokens
     per_request = sorted((t - mark[0]) / (n - mark[1][rid]) for rid, (t, n) in last.items() if n > mark[1][rid])
     if not per_request:
         raise RuntimeError(f"no request decoded after all {concurrency} had started; raise --output-len")
+    # the same span: tokens decoded after the mark (a speculative step may give a request several) over
+    # the time to the last of them (not the prefills before it, nor a first call's kernel compiles)
+    decoded = sum(n - mark[1][rid] for rid, (_, n) in last.items())
+    span = max(t for t, _ in last.values()) - mark[0]
     row = {"concurrency": concurrency, "tpot_ms": 1e3 * statistics.median(per_request),
-           "tpot_max_ms": 1e3 * per_request[-1], "output_tok_s": tokens / total}
+           "tpot_max_ms": 1e3 * per_request[-1], "output_tok_s": decoded / span}
     if fetched_at_mark is not None and steps_after_mark:
         row["expert_fetches_per_step"] = round(float(fetched() - fetched_at_mark) / steps_after_mark, 2)
     return row
