@@ -131,11 +131,12 @@ MXFP4_MOE_MMA_KERNELS += tuple(
 )
 
 # The Gluon projection's pick-groups table (v4serve/ops/moe_pick_groups_triton.py): one launch a
-# grouped decode layer, [32, 32] expert-id compares a step over the launch's picks.
+# grouped decode layer, [32, 64] expert-id compares a step over the launch's picks, the later picks
+# of each pick scattered to their slots.
 MXFP4_MOE_MMA_KERNELS += (
     KernelSpec(
         "moe.pick_groups", "v4serve.ops.moe_pick_groups_triton:_moe_pick_groups_kernel",
         types=dict(experts_ptr="*i64", members_ptr="*i32", P="i32"), aligned=("experts_ptr", "members_ptr"),
-        constexprs=dict(GROUP=8, BLOCK=32), num_warps=4, num_stages=1, expect=Expect(max_regs=128),
+        constexprs=dict(GROUP=8, BLOCK_P=32, BLOCK_Q=64), num_warps=8, num_stages=1, expect=Expect(max_regs=128),
     ),
 )
