@@ -22,7 +22,7 @@ GOOD_ORIGIN, EVIL_ORIGIN = "https://good.example", "https://evil.example"
 QUEUE = 2
 # Long enough that a 2-token request on a loaded 2-core machine (the server may still be building its
 # grammar vocabulary on another thread) finishes well inside it; seen: 1.5 s was not.
-TIMEOUT_S = 6.0
+TIMEOUT_S = 3.0
 LONG = {"ignore_eos": True}  # with a large max_tokens: runs for minutes on the CPU unless stopped
 
 
