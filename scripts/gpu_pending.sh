@@ -19,7 +19,8 @@
 #           and the MoE's cp.async stages; their rows (top-k live, 'indexer decode B', 'moe staged');
 #           tests18b / moe-staged: the MoE tests and rows once the cp.async ring is production
 #   tests19 rows19  the decode's rounds (merge over > 32 splits, values over > 32 tiles) and the packed kernels
-#   tests20 rows20  up to 8 picks of an expert a Gluon MoE program (GROUP) against a program a pick
+#   tests20 rows20  up to 8 picks of an expert a Gluon MoE program (GROUPED) against a program a pick;
+#           rows20b: down as gate_up's programmatic dependent launch against plain launches
 #   rows    `bench kernels` rows of the changed kernels (sets the rules' thresholds), ~3 min
 #   rows16  the o_a and launch-glue rows alone, ~1 min
 #   sweeps-a sweeps-b
@@ -40,7 +41,7 @@
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|tests20|rows19|rows20|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|tests20|rows19|rows20|rows20b|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -143,6 +144,9 @@ for stage in "$@"; do
       ;;
     rows20)  # session 20: up to 8 picks of an expert a Gluon program against a program a pick
       run 300 "$log" $PY -m v4serve.bench.kernel_configs 'moe grouped'
+      ;;
+    rows20b)  # session 20: down as gate_up's programmatic dependent launch against plain launches
+      run 200 "$log" $PY -m v4serve.bench.kernel_configs 'moe pdl'
       ;;
     moe-staged)  # the MoE's cp.async rule (production) against the register loop, c1 / c8 / verify c32
       run 150 "$log" $PY -m v4serve.bench.kernel_configs 'moe staged'

@@ -198,6 +198,36 @@ def test_mma_gluon_grouped_is_a_program_a_pick_bit_for_bit_gpu(routing, stages):
     assert runs[True][1][live].float().norm() > 0
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 8, 32])
+def test_mma_gluon_dependent_down_launch_is_bit_for_bit_gpu(tokens):
+    """gate_up with TRIGGER, then down as its programmatic dependent launch (the first weight stages
+    requested before griddepcontrol.wait, x after): the plain pair's bits, eager and replayed from a
+    CUDA graph whose input changed after capture (a down that read x before gate_up finished would
+    see the previous replay's hidden rows)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs an sm_90 GPU")
+    from v4serve.ops.mxfp4_moe_mma_gluon import mxfp4_moe_mma_gluon
+    w13, s13, w2, s2, x, experts = _flash_case(tokens)
+
+    def pair(x, dependent):
+        h = mxfp4_moe_mma_gluon(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT, pdl_trigger=dependent)
+        return h, mxfp4_moe_mma_gluon(h, w2, s2, experts, 6, False, pdl_wait=dependent)
+
+    want = pair(x, False)
+    assert all(torch.equal(a, b) for a, b in zip(want, pair(x, True)))
+    graph_x = x.clone()
+    pair(graph_x, True)  # compiled before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = pair(graph_x, True)
+    for seed in (1, 2):
+        graph_x.copy_(torch.randn(x.shape, generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda"))
+        graph.replay()
+        want = pair(graph_x.clone(), False)
+        assert all(torch.equal(a, b) for a, b in zip(want, got))
+
+
 def test_mma_gluon_members_table_is_checked():
     """A grouped launch reads moe_pick_groups' int32 [P, 8] table: another shape is refused by name."""
     from v4serve.ops.mxfp4_moe_mma_gluon import mxfp4_moe_mma_gluon

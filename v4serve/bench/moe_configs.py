@@ -106,12 +106,22 @@ GROUPED_VARIANTS = [DECODE_VARIANTS[-1]] + [
      dict(MMA=True, GLUON=True, GROUPED=grouped), True)
     for label, grouped in (("a program a pick", False), ("up to 8 picks of an expert a program", True))] + [
     DECODE_VARIANTS[-1]]
+# Session 20 (issue 18): down launched as a programmatic dependent of gate_up (its first weight
+# stages requested while gate_up's last programs run) against two plain launches; production's stage
+# and group rules in both ("moe pdl c1", ...; production on both ends).
+PDL_VARIANTS = [DECODE_VARIANTS[-1]] + [
+    (f"sort-free mma, Gluon, production's rules, {label}", dict(MMA=True, GLUON=True, GROUPED=None, PDL=pdl),
+     dict(MMA=True, GLUON=True, GROUPED=None, PDL=pdl), True)
+    for label, pdl in (("plain launches", False), ("down a dependent launch of gate_up", True))] + [
+    DECODE_VARIANTS[-1]]
 SHAPES = {"moe flash c1": ("flash", 1), "moe flash c8": ("flash", 8), "moe flash c64": ("flash", 64),
           "moe flash prefill S2048": ("flash", 2048),
           "moe flash verify c16": ("flash", 16), "moe flash verify c32": ("flash", 32),
           "moe staged c1": ("flash", 1), "moe staged c8": ("flash", 8), "moe staged verify c32": ("flash", 32),
           "moe grouped c8": ("flash", 8), "moe grouped verify c16": ("flash", 16),
-          "moe grouped verify c32": ("flash", 32), "moe grouped c64": ("flash", 64)}
+          "moe grouped verify c32": ("flash", 32), "moe grouped c64": ("flash", 64),
+          "moe pdl c1": ("flash", 1), "moe pdl c8": ("flash", 8), "moe pdl verify c4": ("flash", 4),
+          "moe pdl verify c32": ("flash", 32)}
 
 
 def _matmul(x, w, s, rows, ends, picks, cfg, swiglu_limit=None):
@@ -131,10 +141,12 @@ def layer(case, up_cfg, down_cfg, fused):
         def mma():
             experts, weights = moe_route(logits, MOE_TOP_K, "sqrtsoftplus", True, 1.5, bias=bias)
             flat = experts.reshape(-1).contiguous()
-            if up_cfg.get("GLUON"):  # STAGES: None = production's rule; GROUPED: a program a pick unless said
-                rule = dict(stages=up_cfg.get("STAGES"), grouped=up_cfg.get("GROUPED", False))
-                hidden = mxfp4_moe_mma_gluon(x, w13, s13, flat, MOE_TOP_K, True, SWIGLU_LIMIT, **rule)
-                y = mxfp4_moe_mma_gluon(hidden, w2, s2, flat, MOE_TOP_K, False, **rule)
+            if up_cfg.get("GLUON"):  # STAGES / GROUPED None: production's rule (GROUPED unsaid: a program a
+                rule = dict(stages=up_cfg.get("STAGES"), grouped=up_cfg.get("GROUPED", False))  # pick); PDL
+                pdl = up_cfg.get("PDL", False)  # gate_up triggers, down requests its first weights, then waits
+                hidden = mxfp4_moe_mma_gluon(x, w13, s13, flat, MOE_TOP_K, True, SWIGLU_LIMIT, pdl_trigger=pdl,
+                                             **rule)
+                y = mxfp4_moe_mma_gluon(hidden, w2, s2, flat, MOE_TOP_K, False, pdl_wait=pdl, **rule)
             else:
                 hidden = mxfp4_moe_mma_triton(x, w13, s13, flat, MOE_TOP_K, True, up_cfg, SWIGLU_LIMIT)
                 y = mxfp4_moe_mma_triton(hidden, w2, s2, flat, MOE_TOP_K, False, down_cfg)
@@ -176,6 +188,7 @@ def sweep(only: str) -> None:
         floor_us = max(nbytes / (H200_TBPS * 1e6), flops / (peak * 1e6))
         case = mxfp4_moe_case(model, tokens, "cuda")
         variants = (STAGED_VARIANTS if "staged" in name else GROUPED_VARIANTS if "grouped" in name
+                    else PDL_VARIANTS if "pdl" in name
                     else PREFILL_VARIANTS if tokens >= 2048
                     else VERIFY_VARIANTS if "verify" in name else DECODE_VARIANTS)
         ref = layer(case, *variants[0][1:])().float()

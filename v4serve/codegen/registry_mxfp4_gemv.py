@@ -111,8 +111,9 @@ MXFP4_MOE_MMA_KERNELS: tuple[KernelSpec, ...] = tuple(
 # a ring of cp.async shared-memory stages (16-byte copies of the bytes, 4-byte copies of the scales),
 # one step an iteration: 116 / 125 registers, 43 KB of shared memory, 2.98 instructions a weight.
 # GROUPED: a program serves up to 8 picks of its expert (X's rows 0..7) as the launch's
-# moe_pick_groups table says; production from two tokens' picks (c8: 48 picks, the ring; verify
-# c32: 192, the register loop).
+# moe_pick_groups table says; production past 48 picks (the register loop: verify batches, c64).
+# As production launches them: gate_up with TRIGGER (launch_dependents at once), down with PDL (its
+# first weight stages requested before griddepcontrol.wait).
 _GLUON_TYPES = dict(_MMA_TYPES, members_ptr="*i32")
 MXFP4_MOE_MMA_KERNELS += tuple(
     KernelSpec(
@@ -121,7 +122,7 @@ MXFP4_MOE_MMA_KERNELS += tuple(
         "v4serve.ops.mxfp4_moe_mma_gluon:_mxfp4_moe_mma_gluon_kernel",
         types=_GLUON_TYPES, aligned=_MMA_ALIGNED,
         constexprs=dict(TOP_K=6, X_PER_TOKEN=proj == "gate_up", SWIGLU=proj == "gate_up", SKIP_PAST_ROWS=skip,
-                        STAGES=stages, GROUPED=grouped),
+                        STAGES=stages, GROUPED=grouped, TRIGGER=proj == "gate_up", PDL=proj == "down"),
         archs=(90,), num_warps=4, num_stages=1,
         expect=Expect(max_regs=168, tensor_cores=True),
     )

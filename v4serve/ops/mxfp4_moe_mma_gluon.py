@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.ampere.async_copy import commit_g
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from v4serve.ops._dispatch import compiled_on_cuda
+from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
 from v4serve.ops.moe_pick_groups import moe_pick_groups
 from v4serve.ops.mxfp4_decode_triton import NIBBLE_HIGH, NIBBLE_LOW, nibble_pair_ptx
 from v4serve.ops.mxfp4_moe_decode_triton import pick_rows
@@ -98,6 +98,21 @@ def groups_apply(picks: int) -> bool:
 
 
 @gluon.jit
+def _gdc_wait():
+    """griddepcontrol.wait: the grid launched before this one (programmatic dependent launch) has
+    finished and its writes are visible."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _gdc_launch_dependents():
+    """griddepcontrol.launch_dependents: the grid launched after this one may start once every
+    program of this one has passed here (its own wait still waits for this whole grid)."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
 def _x_operands(x_at, x_off, x_ok, xe_s, xo_s):
     """Write X_even and X_odd [16, 128] (row j = the even / odd elements of x row j in the decoder's
     order where x_ok [8, 1, 1] holds, else zero; rows 8..15 zero). x_at: the x row of each X row
@@ -134,11 +149,14 @@ def _step(acc, packed, sb, x_at, x_off, x_ok, xe_s, xo_s, a_op: gl.constexpr, lb
 
 @gluon.jit
 def _k_loop_registers(acc, w_base, s_base, byte_off, s_off, x_row, x_off, x_ok, xe_s, xo_s, K,
-                      a_op: gl.constexpr, lb: gl.constexpr):
+                      a_op: gl.constexpr, lb: gl.constexpr, PDL: gl.constexpr):
     """The K loop with the bytes loaded into registers, two steps an iteration: both steps' bytes
     loaded first, so the second step's loads are in flight while the first decodes (a loop-carried
     uint8 buffer would be split into bytes by LLVM). Each iteration's loads wait for the previous
-    iteration's MMAs: 16 KB in flight a program at most, none while it decodes."""
+    iteration's MMAs: 16 KB in flight a program at most, none while it decodes. PDL: x is the
+    output of the grid launched before this one: wait for it first."""
+    if PDL:
+        _gdc_wait()
     for k0 in range(0, K, 2 * BLOCK_K):
         packed0 = gl.load(w_base + k0 // 2 + byte_off)
         sb0 = gl.load(s_base + k0 // 32 + s_off).to(gl.int32)
@@ -153,7 +171,7 @@ def _k_loop_registers(acc, w_base, s_base, byte_off, s_off, x_row, x_off, x_ok, 
 
 @gluon.jit
 def _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, x_ok, xe_s, xo_s, K, a_op: gl.constexpr,
-                   lb: gl.constexpr, l3: gl.constexpr, STAGES: gl.constexpr):
+                   lb: gl.constexpr, l3: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr):
     """The K loop with the bytes and scales of STAGES - 1 steps in flight (cp.async into a ring of
     shared-memory stages, one step an iteration): a program keeps loading while it decodes.
     w_steps [64, 128] / s_steps [64, 8]: the pointers of step 0's bytes and scale bytes of the
@@ -161,7 +179,9 @@ def _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, x_ok, xe_s, xo_s, K, a_o
     the stage iteration i - 1 read (every thread has passed that iteration's closing barrier) with
     step i + STAGES - 1, and closes with wait_group(STAGES - 2) and a barrier: step i + 1 has
     landed for every thread (the scales are read by other threads than the ones that copied them)
-    and the MMAs have read X."""
+    and the MMAs have read X. PDL: x is the output of the grid launched before this one: the first
+    STAGES - 1 steps of weights are requested, then the program waits for that grid (the weights
+    arrive while it finishes), then reads x."""
     R: gl.constexpr = 64
     bytes_s = gl.allocate_shared_memory(gl.uint8, [STAGES, R, 128], gl.SwizzledSharedLayout(16, 1, 2, [1, 0]))
     scales_s = gl.allocate_shared_memory(gl.uint8, [STAGES, R, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
@@ -177,6 +197,8 @@ def _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, x_ok, xe_s, xo_s, K, a_o
         _cp_async(bytes_s.index(s), w_steps + 128 * s)
         _cp_async(scales_s.index(s), s_steps + 8 * s)
         commit_group()
+    if PDL:
+        _gdc_wait()
     wait_group(STAGES - 2)
     _barrier()
     for i in range(n_steps):
@@ -254,7 +276,7 @@ def _mxfp4_moe_mma_gluon_kernel(
     x_ptr, w_ptr, s_ptr, experts_ptr, y_ptr, members_ptr,
     N, K, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, limit, n_rows,
     TOP_K: gl.constexpr, X_PER_TOKEN: gl.constexpr, SWIGLU: gl.constexpr, SKIP_PAST_ROWS: gl.constexpr = False,
-    STAGES: gl.constexpr = 0, GROUPED: gl.constexpr = False,
+    STAGES: gl.constexpr = 0, GROUPED: gl.constexpr = False, PDL: gl.constexpr = False, TRIGGER: gl.constexpr = False,
 ):
     """Strides in elements (bytes for the uint8 tensors); N % (32 or 64) == 0, K % 512 == 0. No PDL
     (a sweep variant: launched plainly). SKIP_PAST_ROWS: a pick whose expert id is >= n_rows (the
@@ -262,7 +284,11 @@ def _mxfp4_moe_mma_gluon_kernel(
     STAGES: 0 = the bytes loaded into registers (_k_loop_registers), else a ring of that many
     shared-memory stages filled by cp.async (_k_loop_staged). GROUPED: members_ptr is the launch's
     moe_pick_groups table [P, 8] int32; the program of a pick that leads its group serves all of
-    them (X's row j: member j's x), the others store nothing. Else a program a pick, x in X's row 0."""
+    them (X's row j: member j's x), the others store nothing. Else a program a pick, x in X's row 0.
+    PDL (the down projection, launched with programmatic dependent launch after gate_up): expert ids,
+    the groups table and the first weight stages are read before griddepcontrol.wait (all written
+    before gate_up began), x after it. TRIGGER (gate_up): launch_dependents at once, so that down's
+    programs may start (and request weights) while gate_up's last programs run."""
     R: gl.constexpr = 64
     OUT: gl.constexpr = 32 if SWIGLU else 64
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
@@ -274,6 +300,8 @@ def _mxfp4_moe_mma_gluon_kernel(
     l3: gl.constexpr = gl.SliceLayout(3, lb)
     sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
+    if TRIGGER:
+        _gdc_launch_dependents()
     pick = gl.program_id(0)
     e = gl.load(experts_ptr + pick).to(gl.int64)
     if SKIP_PAST_ROWS:
@@ -312,7 +340,7 @@ def _mxfp4_moe_mma_gluon_kernel(
         w_n = _weight_rows(r3, n0, N, OUT, SWIGLU).to(gl.int64)
         byte_off = (w_n * stride_wn + 32 * t3 + 16 * b3)[:, :, :, None] + ii
         s_off = w_n * stride_sn + 2 * t3 + b3
-        acc = _k_loop_registers(acc, w_base, s_base, byte_off, s_off, x_row, x_off, x_ok, xe_s, xo_s, K, a_op, lb)
+        acc = _k_loop_registers(acc, w_base, s_base, byte_off, s_off, x_row, x_off, x_ok, xe_s, xo_s, K, a_op, lb, PDL)
     else:
         cw: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # a 16-byte cp.async a thread and row
         cs: gl.constexpr = gl.BlockedLayout([1, 4], [16, 2], [4, 1], [1, 0])  # a 4-byte cp.async a thread
@@ -320,7 +348,8 @@ def _mxfp4_moe_mma_gluon_kernel(
         rs = _weight_rows(gl.arange(0, R, layout=gl.SliceLayout(1, cs))[:, None], n0, N, OUT, SWIGLU)
         w_steps = w_base + rw.to(gl.int64) * stride_wn + gl.arange(0, 128, layout=gl.SliceLayout(0, cw))[None, :]
         s_steps = s_base + rs.to(gl.int64) * stride_sn + gl.arange(0, 8, layout=gl.SliceLayout(0, cs))[None, :]
-        acc = _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, x_ok, xe_s, xo_s, K, a_op, lb, l3, STAGES)
+        acc = _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, x_ok, xe_s, xo_s, K, a_op, lb, l3, STAGES,
+                             PDL)
     if GROUPED:
         _store_members(y_ptr, acc, members_at, n0, stride_y, limit, mma, OUT, SWIGLU)
     else:
@@ -345,13 +374,18 @@ def gluon_applies(x: torch.Tensor, weight: torch.Tensor, swiglu: bool) -> bool:
 def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor,
                         top_k: int, per_token: bool, swiglu_limit: float | None = None, y: torch.Tensor | None = None,
                         skip_past_rows: bool = False, stages: int | None = None,
-                        grouped: bool | None = None, members: torch.Tensor | None = None) -> torch.Tensor:
+                        grouped: bool | None = None, members: torch.Tensor | None = None,
+                        pdl_trigger: bool = False, pdl_wait: bool = False) -> torch.Tensor:
     """`mxfp4_moe_mma_triton`'s contract (`y`, `skip_past_rows` included) on sm_90 CUDA (Gluon does
     not run in the interpreter). stages: the K loop (the kernel's STAGES: 0 = registers, 2 .. K / 256
     + 1 = a cp.async ring); None = production's rule (STAGES up to STAGED_MAX_PICKS picks, else 0).
     grouped: up to GROUP picks of one expert a program (the kernel's GROUPED); None = production's rule
     (`groups_apply`). members: the launch's `moe_pick_groups(experts, GROUP)` where the caller has it
-    (one table for both projections), else made here when grouped."""
+    (one table for both projections), else made here when grouped. pdl_trigger (gate_up): the next
+    launch may start while this one's last programs run; pdl_wait (down, launched right after such a
+    gate_up): a programmatic dependent launch that reads only x after waiting for the launch before it
+    (its expert ids and `members` must have been written before that launch began). Both apply where
+    the device has programmatic dependent launch (`pdl_launch`)."""
     e, n_w, half_k = weight.shape
     k = 2 * half_k
     swiglu = swiglu_limit is not None
@@ -381,10 +415,11 @@ def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     y = pick_rows(y, picks, n, x)
     if picks == 0:
         return y
+    pdl = pdl_launch(x)  # {PDL, launch_pdl} on sm_90 unless V4SERVE_PDL=0
     _mxfp4_moe_mma_gluon_kernel[(picks, triton.cdiv(n, out))](
         x, weight, scale, experts, y, members if grouped else experts, n, k, x.stride(0), weight.stride(0),
         weight.stride(1), scale.stride(0), scale.stride(1), y.stride(0), float(swiglu_limit) if swiglu else 0.0, e,
         TOP_K=top_k, X_PER_TOKEN=per_token, SWIGLU=swiglu, SKIP_PAST_ROWS=skip_past_rows, STAGES=stages,
-        GROUPED=grouped, num_warps=4,
+        GROUPED=grouped, TRIGGER=pdl_trigger and bool(pdl), num_warps=4, **(pdl if pdl_wait else {}),
     )
     return y
