@@ -21,8 +21,10 @@ order changes (the MMA's k16 chunks):
 
     |y - y_gemv| <= gamma_K sum_k |w x|   per projection, before the bf16 rounding of y
 
-Not the GEMV's bits, but still independent of the batch (a pick is column 0 of its own MMA:
-verify = decode). Exact only when every scale byte is <= 128 (`mma_scales_exact`), which the
+Not the GEMV's bits, but still independent of the batch (a pick's column of the MMA sums as
+column 0 does: verify = decode). On the Gluon kernel a launch of more than 48 picks groups the picks
+of one expert (one `moe_pick_groups` table a layer, read by both projections), and down is gate_up's
+programmatic dependent launch (mxfp4_moe_mma_gluon.py says both). Exact only when every scale byte is <= 128 (`mma_scales_exact`), which the
 caller checks once where the weights are loaded (`MXFP4Experts.bind_decode`), never per launch.
 
 A layer with experts in host memory (model/quantized_offload.py) runs its decode steps through
