@@ -5,8 +5,8 @@
 #   scripts/codegen_check.sh 3.6.0:90 3.8.0:90 3.9.0 [extra args for python -m v4serve.codegen]
 #
 # VERSION:ARCHS compiles for those archs only (`--arch ARCHS`, comma-separated SM numbers);
-# a bare VERSION compiles for every default arch (sm_80, sm_90, sm_100, sm_120). CI checks every
-# arch under the newest Triton and only sm_90, the GPU we run, under the older ones.
+# a bare VERSION compiles for every default arch (sm_80, sm_90, sm_100, sm_120). CI checks sm_80,
+# sm_90 and sm_100 under the newest Triton and only sm_90, the GPU we run, under the older ones.
 #
 # Creates or reuses .triton-VERSION for every version at once (scripts/make_triton_env.sh: the
 # triton wheel alone, put in front of .venv on PYTHONPATH; pip mostly waits on downloads and

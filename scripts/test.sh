@@ -12,9 +12,11 @@ python3 -m venv .venv
 # several times faster on one thread than on two contended ones) and the codegen check, which
 # builds (or reuses) its Triton venvs and then compiles every kernel under each version. Both
 # always run (a failing test must not hide the codegen check); the script fails if either does.
-# Every kernel compiles under each Triton for sm_90 (the GPU we run), and for all four default
-# archs (sm_80/90/100/120) under the newest only: the older versions' other archs tripled the stage.
-triton_versions=(3.6.0:90 3.8.0:90 3.9.0)
+# Every kernel compiles under each Triton for sm_90 (the GPU we run), and for sm_80 and sm_100 too
+# under the newest only: the older versions' other archs tripled the stage. sm_120 (mma.sync, the
+# lowering sm_80 checks) is left to `scripts/codegen_check.sh 3.9.0` by hand: with it the two stages
+# passed 30 minutes on the CI machine (1888 s, session 19).
+triton_versions=(3.6.0:90 3.8.0:90 3.9.0:80,90,100)
 codegen_log=$(mktemp)
 t0=$SECONDS pytest_rc=0 codegen_rc=0
 scripts/codegen_check.sh "${triton_versions[@]}" > "$codegen_log" 2>&1 &
