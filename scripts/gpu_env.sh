@@ -14,7 +14,9 @@ PY=${PYTHON:-python3}
 gpu_env_line() {
   {
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,memory.total --format=csv
-    git rev-parse HEAD 2>/dev/null || true
+    # the device's copy keeps the git HEAD its checkout began with while the files follow this
+    # tree: the count of paths that differ from that HEAD says when the commit line is stale
+    echo "git HEAD $(git rev-parse HEAD 2>/dev/null) + $(git status --porcelain 2>/dev/null | wc -l) changed paths"
     $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
     free -g | head -2
   } 2>&1
