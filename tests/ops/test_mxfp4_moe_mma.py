@@ -168,7 +168,7 @@ def test_mma_gluon_staged_is_the_register_loop_bit_for_bit_gpu(tokens, stages):
 @pytest.mark.parametrize("stages", [0, 4])
 @pytest.mark.parametrize("routing", ["uniform", "shared", "skipped"])
 def test_mma_gluon_grouped_is_a_program_a_pick_bit_for_bit_gpu(routing, stages):
-    """Up to 8 picks of one expert a program (GROUP: X's rows 0..7, column j of the MMA for member j)
+    """Up to 8 picks of one expert a program (GROUPED: X's rows 0..7, column j of the MMA for member j)
     store the bits a program a pick stores (column 0), every pick's row. Routing: uniform over 20
     tokens (a few repeated experts), 20 tokens on the same 6 experts (groups of 8, 8, 4: three
     leading programs an expert), or that with every third pick skipped (an offload pass's id past

@@ -24,8 +24,9 @@ order changes (the MMA's k16 chunks):
 Not the GEMV's bits, but still independent of the batch (a pick's column of the MMA sums as
 column 0 does: verify = decode). On the Gluon kernel a launch of more than 48 picks groups the picks
 of one expert (one `moe_pick_groups` table a layer, read by both projections), and down is gate_up's
-programmatic dependent launch (mxfp4_moe_mma_gluon.py says both). Exact only when every scale byte is <= 128 (`mma_scales_exact`), which the
-caller checks once where the weights are loaded (`MXFP4Experts.bind_decode`), never per launch.
+programmatic dependent launch (mxfp4_moe_mma_gluon.py says both). Exact only when every scale byte
+is <= 128 (`mma_scales_exact`), which the caller checks once where the weights are loaded
+(`MXFP4Experts.bind_decode`), never per launch.
 
 A layer with experts in host memory (model/quantized_offload.py) runs its decode steps through
 the same route, in passes (`mxfp4_experts_pass`: gate_up and down a pass, on the GEMV or on tensor
