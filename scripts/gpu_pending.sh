@@ -21,6 +21,9 @@
 #   tests19 rows19  the decode's rounds (merge over > 32 splits, values over > 32 tiles) and the packed kernels
 #   tests20 rows20  up to 8 picks of an expert a Gluon MoE program (GROUPED) against a program a pick;
 #           rows20b: down as gate_up's programmatic dependent launch against plain launches
+#   tests21 rows21  session 21: the two-pass values pass split over programs (VALUE_SPLITS: tests,
+#           the bf16 and packed B4 / B8 sweeps with their pass times), the MoE's ring at 5 / 6 stages
+#           with the dependent launch ('moe pdl')
 #   rows    `bench kernels` rows of the changed kernels (sets the rules' thresholds), ~3 min
 #   rows16  the o_a and launch-glue rows alone, ~1 min
 #   sweeps-a sweeps-b
@@ -41,7 +44,7 @@
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|tests20|rows19|rows20|rows20b|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|tests20|tests21|rows21|rows19|rows20|rows20b|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -89,6 +92,8 @@ tests/ops/test_packed_kernels_gpu.py"
 tests/model/test_moe_tensor_core_decode.py
 tests/model/test_offload_sort_free_gpu.py
 tests/engine/test_gpu_spec_decode.py"
+  [tests21]="tests/ops/test_sparse_attn_modes.py -k 'two_pass or split_values'
+tests/ops/test_packed_kernels_gpu.py -k variants"
   [tests18b]="tests/ops/test_mxfp4_moe_mma.py
 tests/model/test_moe_tensor_core_decode.py"
   [topk]="tests/ops/test_index_topk.py
@@ -136,11 +141,18 @@ for stage in "$@"; do
     tests)
       parallel_test_groups "$log" tests13 tests14a tests14b
       ;;
-    tests16 | tests16b | tests17 | tests18 | tests18b | tests19 | tests20 | topk)
+    tests16 | tests16b | tests17 | tests18 | tests18b | tests19 | tests20 | tests21 | topk)
       parallel_test_groups "$log" "$stage"
       ;;
     topk-live)  # the top-k over a row's live prefix (n_live) against the whole row, ~1 min
       run 120 "$log" $PY -m v4serve.bench.kernel_configs 'index topk live'
+      ;;
+    rows21)  # session 21: the values pass split over programs (bf16 / packed), the MoE ring's stages
+      for shape in 'decode r4 B8' 'decode r128 B8' 'decode r4 B4' 'decode fp8kv r4 B8' 'decode fp8kv r128 B8' \
+                   'decode fp8kv r0 B8'; do
+        run 200 "$log" $PY -m v4serve.bench.kernel_configs "$shape"
+      done
+      run 200 "$log" $PY -m v4serve.bench.kernel_configs 'moe pdl'
       ;;
     rows20)  # session 20: up to 8 picks of an expert a Gluon program against a program a pick
       run 300 "$log" $PY -m v4serve.bench.kernel_configs 'moe grouped'

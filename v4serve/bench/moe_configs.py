@@ -109,10 +109,14 @@ GROUPED_VARIANTS = [DECODE_VARIANTS[-1]] + [
 # Session 20 (issue 18): down launched as a programmatic dependent of gate_up (its first weight
 # stages requested while gate_up's last programs run) against two plain launches; production's stage
 # and group rules in both ("moe pdl c1", ...; production on both ends).
+# Session 21: with the dependent launch, 5 and 6 ring stages instead of 4 (session 18 measured 3 / 4 / 6
+# with plain launches; 5 fits 4 programs an SM: 53 KB).
 PDL_VARIANTS = [DECODE_VARIANTS[-1]] + [
-    (f"sort-free mma, Gluon, production's rules, {label}", dict(MMA=True, GLUON=True, GROUPED=None, PDL=pdl),
-     dict(MMA=True, GLUON=True, GROUPED=None, PDL=pdl), True)
-    for label, pdl in (("plain launches", False), ("down a dependent launch of gate_up", True))] + [
+    (f"sort-free mma, Gluon, production's rules, {label}",
+     dict(MMA=True, GLUON=True, GROUPED=None, PDL=pdl, STAGES=stages),
+     dict(MMA=True, GLUON=True, GROUPED=None, PDL=pdl, STAGES=stages), True)
+    for label, pdl, stages in (("plain launches", False, None), ("down a dependent launch of gate_up", True, None),
+                               ("dependent, 5 stages", True, 5), ("dependent, 6 stages", True, 6))] + [
     DECODE_VARIANTS[-1]]
 SHAPES = {"moe flash c1": ("flash", 1), "moe flash c8": ("flash", 8), "moe flash c64": ("flash", 64),
           "moe flash prefill S2048": ("flash", 2048),
