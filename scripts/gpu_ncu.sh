@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
 # Nsight Compute on named `bench kernels` shapes (GPU machine, development tool): per case the
-# SpeedOfLight / Occupancy / SchedulerStats / WarpStateStats sections (ncu_<tag>.txt) and the
-# stall samples by SASS instruction (ncu_<tag>_stalls.txt, via scripts/ncu_stalls.py).
-# Usage (repo root): OUT=/some/dir scripts/gpu_ncu.sh 'TAG|SHAPE|KERNEL_REGEX|LAUNCHES' ...
-# LAUNCHES: how many matching launches to profile after the first call's (default 1).
+# SpeedOfLight / Occupancy / SchedulerStats / WarpStateStats sections and the stall samples by SASS
+# instruction (scripts/ncu_stalls.py).
+# Usage (repo root): OUT=/some/dir scripts/gpu_ncu.sh 'TAG|SHAPE|KERNEL_REGEX|LAUNCHES|CONFIG' ...
+# LAUNCHES: how many matching launches to profile after the first call's (default 1). CONFIG (JSON,
+# optional): a kernel_configs decode shape at production's tiles updated by it (scripts/ncu_config.py).
+# Each case's two reports go to one file, ncu_<tag>.txt (the device tool brings back at most 8 files).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
 for spec in "$@"; do
-  IFS='|' read -r tag shape kernel count <<< "$spec"
+  IFS='|' read -r tag shape kernel count config <<< "$spec"
   count=${count:-1}
+  if [[ -n "${config:-}" ]]; then driver=(scripts/ncu_config.py "$shape" "$config"); else driver=(scripts/ncu_shape.py "$shape"); fi
   t0=$SECONDS
   common=(--clock-control none -k "regex:$kernel" --launch-skip "$((count * 2))" --launch-count "$count")
   { gpu_env_line; echo "# $shape / $kernel"; } > "$OUT/ncu_$tag.txt"
   timeout 150 ncu "${common[@]}" --section SpeedOfLight --section Occupancy --section SchedulerStats \
     --section WarpStateStats --section LaunchStats \
-    $PY scripts/ncu_shape.py "$shape" >> "$OUT/ncu_$tag.txt" 2>&1
+    $PY "${driver[@]}" >> "$OUT/ncu_$tag.txt" 2>&1
   timeout 150 ncu "${common[@]}" --section SourceCounters --section WarpStateStats --page source \
-    --print-source sass --csv $PY scripts/ncu_shape.py "$shape" > "$OUT/ncu_$tag.csv" 2>&1
-  $PY scripts/ncu_stalls.py "$OUT/ncu_$tag.csv" > "$OUT/ncu_${tag}_stalls.txt" 2>&1
+    --print-source sass --csv $PY "${driver[@]}" > "$OUT/ncu_$tag.csv" 2>&1
+  { echo "# stall samples"; $PY scripts/ncu_stalls.py "$OUT/ncu_$tag.csv"; } >> "$OUT/ncu_$tag.txt" 2>&1
   rm -f "$OUT/ncu_$tag.csv"
   echo "== $tag: $((SECONDS - t0)) s"
 done
