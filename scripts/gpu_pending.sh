@@ -21,9 +21,8 @@
 #   tests19 rows19  the decode's rounds (merge over > 32 splits, values over > 32 tiles) and the packed kernels
 #   tests20 rows20  up to 8 picks of an expert a Gluon MoE program (GROUPED) against a program a pick;
 #           rows20b: down as gate_up's programmatic dependent launch against plain launches
-#   tests21 rows21  session 21: the two-pass values pass split over programs (VALUE_SPLITS: tests,
-#           the bf16 and packed B4 / B8 sweeps with their pass times), the MoE's ring at 5 / 6 stages
-#           with the dependent launch ('moe pdl')
+#   tests21 rows21  session 21: the MoE's ring past 48 picks (grouped) and its tests; the MoE's
+#           grouped and dependent-launch rows ('moe grouped', 'moe pdl')
 #   rows    `bench kernels` rows of the changed kernels (sets the rules' thresholds), ~3 min
 #   rows16  the o_a and launch-glue rows alone, ~1 min
 #   sweeps-a sweeps-b
@@ -39,12 +38,13 @@
 #   bind    which MXFP4 layers bind the tensor-core route (2 Flash layers with host experts), ~1 min
 #   moe-ab  the MoE decode route A/B end to end (`--moe-decode gemv`, then `tensor-cores`): 30 Flash
 #           layers without offload, c1 / c8, ~4 min
+#   c64     c64 decode, 30 Flash layers, production's MoE route, ~2 min
 #   moe-c64 the MoE decode routes at c64 (tensor cores sort-free up to 1.5 E, the GEMV sorted), ~4 min
 #   spec    speculative verify on 30 layers, c1 / c8, k = 3, ~3 min (spec-zipf: Zipf(1) routing)
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|tests20|tests21|rows21|rows19|rows20|rows20b|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|tests20|tests21|rows21|rows19|rows20|rows20b|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|c64|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -92,8 +92,10 @@ tests/ops/test_packed_kernels_gpu.py"
 tests/model/test_moe_tensor_core_decode.py
 tests/model/test_offload_sort_free_gpu.py
 tests/engine/test_gpu_spec_decode.py"
-  [tests21]="tests/ops/test_sparse_attn_modes.py -k 'two_pass or split_values'
-tests/ops/test_packed_kernels_gpu.py -k variants"
+  [tests21]="tests/ops/test_mxfp4_moe_mma.py tests/ops/test_moe_pick_groups.py
+tests/model/test_moe_tensor_core_decode.py
+tests/model/test_offload_sort_free_gpu.py
+tests/engine/test_gpu_spec_decode.py"
   [tests18b]="tests/ops/test_mxfp4_moe_mma.py
 tests/model/test_moe_tensor_core_decode.py"
   [topk]="tests/ops/test_index_topk.py
@@ -147,11 +149,8 @@ for stage in "$@"; do
     topk-live)  # the top-k over a row's live prefix (n_live) against the whole row, ~1 min
       run 120 "$log" $PY -m v4serve.bench.kernel_configs 'index topk live'
       ;;
-    rows21)  # session 21: the values pass split over programs (bf16 / packed), the MoE ring's stages
-      for shape in 'decode r4 B8' 'decode r128 B8' 'decode r4 B4' 'decode fp8kv r4 B8' 'decode fp8kv r128 B8' \
-                   'decode fp8kv r0 B8'; do
-        run 200 "$log" $PY -m v4serve.bench.kernel_configs "$shape"
-      done
+    rows21)  # session 21: the MoE's ring past 48 picks (grouped, dependent launch)
+      run 300 "$log" $PY -m v4serve.bench.kernel_configs 'moe grouped'
       run 200 "$log" $PY -m v4serve.bench.kernel_configs 'moe pdl'
       ;;
     rows20)  # session 20: up to 8 picks of an expert a Gluon program against a program a pick
@@ -226,6 +225,11 @@ for name, m in net.named_modules():
           --cuda-graph-sizes 1 8 --output-len 96 --ttft-repeats 1 --no-profile --moe-decode "$route" \
           --json-out "$OUT/pending_moe_ab_$route.json"
       done
+      ;;
+    c64)  # c64 decode on 30 Flash layers at production's MoE route alone (moe-c64 without the GEMV arm)
+      run 250 "$log" $PY -m v4serve.bench.engine --hf-overrides '{"num_hidden_layers": 30}' --concurrency 64 \
+        --max-num-seqs 64 --cuda-graph-sizes 64 --output-len 32 --ttft-repeats 1 --no-profile \
+        --json-out "$OUT/pending_c64.json"
       ;;
     moe-c64)  # the 1.5 E sort-free rule (tensor cores) and the SwiGLU row rule at c64, 30 Flash layers
       for route in tensor-cores gemv; do

@@ -2,7 +2,7 @@
 Compute (development tool; scripts/ncu_shape.py runs production launches).
 
     ncu -k regex:_values_kernel --launch-skip 2 --launch-count 1 \
-        python3 scripts/ncu_config.py 'decode fp8kv r4 B8' '{"VALUE_SPLITS": 2}'
+        python3 scripts/ncu_config.py 'decode fp8kv r4 B8' '{"PREFETCH": true}'
 
 The JSON's keys update the shape's production decode config (fp8kv shapes: over packed rows).
 """
@@ -12,7 +12,6 @@ import json
 import torch
 
 from v4serve.bench.kernel_configs import DECODE_SHAPES, PACKED_DECODE_SHAPES, _packed_run
-from v4serve.bench.kernels import step_tickets
 from v4serve.bench.shapes import sparse_decode_case
 from v4serve.ops.sparse_attn_triton import decode_config, sparse_attn_paged_triton
 
@@ -27,9 +26,7 @@ def main() -> None:
     ratio, B, pos = (PACKED_DECODE_SHAPES if packed else DECODE_SHAPES)[args.shape]
     case = sparse_decode_case(ratio, B, pos, "cuda")
     cfg = dict(decode_config(B, case.idx.shape[-1], packed, case.q.device), **json.loads(args.config))
-    tickets = step_tickets("cuda")
-    run = _packed_run(case) if packed else (
-        lambda c: sparse_attn_paged_triton(*case.args(), tile_config=c, tickets=tickets))
+    run = _packed_run(case) if packed else (lambda c: sparse_attn_paged_triton(*case.args(), tile_config=c))
     for _ in range(args.calls):
         run(dict(cfg))
         torch.cuda.synchronize()

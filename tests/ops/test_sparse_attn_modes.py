@@ -134,67 +134,6 @@ def test_two_pass_values_rounds_over_a_wide_table():
     assert rounds[5].abs().max() == 0 and rounds[4].abs().max() > 0
 
 
-@pytest.mark.parametrize("splits", [2, 3])
-def test_two_pass_values_split_over_programs(splits, monkeypatch):
-    """VALUE_SPLITS: each token's pairs of tiles dealt over `splits` values programs, whose fp32 sums the
-    last to arrive adds in split order. 150 columns in tiles of 16 (10 tiles: 5 pairs); tokens whose
-    live tiles end early (2, 4 and 7 of them: some programs get none), all live, none live, all
-    holes: launched with the splits, the unsplit launch's outputs within the fp32 sum order, the
-    reference's, the same bits on a second launch (the tickets are back at zero), and an error
-    without tickets."""
-    from v4serve.ops import sparse_attn_two_pass as two_pass
-
-    launches, kernel = [], two_pass._values_kernel
-
-    class Spy:  # records each values launch's grid and SPLITS
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launches.append((grid, kwargs["SPLITS"]))
-                return kernel[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(two_pass, "_values_kernel", Spy())
-    q, win, cmp, idx, sink, counts = sparse_attn_inputs(6, 1, 20, 64, 20, 130, seed=7)
-    counts[:, 0] = torch.tensor([10, 40, 90, 130, 0, 130], dtype=counts.dtype)
-    idx[5, 0, :] = -1
-    cfg = _two_pass(16, 16, 32, 32)
-    tickets = torch.zeros(64, dtype=torch.int32)  # 6 tokens x 2 dims blocks x 2 head blocks = 24 used
-    split = sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts,
-                                     tile_config=dict(cfg, VALUE_SPLITS=splits), tickets=tickets)
-    assert launches == [((6, 2, 2 * splits), splits)]  # 6 tokens, 2 dims blocks, 2 head blocks
-    assert not tickets.any()
-    again = sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts,
-                                     tile_config=dict(cfg, VALUE_SPLITS=splits), tickets=tickets)
-    assert torch.equal(split, again)
-    whole = sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts, tile_config=cfg)
-    assert rel_err(split, whole) < 1e-5
-    assert rel_err(split, _reference(q, win, cmp, idx, 20, sink, 0.1, counts)) < 1.5e-2
-    assert split[5].abs().max() == 0 and split[4].abs().max() > 0
-    with pytest.raises(ValueError, match="tickets"):
-        sparse_attn_paged_triton(q, win, cmp, idx, 20, sink, 0.1, counts, tile_config=dict(cfg, VALUE_SPLITS=splits))
-
-
-def test_value_splits_rule():
-    # "auto": about VALUES_PROGRAMS_PER_SM programs an SM, at most a program per pair of tiles, and
-    # none without enough tickets (or in the interpreter)
-    from v4serve.ops import sparse_attn_triton as sat
-
-    cfg = dict(DECODE_CONFIG_TWO_PASS, VALUE_SPLITS="auto")
-    cuda = torch.device("cuda")
-    tickets = torch.zeros(1024, dtype=torch.int32)
-    sms = 132
-    rule = lambda T, C, t=tickets: sat.value_splits(cfg, T, 64, 512, C, t, cuda)  # noqa: E731
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sat, "compiled_on_cuda", lambda device: True)
-        mp.setattr(sat, "_sm_count", lambda device: sms)
-        assert rule(8, 640) == min(5, sat.VALUES_PROGRAMS_PER_SM * sms // 128)  # B8 r4: 128 programs, 5 pairs
-        assert rule(8, 128) == 1  # r0: one pair of tiles
-        assert rule(64, 640) == 1  # 1024 programs: the GPU is full
-        assert rule(8, 640, None) == 1 and rule(128, 640) == 1  # no tickets, or too few
-    assert sat.value_splits(cfg, 8, 64, 512, 640, tickets, torch.device("cpu")) == 1
-    assert sat.value_splits(dict(cfg, VALUE_SPLITS=3), 8, 64, 512, 640, None, cuda) == 3  # as asked
-
-
 @pytest.mark.parametrize("tokens, columns, expected", [
     (1, 640, "small"), (1, 1152, "live"), (2, 384, "two_pass"), (3, 640, "two_pass"), (4, 128, "two_pass"),
     (8, 640, "two_pass"), (64, 1152, "two_pass"),
@@ -235,8 +174,6 @@ GPU_TWO_PASS = [
     dict(DECODE_CONFIG_TWO_PASS),
     _two_pass(32, 32, 64, 128),
     _two_pass(64, 64, 256, 64, warps=8),
-    dict(DECODE_CONFIG_TWO_PASS, VALUE_SPLITS=3),
-    dict(DECODE_CONFIG_TWO_PASS, VALUE_SPLITS="auto"),
 ]
 
 
@@ -247,11 +184,9 @@ GPU_TWO_PASS = [
 def test_two_pass_decode_full_dims(cfg, ratio, B):
     case = sparse_decode_case(ratio, B, 32767, "cuda", seed=B + ratio)
     out = torch.full_like(case.q, float("nan"))
-    tickets = torch.zeros(1024, dtype=torch.int32, device="cuda")  # for VALUE_SPLITS
-    for _ in range(2):  # the second launch finds the tickets at zero again
-        out.copy_(sparse_attn_paged_triton(*case.args(), tile_config=GPU_TWO_PASS[cfg], tickets=tickets))
+    out.copy_(sparse_attn_paged_triton(*case.args(), tile_config=GPU_TWO_PASS[cfg]))
     ref = _reference(case.q, case.win_pool, case.cmp_pool, case.idx, WINDOW, case.sink, case.scale, case.counts)
-    assert not out.isnan().any() and rel_err(out, ref) < 1e-2 and not tickets.any()
+    assert not out.isnan().any() and rel_err(out, ref) < 1e-2
 
 
 @pytest.mark.gpu
@@ -364,33 +299,3 @@ def test_ws_kernel_rejects_other_head_dims():
     q, win, cmp, idx, sink, counts = sparse_attn_inputs(1, 2, 4, 64, 8, 8, seed=5)
     with pytest.raises(ValueError, match="takes D = 512, got 64"):
         sparse_attn_paged_triton(q, win, cmp, idx, 8, sink, 0.125, counts, tile_config=PREFILL_CONFIG_WS)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("packed", [False, True])
-def test_split_values_replay_from_a_cuda_graph(packed):
-    """VALUE_SPLITS 3 captured in a CUDA graph (as the engine's decode steps run): every replay gives
-    the eager launch's bits (the last split program leaves the tickets at zero for the next replay),
-    bf16 and packed rows."""
-    from v4serve.formats import row_format
-    from v4serve.ops.kv_pack import pack_rows
-    from v4serve.ops.sparse_attn_triton import DECODE_CONFIG_TWO_PASS_PACKED
-
-    case = sparse_decode_case(4, 8, 32767, "cuda", seed=21)
-    q, win, cmp, idx, n_window, sink, scale, counts = case.args()
-    fmt = row_format("fp8_e8m0_b64_rope64") if packed else None
-    if packed:
-        win, cmp = pack_rows(win, fmt), pack_rows(cmp, fmt)
-    cfg = dict(DECODE_CONFIG_TWO_PASS_PACKED if packed else DECODE_CONFIG_TWO_PASS, VALUE_SPLITS=3)
-    tickets = torch.zeros(1024, dtype=torch.int32, device="cuda")
-    run = lambda: sparse_attn_paged_triton(q, win, cmp, idx, n_window, sink, scale, counts,  # noqa: E731
-                                           tile_config=dict(cfg), row_format=fmt, tickets=tickets)
-    eager = run()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
-    for _ in range(3):
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, eager) and not tickets.any()

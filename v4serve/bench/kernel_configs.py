@@ -9,7 +9,6 @@ import sys
 from triton.testing import do_bench_cudagraph
 
 from v4serve.bench import moe_configs
-from v4serve.bench.kernels import step_tickets
 from v4serve.bench.shapes import expert_fetch_case, indexer_case, sparse_decode_case, sparse_prefill_case
 from v4serve.formats import row_format
 from v4serve.ops.expert_fetch_triton import expert_fetch_triton
@@ -57,8 +56,6 @@ DECODE_CANDIDATES = [
     _two_pass(block_k=64, score_stages=4, value_stages=4),
     _two_pass(block_k=64, score_stages=4, block_dv=16),
     _two_pass(block_k=128, score_stages=3),
-    # each token's values over 2 / 3 / 5 programs (session 21; "auto" = production's rule when it is on)
-    *(dict(DECODE_CONFIG_TWO_PASS, VALUE_SPLITS=splits) for splits in (2, 3, 5, "auto")),
     None,
 ]
 
@@ -92,9 +89,6 @@ PACKED_B8_VARIANTS = {
     "scores 4 warps": dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES=dict(num_warps=4, num_stages=1)),
     "scores 4 warps + values h32 mma.sync": dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES=dict(num_warps=4, num_stages=1),
                                                 VALUE_BLOCK_H=32, KV_OPERAND=1),
-    # Session 21: each token's values over several programs (a step's 128 values programs walk 5
-    # dependent steps at r4, one program an SM); the last of them adds their fp32 sums
-    **{f"values split {splits}": dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUE_SPLITS=splits) for splits in (2, 3, 5)},
 }
 PACKED_DECODE_B8_CANDIDATES = [
     None,  # two-pass: whole-tile scores over 8 warps (sm_90); the values pass dequantizes its dims again
@@ -224,13 +218,12 @@ def _packed_run(case):
     q, win, cmp, idx, n_window, sink, scale, counts = case.args()
     pw, pc, fmt = pack_rows(win, PACKED_FORMAT), pack_rows(cmp, PACKED_FORMAT), row_format(PACKED_FORMAT)
     uw, uc = unpack_rows(pw, fmt, q.shape[-1]), unpack_rows(pc, fmt, q.shape[-1])
-    tickets = step_tickets("cuda")
 
     def run(cfg):
         if cfg == "bf16 rows":
-            return sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts, tickets=tickets)
+            return sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, scale, counts)
         return sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, scale, counts, tile_config=cfg,
-                                        row_format=fmt, tickets=tickets)
+                                        row_format=fmt)
 
     return run
 
@@ -252,14 +245,14 @@ def _pass_times(label, case):
     qt, it, ct, sink = q.reshape(T, -1, D), idx.reshape(T, -1), counts.reshape(T), sink.float()
     out, pdl = torch.empty_like(qt), pdl_supported(q.device)
     packed = dict(PACKED=True, **packed_constexprs(fmt, D), PK_FP8_CVT=fp8_conversion_supported(q.device))
-    times, qk, tickets = [], scale * LOG2E, step_tickets("cuda")
+    times, qk = [], scale * LOG2E
     packed_cfg = decode_config(T, it.shape[1], True, q.device)
     for w, c, pk, cfg in ((unpack_rows(pw, fmt, D), unpack_rows(pc, fmt, D), {}, decode_config(T, it.shape[1])),
                           (pw, pc, packed, packed_cfg), (pw, pc, packed, dict(packed_cfg, UNPACKED_ROWS=True))):
         scores = lambda: two_pass_scores(qt, w, c, it, ct, sink, n_window, qk, True, pdl, cfg, pk)  # noqa: E731
         p, m, l, rows = scores()
         values = lambda: two_pass_values(w, c, it, ct, sink, p, m, l, out, n_window, True, pdl, cfg, pk,  # noqa: E731
-                                         rows, tickets)
+                                         rows)
         times += [do_bench_cudagraph(f, rep=30, return_mode="median") * 1e3 for f in (scores, values)]
     print(f"{label:20s} passes: scores {times[0]:.2f} (bf16 rows) / {times[2]:.2f} (packed) / {times[4]:.2f} "
           f"(packed, unpacked_rows) µs, values {times[1]:.2f} / {times[3]:.2f} / {times[5]:.2f} µs", flush=True)
@@ -267,7 +260,7 @@ def _pass_times(label, case):
         scores = lambda: two_pass_scores(qt, pw, pc, it, ct, sink, n_window, qk, True, pdl, cfg, packed)  # noqa: E731
         p, m, l, _ = scores()
         values = lambda: two_pass_values(pw, pc, it, ct, sink, p, m, l, out, n_window, True, pdl, cfg,  # noqa: E731
-                                         packed, tickets=tickets)
+                                         packed)
         us = [do_bench_cudagraph(f, rep=30, return_mode="median") * 1e3 for f in (scores, values)]
         print(f"{label:20s} passes ({name}): scores {us[0]:.2f}, values {us[1]:.2f} µs", flush=True)
 
@@ -297,9 +290,8 @@ def main() -> int:
             _sweep(name, lambda cfg, c=case: sparse_attn_paged_triton(*c.args(), tile_config=cfg), PREFILL_CANDIDATES)
     for name, args in DECODE_SHAPES.items():
         if only in name:
-            case, tickets = sparse_decode_case(*args, "cuda"), step_tickets("cuda")
-            _sweep(name, lambda cfg, c=case, t=tickets: sparse_attn_paged_triton(*c.args(), tile_config=cfg, tickets=t),
-                   DECODE_CANDIDATES)
+            case = sparse_decode_case(*args, "cuda")
+            _sweep(name, lambda cfg, c=case: sparse_attn_paged_triton(*c.args(), tile_config=cfg), DECODE_CANDIDATES)
     for name, args in PACKED_DECODE_SHAPES.items():
         if only in name:
             candidates = PACKED_DECODE_B1_CANDIDATES if args[1] == 1 else PACKED_DECODE_B8_CANDIDATES

@@ -38,7 +38,6 @@ from v4serve.bench.shapes import (
     sparse_prefill_case,
 )
 from v4serve.bench.v41_index_case import build_v41_index
-from v4serve.cache.kv_cache import TICKETS
 from v4serve.ops.expert_fetch import expert_fetch
 from v4serve.ops.gated_pool import gated_pool
 from v4serve.ops.hc_coefficients import hc_coefficients
@@ -128,16 +127,8 @@ def _build_fp8kv(kind, args, device, seed):
     rows_read = (nbytes - 2 * case.q.numel() * case.q.element_size() - case.idx.numel() * 4) // (HEAD_DIM * 2)
     nbytes += rows_read * (row_bytes - HEAD_DIM * 2)
     pw, pc = pack_rows(win, KV_ROW_FORMAT), pack_rows(cmp, KV_ROW_FORMAT)
-    tickets = step_tickets(device)
-    fn = lambda: sparse_attn_paged(q, pw, pc, idx, n_window, sink, scale, counts, row_format=KV_ROW_FORMAT,  # noqa: E731
-                                   tickets=tickets)
+    fn = lambda: sparse_attn_paged(q, pw, pc, idx, n_window, sink, scale, counts, row_format=KV_ROW_FORMAT)  # noqa: E731
     return fn, nbytes, flops, nbytes
-
-
-def step_tickets(device):
-    """Zeroed int32 counters, as the cache hands every step (ForwardBatch.tickets): the decode kernels
-    may split a token's work over programs with them."""
-    return torch.zeros(TICKETS, dtype=torch.int32, device=device)
 
 
 def _build_kv_compact(args, device, seed):
@@ -229,7 +220,7 @@ def build(kind, args, device, seed=0):
         op, T = args
         streams, fn, base, scale = mhc_case(T, device=device, seed=seed)
         x = streams.flatten(1)
-        tickets = step_tickets(device)
+        tickets = torch.zeros(1024, dtype=torch.int32, device=device)  # the cache's zeroed counters
         if op == "mix":  # mixes = fn @ x and the RMS factor: fn and x read, [T, 25] written
             nbytes = x.numel() * 2 + fn.numel() * 4 + T * (fn.shape[0] + 1) * 4
             return (lambda: hc_mix(x, fn, 1e-6, tickets)[0]), nbytes, 2 * T * fn.numel(), nbytes
@@ -243,8 +234,7 @@ def build(kind, args, device, seed=0):
         return (lambda: gated_pool(kv, score)), 2 * kv.numel() * 4 + B * D * 4, 3 * B * R * D, 2 * kv.numel() * 4
     case = (sparse_prefill_case if kind == "prefill" else sparse_decode_case)(*args, device=device, seed=seed)
     nbytes, flops = _sparse_work(case)
-    tickets = step_tickets(device)
-    return (lambda: sparse_attn_paged(*case.args(), tickets=tickets)), nbytes, flops, nbytes
+    return (lambda: sparse_attn_paged(*case.args())), nbytes, flops, nbytes
 
 
 def time_hot(fn):

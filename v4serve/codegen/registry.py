@@ -95,8 +95,7 @@ _SCORES_TYPES = dict(
     qk_scale_log2="fp32", **dict.fromkeys(("stride_qt", "stride_qh", *_TWO_PASS_STRIDES, "stride_rt"), "i32"))
 _VALUES_TYPES = dict(
     win_ptr="*bf16", cmp_ptr="*bf16", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32", p_ptr="*bf16",
-    m_ptr="*fp32", l_ptr="*fp32", out_ptr="*bf16", part_ptr="*fp32", tickets_ptr="*i32", H="i32", D="i32", C="i32",
-    n_window="i32",
+    m_ptr="*fp32", l_ptr="*fp32", out_ptr="*bf16", H="i32", D="i32", C="i32", n_window="i32",
     **dict.fromkeys((*_TWO_PASS_STRIDES, "stride_ot", "stride_oh", "stride_rt"), "i32"))
 # H 64, D 512, C 640, 10 tiles of 64: every pointer and integer but qk_scale_log2 is 16-aligned.
 _SCORES_ALIGNED = tuple(k for k in _SCORES_TYPES if k != "qk_scale_log2")
@@ -280,7 +279,7 @@ KERNELS: tuple[KernelSpec, ...] = (
             types=_VALUES_TYPES, aligned=_VALUES_ALIGNED,
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
                             BLOCK_DV=_TWO_PASS["BLOCK_DV"], BLOCK_J=16, EVEN_D=True, PDL=pdl, PREFETCH=False,
-                            TAIL_PROGRAMS=False, TOKEN_ROWS=False, KV_OPERAND=0, ROUNDS=False, SPLITS=1,
+                            TAIL_PROGRAMS=False, TOKEN_ROWS=False, KV_OPERAND=0, ROUNDS=False,
                             **_NO_PK_LOAD),
             archs=archs, **_TWO_PASS["VALUES"],
             # Triton 3.8's sm_100 build keeps one 8-byte value in local memory (2 STL/LDL); the
@@ -289,15 +288,6 @@ KERNELS: tuple[KernelSpec, ...] = (
                           max_spill_ops=2),
         )
         for suffix, pdl, archs in (("", False, (80,)), ("_pdl", True, (90, 100, 120)))
-    ),
-    KernelSpec(  # VALUE_SPLITS 3 (the split programs' partials, the last one's sum: sm_90 / sm_100)
-        "sparse_attn.two_pass_values_split_pdl", f"{_OPS}.sparse_attn_two_pass:_values_kernel",
-        types=_VALUES_TYPES, aligned=_VALUES_ALIGNED,
-        constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TWO_PASS["BLOCK_H"], BLOCK_T=_TWO_PASS["BLOCK_T"],
-                        BLOCK_DV=_TWO_PASS["BLOCK_DV"], BLOCK_J=16, EVEN_D=True, PDL=True, PREFETCH=False,
-                        TAIL_PROGRAMS=False, TOKEN_ROWS=False, KV_OPERAND=0, ROUNDS=False, SPLITS=3, **_NO_PK_LOAD),
-        archs=(90, 100), **_TWO_PASS["VALUES"],
-        expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", max_regs=192, tensor_cores=True),
     ),
     # ---- gated pool (ops/gated_pool_triton.py): fp32 compressor state -> bf16, B 1, D 512,
     # tiles from tile_config(B, R, D); the JIT specializes the unit stride along D ----

@@ -106,12 +106,12 @@ MXFP4_MOE_MMA_KERNELS: tuple[KernelSpec, ...] = tuple(
 # there, where its shapes fit): the bytes loaded in the layout whose decoded registers are wgmma's A
 # fragment (no shared-memory re-layout), X's zero columns in a 4 KB tile per operand (x: one 16-byte
 # load a row-0 thread a step; rows 8..15 zeroed once). sm_90, Triton 3.6, STAGES 0 (the register
-# loop, verify batches): 128 registers, no spills; two K steps an iteration (both loaded first): 727 /
-# 726 SASS instructions (down / gate_up) for 256 weights a thread (2.85 a weight). STAGES 4 (decode):
-# a ring of cp.async shared-memory stages (16-byte copies of the bytes, 4-byte copies of the scales),
-# one step an iteration: 116 / 125 registers, 43 KB of shared memory, 2.98 instructions a weight.
-# GROUPED: a program serves up to 8 picks of its expert (X's rows 0..7) as the launch's
-# moe_pick_groups table says; production past 48 picks (the register loop: verify batches, c64).
+# loop, past 512 picks): 128 registers, no spills; two K steps an iteration (both loaded first): 727 /
+# 726 SASS instructions (down / gate_up) for 256 weights a thread (2.85 a weight). STAGES 4 (production
+# up to 512 picks): a ring of cp.async shared-memory stages (16-byte copies of the bytes, 4-byte copies
+# of the scales), one step an iteration: 116 / 125 registers, 43 KB of shared memory, 2.98 instructions
+# a weight. GROUPED: a program serves up to 8 picks of its expert (X's rows 0..7) as the launch's
+# moe_pick_groups table says; production past 48 picks (verify batches, c64), on the ring.
 # As production launches them: gate_up with TRIGGER (launch_dependents at once), down with PDL (its
 # first weight stages requested before griddepcontrol.wait).
 _GLUON_TYPES = dict(_MMA_TYPES, members_ptr="*i32")
@@ -126,7 +126,7 @@ MXFP4_MOE_MMA_KERNELS += tuple(
         archs=(90,), num_warps=4, num_stages=1,
         expect=Expect(max_regs=168, tensor_cores=True),
     )
-    for stages, grouped in ((0, False), (4, False), (0, True))  # grouped: the register loop's picks (> 48)
+    for stages, grouped in ((0, False), (4, False), (4, True))  # grouped: > 48 picks
     for proj in ("gate_up", "down")
     for skip in (False, True)  # skip: an offloaded layer's passes
 )

@@ -93,8 +93,7 @@ _SCORES_TYPES = dict(
     qk_scale_log2="fp32", **dict.fromkeys(("stride_qt", "stride_qh", *_TP_STRIDES, "stride_rt"), "i32"))
 _VALUES_TYPES = dict(
     win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32", p_ptr="*bf16",
-    m_ptr="*fp32", l_ptr="*fp32", out_ptr="*bf16", part_ptr="*fp32", tickets_ptr="*i32", H="i32", D="i32", C="i32",
-    n_window="i32",
+    m_ptr="*fp32", l_ptr="*fp32", out_ptr="*bf16", H="i32", D="i32", C="i32", n_window="i32",
     **dict.fromkeys((*_TP_STRIDES, "stride_ot", "stride_oh", "stride_rt"), "i32"))
 
 PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
@@ -157,7 +156,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         types=dict(_VALUES_TYPES, win_ptr="*bf16", cmp_ptr="*bf16"), aligned=tuple(_VALUES_TYPES),
         constexprs=dict(HAS_COUNTS=True, BLOCK_H=_TP["BLOCK_H"], BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=_TP["BLOCK_DV"],
                         BLOCK_J=16, EVEN_D=True, PDL=True, PREFETCH=False, TAIL_PROGRAMS=False, TOKEN_ROWS=True,
-                        ROUNDS=False, KV_OPERAND=0, SPLITS=1, PACKED=False, PK_NQ=0, PK_BLOCK=1, PK_TAIL_OFF=0, PK_SCALE_OFF=0,
+                        ROUNDS=False, KV_OPERAND=0, PACKED=False, PK_NQ=0, PK_BLOCK=1, PK_TAIL_OFF=0, PK_SCALE_OFF=0,
                         PK_HAS_TAIL=False, PK_FP8_CVT=False),  # the launch's defaults: the rows are bf16
         archs=(90, 100), **_TP["VALUES"],
         expect=Expect(kv_load_bytes=16, kv_lines=r"kv = tl\.load", tensor_cores=True),
@@ -175,21 +174,19 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
             constexprs=dict(HAS_COUNTS=True, BLOCK_H=block_h, BLOCK_T=_TP["BLOCK_T"], BLOCK_DV=block_dv,
                             BLOCK_J=16, EVEN_D=True, PDL=True, PACKED=True, PK_FP8_CVT=True, PREFETCH=False,
                             TAIL_PROGRAMS=False, TOKEN_ROWS=False, KV_OPERAND=kv_operand, ROUNDS=rounds,
-                            SPLITS=splits, **_LOAD_PK),
+                            **_LOAD_PK),
             archs=archs, **_TP["VALUES"],
             expect=Expect(kv_load_bytes=16, kv_lines=_GATHER_LINES, tensor_cores=True),
         )
         # kv_lhs_h64 on sm_90 only: Triton 3.9 spills it on sm_100 (255 registers), where wgmma's
         # register operand, the point of the variant, does not exist
         # _rounds: production's tiles over a wide cache (more than BLOCK_J tiles: the prologue in rounds)
-        # _split: each token's values over 3 programs (VALUE_SPLITS)
-        for suffix, block_h, block_dv, kv_operand, rounds, splits, archs in (
-            ("", _TP["BLOCK_H"], _TP["BLOCK_DV"], 0, False, 1, (90, 100, 120)),
-            ("_rounds", _TP["BLOCK_H"], _TP["BLOCK_DV"], 0, True, 1, (90, 100, 120)),
-            ("_split", _TP["BLOCK_H"], _TP["BLOCK_DV"], 0, False, 3, (90, 100)),
-            ("_h32_mma", 32, 32, 1, False, 1, (90, 100)),
-            ("_kv_lhs", 32, 64, 2, False, 1, (90, 100)),
-            ("_kv_lhs_h64", 64, 64, 2, False, 1, (90,)))
+        for suffix, block_h, block_dv, kv_operand, rounds, archs in (
+            ("", _TP["BLOCK_H"], _TP["BLOCK_DV"], 0, False, (90, 100, 120)),
+            ("_rounds", _TP["BLOCK_H"], _TP["BLOCK_DV"], 0, True, (90, 100, 120)),
+            ("_h32_mma", 32, 32, 1, False, (90, 100)),
+            ("_kv_lhs", 32, 64, 2, False, (90, 100)),
+            ("_kv_lhs_h64", 64, 64, 2, False, (90,)))
     ),
     KernelSpec(
         "sparse_attn.two_pass_scores_fp8kv_4w_pdl", f"{_OPS}.sparse_attn_two_pass:_scores_kernel",

@@ -99,7 +99,7 @@ class Attention(UsesKernels, nn.Module):
             q.to(window.value_dtype).reshape(*rows, *q.shape[1:]), window.data, cmp.data, columns.reshape(*rows, -1),
             self.window, self.sinks, self.head_dim**-0.5, counts=None if counts is None else counts.reshape(rows),
             row_format=window.read_format, impl=self.impl, cmp_row_format=cmp.read_format,
-            unpack_bound=step.unpack_bound(self.ratio), tickets=batch.tickets,
+            unpack_bound=step.unpack_bound(self.ratio),
         ).reshape(q.shape)
         if not batch.is_decode:  # decode wrote its rows straight to the ring
             window.copy_rows(batch.ring_dst, batch.ring_src)

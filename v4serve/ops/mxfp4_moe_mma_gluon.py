@@ -34,7 +34,7 @@ thread holds exactly the positions wgmma's A fragment gives it (rows g, g + 8; k
 operands as they are. Position p holds the nibble of byte 32t + 16b + 4c + 2 (q & 1) + (q >> 1),
 q = 2u + e (the decoder's byte order 0, 2, 1, 3); X's column 0 is loaded in that order.
 
-Picks of one expert (GROUPED; production past STAGED_MAX_PICKS picks): a launch of several tokens
+Picks of one expert (GROUPED; production past UNGROUPED_MAX_PICKS picks): a launch of several tokens
 repeats experts (uniform routing over 256: ~4 of 48 picks at c8, ~58 of 192 in a c32 verify batch,
 ~185 of 384 at c64), and a program a pick decodes a repeated expert's weights once per pick.
 Grouped, a program serves up to 8 picks of its expert, their x rows in X's rows 0..7 (column j of
@@ -80,27 +80,33 @@ _DECODE_ASM = gl.constexpr(
     + nibble_pair_ptx("$2", "$4", NIBBLE_HIGH, "$5") + nibble_pair_ptx("$3", "v", NIBBLE_HIGH, "$5") + "}")
 ROWS = 64  # weight rows a program (wgmma M)
 BLOCK_K = gl.constexpr(256)
-# The K loop of production, by the launch's picks: up to STAGED_MAX_PICKS (decode c1 / c8: 6 / 48
-# picks) a ring of STAGES shared-memory stages filled by cp.async (STAGES - 1 steps in flight while a
-# step decodes), above (verify batches) the bytes loaded into registers, two steps an iteration. Same
-# bits either way. H200, `kernel_configs 'moe staged'` (session 18, Flash layer, µs, registers /
-# 3 / 4 / 6 stages): c1 43.1 / 39.2 / 39.0 / 43.2, c8 219.9 / 220.0 / 215.3 / 245.1, verify c32
-# 789.2 / 805.7 / 804.9 / 855.7 (6 stages: 59 KB of shared memory a program, fewer resident).
+# The K loop of production, by the launch's picks: up to RING_MAX_PICKS a ring of STAGES shared-memory
+# stages filled by cp.async (STAGES - 1 steps in flight while a step decodes), above the bytes loaded
+# into registers, two steps an iteration. Same bits either way. H200, `kernel_configs 'moe staged'`
+# (session 18, a program a pick, plain launches; Flash layer, µs, registers / 3 / 4 / 6 stages): c1
+# 43.1 / 39.2 / 39.0 / 43.2, c8 219.9 / 220.0 / 215.3 / 245.1, verify c32 789.2 / 805.7 / 804.9 / 855.7
+# (6 stages: 59 KB of shared memory a program, fewer resident): the ring then stopped at 48 picks.
+# With the picks of an expert grouped and down a dependent launch (session 21, `'moe grouped'`, µs,
+# registers / ring of 4 / 5): verify c16 (96 picks) 383.1-384.9 / 364.6 / 377.4, c32 (192) 661.0-662.3 /
+# 622.7 / 646.6, c64 (384) 1026.1-1028.0 / 958.4 / 993.6 (0.615 -> 0.659 of the floor); `'moe pdl'`: 5
+# stages lose at c1 / c8 / verify c4 (41.4 / 221.0 / 120.9 against 37.0-38.4 / 204.3-210.5 / 111.5-112.5).
+# Past 512 picks (not measured with the ring) the register loop stays.
 STAGES = 4
-STAGED_MAX_PICKS = 48
-# Up to GROUP picks of one expert a program (X's rows 0..7) in launches of more than STAGED_MAX_PICKS
-# picks (the register loop's), up to GROUPED_MAX_PICKS (moe_pick_groups compares every pair of
-# picks). Same bits as a program a pick (column j of the MMA sums as column 0: GPU test). H200,
-# `kernel_configs 'moe grouped'` (session 20, Flash layer, µs, a program a pick / grouped): c8 (48
-# picks, the ring) 210.2 / 228.8 (a loss: ~4 repeats of 48 do not pay for the table launch and each
-# program's table read), verify c16 407.2 / 386.1, c32 782.3 / 670.9, c64 1527.5 / 1037.5.
+RING_MAX_PICKS = 512
+# Up to GROUP picks of one expert a program (X's rows 0..7) in launches of more than UNGROUPED_MAX_PICKS
+# picks, up to GROUPED_MAX_PICKS (moe_pick_groups compares every pair of picks). Same bits as a
+# program a pick (column j of the MMA sums as column 0: GPU test). H200, `kernel_configs 'moe
+# grouped'` (session 20, register loop past 48 picks; Flash layer, µs, a program a pick / grouped): c8
+# (48 picks, the ring) 210.2 / 228.8 (a loss: ~4 repeats of 48 do not pay for the table launch and
+# each program's table read), verify c16 407.2 / 386.1, c32 782.3 / 670.9, c64 1527.5 / 1037.5.
 GROUP = 8
+UNGROUPED_MAX_PICKS = 48
 GROUPED_MAX_PICKS = 512
 
 
 def groups_apply(picks: int) -> bool:
     """Production's rule: the launch's picks are grouped by expert (GROUPED)."""
-    return STAGED_MAX_PICKS < picks <= GROUPED_MAX_PICKS
+    return UNGROUPED_MAX_PICKS < picks <= GROUPED_MAX_PICKS
 
 
 @gluon.jit
@@ -385,7 +391,7 @@ def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
                         pdl_trigger: bool = False, pdl_wait: bool = False) -> torch.Tensor:
     """`mxfp4_moe_mma_triton`'s contract (`y`, `skip_past_rows` included) on sm_90 CUDA (Gluon does
     not run in the interpreter). stages: the K loop (the kernel's STAGES: 0 = registers, 2 .. K / 256
-    + 1 = a cp.async ring); None = production's rule (STAGES up to STAGED_MAX_PICKS picks, else 0).
+    + 1 = a cp.async ring); None = production's rule (STAGES up to RING_MAX_PICKS picks, else 0).
     grouped: up to GROUP picks of one expert a program (the kernel's GROUPED); None = production's rule
     (`groups_apply`). members: the launch's `moe_pick_groups(experts, GROUP)` where the caller has it
     (one table for both projections), else made here when grouped. pdl_trigger (gate_up): the next
@@ -405,7 +411,7 @@ def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
         raise ValueError(f"K % {2 * BLOCK_K.value} == 0, N % {out} == 0 and weight rows 16-byte aligned with unit "
                          f"stride along K, got K {k}, N {n}, weight strides {weight.stride()}")
     if stages is None:
-        stages = STAGES if experts.shape[0] <= STAGED_MAX_PICKS else 0
+        stages = STAGES if experts.shape[0] <= RING_MAX_PICKS else 0
     if stages and not 2 <= stages <= k // BLOCK_K.value + 1:
         raise ValueError(f"stages must be 0 or 2 .. {k // BLOCK_K.value + 1} (K {k} in steps of {BLOCK_K.value}), "
                          f"got {stages}")

@@ -48,7 +48,7 @@ def _check_args(q, win_pool, cmp_pool, idx, n_window, sink, counts, fmt=None):
 
 
 def sparse_attn_paged(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, row_format=None, impl="auto",
-                      cmp_row_format="same", unpack_bound=None, tickets=None):
+                      cmp_row_format="same", unpack_bound=None):
     """Attention of q [B, M, H, D] over the rows idx [B, M, n_window + K] names (-1 = hole).
 
     Columns < n_window index win_pool [N_w, D], the rest cmp_pool [N_c, D] (same dtype and row
@@ -58,8 +58,6 @@ def sparse_attn_paged(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=
     "bf16": pools hold values; a packed format: uint8 pools of that format's rows, see above).
     unpack_bound (packed rows, M > 1): at least the number of distinct rows idx names, known on the
     host (the step plan's); it sizes the pool the kernels unpack them into (ops/kv_compact.py).
-    tickets: the step's int32 counters at zero (ForwardBatch.tickets), which the Triton decode
-    kernels may use to split a token's work over more programs (left at zero); None: they do not.
     """
     fmt = None if row_format is None else _row_format(row_format)
     if fmt is not None and not fmt.packed:
@@ -76,13 +74,13 @@ def sparse_attn_paged(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=
             if q.dtype != torch.bfloat16:
                 raise ValueError(f"the Triton kernels take bf16 q, got {q.dtype}")
             return sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts,
-                                            row_format=fmt, unpack_bound=unpack_bound, tickets=tickets)
+                                            row_format=fmt, unpack_bound=unpack_bound)
         return sparse_attn_paged_reference(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, fmt)
     bf16 = q.dtype == win_pool.dtype == torch.bfloat16
     if use_triton(impl, q, win_pool, cmp_pool, idx) and (bf16 or impl == "triton"):
         if not bf16:
             raise ValueError(f"the Triton kernels take bf16 q and pools, got {q.dtype} and {win_pool.dtype}")
-        return sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts, tickets=tickets)
+        return sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts)
     return sparse_attn_paged_reference(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts)
 
 

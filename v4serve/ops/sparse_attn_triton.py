@@ -190,10 +190,6 @@ DECODE_CONFIG_TWO_PASS = dict(KERNEL="two_pass", BLOCK_H=64, BLOCK_T=64, BLOCK_K
 # rows and the values pass runs the bf16 loop over them (session 13: predicted to win at r4 / r128
 # B8; switch here if the sweep agrees at every B8 shape).
 DECODE_CONFIG_TWO_PASS_PACKED = dict(DECODE_CONFIG_TWO_PASS, WHOLE_TILE=True, SCORES=dict(num_warps=8, num_stages=1))
-# VALUE_SPLITS "auto" in a two-pass config (value_splits): a B8 step has 8 tokens x 16 dims blocks = 128
-# values programs, one an SM, each walking its token's tiles two at a time (r4: 5 dependent steps);
-# split over several programs a token, about this many a SM.
-VALUES_PROGRAMS_PER_SM = 3
 
 
 # sm_90 under Triton 3.6 with D = 512 (the production shape): the warp-specialised Gluon kernel
@@ -225,21 +221,6 @@ def decode_config(n_tokens: int, n_columns: int, packed: bool = False, device: t
     if n_tokens * n_columns <= SMALL_DECODE_PAIRS:
         return DECODE_CONFIG_SMALL_PACKED if packed else DECODE_CONFIG_SMALL
     return DECODE_CONFIG_LIVE_PACKED if packed else DECODE_CONFIG_LIVE
-
-
-def value_splits(cfg: dict, T: int, H: int, D: int, C: int, tickets: torch.Tensor | None, device: torch.device) -> int:
-    """How many programs share each token's tiles in the two-pass values pass: cfg["VALUE_SPLITS"]
-    (default 1), where "auto" = about VALUES_PROGRAMS_PER_SM programs per SM over the launch's
-    T * cdiv(D, BLOCK_DV) * cdiv(H, VALUE_BLOCK_H) (token, dims, heads) programs, at most one per pair
-    of the C columns' tiles, and 1 without enough tickets (or in the interpreter)."""
-    splits = cfg.get("VALUE_SPLITS", 1)
-    if splits != "auto":
-        return splits
-    programs = T * triton.cdiv(D, cfg["BLOCK_DV"]) * triton.cdiv(H, cfg.get("VALUE_BLOCK_H", cfg["BLOCK_H"]))
-    if tickets is None or tickets.numel() < programs or not compiled_on_cuda(device):
-        return 1
-    pairs = triton.cdiv(triton.cdiv(C, cfg["BLOCK_T"]), 2)
-    return max(1, min(pairs, VALUES_PROGRAMS_PER_SM * _sm_count(device) // programs))
 
 
 def _whole_tile_scores_fit(device: torch.device | None) -> bool:
@@ -466,13 +447,11 @@ def _sparse_attn_merge_kernel(
 
 
 def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, counts=None, tile_config=None,
-                             row_format=None, unpack_bound=None, tickets=None):
+                             row_format=None, unpack_bound=None):
     """Launch the kernels; q [B, M, H, D] and both pools bf16 (or uint8 rows of the packed
     `row_format`). tile_config defaults to the production one (prefill_config(device) when M > 1,
     decode_config(B, C) when M == 1). unpack_bound: the most distinct rows idx names (prefill
-    over packed rows: the size of the unpacked pool, kv_compact.py; None: from the shapes).
-    tickets: int32 counters at zero (the step's, ForwardBatch.tickets), left at zero: with them a
-    two-pass decode may split each token's values over several programs (value_splits); None: not."""
+    over packed rows: the size of the unpacked pool, kv_compact.py; None: from the shapes)."""
     B, M, H, D = q.shape
     if row_format is not None and (row_format.value_bits != 8 or row_format.scale_kind != "ue8m0"):
         raise ValueError(f"the attention kernels read fp8 rows with ue8m0 scales, not {row_format.name}")
@@ -519,9 +498,8 @@ def sparse_attn_paged_triton(q, win_pool, cmp_pool, idx, n_window, sink, scale, 
         return sparse_attn_paged_triton(q, rows, rows, cols.reshape(B, M, C), n_window, sink, scale, counts,
                                         tile_config=cfg.get("INNER"))
     if kernel == "two_pass":
-        cfg["VALUE_SPLITS"] = value_splits(cfg, T, H, D, C, tickets, q.device)
         return sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, counts is not None,
-                                    pdl, cfg, pk, tickets).reshape(B, M, H, D)
+                                    pdl, cfg, pk).reshape(B, M, H, D)
     ws = kernel == "ws"
     if ws and D != WS_HEAD_DIM:
         raise ValueError(f"the warp-specialised kernel takes D = {WS_HEAD_DIM}, got {D}")

@@ -63,8 +63,6 @@ Measured on the H200 (docs/performance.md item 16): decode B8 r4 / r128 / r0 9.7
 µs against split-K's 15.2 / 11.4 / 7.3; split-K stays for single-token steps.
 """
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -236,29 +234,27 @@ def _values_loop(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, n_
                  stride_pt, stride_ph, stride_mj, heads, head_ok, dims, dim_ok, d0, D, BLOCK_H: tl.constexpr,
                  BLOCK_T: tl.constexpr, BLOCK_DV: tl.constexpr, READS: tl.constexpr, PK_NQ: tl.constexpr,
                  PK_BLOCK: tl.constexpr, PK_TAIL_OFF: tl.constexpr, PK_SCALE_OFF: tl.constexpr,
-                 PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr, KV_OPERAND: tl.constexpr = 0, j0=0,
-                 J_STEP: tl.constexpr = 2):
-    """sum_j f_j p_j kv_j[:, dims] over the token's live tiles j0, j0 + 1, j0 + J_STEP, j0 + J_STEP + 1,
-    ... ([BLOCK_H, BLOCK_DV]; its transpose with KV_OPERAND's KV_LHS): two per step (half the
-    dependent steps; the second is empty past the last live tile), every pair of tiles when J_STEP is
-    2, every SPLITS-th pair from pair j0 / 2 when it is 2 * SPLITS. Their pool rows and maxima are
-    loaded into registers one step ahead, so no step waits on an idx -> gather round trip or on the
-    load of its scales."""
+                 PK_HAS_TAIL: tl.constexpr, PK_FP8_CVT: tl.constexpr, KV_OPERAND: tl.constexpr = 0):
+    """sum_j f_j p_j kv_j[:, dims] over the token's live tiles ([BLOCK_H, BLOCK_DV]; its transpose
+    with KV_OPERAND's KV_LHS), two per step (half the dependent steps; the second is empty past the
+    last live tile). Their pool rows and maxima are loaded into
+    registers one step ahead, so no step waits on an idx -> gather round trip or on the load of
+    its scales."""
     lanes = tl.arange(0, BLOCK_T)
-    next_rows_a = load_rows(idx_ptr, tok, stride_it, j0 * BLOCK_T + lanes, hi)
-    next_rows_b = load_rows(idx_ptr, tok, stride_it, (j0 + 1) * BLOCK_T + lanes, hi)
-    next_m_a = tl.load(m_row + j0 * stride_mj, mask=head_ok & (j0 < n_live), other=0.0)
-    next_m_b = tl.load(m_row + (j0 + 1) * stride_mj, mask=head_ok & (j0 + 1 < n_live), other=0.0)
+    next_rows_a = load_rows(idx_ptr, tok, stride_it, lanes, hi)
+    next_rows_b = load_rows(idx_ptr, tok, stride_it, BLOCK_T + lanes, hi)
+    next_m_a = tl.load(m_row, mask=head_ok & (n_live > 0), other=0.0)
+    next_m_b = tl.load(m_row + stride_mj, mask=head_ok & (n_live > 1), other=0.0)
     if (KV_LHS & KV_OPERAND) != 0:
         acc = tl.zeros([BLOCK_DV, BLOCK_H], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
-    for j in range(j0, n_live, J_STEP):
+    for j in range(0, n_live, 2):
         rows_a, rows_b, m_a, m_b = next_rows_a, next_rows_b, next_m_a, next_m_b
-        next_rows_a = load_rows(idx_ptr, tok, stride_it, (j + J_STEP) * BLOCK_T + lanes, hi)
-        next_rows_b = load_rows(idx_ptr, tok, stride_it, (j + J_STEP + 1) * BLOCK_T + lanes, hi)
-        next_m_a = tl.load(m_row + (j + J_STEP) * stride_mj, mask=head_ok & (j + J_STEP < n_live), other=0.0)
-        next_m_b = tl.load(m_row + (j + J_STEP + 1) * stride_mj, mask=head_ok & (j + J_STEP + 1 < n_live), other=0.0)
+        next_rows_a = load_rows(idx_ptr, tok, stride_it, (j + 2) * BLOCK_T + lanes, hi)
+        next_rows_b = load_rows(idx_ptr, tok, stride_it, (j + 3) * BLOCK_T + lanes, hi)
+        next_m_a = tl.load(m_row + (j + 2) * stride_mj, mask=head_ok & (j + 2 < n_live), other=0.0)
+        next_m_b = tl.load(m_row + (j + 3) * stride_mj, mask=head_ok & (j + 3 < n_live), other=0.0)
         acc += _tile_values(win_ptr, cmp_ptr, p_ptr, tok, j, rows_a, m_a, m, n_live, n_window, stride_pool,
                             stride_pt, stride_ph, heads, head_ok, dims, dim_ok, BLOCK_T, d0, D, BLOCK_DV,
                             READS, PK_NQ, PK_BLOCK, PK_TAIL_OFF, PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, KV_OPERAND)
@@ -333,31 +329,8 @@ def _tile_stats(m_ptr, l_ptr, tok, j0, n_live, tiles, heads, head_ok, stride_mt,
 
 
 @triton.jit
-def _merge_splits(acc, denom, part_ptr, tickets_ptr, out_ptr, tok, split, hblock, heads, head_ok, dims, dim_ok, H, D,
-                  stride_ot, stride_oh, SPLITS: tl.constexpr):
-    """The end of a values program whose token's tiles are split over SPLITS programs: its fp32 sum
-    goes to part[tok, split] ([T, SPLITS, H, D]); the last of the SPLITS programs of this (token, dims,
-    head block) to arrive (an int32 ticket, atomic acq_rel: the barrier orders every thread's stores
-    before it, release publishes them, acquire shows the others' to the last one) adds the partials
-    in split order, whichever program arrives last (deterministic bits), divides by the denominator,
-    writes out and sets the ticket back to zero for the next launch (a graph replay too)."""
-    mask = head_ok[:, None] & dim_ok[None, :]
-    at = part_ptr + tok * (SPLITS * H * D) + heads[:, None] * D + dims[None, :]
-    tl.store(at + split * (H * D), acc, mask=mask)
-    tl.debug_barrier()
-    ticket_at = tickets_ptr + (tok * tl.num_programs(1) + tl.program_id(1)) * (tl.num_programs(2) // SPLITS) + hblock
-    if tl.atomic_add(ticket_at, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-        total = tl.zeros(acc.shape, dtype=tl.float32)
-        for s in tl.static_range(SPLITS):
-            total += tl.load(at + s * (H * D), mask=mask, other=0.0, cache_modifier=".cg")
-        tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + dims[None, :],
-                 (total / denom[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
-        tl.atomic_xchg(ticket_at, 0)
-
-
-@triton.jit
 def _values_kernel(
-    win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr, out_ptr, part_ptr, tickets_ptr,
+    win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr, out_ptr,
     H, D, C, n_window,
     stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj, stride_ot, stride_oh, stride_rt,
     HAS_COUNTS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -365,14 +338,12 @@ def _values_kernel(
     PK_NQ: tl.constexpr = 0, PK_BLOCK: tl.constexpr = 1, PK_TAIL_OFF: tl.constexpr = 0, PK_SCALE_OFF: tl.constexpr = 0,
     PK_HAS_TAIL: tl.constexpr = False, PK_FP8_CVT: tl.constexpr = False, PREFETCH: tl.constexpr = False,
     TAIL_PROGRAMS: tl.constexpr = False, TOKEN_ROWS: tl.constexpr = False, KV_OPERAND: tl.constexpr = 0,
-    ROUNDS: tl.constexpr = False, SPLITS: tl.constexpr = 1,
+    ROUNDS: tl.constexpr = False,
 ):
     tok = tl.program_id(0).to(tl.int64)
     d0 = tl.program_id(1) * BLOCK_DV
     dims = d0 + tl.arange(0, BLOCK_DV)
-    hblock = tl.program_id(2) // SPLITS
-    split = tl.program_id(2) % SPLITS  # SPLITS > 1: this program's pairs of tiles are split, split + SPLITS, ...
-    heads = hblock * BLOCK_H + tl.arange(0, BLOCK_H)
+    heads = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < H
     if EVEN_D:
         dim_ok = tl.full([BLOCK_DV], True, tl.int1)
@@ -439,18 +410,15 @@ def _values_kernel(
         acc = _values_loop(win_ptr, cmp_ptr, idx_ptr, p_ptr, m_row, tok, hi, n_live, m, n_window, stride_pool,
                            stride_it, stride_pt, stride_ph, stride_mj, heads, head_ok, dims, dim_ok, d0, D, BLOCK_H,
                            BLOCK_T, BLOCK_DV, V_PACKED if PACKED else V_BF16, PK_NQ, PK_BLOCK, PK_TAIL_OFF,
-                           PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, KV_OPERAND, 2 * split, 2 * SPLITS)
+                           PK_SCALE_OFF, PK_HAS_TAIL, PK_FP8_CVT, KV_OPERAND)
     if (KV_LHS & KV_OPERAND) != 0:  # acc is [BLOCK_DV, BLOCK_H]
         out = acc / denom[None, :]
         tl.store(out_ptr + tok * stride_ot + heads[None, :] * stride_oh + dims[:, None],
                  out.to(out_ptr.dtype.element_ty), mask=head_ok[None, :] & dim_ok[:, None])
-    elif SPLITS == 1:
+    else:
         out = acc / denom[:, None]
         tl.store(out_ptr + tok * stride_ot + heads[:, None] * stride_oh + dims[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & dim_ok[None, :])
-    else:
-        _merge_splits(acc, denom, part_ptr, tickets_ptr, out_ptr, tok, split, hblock, heads, head_ok, dims, dim_ok, H,
-                      D, stride_ot, stride_oh, SPLITS)
 
 
 # The values pass reads the tiles' rows, maxima and sums in one block of up to VALUES_MAX_TILES tiles
@@ -473,8 +441,7 @@ def two_pass_tail_apart(device: torch.device) -> bool:
     return not compiled_on_cuda(device) or torch.cuda.get_device_capability(device)[0] in (9, 10)
 
 
-def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, has_counts, pdl, cfg, pk=None,
-                         tickets=None):
+def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log2, has_counts, pdl, cfg, pk=None):
     """Launch both passes on [T, H, D] views as sparse_attn_triton.py prepares them.
 
     cfg: BLOCK_H, BLOCK_T, BLOCK_K (the scores pass's head-dim slice), BLOCK_DV, VALUE_BLOCK_H (the
@@ -490,14 +457,10 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
     value; default False), KV_OPERAND (packed rows, the plain values loop: how a values program feeds
     its dequantized tile to the dot, KV_BOUNDARY / KV_LHS flags; default 0), and the launch options
     of each pass as SCORES / VALUES =
-    dict(num_warps=..., num_stages=...), and VALUE_SPLITS (an int, default 1: how many programs share
-    a token's tiles in the values pass, each taking every VALUE_SPLITS-th pair of tiles; their fp32
-    sums meet in a [T, VALUE_SPLITS, H, D] buffer and the last to arrive adds them; it needs
-    `tickets`, int32 counters at zero, at least T * cdiv(D, BLOCK_DV) * cdiv(H, VALUE_BLOCK_H) of
-    them, left at zero). pk: PACKED and the PK_* constexprs (kv_pack_triton.packed_constexprs) for
-    packed pools, None / {} for bf16 pools."""
+    dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
+    (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
     p, m, l, rows = two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_counts, pdl, cfg, pk)
-    return two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, cfg, pk, rows, tickets)
+    return two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, cfg, pk, rows)
 
 
 def two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_counts, pdl, cfg, pk):
@@ -531,11 +494,9 @@ def two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_cou
     return p, m, l, rows
 
 
-def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, cfg, pk, rows=None,
-                    tickets=None):
+def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, cfg, pk, rows=None):
     """The values pass alone over the scores pass's p, m, l: writes and returns out [T, H, D]. rows
-    (the scores pass's dequantized tiles, or None): read instead of the pools, as bf16 rows.
-    tickets: the split programs' counters (cfg VALUE_SPLITS > 1; sparse_attn_two_pass)."""
+    (the scores pass's dequantized tiles, or None): read instead of the pools, as bf16 rows."""
     pk = {} if rows is not None else _launch_pk(pk)
     T, H, D = out.shape
     C = it.shape[1]
@@ -550,18 +511,8 @@ def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, 
         raise ValueError("KV_OPERAND is a variant of the plain values loop (no PREFETCH, no TAIL_PROGRAMS)")
     if kv_operand & 1 and not compiled_on_cuda(out.device):
         kv_operand &= ~1  # no inline asm in the interpreter (the boundary changes no value)
-    grid = (T, triton.cdiv(D, block_dv), triton.cdiv(H, block_hv))
-    splits = min(cfg.get("VALUE_SPLITS", 1), triton.cdiv(n_tiles, 2))  # no more programs than pairs of tiles
-    part = out
-    if splits > 1:
-        if kv_operand or rows is not None or cfg.get("PREFETCH", False) or cfg.get("TAIL_PROGRAMS", False):
-            raise ValueError("VALUE_SPLITS splits the plain values loop (no KV_OPERAND, UNPACKED_ROWS, PREFETCH or "
-                             "TAIL_PROGRAMS)")
-        if tickets is None or tickets.dtype != torch.int32 or tickets.numel() < math.prod(grid):
-            raise ValueError(f"VALUE_SPLITS {splits} needs int32 tickets at zero, at least {math.prod(grid)} of them")
-        part = torch.empty(T, splits, H, D, dtype=torch.float32, device=out.device)
-    _values_kernel[(grid[0], grid[1], grid[2] * splits)](
-        win, cmp, it, ct, sink, p, m, l, out, part, out if tickets is None else tickets,
+    _values_kernel[(T, triton.cdiv(D, block_dv), triton.cdiv(H, block_hv))](
+        win, cmp, it, ct, sink, p, m, l, out,
         H, D, C, n_window,
         win.stride(-2), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1), out.stride(0),
         out.stride(1), 0 if rows is None else rows.stride(0),
@@ -573,7 +524,7 @@ def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, 
         # without them; the same run also changed the scale multiply): off until the sweep's
         # "tail_programs" row (kernel_configs "fp8kv r4") settles which change cost it.
         TAIL_PROGRAMS=bool(pk) and cfg.get("TAIL_PROGRAMS", False) and pk["PK_NQ"] % block_dv == 0,
-        TOKEN_ROWS=rows is not None, KV_OPERAND=kv_operand, SPLITS=splits,
+        TOKEN_ROWS=rows is not None, KV_OPERAND=kv_operand,
         **cfg["VALUES"], **pk,
         **(dict(PDL=True, launch_pdl=True) if pdl else {}),
     )
