@@ -105,8 +105,8 @@ GROUPED_VARIANTS = [DECODE_VARIANTS[-1]] + [
     (f"sort-free mma, Gluon, {label}", dict(MMA=True, GLUON=True, GROUPED=grouped),
      dict(MMA=True, GLUON=True, GROUPED=grouped), True)
     for label, grouped in (("a program a pick", False), ("up to 8 picks of an expert a program", True))] + [
-    # Session 21: production's groups and dependent launch, with the cp.async ring past 48 picks too
-    # (production: the register loop there); 'moe pdl' verify c32 measured the ring at 5 stages 2.5% faster
+    # Session 21: production's groups and dependent launch on the cp.async ring at 4 / 5 stages (the
+    # register loop ran past 48 picks until 4 stages won there: verify c32 622.7 against 661-662 µs)
     (f"sort-free mma, Gluon, production's groups, dependent, ring {n} stages",
      dict(MMA=True, GLUON=True, GROUPED=None, PDL=True, STAGES=n), dict(MMA=True, GLUON=True, GROUPED=None, PDL=True,
                                                                          STAGES=n), True) for n in (4, 5)] + [
@@ -115,7 +115,8 @@ GROUPED_VARIANTS = [DECODE_VARIANTS[-1]] + [
 # stages requested while gate_up's last programs run) against two plain launches; production's stage
 # and group rules in both ("moe pdl c1", ...; production on both ends).
 # Session 21: with the dependent launch, 5 and 6 ring stages instead of 4 (session 18 measured 3 / 4 / 6
-# with plain launches; 5 fits 4 programs an SM: 53 KB).
+# with plain launches; 5 fits 4 programs an SM: 53 KB). Both lost at c1 / c8 / verify c4 (5 stages:
+# 41.4 / 221.0 / 120.9 µs against 37.0-38.4 / 204.3-210.5 / 111.5-112.5).
 PDL_VARIANTS = [DECODE_VARIANTS[-1]] + [
     (f"sort-free mma, Gluon, production's rules, {label}",
      dict(MMA=True, GLUON=True, GROUPED=None, PDL=pdl, STAGES=stages),
