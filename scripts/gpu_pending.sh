@@ -23,6 +23,8 @@
 #           rows20b: down as gate_up's programmatic dependent launch against plain launches
 #   tests21 rows21  session 21: the MoE's ring past 48 picks (grouped) and its tests; the MoE's
 #           grouped and dependent-launch rows ('moe grouped', 'moe pdl')
+#   chain   session 21: route -> gate_up -> down -> combine as dependent launches (the GPU bit tests,
+#           the tensor-core layer's tests, 'moe pdl'), ~2 min
 #   rows    `bench kernels` rows of the changed kernels (sets the rules' thresholds), ~3 min
 #   rows16  the o_a and launch-glue rows alone, ~1 min
 #   sweeps-a sweeps-b
@@ -44,7 +46,7 @@
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|tests20|tests21|rows21|rows19|rows20|rows20b|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|c64|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|tests20|tests21|rows21|chain|rows19|rows20|rows20b|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|c64|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -148,6 +150,11 @@ for stage in "$@"; do
       ;;
     topk-live)  # the top-k over a row's live prefix (n_live) against the whole row, ~1 min
       run 120 "$log" $PY -m v4serve.bench.kernel_configs 'index topk live'
+      ;;
+    chain)  # session 21: the MoE's launches as one chain of dependent launches
+      pytest_group "$log" tests/ops/test_mxfp4_moe_mma.py -k dependent
+      pytest_group "$log" tests/model/test_moe_tensor_core_decode.py
+      run 200 "$log" $PY -m v4serve.bench.kernel_configs 'moe pdl'
       ;;
     rows21)  # session 21: the MoE's ring past 48 picks (grouped, dependent launch)
       run 300 "$log" $PY -m v4serve.bench.kernel_configs 'moe grouped'

@@ -200,19 +200,27 @@ def test_mma_gluon_grouped_is_a_program_a_pick_bit_for_bit_gpu(routing, stages):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 8, 32])
-def test_mma_gluon_dependent_down_launch_is_bit_for_bit_gpu(tokens):
+@pytest.mark.parametrize("mode", ["pair", "chain"])
+def test_mma_gluon_dependent_down_launch_is_bit_for_bit_gpu(tokens, mode):
     """gate_up with TRIGGER, then down as its programmatic dependent launch (the first weight stages
-    requested before griddepcontrol.wait, x after): the plain pair's bits, eager and replayed from a
-    CUDA graph whose input changed after capture (a down that read x before gate_up finished would
-    see the previous replay's hidden rows)."""
+    requested before griddepcontrol.wait, x after); "chain" (production): gate_up also a dependent
+    launch of the kernel that writes its x, waiting for it first, and down triggering what follows it
+    (a sum of its rows) when its grid is one wave. The plain pair's bits, eager and replayed from a
+    CUDA graph whose input changed after capture (a down that read x before gate_up finished, or a
+    gate_up that read x before its producer finished, would see the previous replay's rows)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs an sm_90 GPU")
     from v4serve.ops.mxfp4_moe_mma_gluon import mxfp4_moe_mma_gluon
     w13, s13, w2, s2, x, experts = _flash_case(tokens)
+    chain = mode == "chain"
 
     def pair(x, dependent):
-        h = mxfp4_moe_mma_gluon(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT, pdl_trigger=dependent)
-        return h, mxfp4_moe_mma_gluon(h, w2, s2, experts, 6, False, pdl_wait=dependent)
+        x = x * 2  # the producer of gate_up's x, launched right before it
+        h = mxfp4_moe_mma_gluon(x, w13, s13, experts, 6, True, swiglu_limit=LIMIT, pdl_trigger=dependent,
+                                pdl_wait_first=dependent and chain)
+        y = mxfp4_moe_mma_gluon(h, w2, s2, experts, 6, False, pdl_wait=dependent,
+                                pdl_trigger=None if dependent and chain else False)
+        return h, y, y.float().sum(0)  # the consumer of down's rows, launched right after it
 
     want = pair(x, False)
     assert all(torch.equal(a, b) for a, b in zip(want, pair(x, True)))

@@ -122,7 +122,8 @@ PDL_VARIANTS = [DECODE_VARIANTS[-1]] + [
      dict(MMA=True, GLUON=True, GROUPED=None, PDL=pdl, STAGES=stages),
      dict(MMA=True, GLUON=True, GROUPED=None, PDL=pdl, STAGES=stages), True)
     for label, pdl, stages in (("plain launches", False, None), ("down a dependent launch of gate_up", True, None),
-                               ("dependent, 5 stages", True, 5), ("dependent, 6 stages", True, 6))] + [
+                               ("dependent, 5 stages", True, 5), ("dependent, 6 stages", True, 6),
+                               ("route -> gate_up -> down -> combine dependent", "chain", None))] + [
     DECODE_VARIANTS[-1]]
 SHAPES = {"moe flash c1": ("flash", 1), "moe flash c8": ("flash", 8), "moe flash c64": ("flash", 64),
           "moe flash prefill S2048": ("flash", 2048),
@@ -153,10 +154,15 @@ def layer(case, up_cfg, down_cfg, fused):
             flat = experts.reshape(-1).contiguous()
             if up_cfg.get("GLUON"):  # STAGES / GROUPED None: production's rule (GROUPED unsaid: a program a
                 rule = dict(stages=up_cfg.get("STAGES"), grouped=up_cfg.get("GROUPED", False))  # pick); PDL
-                pdl = up_cfg.get("PDL", False)  # gate_up triggers, down requests its first weights, then waits
-                hidden = mxfp4_moe_mma_gluon(x, w13, s13, flat, MOE_TOP_K, True, SWIGLU_LIMIT, pdl_trigger=pdl,
-                                             **rule)
-                y = mxfp4_moe_mma_gluon(hidden, w2, s2, flat, MOE_TOP_K, False, pdl_wait=pdl, **rule)
+                # PDL True: gate_up triggers, down requests its first weights, then waits; "chain" (production
+                # since session 21): gate_up also a dependent of the route (waiting first), down triggering
+                # the combine when its grid is one wave
+                pdl = up_cfg.get("PDL", False)
+                chain = pdl == "chain"
+                hidden = mxfp4_moe_mma_gluon(x, w13, s13, flat, MOE_TOP_K, True, SWIGLU_LIMIT, pdl_trigger=bool(pdl),
+                                             pdl_wait_first=chain, **rule)
+                y = mxfp4_moe_mma_gluon(hidden, w2, s2, flat, MOE_TOP_K, False, pdl_wait=bool(pdl),
+                                        pdl_trigger=None if chain else False, **rule)
             else:
                 hidden = mxfp4_moe_mma_triton(x, w13, s13, flat, MOE_TOP_K, True, up_cfg, SWIGLU_LIMIT)
                 y = mxfp4_moe_mma_triton(hidden, w2, s2, flat, MOE_TOP_K, False, down_cfg)

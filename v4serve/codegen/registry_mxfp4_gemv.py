@@ -112,8 +112,9 @@ MXFP4_MOE_MMA_KERNELS: tuple[KernelSpec, ...] = tuple(
 # of the scales), one step an iteration: 116 / 125 registers, 43 KB of shared memory, 2.98 instructions
 # a weight. GROUPED: a program serves up to 8 picks of its expert (X's rows 0..7) as the launch's
 # moe_pick_groups table says; production past 48 picks (verify batches, c64), on the ring.
-# As production launches them: gate_up with TRIGGER (launch_dependents at once), down with PDL (its
-# first weight stages requested before griddepcontrol.wait).
+# As production launches them: gate_up with WAIT_FIRST and TRIGGER (griddepcontrol.wait, then
+# launch_dependents), down with PDL (its first weight stages requested before griddepcontrol.wait;
+# its TRIGGER, set when its grid is one wave, is one instruction more).
 _GLUON_TYPES = dict(_MMA_TYPES, members_ptr="*i32")
 MXFP4_MOE_MMA_KERNELS += tuple(
     KernelSpec(
@@ -122,7 +123,8 @@ MXFP4_MOE_MMA_KERNELS += tuple(
         "v4serve.ops.mxfp4_moe_mma_gluon:_mxfp4_moe_mma_gluon_kernel",
         types=_GLUON_TYPES, aligned=_MMA_ALIGNED,
         constexprs=dict(TOP_K=6, X_PER_TOKEN=proj == "gate_up", SWIGLU=proj == "gate_up", SKIP_PAST_ROWS=skip,
-                        STAGES=stages, GROUPED=grouped, TRIGGER=proj == "gate_up", PDL=proj == "down"),
+                        STAGES=stages, GROUPED=grouped, TRIGGER=proj == "gate_up", PDL=proj == "down",
+                        WAIT_FIRST=proj == "gate_up"),
         archs=(90,), num_warps=4, num_stages=1,
         expect=Expect(max_regs=168, tensor_cores=True),
     )

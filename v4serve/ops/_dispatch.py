@@ -18,6 +18,16 @@ def use_triton(impl: str, *tensors: torch.Tensor) -> bool:
     return impl == "triton"
 
 
+@functools.lru_cache
+def _sm_count_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """The streaming multiprocessors of CUDA `device` (cached per device)."""
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def check_16_byte_aligned(name: str, t: torch.Tensor) -> None:
     """Pools are gathered with 16-byte loads: the base pointer and the row stride must allow it."""
     row_bytes = t.stride(0) * t.element_size()

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
+from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch, sm_count
 from v4serve.ops.fp8_act_quant_triton import act_quant_triton
 from v4serve.ops.fp8_linear_decode_triton import (FP8_AHEAD_CONFIG, ahead_steps, fp8_linear_decode_ahead,
                                                   split_counters, split_k_sum, store_split, store_split_swiglu)
@@ -213,11 +213,6 @@ def _fp8_linear_decode_kernel(
 
 
 @functools.lru_cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-@functools.lru_cache
 def _has_fp8(index: int) -> bool:
     return torch.cuda.get_device_capability(index) >= (8, 9)
 
@@ -234,14 +229,14 @@ def _use_decode_tiles(m: int, n: int, device: torch.device, weight_only: bool = 
     if not compiled_on_cuda(device):
         return True  # the interpreter: the tiles of the GPUs that take this path
     prefill_programs = triton.cdiv(m, FP8_PREFILL_CONFIG["BLOCK_M"]) * triton.cdiv(n, FP8_PREFILL_CONFIG["BLOCK_N"])
-    return prefill_programs < _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return prefill_programs < sm_count(device)
 
 
 def decode_programs_wanted(device: torch.device) -> int:
     """Decode programs that fill the GPU (DECODE_PROGRAMS_PER_SM a SM); 1 in the interpreter."""
     if not compiled_on_cuda(device):
         return 1
-    return DECODE_PROGRAMS_PER_SM * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return DECODE_PROGRAMS_PER_SM * sm_count(device)
 
 
 def decode_split_k(n: int, k_steps: int, device: torch.device) -> int:

@@ -48,7 +48,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
+from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch, sm_count
 from v4serve.ops.fp4_words_triton import decode_fp4_words, to_pair_order
 
 # Prefill (S > 1) on sm_90: 4 queries x 64 heads per program, 64 keys per block (wgmma m64n256k16:
@@ -185,17 +185,12 @@ def _decoded_keys(k_words, key_rows, Dk):
     return slab, torch.where(key_rows >= 0, positions, -1)
 
 
-@functools.lru_cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _prefill_split(query_programs: int, key_blocks: int, device: torch.device) -> int:
     """Key blocks per program: all of them, unless the query blocks alone leave SMs idle (a short
     chunk over a long context): then the keys are split so that about two programs run per SM."""
     if not compiled_on_cuda(device):
         return key_blocks
-    splits = min(key_blocks, triton.cdiv(2 * _sm_count(device), query_programs))
+    splits = min(key_blocks, triton.cdiv(2 * sm_count(device), query_programs))
     return triton.cdiv(key_blocks, max(1, splits))
 
 

@@ -154,8 +154,8 @@ def mxfp4_experts_pass(x: torch.Tensor, groups: torch.Tensor, tensors, swiglu_li
         members = (moe_pick_groups(flat, GROUP) if gluon_applies(x, w13, True) and groups_apply(flat.numel())
                    else None)  # one table for both projections
         hidden = tensor_core_projection(x, w13, s13, flat, k, True, swiglu_limit, y=hidden, members=members,
-                                        pdl="trigger", **skip)
-        return hidden, tensor_core_projection(hidden, w2, s2, flat, k, False, y=y, members=members, pdl="wait",
+                                        pdl="gate_up", **skip)
+        return hidden, tensor_core_projection(hidden, w2, s2, flat, k, False, y=y, members=members, pdl="down",
                                               **skip)
     hidden = mxfp4_moe_pick_triton(x, w13, s13, flat, k, True, configs[0], swiglu_limit, decode, y=hidden, **skip)
     return hidden, mxfp4_moe_pick_triton(hidden, w2, s2, flat, k, False, configs[1], decode=decode, y=y, **skip)
@@ -166,15 +166,18 @@ def tensor_core_projection(x: torch.Tensor, weight: torch.Tensor, scale: torch.T
                            y: torch.Tensor | None = None, skip_past_rows: bool = False,
                            members: torch.Tensor | None = None, pdl: str | None = None) -> torch.Tensor:
     """One projection of the tensor-core route, y [T k, N] in pick order: the Gluon kernel on sm_90
-    where its shapes fit (grouped by `members`, the launch's moe_pick_groups table, where given;
-    pdl "trigger" for gate_up, "wait" for the down launch right after it: down's first weights are
-    requested while gate_up finishes), else the `tl` one (any GPU, the interpreter). `y`,
-    `skip_past_rows`: as `mxfp4_moe_pick_triton`'s."""
+    where its shapes fit (grouped by `members`, the launch's moe_pick_groups table, where given), else
+    the `tl` one (any GPU, the interpreter). pdl, the Gluon kernel's programmatic dependent launches:
+    "gate_up" (launched while the launch before it finishes, waiting for it first, then letting down
+    start), "down" (right after such a gate_up: its first weights requested while gate_up finishes;
+    the combine after it may start early when its grid is one wave). `y`, `skip_past_rows`: as
+    `mxfp4_moe_pick_triton`'s."""
     rows = dict(y=y, skip_past_rows=skip_past_rows)
     if gluon_applies(x, weight, swiglu_limit is not None):
+        launch = (dict(pdl_wait_first=True, pdl_trigger=True) if pdl == "gate_up"
+                  else dict(pdl_wait=True, pdl_trigger=None) if pdl == "down" else {})
         return mxfp4_moe_mma_gluon(x, weight, scale, experts, top_k, per_token, swiglu_limit,
-                                   grouped=members is not None, members=members, pdl_trigger=pdl == "trigger",
-                                   pdl_wait=pdl == "wait", **rows)
+                                   grouped=members is not None, members=members, **launch, **rows)
     return mxfp4_moe_mma_triton(x, weight, scale, experts, top_k, per_token, swiglu_limit=swiglu_limit, **rows)
 
 

@@ -46,7 +46,9 @@ The pair of launches (mxfp4_moe_decode.py): gate_up calls griddepcontrol.launch_
 (TRIGGER) and down is its programmatic dependent launch (PDL), which requests its first weight
 stages before griddepcontrol.wait and reads x (gate_up's output) after it: down's programs take the
 SM slots gate_up's last programs free with their weights already in flight (H200, Flash layer: c8
-207.0 -> 204.1 µs, verify c4 114.0 -> 110.3, c1 38.5 -> 37.9).
+207.0 -> 204.1 µs, verify c4 114.0 -> 110.3, c1 38.5 -> 37.9). gate_up is itself a dependent launch
+of the kernel before it (the route, or the pick-groups table), waiting for it before anything
+(WAIT_FIRST) and only then triggering, and down triggers the combine when its grid is one wave.
 
 Numerics: as mxfp4_moe_mma_triton.py (exact products, fp32 sums in the MMA's order), the k order
 of the sums differs from it (so do the last bits). A pick's row does not depend on the batch: column
@@ -61,7 +63,7 @@ from triton.experimental.gluon.language.nvidia.ampere.async_copy import commit_g
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
+from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch, sm_count
 from v4serve.ops.moe_pick_groups import moe_pick_groups
 from v4serve.ops.mxfp4_decode_triton import NIBBLE_HIGH, NIBBLE_LOW, nibble_pair_ptx
 from v4serve.ops.mxfp4_moe_decode_triton import pick_rows
@@ -101,6 +103,9 @@ RING_MAX_PICKS = 512
 # each program's table read), verify c16 407.2 / 386.1, c32 782.3 / 670.9, c64 1527.5 / 1037.5.
 GROUP = 8
 UNGROUPED_MAX_PICKS = 48
+# Programs an SM at 4 warps, <= 128 registers and <= 56 KB of shared memory: a grid of at most this many
+# an SM runs in one wave (`pdl_trigger` None).
+ONE_WAVE_PROGRAMS_PER_SM = 4
 GROUPED_MAX_PICKS = 512
 
 
@@ -289,6 +294,7 @@ def _mxfp4_moe_mma_gluon_kernel(
     N, K, stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_y, limit, n_rows,
     TOP_K: gl.constexpr, X_PER_TOKEN: gl.constexpr, SWIGLU: gl.constexpr, SKIP_PAST_ROWS: gl.constexpr = False,
     STAGES: gl.constexpr = 0, GROUPED: gl.constexpr = False, PDL: gl.constexpr = False, TRIGGER: gl.constexpr = False,
+    WAIT_FIRST: gl.constexpr = False,
 ):
     """Strides in elements (bytes for the uint8 tensors); N % (32 or 64) == 0, K % 512 == 0.
     SKIP_PAST_ROWS: a pick whose expert id is >= n_rows (the weight's leading dim) computes and
@@ -299,8 +305,10 @@ def _mxfp4_moe_mma_gluon_kernel(
     them (X's row j: member j's x), the others store nothing. Else a program a pick, x in X's row 0.
     PDL (the down projection, launched with programmatic dependent launch after gate_up): expert ids,
     the groups table and the first weight stages are read before griddepcontrol.wait (all written
-    before gate_up began), x after it. TRIGGER (gate_up): launch_dependents at once, so that down's
-    programs may start (and request weights) while gate_up's last programs run."""
+    before gate_up began), x after it. WAIT_FIRST (gate_up, launched with programmatic dependent launch
+    after the route or the pick-groups table): griddepcontrol.wait before anything is read. TRIGGER
+    (gate_up; down when its grid is one wave): launch_dependents at once, after that wait, so that the
+    next launch's programs may start (down's request weights) while this one's last programs run."""
     R: gl.constexpr = 64
     OUT: gl.constexpr = 32 if SWIGLU else 64
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
@@ -312,7 +320,9 @@ def _mxfp4_moe_mma_gluon_kernel(
     l3: gl.constexpr = gl.SliceLayout(3, lb)
     sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
-    if TRIGGER:
+    if WAIT_FIRST:
+        _gdc_wait()
+    if TRIGGER:  # after the wait: a dependent that reads the expert ids early reads them complete
         _gdc_launch_dependents()
     pick = gl.program_id(0)
     e = gl.load(experts_ptr + pick).to(gl.int64)
@@ -388,17 +398,20 @@ def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
                         top_k: int, per_token: bool, swiglu_limit: float | None = None, y: torch.Tensor | None = None,
                         skip_past_rows: bool = False, stages: int | None = None,
                         grouped: bool | None = None, members: torch.Tensor | None = None,
-                        pdl_trigger: bool = False, pdl_wait: bool = False) -> torch.Tensor:
+                        pdl_trigger: bool | None = False, pdl_wait: bool = False,
+                        pdl_wait_first: bool = False) -> torch.Tensor:
     """`mxfp4_moe_mma_triton`'s contract (`y`, `skip_past_rows` included) on sm_90 CUDA (Gluon does
     not run in the interpreter). stages: the K loop (the kernel's STAGES: 0 = registers, 2 .. K / 256
     + 1 = a cp.async ring); None = production's rule (STAGES up to RING_MAX_PICKS picks, else 0).
     grouped: up to GROUP picks of one expert a program (the kernel's GROUPED); None = production's rule
     (`groups_apply`). members: the launch's `moe_pick_groups(experts, GROUP)` where the caller has it
-    (one table for both projections), else made here when grouped. pdl_trigger (gate_up): the next
-    launch may start while this one's last programs run; pdl_wait (down, launched right after such a
-    gate_up): a programmatic dependent launch that reads only x after waiting for the launch before it
-    (its expert ids and `members` must have been written before that launch began). Both apply where
-    the device has programmatic dependent launch (`pdl_launch`)."""
+    (one table for both projections), else made here when grouped. Programmatic dependent launch, where
+    the device has it (`pdl_launch`): pdl_wait_first (gate_up) launches this one while the launch before
+    it finishes and waits for it before reading anything; pdl_wait (down, launched right after a
+    gate_up that triggers) reads only x after waiting for the launch before it (its expert ids and
+    `members` must have been written before that launch triggered); pdl_trigger lets the next launch
+    start while this one's last programs run (None: when this grid is one wave, ONE_WAVE_PROGRAMS_PER_SM
+    programs an SM: the next launch's waiting programs would hold slots a later wave needs)."""
     e, n_w, half_k = weight.shape
     k = 2 * half_k
     swiglu = swiglu_limit is not None
@@ -428,11 +441,17 @@ def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     y = pick_rows(y, picks, n, x)
     if picks == 0:
         return y
+    if pdl_wait and pdl_wait_first:
+        raise ValueError("pdl_wait (x read after the wait) and pdl_wait_first (everything after it) exclude each other")
     pdl = pdl_launch(x)  # {PDL, launch_pdl} on sm_90 unless V4SERVE_PDL=0
-    _mxfp4_moe_mma_gluon_kernel[(picks, triton.cdiv(n, out))](
+    grid = (picks, triton.cdiv(n, out))
+    if pdl_trigger is None:
+        pdl_trigger = grid[0] * grid[1] <= ONE_WAVE_PROGRAMS_PER_SM * sm_count(x.device)
+    launch = (pdl if pdl_wait else dict(launch_pdl=True, WAIT_FIRST=True) if pdl_wait_first and pdl else {})
+    _mxfp4_moe_mma_gluon_kernel[grid](
         x, weight, scale, experts, y, members if grouped else experts, n, k, x.stride(0), weight.stride(0),
         weight.stride(1), scale.stride(0), scale.stride(1), y.stride(0), float(swiglu_limit) if swiglu else 0.0, e,
         TOP_K=top_k, X_PER_TOKEN=per_token, SWIGLU=swiglu, SKIP_PAST_ROWS=skip_past_rows, STAGES=stages,
-        GROUPED=grouped, TRIGGER=pdl_trigger and bool(pdl), num_warps=4, **(pdl if pdl_wait else {}),
+        GROUPED=grouped, TRIGGER=pdl_trigger and bool(pdl), num_warps=4, **launch,
     )
     return y

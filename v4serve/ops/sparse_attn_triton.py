@@ -82,15 +82,13 @@ Nsight Compute puts both phases at 2 warps per scheduler issuing once every 3.5 
 (decode) cycles: latency-bound chains, half of the decode loop's instructions gather addressing.
 """
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from v4serve.ops._dispatch import (
-    check_16_byte_aligned, compiled_on_cuda, fp8_conversion_supported, pdl_supported, triton_at_least)
+    check_16_byte_aligned, compiled_on_cuda, fp8_conversion_supported, pdl_supported, sm_count, triton_at_least)
 from v4serve.ops.sparse_attn_gluon import WS_HEAD_DIM, sparse_attn_ws
 from v4serve.ops.kv_compact import unpack_referenced_rows
 from v4serve.ops.kv_pack_triton import packed_constexprs
@@ -230,11 +228,6 @@ def _whole_tile_scores_fit(device: torch.device | None) -> bool:
 
 
 LOG2E = 1.4426950408889634
-
-
-@functools.lru_cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @triton.jit
@@ -640,10 +633,10 @@ def _run_ws(qt, win, cmp, it, ct, sink, out, n_window, cols_per_split, n_splits,
     T, H, D = qt.shape
     if n_splits == 1:
         return sparse_attn_ws(qt, win, cmp, it, ct, sink, out, out, out, out, n_window, max(it.shape[1], 1), 1,
-                              qk_scale_log2, has_counts, _sm_count(qt.device), cfg)
+                              qk_scale_log2, has_counts, sm_count(qt.device), cfg)
     part, m_part, l_part = _partials(T, n_splits, H, D, qt.device)
     sparse_attn_ws(qt, win, cmp, it, ct, sink, out, part, m_part, l_part, n_window, cols_per_split, n_splits,
-                   qk_scale_log2, has_counts, _sm_count(qt.device), cfg)
+                   qk_scale_log2, has_counts, sm_count(qt.device), cfg)
     _merge(part, m_part, l_part, sink, out, ct, it.shape[1], n_window, (cols_per_split, it.shape[1], cols_per_split),
            has_counts, pdl)
     return out

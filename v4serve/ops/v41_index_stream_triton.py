@@ -51,14 +51,12 @@ fp32 in the reduction's order: equal to the reference where the sum is exact, wi
 + 2 (H - 1) 2^-24 sum_h |p| elsewhere (the same bound as the other kernels).
 """
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch
+from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch, sm_count
 from v4serve.ops.fp4_words_triton import decode_fp4_words, to_pair_order
 from v4serve.ops.v41_index_triton import _v41_decode_keys_kernel
 
@@ -308,11 +306,6 @@ def _v41_scores_stream_kernel(
             listed0 = listed1
 
 
-@functools.lru_cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def stream_config(device: torch.device, candidate_prefill: bool = False) -> dict:
     """The production config for `device`: 128-slot tiles with warpgroup MMAs (sm_90, sm_100), else 64;
     on warpgroup GPUs a candidate-mode prefill chunk spreads its tiles over 8 programs per SM."""
@@ -339,7 +332,7 @@ def programs_per_row(tiles_per_row: int, rows: int, config: dict, device: torch.
         return triton.cdiv(tiles_per_row, config["TILES"])
     if not compiled_on_cuda(device):
         return tiles_per_row
-    target = config["PROGRAMS_PER_SM"] * _sm_count(device)
+    target = config["PROGRAMS_PER_SM"] * sm_count(device)
     return max(1, min(tiles_per_row, round(target / rows)))
 
 
@@ -394,7 +387,7 @@ def v41_stream_scores(q, weights, pool, key_rows, n_visible, packed, cand_blocks
         pool, packed = keys, False
     tiles_per_row = triton.cdiv(C, block_t)
     programs = programs_per_row(tiles_per_row, S * B, cfg, q.device)
-    cfg.setdefault("TRIGGER", compiled_on_cuda(q.device) and programs * S * B <= _sm_count(q.device))
+    cfg.setdefault("TRIGGER", compiled_on_cuda(q.device) and programs * S * B <= sm_count(q.device))
     cfg.pop("TILES", None)
     cfg.pop("PROGRAMS_PER_SM", None)
     w = _weight_words(weights)
