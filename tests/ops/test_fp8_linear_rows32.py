@@ -94,7 +94,7 @@ def test_weight_only_takes_the_decode_tiles_up_to_32_rows(monkeypatch):
     33 rows and up keep the rule of the prefill grid; the production choice at 17..32 rows is
     W8A16_ROWS32_RULE's."""
     monkeypatch.setattr(triton_path, "compiled_on_cuda", lambda device: True)
-    monkeypatch.setattr(triton_path, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(triton_path, "sm_count", lambda device: 132)
     monkeypatch.setattr(triton_path, "decode_programs_wanted", lambda device: 264)
     gpu = torch.device("cuda", 0)
     use = triton_path._use_decode_tiles
