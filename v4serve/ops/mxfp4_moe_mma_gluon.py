@@ -103,10 +103,10 @@ RING_MAX_PICKS = 512
 # each program's table read), verify c16 407.2 / 386.1, c32 782.3 / 670.9, c64 1527.5 / 1037.5.
 GROUP = 8
 UNGROUPED_MAX_PICKS = 48
+GROUPED_MAX_PICKS = 512
 # Programs an SM at 4 warps, <= 128 registers and <= 56 KB of shared memory: a grid of at most this many
 # an SM runs in one wave (`pdl_trigger` None).
 ONE_WAVE_PROGRAMS_PER_SM = 4
-GROUPED_MAX_PICKS = 512
 
 
 def groups_apply(picks: int) -> bool:
@@ -305,7 +305,7 @@ def _mxfp4_moe_mma_gluon_kernel(
     them (X's row j: member j's x), the others store nothing. Else a program a pick, x in X's row 0.
     PDL (the down projection, launched with programmatic dependent launch after gate_up): expert ids,
     the groups table and the first weight stages are read before griddepcontrol.wait (all written
-    before gate_up began), x after it. WAIT_FIRST (gate_up, launched with programmatic dependent launch
+    before gate_up triggered: it waits for its own predecessor first), x after it. WAIT_FIRST (gate_up, launched with programmatic dependent launch
     after the route or the pick-groups table): griddepcontrol.wait before anything is read. TRIGGER
     (gate_up; down when its grid is one wave): launch_dependents at once, after that wait, so that the
     next launch's programs may start (down's request weights) while this one's last programs run."""
