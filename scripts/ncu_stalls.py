@@ -8,8 +8,9 @@ Produce the CSV on the GPU machine, e.g. for the warp-specialised sparse attenti
 
 then `python scripts/ncu_stalls.py ncu.csv`. The SASS is split into regions at each
 `USETMAXREG` (a warp-specialised kernel's partitions each start with one; other kernels are one
-region), and per region it prints the share of all stall samples, the top stall reasons and the
-opcodes and instructions that hold them.
+region; each further profiled launch's table, --launch-count > 1, starts its own), and per region
+it prints the share of all stall samples, the top stall reasons and the opcodes and instructions
+that hold them.
 """
 import collections
 import csv
@@ -23,14 +24,20 @@ def main(path: str, top: int = 8) -> None:
     col = {name: i for i, name in enumerate(rows[head])}
     reasons = [name for name in rows[head] if name.startswith("stall_") and "Not Issued" not in name]
     samples_col = col["Warp Stall Sampling (All Samples)"]
-    region, total = "prologue", 0.0
+    launch, region, total = 0, "prologue", 0.0
     samples, by_reason, by_opcode, lines = (collections.Counter(), collections.defaultdict(collections.Counter),
                                             collections.defaultdict(collections.Counter), collections.defaultdict(list))
     for r in rows[head + 1:]:
+        if "Source" in r and "Address" in r:  # the next profiled launch's table (--launch-count > 1)
+            launch, region = launch + 1, f"launch {launch + 1}: prologue"
+            continue
+        if len(r) < len(col):  # a blank or report line between tables
+            continue
         sass = r[col["Source"]].strip()
         marker = re.search(r"USETMAXREG\.(\w+)\.CTAPOOL (?:UP0, )?(0x[0-9a-f]+)", sass)
         if marker:
             region = f"{marker.group(1).lower()} {int(marker.group(2), 16)} regs"
+            region = f"launch {launch}: {region}" if launch else region
         n = float(r[samples_col] or 0)
         total += n
         samples[region] += n
