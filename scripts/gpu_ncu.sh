@@ -11,7 +11,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu
 for spec in "$@"; do
   IFS='|' read -r tag shape kernel count config <<< "$spec"
   count=${count:-1}
-  if [[ -n "${config:-}" ]]; then driver=(scripts/ncu_config.py "$shape" "$config"); else driver=(scripts/ncu_shape.py "$shape"); fi
+  driver=(scripts/ncu_shape.py "$shape")
+  [[ -n "${config:-}" ]] && driver=(scripts/ncu_config.py "$shape" "$config")
   t0=$SECONDS
   common=(--clock-control none -k "regex:$kernel" --launch-skip "$((count * 2))" --launch-count "$count")
   { gpu_env_line; echo "# $shape / $kernel"; } > "$OUT/ncu_$tag.txt"

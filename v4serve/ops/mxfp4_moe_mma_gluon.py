@@ -305,10 +305,11 @@ def _mxfp4_moe_mma_gluon_kernel(
     them (X's row j: member j's x), the others store nothing. Else a program a pick, x in X's row 0.
     PDL (the down projection, launched with programmatic dependent launch after gate_up): expert ids,
     the groups table and the first weight stages are read before griddepcontrol.wait (all written
-    before gate_up triggered: it waits for its own predecessor first), x after it. WAIT_FIRST (gate_up, launched with programmatic dependent launch
-    after the route or the pick-groups table): griddepcontrol.wait before anything is read. TRIGGER
-    (gate_up; down when its grid is one wave): launch_dependents at once, after that wait, so that the
-    next launch's programs may start (down's request weights) while this one's last programs run."""
+    before gate_up triggered: it waits for its own predecessor first), x after it. WAIT_FIRST
+    (gate_up, launched with programmatic dependent launch after the route or the pick-groups table):
+    griddepcontrol.wait before anything is read. TRIGGER (gate_up; down when its grid is one wave):
+    launch_dependents at once, after that wait, so that the next launch's programs may start (down's
+    request weights) while this one's last programs run."""
     R: gl.constexpr = 64
     OUT: gl.constexpr = 32 if SWIGLU else 64
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
@@ -438,11 +439,11 @@ def mxfp4_moe_mma_gluon(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
     if grouped and (members.shape != (picks, GROUP) or members.dtype != torch.int32 or not members.is_contiguous()):
         raise ValueError(f"members must be moe_pick_groups' contiguous int32 [{picks}, {GROUP}], got "
                          f"{members.dtype} {tuple(members.shape)}")
+    if pdl_wait and pdl_wait_first:
+        raise ValueError("pdl_wait (x read after the wait) and pdl_wait_first (everything after it) exclude each other")
     y = pick_rows(y, picks, n, x)
     if picks == 0:
         return y
-    if pdl_wait and pdl_wait_first:
-        raise ValueError("pdl_wait (x read after the wait) and pdl_wait_first (everything after it) exclude each other")
     pdl = pdl_launch(x)  # {PDL, launch_pdl} on sm_90 unless V4SERVE_PDL=0
     grid = (picks, triton.cdiv(n, out))
     if pdl_trigger is None:
