@@ -43,10 +43,11 @@
 #   c64     c64 decode, 30 Flash layers, production's MoE route, ~2 min
 #   moe-c64 the MoE decode routes at c64 (tensor cores sort-free up to 1.5 E, the GEMV sorted), ~4 min
 #   spec    speculative verify on 30 layers, c1 / c8, k = 3, ~3 min (spec-zipf: Zipf(1) routing)
+#   rows32  the c8 k = 3 verify step under both 17..32-row FP8 rules (sum kernel / last program sums)
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|tests20|tests21|rows21|chain|rows19|rows20|rows20b|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|c64|moe-c64|spec|spec-zipf ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|tests20|tests21|rows21|chain|rows19|rows20|rows20b|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|c64|moe-c64|spec|spec-zipf|rows32 ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -251,6 +252,13 @@ for name, m in net.named_modules():
       run 420 "$log" $PY -m v4serve.bench.engine --hf-overrides '{"num_hidden_layers": 30}' --spec-verify \
         --spec-profile --routing "$routing" --concurrency 1 8 --cuda-graph-sizes 1 8 --spec-k 3 --spec-lengths 2.8 \
         --output-len 32 --max-model-len 4096
+      ;;
+    rows32)  # the verify step at c8 k = 3 (32 rows) with the 17..32-row FP8 linears' K split summed by a
+      # second launch vs by the last program of each tile, 30 layers, graphs captured anew under each rule
+      run 420 "$log" $PY -m v4serve.bench.engine --hf-overrides '{"num_hidden_layers": 30}' --spec-verify \
+        --spec-profile --concurrency 8 --cuda-graph-sizes 8 --spec-k 3 --spec-lengths 2.8 --spec-e2e-k 3 \
+        --spec-rows32 sum-kernel sum-last sum-kernel --output-len 32 --max-model-len 4096 \
+        --json-out "$OUT/pending_rows32.json"
       ;;
     *) echo "unknown stage $stage" >&2 ;;
   esac

@@ -4,6 +4,7 @@ line last (the GPU-idle profile needs CUDA and is skipped here; it is exercised 
 import json
 
 import pytest
+import torch
 
 from v4serve.bench import engine as bench_engine
 
@@ -82,3 +83,34 @@ def test_spec_verify_rows_run_on_the_cpu_in_both_routings(capsys):
         assert "kernel_growth" not in row["k"][0]  # CUDA kernels only: no profile on the CPU
     assert [r["forced_length"] for r in uniform["end_to_end"]] == [None, 2.0]
     assert zipf["end_to_end"] == []  # end to end in the first mode only
+
+
+def test_rows32_rule_sets_the_17_to_32_row_fp8_choice_only_while_open():
+    from v4serve.bench.spec_decode import rows32_rule
+    from v4serve.ops.fp8_linear_triton import w8a16_decode_choice
+
+    def choice(m):
+        return w8a16_decode_choice(4096, 4096, (128, 128), torch.device("cpu"), m=m)
+
+    before_16, before_32 = choice(16), choice(32)
+    assert before_32 == {"KERNEL": "tiles", "SUM_LAST": False}
+    with rows32_rule("sum-last"):
+        assert choice(32) == {"KERNEL": "tiles", "SUM_LAST": True}
+        assert choice(16) == before_16  # the 1..16-row rule is not touched
+    assert choice(32) == before_32
+    with pytest.raises(RuntimeError), rows32_rule("sum-last"):
+        raise RuntimeError("a failed capture")
+    assert choice(32) == before_32  # restored on the way out of an error too
+
+
+def test_spec_verify_step_costs_once_per_rows32_rule(capsys, tmp_path):
+    args = ["--json-out", str(tmp_path / "spec.json"), "--model", "tiny", "--hf-overrides", "{}", "--spec-verify", "--spec-k", "1", "--spec-e2e-k", "1",
+            "--spec-lengths", "2.0", "--concurrency", "1", "--output-len", "2", "--max-model-len", "512",
+            "--spec-rows32", "production", "sum-last"]
+    assert bench_engine.main(args) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    (mode,) = json.loads(out[-1])["speculative"]
+    assert [row["rows32_rule"] for row in mode["step_costs"]] == ["production", "sum-last"]
+    assert all(row["plain_ms"] > 0 and [r["k"] for r in row["k"]] == [1] for row in mode["step_costs"])
+    assert any("17..32-row FP8 linears: sum-last" in line for line in out)
+    assert json.loads((tmp_path / "spec.json").read_text())["speculative"] == [mode]

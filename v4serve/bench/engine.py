@@ -338,6 +338,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--spec-lengths", type=float, nargs="+", default=[2.0, 2.8, 3.5],
                         help="mean acceptance lengths forced end to end")
     parser.add_argument("--spec-e2e-k", type=int, default=3, help="drafts per step of the end-to-end runs")
+    parser.add_argument("--spec-rows32", nargs="+", default=["production"],
+                        choices=["production", "sum-kernel", "sum-last"],
+                        help="with --spec-verify: the step costs once per rule of the FP8 linears at 17..32 rows "
+                             "(a c8 k = 3 verify step): production's, the K split summed by a second launch, or by "
+                             "the last program of each tile (bench/spec_decode.py ROWS32_RULES)")
     parser.add_argument("--spec-profile", action="store_true",
                         help="with --spec-verify: the kernels whose time grows most from a plain step to a verify step")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
@@ -405,6 +410,13 @@ def measure_mode(engine: Engine, args, routing: str, placement: str, seed: int) 
     return entry
 
 
+def _save_json(result: dict, path: str | None) -> None:
+    """--json-out: the result so far (rewritten as the run goes on), nothing without a path."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -460,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"routing {routing} (zipf exponent {exponent})", flush=True)
             rows = run_spec_rows(engine, args, with_end_to_end=seed == 0)
             result["speculative"].append({"routing": routing, "zipf_exponent": exponent, **rows})
+            _save_json(result, args.json_out)
         print(json.dumps(result))
         return 0
     if args.host_profile:
@@ -486,9 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     result["modes"] = []
     for seed, (routing, placement) in enumerate(zip(args.routing, placements)):
         result["modes"].append(measure_mode(engine, args, routing, placement, seed))
-        if args.json_out:  # rewritten after every mode: a run stopped at its time limit keeps the modes done
-            with open(args.json_out, "w") as f:
-                json.dump(result, f, indent=1)
+        _save_json(result, args.json_out)  # after every mode: a run stopped at its time limit keeps the modes done
     first = result["modes"][0]
     result["ttft_ms"], result["tpot"] = first["ttft_ms"][str(lens[0])], first["tpot"]
     result["profile"] = [gpu_busy_fraction(engine, c) for c in args.concurrency] if on_gpu and not args.no_profile else []
@@ -515,9 +526,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{100 * row['idle_fraction']:.1f}% (of host wall time {row['wall_ms_per_step']:.2f} ms: "
               f"{100 * row['idle_fraction_wall']:.1f}%); unprofiled {row['wall_ms_per_step_unprofiled']:.2f} ms per "
               f"step: idle {100 * row['idle_fraction_unprofiled']:.1f}%")
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(result, f, indent=1)
+    _save_json(result, args.json_out)
     print(json.dumps(result))
     return 0
 

@@ -20,7 +20,9 @@ concurrencies only.
   per k, the kernels whose time grows most from the plain step to the verify step (torch profiler
   over 10 replays of each graph). Every timed step must replay a CUDA graph on the GPU (as
   production does; the bench refuses to time an eager one). The step costs run once per
-  `--routing` mode on the same engine (`--routing uniform zipf`): zipf re-draws the routers
+  `--routing` mode on the same engine (`--routing uniform zipf`), and once per `--spec-rows32` rule
+  (the FP8 linears' kernel at 17..32 rows, which a verify step of c8 k = 3 runs: its K split summed
+  by a second launch, or by the last program of each tile; graphs captured anew under each): zipf re-draws the routers
   (Zipf(--zipf-exponent) expected expert use, as in the end-to-end Flash runs), so a verify step's
   k + 1 tokens share experts as skewed routing makes them, where uniform random routers send them
   to ~(k + 1) x 6.
@@ -32,6 +34,7 @@ concurrencies only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import time
@@ -43,6 +46,11 @@ from v4serve.bench.forced_draft import ForcedAcceptance
 from v4serve.engine import Engine, SamplingParams
 from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.engine.speculative import SpecDecodeMetrics
+from v4serve.ops import fp8_linear_triton
+
+# W8A16 linears at 17..32 rows (fp8_linear_triton.W8A16_ROWS32_OTHERWISE): the rules the step costs compare
+ROWS32_RULES = {"production": None, "sum-kernel": dict(KERNEL="tiles", SUM_LAST=False),
+                "sum-last": dict(KERNEL="tiles", SUM_LAST=True)}
 
 PROMPT_LEN = 128
 
@@ -51,6 +59,19 @@ def spec_engine_args(args) -> tuple[dict, list[int]]:
     """(speculative_config, cuda_graph_sizes) of the benchmark's engine."""
     k = max(max(args.spec_k), args.spec_e2e_k)
     return {"method": "mtp", "num_speculative_tokens": k}, sorted(set(args.concurrency))
+
+
+@contextlib.contextmanager
+def rows32_rule(name: str):
+    """While open, the W8A16 linears at 17..32 rows take ROWS32_RULES[name] (fp8_linear_triton reads its
+    rule when a step is traced, so graphs captured inside keep it): a measuring switch for this bench."""
+    choice, kept = ROWS32_RULES[name], fp8_linear_triton.W8A16_ROWS32_OTHERWISE
+    if choice is not None:
+        fp8_linear_triton.W8A16_ROWS32_OTHERWISE = choice
+    try:
+        yield
+    finally:
+        fp8_linear_triton.W8A16_ROWS32_OTHERWISE = kept
 
 
 def replay_ms(replay, repeats: int = 5, iterations: int = 10) -> float:
@@ -206,9 +227,14 @@ def run_spec_rows(engine: Engine, args, with_end_to_end: bool = True) -> dict:
     if not engine.spec.verify_runner.uses_cuda_graphs:
         print("no CUDA graphs captured: the times below are eager steps (a smoke run, not a measurement)")
     profile = args.spec_profile and engine.cache.device.type == "cuda"  # CUDA kernels only
-    costs = step_costs(engine, sorted(set(args.concurrency)), args.spec_k, profile=profile)
+    costs = []
+    for rule in args.spec_rows32:
+        with rows32_rule(rule):
+            costs += [{"rows32_rule": rule, **row}
+                      for row in step_costs(engine, sorted(set(args.concurrency)), args.spec_k, profile=profile)]
     for row in costs:
-        print(f"c={row['concurrency']}: plain decode step {row['plain_ms']:.3f} ms "
+        print(f"c={row['concurrency']} (17..32-row FP8 linears: {row['rows32_rule']}): plain decode step "
+              f"{row['plain_ms']:.3f} ms "
               f"({'CUDA graph' if row['plain_graph'] else 'eager'})", flush=True)
         for r in row["k"]:
             tpot = "  ".join(f"L={L}: {r['step_ms'] / L:.3f} ms ({r['step_ms'] / L / row['plain_ms']:.2f}x)"
