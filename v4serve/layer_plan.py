@@ -199,7 +199,7 @@ def layer_plans(config: ModelConfig, cache: CacheFormat = CACHE_FORMATS["bf16"],
 
 
 # ---------------------------------------------------------------------------------- DeepSeek-V4.1
-# Roles from `config.v41` (config.py): full (kv source: compressor, index keys, own indexer), reindex,
+# Roles from `config.v41` (config/v41.py): full (kv source: compressor, index keys, own indexer), reindex,
 # reuse, window. Its native formats ("auto"): window rows fp8_e8m0_b32, compressed rows fp4_e4m3_b16,
 # index keys fp4_e8m0_b32 (no Hadamard); "bf16" keeps every row unrounded. Packed pools (the default
 # of a quantized cache) hold each format's bytes; the attention then reads window and compressed

@@ -1,0 +1,38 @@
+"""The reference `inference/config.json`'s short names (`dim`, `n_layers`, `n_heads`, ...) and the
+config.json fields they stand for; read by the V4 spelling (spellings.py) and the V4.1 one (v41.py)."""
+
+# Short names of the reference `inference/config.json` -> our field names.
+_INFERENCE_SHORT_NAMES = {
+    "vocab_size": "vocab_size",
+    "dim": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "head_dim": "head_dim",
+    "rope_head_dim": "qk_rope_head_dim",
+    "q_lora_rank": "q_lora_rank",
+    "o_lora_rank": "o_lora_rank",
+    "o_groups": "o_groups",
+    "window_size": "sliding_window",
+    "moe_inter_dim": "moe_intermediate_size",
+    "n_routed_experts": "n_routed_experts",
+    "n_shared_experts": "n_shared_experts",
+    "n_activated_experts": "num_experts_per_tok",
+    "score_func": "scoring_func",
+    "route_scale": "routed_scaling_factor",
+    "n_hash_layers": "num_hash_layers",
+    "swiglu_limit": "swiglu_limit",
+    "norm_eps": "rms_norm_eps",
+    "rope_theta": "rope_theta",
+    "compress_rope_theta": "compress_rope_theta",
+    "compress_ratios": "compress_ratios",
+    "index_n_heads": "index_n_heads",
+    "index_head_dim": "index_head_dim",
+    "index_topk": "index_topk",
+    "hc_mult": "hc_mult",
+    "hc_sinkhorn_iters": "hc_sinkhorn_iters",
+    "hc_eps": "hc_eps",
+    "rope_factor": "rope_factor",
+    "original_seq_len": "original_max_position_embeddings",
+    "beta_fast": "beta_fast",
+    "beta_slow": "beta_slow",
+}
