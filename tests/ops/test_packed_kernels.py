@@ -243,6 +243,9 @@ B8_VARIANTS = {
     "values kv lhs dv64 h32": dict(BLOCK_DV=64, VALUE_BLOCK_H=32, KV_OPERAND=2),
     "values kv lhs dv64 h64": dict(BLOCK_DV=64, KV_OPERAND=2),
     "scores 4 warps": dict(SCORES=dict(num_warps=4, num_stages=1)),
+    # the Gluon values pass (sm_90 only: Gluon does not run in the interpreter, so this checks that the
+    # variant's launch falls back to the `tl` values pass wherever the Gluon kernel does not apply)
+    "values gluon": dict(VALUES_KERNEL="gluon"),
 }
 
 

@@ -29,10 +29,12 @@ from cases import rel_err
 from v4serve.bench.shapes import all_shapes, indexer_case, sparse_decode_case, sparse_prefill_case
 from v4serve.ops.indexer import index_scores
 from v4serve.ops.kv_pack import pack_rows, unpack_rows
+from v4serve.ops.kv_pack_triton import packed_constexprs
 from v4serve.formats import row_format
 from v4serve.ops.sparse_attn import sparse_attn_paged
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_SMALL_PACKED_SLICED, decode_config, prefill_config, sparse_attn_paged_triton)
+from v4serve.ops.sparse_attn_values_gluon import values_gluon_applies
 
 pytestmark = pytest.mark.gpu
 
@@ -116,7 +118,9 @@ VARIANT_TILES = {"PREFETCH": dict(PREFETCH=True), "tail programs": dict(TAIL_PRO
                  "values h32 mma.sync": dict(VALUE_BLOCK_H=32, KV_OPERAND=1),
                  "values kv lhs dv64 h32": dict(BLOCK_DV=64, VALUE_BLOCK_H=32, KV_OPERAND=2),
                  "values kv lhs dv64 h64": dict(BLOCK_DV=64, KV_OPERAND=2),
-                 "scores 4 warps": dict(SCORES=dict(num_warps=4, num_stages=1))}
+                 "scores 4 warps": dict(SCORES=dict(num_warps=4, num_stages=1)),
+                 # Session 22: the values pass in Gluon (a cp.async ring, the tile as wgmma's register operand)
+                 "values gluon": dict(VALUES_KERNEL="gluon")}
 VARIANTS = [(name, variant) for name in DECODE_SHAPES for variant in VARIANT_TILES if "B1" not in name]
 
 
@@ -273,3 +277,40 @@ def test_index_scores_over_packed_keys_match_the_bf16_kernel_over_unpacked_keys(
     # the packed kernel sums the channels in another order (fp4_words_triton.py: pair order), so
     # within fp32 summation order; bit identity on exact inputs: tests/ops/test_indexer_kernel_gpu.py
     assert rel_err(out[finite], ref[finite]) < 1e-5, f"{name}: max |diff| {(out - ref)[finite].abs().max():.3g}"
+
+
+def test_gluon_values_pass_at_edges_is_the_tl_values_pass():
+    """The Gluon values pass (VALUES_KERNEL "gluon") where the PR shapes do not go: 128 heads (two head
+    blocks), tokens with fewer live tiles than the ring's stages (1 and 2), one past the ring, a hole in
+    every column (out exactly 0, as the `tl` kernel gives), holes inside a tile; against the production
+    `tl` values pass over the same packed rows within fp32 summation order, and the all-hole token bit
+    for bit. Also checks the launch took the Gluon kernel (its rule on this device)."""
+    g = torch.Generator(device="cuda").manual_seed(22)
+    T, H, D, n_window, C = 5, 128, 512, 128, 320
+    q = torch.randn(T, 1, H, D, generator=g, device="cuda").bfloat16()
+    win = torch.randn(T * n_window, D, generator=g, device="cuda").bfloat16()
+    cmp = torch.randn(600, D, generator=g, device="cuda").bfloat16()
+    pw, pc = pack_rows(win, KV_FORMAT), pack_rows(cmp, KV_FORMAT)
+    counts = torch.tensor([0, 0, 40, 192, 150], dtype=torch.int32, device="cuda")
+    win_idx = torch.arange(T, device="cuda")[:, None] * n_window + torch.arange(n_window, device="cuda")[None, :]
+    win_idx[0] = -1  # token 0: every column a hole
+    win_idx[1, 64:] = -1  # token 1: one live tile
+    win_idx[3, ::7] = -1  # holes inside tiles
+    cmp_idx = torch.randint(0, 600, (T, C - n_window), generator=g, device="cuda")
+    cmp_idx = torch.where(torch.arange(C - n_window, device="cuda")[None, :] < counts[:, None], cmp_idx, -1)
+    idx = torch.cat([win_idx, cmp_idx], 1).to(torch.int32)[:, None]
+    sink = torch.randn(H, generator=g, device="cuda")
+    fmt = row_format(KV_FORMAT)
+    tiles = decode_config(T, C, packed=True, device=q.device)
+    assert tiles.get("KERNEL") == "two_pass"
+    pk = dict(PACKED=True, **packed_constexprs(fmt, D))
+    out_probe = torch.empty(T, H, D, dtype=torch.bfloat16, device="cuda")
+    assert values_gluon_applies(out_probe, pk, tiles["BLOCK_T"], C // tiles["BLOCK_T"], (pw, pc))
+    out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.04, counts[:, None], row_format=fmt,
+                                   tile_config=dict(tiles, VALUES_KERNEL="gluon"))
+    ref = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.04, counts[:, None], row_format=fmt,
+                                   tile_config=dict(tiles))
+    assert not out.isnan().any() and ref[1:].abs().amax() > 0
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and _same_bits(out[0], ref[0])
+    for t in range(1, T):
+        assert rel_err(out[t], ref[t]) < 5e-4, f"token {t}: rel err {rel_err(out[t], ref[t]):.3g}"

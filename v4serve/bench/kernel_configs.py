@@ -89,6 +89,9 @@ PACKED_B8_VARIANTS = {
     "scores 4 warps": dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES=dict(num_warps=4, num_stages=1)),
     "scores 4 warps + values h32 mma.sync": dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES=dict(num_warps=4, num_stages=1),
                                                 VALUE_BLOCK_H=32, KV_OPERAND=1),
+    # Session 22: the values pass in Gluon (ops/sparse_attn_values_gluon.py: the tiles' bytes and p in a
+    # cp.async ring, the dequantized tile as wgmma's register operand of the transposed dot)
+    "values gluon": dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUES_KERNEL="gluon"),
 }
 PACKED_DECODE_B8_CANDIDATES = [
     None,  # two-pass: whole-tile scores over 8 warps (sm_90); the values pass dequantizes its dims again

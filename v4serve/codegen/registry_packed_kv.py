@@ -271,3 +271,23 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
         for kind, ratio, overlap, block_r in (("csa", 4, True, 4), ("hca", 128, False, 1))
     ),
 )
+
+# The two-pass values pass over packed rows in Gluon (ops/sparse_attn_values_gluon.py, sm_90 only; a
+# sweep variant, `VALUES_KERNEL="gluon"`): tiles' codes / tail and p in a cp.async ring of 3 stages, the
+# dequantized tile as wgmma's register A operand of the transposed dot; PDL as production launches it.
+PACKED_KV_KERNELS += (
+    KernelSpec(
+        "sparse_attn.two_pass_values_fp8kv_gluon_pdl", f"{_OPS}.sparse_attn_values_gluon:_values_packed_gluon_kernel",
+        types=dict(win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32", p_ptr="*bf16",
+                   m_ptr="*fp32", l_ptr="*fp32", out_ptr="*bf16", H="i32", C="i32", n_window="i32",
+                   **dict.fromkeys(("stride_pool", "stride_it", "stride_pt", "stride_ph", "stride_mt", "stride_mj",
+                                    "stride_ot", "stride_oh"), "i32")),
+        aligned=("win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "sink_ptr", "p_ptr", "m_ptr", "l_ptr", "out_ptr", "H",
+                 "C", "n_window", "stride_pool", "stride_it", "stride_pt", "stride_ph", "stride_mt", "stride_mj",
+                 "stride_ot", "stride_oh"),
+        constexprs=dict(HAS_COUNTS=True, BLOCK_J=16, PK_NQ=_FP8["PK_NQ"], PK_BLOCK=_FP8["PK_BLOCK"],
+                        PK_TAIL_OFF=_FP8["PK_TAIL_OFF"], PK_SCALE_OFF=_FP8["PK_SCALE_OFF"], STAGES=3, PDL=True),
+        archs=(90,), num_warps=4, num_stages=1,
+        expect=Expect(tensor_cores=True, max_regs=168),
+    ),
+)

@@ -64,6 +64,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch, sm_count
+from v4serve.ops.gluon_pdl import gdc_launch_dependents, gdc_wait
 from v4serve.ops.moe_pick_groups import moe_pick_groups
 from v4serve.ops.mxfp4_decode_triton import NIBBLE_HIGH, NIBBLE_LOW, nibble_pair_ptx
 from v4serve.ops.mxfp4_moe_decode_triton import pick_rows
@@ -115,21 +116,6 @@ def groups_apply(picks: int) -> bool:
 
 
 @gluon.jit
-def _gdc_wait():
-    """griddepcontrol.wait: the grid launched before this one (programmatic dependent launch) has
-    finished and its writes are visible."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _gdc_launch_dependents():
-    """griddepcontrol.launch_dependents: the grid launched after this one may start once every
-    program of this one has passed here (its own wait still waits for this whole grid)."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
 def _x_operands(x_at, x_off, x_ok, xe_s, xo_s):
     """Write X_even and X_odd [16, 128] (row j = the even / odd elements of x row j in the decoder's
     order where x_ok [8, 1, 1] holds, else zero; rows 8..15 zero). x_at: the x row of each X row
@@ -173,7 +159,7 @@ def _k_loop_registers(acc, w_base, s_base, byte_off, s_off, x_row, x_off, x_ok, 
     iteration's MMAs: 16 KB in flight a program at most, none while it decodes. PDL: x is the
     output of the grid launched before this one: wait for it first."""
     if PDL:
-        _gdc_wait()
+        gdc_wait()
     for k0 in range(0, K, 2 * BLOCK_K):
         packed0 = gl.load(w_base + k0 // 2 + byte_off)
         sb0 = gl.load(s_base + k0 // 32 + s_off).to(gl.int32)
@@ -215,7 +201,7 @@ def _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, x_ok, xe_s, xo_s, K, a_o
         _cp_async(scales_s.index(s), s_steps + 8 * s)
         commit_group()
     if PDL:
-        _gdc_wait()
+        gdc_wait()
     wait_group(STAGES - 2)
     _barrier()
     for i in range(n_steps):
@@ -322,9 +308,9 @@ def _mxfp4_moe_mma_gluon_kernel(
     sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
     if WAIT_FIRST:
-        _gdc_wait()
+        gdc_wait()
     if TRIGGER:  # after the wait: a dependent that reads the expert ids early reads them complete
-        _gdc_launch_dependents()
+        gdc_launch_dependents()
     pick = gl.program_id(0)
     e = gl.load(experts_ptr + pick).to(gl.int64)
     if SKIP_PAST_ROWS:

@@ -71,6 +71,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from v4serve.ops._dispatch import compiled_on_cuda
 from v4serve.ops.kv_pack_triton import dequantize_packed, load_packed, load_packed_bytes
 from v4serve.ops.sparse_attn_tiles import bf16_operand_boundary, column_bound, load_rows, row_pointers
+from v4serve.ops.sparse_attn_values_gluon import two_pass_values_gluon, values_gluon_applies
 
 _PK_PARAMS = ("PK_NQ", "PK_BLOCK", "PK_TAIL_OFF", "PK_SCALE_OFF", "PK_HAS_TAIL", "PK_FP8_CVT")
 
@@ -455,7 +456,9 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
     TAIL_PROGRAMS (packed rows with a bf16 tail, BLOCK_DV dividing the quantized channels: each
     values program reads either codes or the tail, a branch per program instead of a select per
     value; default False), KV_OPERAND (packed rows, the plain values loop: how a values program feeds
-    its dequantized tile to the dot, KV_BOUNDARY / KV_LHS flags; default 0), and the launch options
+    its dequantized tile to the dot, KV_BOUNDARY / KV_LHS flags; default 0), VALUES_KERNEL ("gluon":
+    the values pass over packed rows by sparse_attn_values_gluon.py where it applies, sm_90; default
+    the `tl` kernel), and the launch options
     of each pass as SCORES / VALUES =
     dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
     (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
@@ -496,13 +499,18 @@ def two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_cou
 
 def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, cfg, pk, rows=None):
     """The values pass alone over the scores pass's p, m, l: writes and returns out [T, H, D]. rows
-    (the scores pass's dequantized tiles, or None): read instead of the pools, as bf16 rows."""
+    (the scores pass's dequantized tiles, or None): read instead of the pools, as bf16 rows.
+    cfg["VALUES_KERNEL"] == "gluon": the Gluon kernel over packed pools where it applies
+    (`values_gluon_applies`), else this module's."""
+    n_tiles = m.shape[1]
+    if (cfg.get("VALUES_KERNEL") == "gluon" and rows is None
+            and values_gluon_applies(out, pk, cfg["BLOCK_T"], n_tiles, (win, cmp))):
+        return two_pass_values_gluon(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, pk)
     pk = {} if rows is not None else _launch_pk(pk)
     T, H, D = out.shape
     C = it.shape[1]
     block_t, block_hv = cfg["BLOCK_T"], cfg.get("VALUE_BLOCK_H", cfg["BLOCK_H"])
     block_dv = min(cfg["BLOCK_DV"], max(16, triton.next_power_of_2(D)))
-    n_tiles = m.shape[1]
     block_j = min(triton.next_power_of_2(n_tiles), cfg.get("VALUES_MAX_TILES", VALUES_MAX_TILES))
     if rows is not None:
         win = cmp = rows
