@@ -246,6 +246,7 @@ B8_VARIANTS = {
     # the Gluon values pass (sm_90 only: Gluon does not run in the interpreter, so this checks that the
     # variant's launch falls back to the `tl` values pass wherever the Gluon kernel does not apply)
     "values gluon": dict(VALUES_KERNEL="gluon"),
+    "values gluon 2wg": dict(VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2),
 }
 
 

@@ -120,7 +120,8 @@ VARIANT_TILES = {"PREFETCH": dict(PREFETCH=True), "tail programs": dict(TAIL_PRO
                  "values kv lhs dv64 h64": dict(BLOCK_DV=64, KV_OPERAND=2),
                  "scores 4 warps": dict(SCORES=dict(num_warps=4, num_stages=1)),
                  # Session 22: the values pass in Gluon (a cp.async ring, the tile as wgmma's register operand)
-                 "values gluon": dict(VALUES_KERNEL="gluon")}
+                 "values gluon": dict(VALUES_KERNEL="gluon"),
+                 "values gluon 2wg": dict(VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2)}
 VARIANTS = [(name, variant) for name in DECODE_SHAPES for variant in VARIANT_TILES if "B1" not in name]
 
 
@@ -279,12 +280,15 @@ def test_index_scores_over_packed_keys_match_the_bf16_kernel_over_unpacked_keys(
     assert rel_err(out[finite], ref[finite]) < 1e-5, f"{name}: max |diff| {(out - ref)[finite].abs().max():.3g}"
 
 
-def test_gluon_values_pass_at_edges_is_the_tl_values_pass():
+@pytest.mark.parametrize("warpgroups", [1, 2])
+def test_gluon_values_pass_at_edges_is_the_tl_values_pass(warpgroups):
     """The Gluon values pass (VALUES_KERNEL "gluon") where the PR shapes do not go: 128 heads (two head
     blocks), tokens with fewer live tiles than the ring's stages (1 and 2), one past the ring, a hole in
     every column (out exactly 0, as the `tl` kernel gives), holes inside a tile; against the production
     `tl` values pass over the same packed rows within fp32 summation order, and the all-hole token bit
-    for bit. Also checks the launch took the Gluon kernel (its rule on this device)."""
+    for bit; over one warpgroup a program and over two (a token's tiles alternating between them: one
+    live tile leaves the second with none). Also checks the launch took the Gluon kernel (its rule on
+    this device)."""
     g = torch.Generator(device="cuda").manual_seed(22)
     T, H, D, n_window, C = 5, 128, 512, 128, 320
     q = torch.randn(T, 1, H, D, generator=g, device="cuda").bfloat16()
@@ -307,7 +311,7 @@ def test_gluon_values_pass_at_edges_is_the_tl_values_pass():
     out_probe = torch.empty(T, H, D, dtype=torch.bfloat16, device="cuda")
     assert values_gluon_applies(out_probe, pk, tiles["BLOCK_T"], C // tiles["BLOCK_T"], (pw, pc))
     out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.04, counts[:, None], row_format=fmt,
-                                   tile_config=dict(tiles, VALUES_KERNEL="gluon"))
+                                   tile_config=dict(tiles, VALUES_KERNEL="gluon", VALUE_WARPGROUPS=warpgroups))
     ref = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.04, counts[:, None], row_format=fmt,
                                    tile_config=dict(tiles))
     assert not out.isnan().any() and ref[1:].abs().amax() > 0

@@ -92,6 +92,8 @@ PACKED_B8_VARIANTS = {
     # Session 22: the values pass in Gluon (ops/sparse_attn_values_gluon.py: the tiles' bytes and p in a
     # cp.async ring, the dequantized tile as wgmma's register operand of the transposed dot)
     "values gluon": dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUES_KERNEL="gluon"),
+    # ... with a token's tiles alternating between two warp-specialised warpgroups (a ring each)
+    "values gluon 2wg": dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2),
 }
 PACKED_DECODE_B8_CANDIDATES = [
     None,  # two-pass: whole-tile scores over 8 warps (sm_90); the values pass dequantizes its dims again

@@ -14,6 +14,7 @@ from v4serve.ops.indexer_triton import DECODE_CONFIG as INDEX_DECODE_CONFIG
 from v4serve.ops.indexer_triton import PREFILL_CONFIG as INDEX_PREFILL_CONFIG
 from v4serve.ops.indexer_triton import PREFILL_CONFIG_Q2 as INDEX_PREFILL_CONFIG_Q2
 from v4serve.ops.kv_pack_triton import packed_constexprs, store_warps
+from v4serve.ops.sparse_attn_values_gluon import MAX_REGS as VALUES_GLUON_MAX_REGS
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_SMALL_PACKED, DECODE_CONFIG_TWO_PASS, DECODE_CONFIG_TWO_PASS_PACKED, PREFILL_CONFIGS_PACKED)
 
@@ -275,9 +276,9 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
 # The two-pass values pass over packed rows in Gluon (ops/sparse_attn_values_gluon.py, sm_90 only; a
 # sweep variant, `VALUES_KERNEL="gluon"`): tiles' codes / tail and p in a cp.async ring of 3 stages, the
 # dequantized tile as wgmma's register A operand of the transposed dot; PDL as production launches it.
-PACKED_KV_KERNELS += (
+PACKED_KV_KERNELS += tuple(
     KernelSpec(
-        "sparse_attn.two_pass_values_fp8kv_gluon_pdl", f"{_OPS}.sparse_attn_values_gluon:_values_packed_gluon_kernel",
+        f"sparse_attn.two_pass_values_fp8kv_gluon{'_2wg' if warpgroups == 2 else ''}_pdl", f"{_OPS}.sparse_attn_values_gluon:_values_packed_gluon_kernel",
         types=dict(win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32", p_ptr="*bf16",
                    m_ptr="*fp32", l_ptr="*fp32", out_ptr="*bf16", H="i32", C="i32", n_window="i32",
                    **dict.fromkeys(("stride_pool", "stride_it", "stride_pt", "stride_ph", "stride_mt", "stride_mj",
@@ -286,8 +287,10 @@ PACKED_KV_KERNELS += (
                  "C", "n_window", "stride_pool", "stride_it", "stride_pt", "stride_ph", "stride_mt", "stride_mj",
                  "stride_ot", "stride_oh"),
         constexprs=dict(HAS_COUNTS=True, BLOCK_J=16, PK_NQ=_FP8["PK_NQ"], PK_BLOCK=_FP8["PK_BLOCK"],
-                        PK_TAIL_OFF=_FP8["PK_TAIL_OFF"], PK_SCALE_OFF=_FP8["PK_SCALE_OFF"], STAGES=3, PDL=True),
-        archs=(90,), num_warps=4, num_stages=1,
-        expect=Expect(tensor_cores=True, max_regs=168),
-    ),
+                        PK_TAIL_OFF=_FP8["PK_TAIL_OFF"], PK_SCALE_OFF=_FP8["PK_SCALE_OFF"], STAGES=3, PDL=True,
+                        WARPGROUPS=warpgroups),
+        archs=(90,), num_warps=4, num_stages=1, maxnreg=VALUES_GLUON_MAX_REGS if warpgroups == 2 else None,
+        expect=Expect(tensor_cores=True, max_regs=VALUES_GLUON_MAX_REGS),
+    )
+    for warpgroups in (1, 2)  # WARPGROUPS 2: the tiles alternate between two warp-specialised warpgroups
 )

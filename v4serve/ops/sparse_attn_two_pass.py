@@ -457,8 +457,8 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
     values program reads either codes or the tail, a branch per program instead of a select per
     value; default False), KV_OPERAND (packed rows, the plain values loop: how a values program feeds
     its dequantized tile to the dot, KV_BOUNDARY / KV_LHS flags; default 0), VALUES_KERNEL ("gluon":
-    the values pass over packed rows by sparse_attn_values_gluon.py where it applies, sm_90; default
-    the `tl` kernel), and the launch options
+    the values pass over packed rows by sparse_attn_values_gluon.py where it applies, sm_90, over
+    VALUE_WARPGROUPS 1 or 2 warpgroups a program; default the `tl` kernel), and the launch options
     of each pass as SCORES / VALUES =
     dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
     (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
@@ -505,7 +505,8 @@ def two_pass_values(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, 
     n_tiles = m.shape[1]
     if (cfg.get("VALUES_KERNEL") == "gluon" and rows is None
             and values_gluon_applies(out, pk, cfg["BLOCK_T"], n_tiles, (win, cmp))):
-        return two_pass_values_gluon(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, pk)
+        return two_pass_values_gluon(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, pk,
+                                     cfg.get("VALUE_WARPGROUPS", 1))
     pk = {} if rows is not None else _launch_pk(pk)
     T, H, D = out.shape
     C = it.shape[1]

@@ -44,10 +44,17 @@ request). The prologue reads the live tiles' m_j and l_j for the softmax's max m
 PDL (the scores pass launched before this one): the idx row and the first tiles' pool bytes are
 requested before griddepcontrol.wait, p, m and l after it.
 
+WARPGROUPS 2 (sweep variant `VALUE_WARPGROUPS=2`): a program's tiles alternate between two warpgroups,
+warp-specialised partitions with a ring each (tiles 0, 2, 4, ... and 1, 3, 5, ...), so each chain of
+dependent tiles is half as long and each scheduler has two warps to issue from; partition 1 hands its
+sum to partition 0 through shared memory (an mbarrier), which adds it and writes the output. 232
+registers a thread (maxnreg; 256 threads), 142 KB of shared memory.
+
 Numerics: the same dequantized values and products as the `tl` values pass; each tile's dot sums its 64
 columns in the same k16 steps with the operands' roles swapped (as `KV_OPERAND=KV_LHS`: within fp32
-summation order of it), f_j applied to each tile's partial as there. The softmax's max and
-denominator are the same expressions, reduced in another order (fp32).
+summation order of it), f_j applied to each tile's partial as there (over two warpgroups the partials
+are summed in two interleaved halves, then added). The softmax's max and denominator are the same
+expressions, reduced in another order (fp32).
 """
 
 import torch
@@ -56,7 +63,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.ampere.async_copy import commit_group, wait_group
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
 from v4serve.ops._dispatch import compiled_on_cuda
 from v4serve.ops.gluon_pdl import gdc_wait
@@ -70,6 +77,9 @@ DIMS = gl.constexpr(64)  # output dims a program: one scale block of codes or th
 HEADS = gl.constexpr(64)  # heads a program (wgmma's N)
 STAGES = 3
 MAX_TILES = 32  # the tiles whose softmax stats a program reads at once (sparse_attn_two_pass.VALUES_MAX_TILES)
+# WARPGROUPS 2: registers per thread of the kernel (maxnreg) and of the worker partition
+MAX_REGS = 232
+WORKER_REGS = gl.constexpr(232)
 
 
 @gluon.jit
@@ -144,44 +154,47 @@ def _tile_operand(stage, codes_s, tail_s, scales_s, shift, lk: gl.constexpr, a_o
 
 
 @gluon.jit
-def _values_loop(n_live, m, tok, hi, n_window, d0, h0, H, win_ptr, cmp_ptr, idx_ptr, p_ptr, m_ptr, stride_it,
-                 stride_pool, stride_pt, stride_ph, stride_mt, stride_mj, scale_word, shift, codes_s, tail_s, scales_s,
-                 p_s, m_s, lk: gl.constexpr, a_op: gl.constexpr, mma: gl.constexpr, TAIL: gl.constexpr,
+def _values_loop(PART: gl.constexpr, NP: gl.constexpr, n_own, m, tok, hi, d0, h0, ptrs, sizes, strides, scale_word,
+                 shift, ring, lk: gl.constexpr, a_op: gl.constexpr, mma: gl.constexpr, TAIL: gl.constexpr,
                  PK_TAIL_OFF: gl.constexpr, STAGES: gl.constexpr):
-    """sum_j f_j kv_j^T p_j^T [64 dims (A's rows), 64 heads] over the token's live tiles, f_j = 2^(m_j - m)
-    (m: the softmax's max, in the heads' layout); tiles 0 .. STAGES - 2 are requested (and tile 0 has
-    landed) when it starts."""
+    """sum_j f_j kv_j^T p_j^T [64 dims (A's rows), 64 heads] over this partition's n_own tiles (j = PART,
+    PART + NP, ...), f_j = 2^(m_j - m) (m: the softmax's max, in the heads' layout); its first STAGES - 1
+    tiles are requested (and the first has landed) when it starts."""
+    win_ptr, cmp_ptr, idx_ptr, p_ptr, m_ptr = ptrs
+    H, n_window = sizes
+    stride_it, stride_pool, stride_pt, stride_ph, stride_mt, stride_mj = strides
+    codes_s, tail_s, scales_s, p_s, m_s = ring
     acc = gl.zeros([DIMS, HEADS], gl.float32, mma)
     zero = gl.zeros([DIMS, HEADS], gl.float32, mma)
-    for j in range(n_live):
-        ahead = j + STAGES - 1  # into the stage tile j - 1 read (every thread passed its barrier)
-        if ahead < n_live:
-            _request_pool(ahead, ahead % STAGES, tok, hi, n_window, d0, win_ptr, cmp_ptr, idx_ptr, stride_it,
-                          stride_pool, scale_word, codes_s, tail_s, scales_s, TAIL, PK_TAIL_OFF)
-            _request_p(ahead, ahead % STAGES, tok, h0, H, p_ptr, m_ptr, stride_pt, stride_ph, stride_mt, stride_mj,
-                       p_s, m_s)
+    for i in range(n_own):
+        ahead = i + STAGES - 1  # into the stage own tile i - 1 read (every thread passed its barrier)
+        if ahead < n_own:
+            _request_pool(PART + NP * ahead, ahead % STAGES, tok, hi, n_window, d0, win_ptr, cmp_ptr, idx_ptr,
+                          stride_it, stride_pool, scale_word, codes_s, tail_s, scales_s, TAIL, PK_TAIL_OFF)
+            _request_p(PART + NP * ahead, ahead % STAGES, tok, h0, H, p_ptr, m_ptr, stride_pt, stride_ph, stride_mt,
+                       stride_mj, p_s, m_s)
         commit_group()  # (an empty group past the last tile keeps the count)
-        stage = j % STAGES
+        stage = i % STAGES
         a = _tile_operand(stage, codes_s, tail_s, scales_s, shift, lk, a_op, TAIL)
         part = warpgroup_mma(a, p_s.index(stage).permute((1, 0)), zero, use_acc=False)
         f = gl.exp2(m_s.index(stage).load(gl.SliceLayout(0, mma)) - m)
         acc = acc + part * f[None, :]
-        wait_group(STAGES - 2)  # tile j + 1 has landed (this thread's copies) ...
+        wait_group(STAGES - 2)  # own tile i + 1 has landed (this thread's copies) ...
         fence_async_shared()  # ... for wgmma's async-proxy reads too
-        _barrier()  # every thread's copies; tile j's stage free for the next request
+        _barrier()  # every thread's copies (of this partition); tile i's stage free for the next request
     return acc
 
 
 @gluon.jit
-def _values_packed_gluon_kernel(
-    win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr, out_ptr,
-    H, C, n_window,
-    stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj, stride_ot, stride_oh,
-    HAS_COUNTS: gl.constexpr, BLOCK_J: gl.constexpr, PK_NQ: gl.constexpr, PK_BLOCK: gl.constexpr,
-    PK_TAIL_OFF: gl.constexpr, PK_SCALE_OFF: gl.constexpr, STAGES: gl.constexpr = 3, PDL: gl.constexpr = False,
-):
-    """Grid (T, D / 64, cdiv(H, 64)); strides in elements (bytes for the pools). BLOCK_J: a power of two
-    >= the launch's tiles (the stats block)."""
+def _program(PART: gl.constexpr, NP: gl.constexpr, ptrs, sizes, strides, ring, exchange,
+             HAS_COUNTS: gl.constexpr, BLOCK_J: gl.constexpr, PK_NQ: gl.constexpr, PK_BLOCK: gl.constexpr,
+             PK_TAIL_OFF: gl.constexpr, PK_SCALE_OFF: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr):
+    """One warpgroup's share of a program: tiles PART, PART + NP, ... of the token. Partition 0 writes
+    the output (with NP = 2, after adding partition 1's sum from `exchange`: (buffer, mbarrier))."""
+    win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr, out_ptr = ptrs
+    H, C, n_window = sizes
+    stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj, stride_ot, stride_oh = strides
+    codes_s, tail_s, scales_s, p_s, m_s = ring
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEADS, 16])
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     lk: gl.constexpr = gl.DistributedLinearLayout(  # [64 columns, 64 dims]: the A fragment (module docstring)
@@ -189,7 +202,6 @@ def _values_packed_gluon_kernel(
         lane_bases=[[2, 0], [4, 0], [0, 2], [0, 4], [0, 8]],
         warp_bases=[[0, 16], [0, 32]], block_bases=[], shape=[BLOCK_T, DIMS])
     stats: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # [BLOCK_J tiles, 64]
-    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # (a ring of 1-d rows)
     tok = gl.program_id(0).to(gl.int64)
     d0 = gl.program_id(1) * DIMS
     h0 = gl.program_id(2) * HEADS
@@ -202,60 +214,116 @@ def _values_packed_gluon_kernel(
     cols = tiles[:, None] * BLOCK_T + lanes[None, :]
     rows = gl.load(idx_ptr + stride_it * tok + cols, mask=cols < hi, other=-1)
     n_live = (gl.max(gl.max(gl.where(rows >= 0, cols + 1, 0), axis=1), axis=0) + BLOCK_T - 1) // BLOCK_T
+    n_own = gl.maximum(n_live - PART + NP - 1, 0) // NP
+    group = d0 // PK_BLOCK  # the programs' dims lie in one scale block (PK_BLOCK == DIMS)
+    scale_word = PK_SCALE_OFF + 4 * (group // 4)
+    shift = 8 * (group % 4)
+    tail = d0 >= PK_NQ  # this program's dims are the bf16 tail
+    # The first own tiles' pool bytes before the wait (the scores pass writes none of them) ...
+    for s in gl.static_range(STAGES - 1):
+        if s < n_own:
+            if tail:
+                _request_pool(PART + NP * s, s, tok, hi, n_window, d0, win_ptr, cmp_ptr, idx_ptr, stride_it,
+                              stride_pool, scale_word, codes_s, tail_s, scales_s, True, PK_TAIL_OFF)
+            else:
+                _request_pool(PART + NP * s, s, tok, hi, n_window, d0, win_ptr, cmp_ptr, idx_ptr, stride_it,
+                              stride_pool, scale_word, codes_s, tail_s, scales_s, False, PK_TAIL_OFF)
+    heads_s = h0 + gl.arange(0, HEADS, layout=gl.SliceLayout(0, stats))
+    sink2 = gl.load(sink_ptr + heads_s, mask=heads_s < H, other=0.0) * 1.4426950408889634
+    if PDL:
+        gdc_wait()  # the scores pass's p, m and l are complete and visible past this point
+    # ... their p and m_j after it: group s = own tile s's (group 0 also every pool copy above)
+    for s in gl.static_range(STAGES - 1):
+        if s < n_own:
+            _request_p(PART + NP * s, s, tok, h0, H, p_ptr, m_ptr, stride_pt, stride_ph, stride_mt, stride_mj, p_s,
+                       m_s)
+        commit_group()
+    # The softmax's max and denominator over the live tiles' m_j, l_j and the sink.
+    ok = (tiles < n_live)[:, None] & (heads_s < H)[None, :]
+    ml = stride_mt * tok + tiles[:, None] * stride_mj + heads_s[None, :]
+    m_tiles = gl.load(m_ptr + ml, mask=ok, other=float("-inf"))
+    m = gl.maximum(sink2, gl.max(m_tiles, axis=0))
+    if PART == 0:
+        l_tiles = gl.load(l_ptr + ml, mask=ok, other=0.0)
+        denom = gl.sum(l_tiles * gl.exp2(m_tiles - m[None, :]), axis=0) + gl.exp2(sink2 - m)
+    m = gl.convert_layout(m, gl.SliceLayout(0, mma))
+    wait_group(STAGES - 2)  # own tile 0 has landed
+    fence_async_shared()
+    _barrier()
+    loop_ptrs = (win_ptr, cmp_ptr, idx_ptr, p_ptr, m_ptr)
+    loop_strides = (stride_it, stride_pool, stride_pt, stride_ph, stride_mt, stride_mj)
+    if tail:
+        acc = _values_loop(PART, NP, n_own, m, tok, hi, d0, h0, loop_ptrs, (H, n_window), loop_strides, scale_word,
+                           shift, ring, lk, a_op, mma, True, PK_TAIL_OFF, STAGES)
+    else:
+        acc = _values_loop(PART, NP, n_own, m, tok, hi, d0, h0, loop_ptrs, (H, n_window), loop_strides, scale_word,
+                           shift, ring, lk, a_op, mma, False, PK_TAIL_OFF, STAGES)
+    if NP > 1:
+        partial, done = exchange
+        if PART == 1:  # hand the sum over to partition 0
+            partial.store(acc)
+            _barrier()  # every warp's share stored before the arrival
+            mbarrier.arrive(done)
+        else:
+            mbarrier.wait(done, 0)
+            acc = acc + partial.load(mma)
+    if PART == 0:
+        out = acc / gl.convert_layout(denom, gl.SliceLayout(0, mma))[None, :]
+        r = gl.arange(0, DIMS, layout=gl.SliceLayout(1, mma))
+        dims = d0 + 16 * (r // 16) + 2 * (r % 8) + (r // 8) % 2
+        heads = h0 + gl.arange(0, HEADS, layout=gl.SliceLayout(0, mma))
+        gl.store(out_ptr + stride_ot * tok + heads[None, :] * stride_oh + dims[:, None],
+                 out.to(out_ptr.dtype.element_ty), mask=(heads < H)[None, :])
 
+
+@gluon.jit
+def _ring(STAGES: gl.constexpr):
+    """One warpgroup's ring of STAGES stages: codes [64, 64] bytes (16-byte chunks swizzled by (row // 2)
+    % 4), tail [64, 64] bf16 (chunks swizzled by row % 8), scale words [64], p [64 heads, 64 columns]
+    (wgmma's 128-byte swizzle), m_j [64]."""
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # (a ring of 1-d rows)
     codes_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BLOCK_T, DIMS], gl.SwizzledSharedLayout(16, 2, 4, [1, 0]))
     tail_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_T, DIMS], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
     scales_s = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_T], flat)
     p_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, HEADS, BLOCK_T],
                                     gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
     m_s = gl.allocate_shared_memory(gl.float32, [STAGES, HEADS], flat)
-    group = d0 // PK_BLOCK  # the programs' dims lie in one scale block (PK_BLOCK == DIMS)
-    scale_word = PK_SCALE_OFF + 4 * (group // 4)
-    shift = 8 * (group % 4)
-    tail = d0 >= PK_NQ  # this program's dims are the bf16 tail
-    # The first tiles' pool bytes before the wait (the scores pass writes none of them) ...
-    for s in gl.static_range(STAGES - 1):
-        if s < n_live:
-            if tail:
-                _request_pool(s, s, tok, hi, n_window, d0, win_ptr, cmp_ptr, idx_ptr, stride_it, stride_pool,
-                              scale_word, codes_s, tail_s, scales_s, True, PK_TAIL_OFF)
-            else:
-                _request_pool(s, s, tok, hi, n_window, d0, win_ptr, cmp_ptr, idx_ptr, stride_it, stride_pool,
-                              scale_word, codes_s, tail_s, scales_s, False, PK_TAIL_OFF)
-    heads_s = h0 + gl.arange(0, HEADS, layout=gl.SliceLayout(0, stats))
-    sink2 = gl.load(sink_ptr + heads_s, mask=heads_s < H, other=0.0) * 1.4426950408889634
-    if PDL:
-        gdc_wait()  # the scores pass's p, m and l are complete and visible past this point
-    # ... their p after it: group s = tile s's p (group 0 also every pool copy above)
-    for s in gl.static_range(STAGES - 1):
-        if s < n_live:
-            _request_p(s, s, tok, h0, H, p_ptr, m_ptr, stride_pt, stride_ph, stride_mt, stride_mj, p_s, m_s)
-        commit_group()
-    # The softmax's max and denominator over the live tiles' m_j, l_j and the sink.
-    ok = (tiles < n_live)[:, None] & (heads_s < H)[None, :]
-    ml = stride_mt * tok + tiles[:, None] * stride_mj + heads_s[None, :]
-    m_tiles = gl.load(m_ptr + ml, mask=ok, other=float("-inf"))
-    l_tiles = gl.load(l_ptr + ml, mask=ok, other=0.0)
-    m = gl.maximum(sink2, gl.max(m_tiles, axis=0))
-    denom = gl.sum(l_tiles * gl.exp2(m_tiles - m[None, :]), axis=0) + gl.exp2(sink2 - m)
-    m = gl.convert_layout(m, gl.SliceLayout(0, mma))
-    wait_group(STAGES - 2)  # tile 0 has landed
-    fence_async_shared()
-    _barrier()
-    if tail:
-        acc = _values_loop(n_live, m, tok, hi, n_window, d0, h0, H, win_ptr, cmp_ptr, idx_ptr, p_ptr, m_ptr,
-                           stride_it, stride_pool, stride_pt, stride_ph, stride_mt, stride_mj, scale_word, shift,
-                           codes_s, tail_s, scales_s, p_s, m_s, lk, a_op, mma, True, PK_TAIL_OFF, STAGES)
+    return codes_s, tail_s, scales_s, p_s, m_s
+
+
+@gluon.jit
+def _values_packed_gluon_kernel(
+    win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr, out_ptr,
+    H, C, n_window,
+    stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj, stride_ot, stride_oh,
+    HAS_COUNTS: gl.constexpr, BLOCK_J: gl.constexpr, PK_NQ: gl.constexpr, PK_BLOCK: gl.constexpr,
+    PK_TAIL_OFF: gl.constexpr, PK_SCALE_OFF: gl.constexpr, STAGES: gl.constexpr = 3, PDL: gl.constexpr = False,
+    WARPGROUPS: gl.constexpr = 1,
+):
+    """Grid (T, D / 64, cdiv(H, 64)); strides in elements (bytes for the pools). BLOCK_J: a power of two
+    >= the launch's tiles (the stats block). WARPGROUPS 2: the token's tiles alternate between two
+    warpgroups (warp-specialised partitions, a ring each), partition 1's sum handed to partition 0
+    through shared memory: each chain half as long."""
+    ptrs = (win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr, out_ptr)
+    sizes = (H, C, n_window)
+    strides = (stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj, stride_ot, stride_oh)
+    if WARPGROUPS == 1:
+        _program(0, 1, ptrs, sizes, strides, _ring(STAGES), None, HAS_COUNTS, BLOCK_J, PK_NQ, PK_BLOCK, PK_TAIL_OFF,
+                 PK_SCALE_OFF, STAGES, PDL)
     else:
-        acc = _values_loop(n_live, m, tok, hi, n_window, d0, h0, H, win_ptr, cmp_ptr, idx_ptr, p_ptr, m_ptr,
-                           stride_it, stride_pool, stride_pt, stride_ph, stride_mt, stride_mj, scale_word, shift,
-                           codes_s, tail_s, scales_s, p_s, m_s, lk, a_op, mma, False, PK_TAIL_OFF, STAGES)
-    out = acc / gl.convert_layout(denom, gl.SliceLayout(0, mma))[None, :]
-    r = gl.arange(0, DIMS, layout=gl.SliceLayout(1, mma))
-    dims = d0 + 16 * (r // 16) + 2 * (r % 8) + (r // 8) % 2
-    heads = h0 + gl.arange(0, HEADS, layout=gl.SliceLayout(0, mma))
-    gl.store(out_ptr + stride_ot * tok + heads[None, :] * stride_oh + dims[:, None], out.to(out_ptr.dtype.element_ty),
-             mask=(heads < H)[None, :])
+        partial = gl.allocate_shared_memory(gl.float32, [DIMS, HEADS], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(done, count=1)
+        ring0 = _ring(STAGES)
+        ring1 = _ring(STAGES)
+        # NOTE: constexprs go into the partitions' argument tuples directly (a tuple assigned to a name
+        # first turns its constexprs into tensors).
+        gl.warp_specialize([
+            (_program, (0, 2, ptrs, sizes, strides, ring0, (partial, done), HAS_COUNTS, BLOCK_J, PK_NQ, PK_BLOCK,
+                        PK_TAIL_OFF, PK_SCALE_OFF, STAGES, PDL)),
+            (_program, (1, 2, ptrs, sizes, strides, ring1, (partial, done), HAS_COUNTS, BLOCK_J, PK_NQ, PK_BLOCK,
+                        PK_TAIL_OFF, PK_SCALE_OFF, STAGES, PDL)),
+        ], [4], [WORKER_REGS])
 
 
 def values_gluon_applies(out: torch.Tensor, pk: dict, block_t: int, n_tiles: int, pools) -> bool:
@@ -272,9 +340,12 @@ def values_gluon_applies(out: torch.Tensor, pk: dict, block_t: int, n_tiles: int
             and all(pool.data_ptr() % 16 == 0 and pool.stride(-2) % 16 == 0 for pool in pools))
 
 
-def two_pass_values_gluon(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, pk):
+def two_pass_values_gluon(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, pk, warpgroups=1):
     """The values pass (sparse_attn_two_pass.two_pass_values' arguments, packed pools) by this kernel;
-    the caller checks `values_gluon_applies`. Writes and returns out [T, H, D]."""
+    the caller checks `values_gluon_applies`. warpgroups: the kernel's WARPGROUPS (1 or 2). Writes and
+    returns out [T, H, D]."""
+    if warpgroups not in (1, 2):
+        raise ValueError(f"warpgroups must be 1 or 2, got {warpgroups}")
     T, H, D = out.shape
     n_tiles = m.shape[1]
     _values_packed_gluon_kernel[(T, D // DIMS.value, triton.cdiv(H, HEADS.value))](
@@ -282,7 +353,8 @@ def two_pass_values_gluon(win, cmp, it, ct, sink, p, m, l, out, n_window, has_co
         win.stride(-2), it.stride(0), p.stride(0), p.stride(1), m.stride(0), m.stride(1), out.stride(0),
         out.stride(1),
         HAS_COUNTS=has_counts, BLOCK_J=triton.next_power_of_2(n_tiles), PK_NQ=pk["PK_NQ"], PK_BLOCK=pk["PK_BLOCK"],
-        PK_TAIL_OFF=pk["PK_TAIL_OFF"], PK_SCALE_OFF=pk["PK_SCALE_OFF"], STAGES=STAGES, num_warps=4,
+        PK_TAIL_OFF=pk["PK_TAIL_OFF"], PK_SCALE_OFF=pk["PK_SCALE_OFF"], STAGES=STAGES, WARPGROUPS=warpgroups,
+        num_warps=4, **(dict(maxnreg=MAX_REGS) if warpgroups == 2 else {}),
         **(dict(PDL=True, launch_pdl=True) if pdl else {}),
     )
     return out
