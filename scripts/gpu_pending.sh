@@ -44,7 +44,7 @@
 #   moe-c64 the MoE decode routes at c64 (tensor cores sort-free up to 1.5 E, the GEMV sorted), ~4 min
 #   spec    speculative verify on 30 layers, c1 / c8, k = 3, ~3 min (spec-zipf: Zipf(1) routing)
 #   rows32  the c8 k = 3 verify step under both 17..32-row FP8 rules (sum kernel / last program sums)
-#   gluon22 the packed values pass in Gluon: its GPU tests, then the fp8kv B8 sweeps (rows and passes)
+#   gluon22 the packed two-pass kernels in Gluon: their GPU tests, then the fp8kv B8 sweeps (rows and passes)
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
@@ -153,8 +153,8 @@ for stage in "$@"; do
     topk-live)  # the top-k over a row's live prefix (n_live) against the whole row, ~1 min
       run 120 "$log" $PY -m v4serve.bench.kernel_configs 'index topk live'
       ;;
-    gluon22)  # session 22: the packed values pass in Gluon (tests, then the B8 rows and passes with it)
-      pytest_group "$log" tests/ops/test_packed_kernels_gpu.py -k "gluon"
+    gluon22)  # session 22: the packed two-pass kernels in Gluon (tests, then the B8 rows and passes with them)
+      pytest_group "$log" tests/ops/test_packed_kernels_gpu.py -k gluon
       pytest_group "$log" tests/ops/test_mxfp4_moe_mma.py -k dependent  # (its PDL helpers moved to ops/gluon_pdl.py)
       for r in 4 128 0; do run 60 "$log" $PY -m v4serve.bench.kernel_configs "fp8kv r$r B8"; done
       ;;

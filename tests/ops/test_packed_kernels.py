@@ -243,10 +243,11 @@ B8_VARIANTS = {
     "values kv lhs dv64 h32": dict(BLOCK_DV=64, VALUE_BLOCK_H=32, KV_OPERAND=2),
     "values kv lhs dv64 h64": dict(BLOCK_DV=64, KV_OPERAND=2),
     "scores 4 warps": dict(SCORES=dict(num_warps=4, num_stages=1)),
-    # the Gluon values pass (sm_90 only: Gluon does not run in the interpreter, so this checks that the
-    # variant's launch falls back to the `tl` values pass wherever the Gluon kernel does not apply)
+    # the Gluon values and scores passes (sm_90 only: Gluon does not run in the interpreter, so these check
+    # that the variants' launches fall back to the `tl` passes wherever the Gluon kernels do not apply)
     "values gluon": dict(VALUES_KERNEL="gluon"),
     "values gluon 2wg": dict(VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2),
+    "scores gluon": dict(SCORES_KERNEL="gluon"),
 }
 
 

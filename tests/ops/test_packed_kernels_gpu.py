@@ -34,6 +34,7 @@ from v4serve.formats import row_format
 from v4serve.ops.sparse_attn import sparse_attn_paged
 from v4serve.ops.sparse_attn_triton import (
     DECODE_CONFIG_SMALL_PACKED_SLICED, decode_config, prefill_config, sparse_attn_paged_triton)
+from v4serve.ops.sparse_attn_scores_gluon import scores_gluon_applies
 from v4serve.ops.sparse_attn_values_gluon import values_gluon_applies
 
 pytestmark = pytest.mark.gpu
@@ -121,7 +122,9 @@ VARIANT_TILES = {"PREFETCH": dict(PREFETCH=True), "tail programs": dict(TAIL_PRO
                  "scores 4 warps": dict(SCORES=dict(num_warps=4, num_stages=1)),
                  # Session 22: the values pass in Gluon (a cp.async ring, the tile as wgmma's register operand)
                  "values gluon": dict(VALUES_KERNEL="gluon"),
-                 "values gluon 2wg": dict(VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2)}
+                 "values gluon 2wg": dict(VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2),
+                 "scores gluon": dict(SCORES_KERNEL="gluon"),
+                 "both gluon 2wg": dict(SCORES_KERNEL="gluon", VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2)}
 VARIANTS = [(name, variant) for name in DECODE_SHAPES for variant in VARIANT_TILES if "B1" not in name]
 
 
@@ -280,15 +283,20 @@ def test_index_scores_over_packed_keys_match_the_bf16_kernel_over_unpacked_keys(
     assert rel_err(out[finite], ref[finite]) < 1e-5, f"{name}: max |diff| {(out - ref)[finite].abs().max():.3g}"
 
 
-@pytest.mark.parametrize("warpgroups", [1, 2])
-def test_gluon_values_pass_at_edges_is_the_tl_values_pass(warpgroups):
-    """The Gluon values pass (VALUES_KERNEL "gluon") where the PR shapes do not go: 128 heads (two head
-    blocks), tokens with fewer live tiles than the ring's stages (1 and 2), one past the ring, a hole in
-    every column (out exactly 0, as the `tl` kernel gives), holes inside a tile; against the production
-    `tl` values pass over the same packed rows within fp32 summation order, and the all-hole token bit
-    for bit; over one warpgroup a program and over two (a token's tiles alternating between them: one
-    live tile leaves the second with none). Also checks the launch took the Gluon kernel (its rule on
-    this device)."""
+GLUON_PASSES = {"values": dict(VALUES_KERNEL="gluon"), "values 2wg": dict(VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2),
+                "scores": dict(SCORES_KERNEL="gluon"),
+                "both 2wg": dict(SCORES_KERNEL="gluon", VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2)}
+
+
+@pytest.mark.parametrize("passes", list(GLUON_PASSES))
+def test_gluon_passes_at_edges_are_the_tl_passes(passes):
+    """The Gluon passes (VALUES_KERNEL / SCORES_KERNEL "gluon") where the PR shapes do not go: 128 heads
+    (two head blocks), tokens with fewer live tiles than the values ring's stages (1 and 2), one past the
+    ring, a hole in every column (out exactly 0, as the `tl` kernels give), holes inside a tile, tiles
+    past a token's bound (the scores pass skips them); against the production `tl` passes over the same
+    packed rows within fp32 summation order, and the all-hole token bit for bit; the values pass over
+    one warpgroup a program and over two (a token's tiles alternating between them: one live tile leaves
+    the second with none). Also checks that both Gluon kernels apply on this device."""
     g = torch.Generator(device="cuda").manual_seed(22)
     T, H, D, n_window, C = 5, 128, 512, 128, 320
     q = torch.randn(T, 1, H, D, generator=g, device="cuda").bfloat16()
@@ -310,8 +318,9 @@ def test_gluon_values_pass_at_edges_is_the_tl_values_pass(warpgroups):
     pk = dict(PACKED=True, **packed_constexprs(fmt, D))
     out_probe = torch.empty(T, H, D, dtype=torch.bfloat16, device="cuda")
     assert values_gluon_applies(out_probe, pk, tiles["BLOCK_T"], C // tiles["BLOCK_T"], (pw, pc))
+    assert scores_gluon_applies(q.reshape(T, H, D), pk, tiles["BLOCK_T"], (pw, pc))
     out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.04, counts[:, None], row_format=fmt,
-                                   tile_config=dict(tiles, VALUES_KERNEL="gluon", VALUE_WARPGROUPS=warpgroups))
+                                   tile_config=dict(tiles, **GLUON_PASSES[passes]))
     ref = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.04, counts[:, None], row_format=fmt,
                                    tile_config=dict(tiles))
     assert not out.isnan().any() and ref[1:].abs().amax() > 0

@@ -94,6 +94,12 @@ PACKED_B8_VARIANTS = {
     "values gluon": dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUES_KERNEL="gluon"),
     # ... with a token's tiles alternating between two warp-specialised warpgroups (a ring each)
     "values gluon 2wg": dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2),
+    # the scores pass in Gluon (ops/sparse_attn_scores_gluon.py: each 64-channel block's MMA issued while
+    # the next block dequantizes), alone and with either values pass
+    "scores gluon": dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES_KERNEL="gluon"),
+    "both gluon": dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES_KERNEL="gluon", VALUES_KERNEL="gluon"),
+    "both gluon 2wg": dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES_KERNEL="gluon", VALUES_KERNEL="gluon",
+                           VALUE_WARPGROUPS=2),
 }
 PACKED_DECODE_B8_CANDIDATES = [
     None,  # two-pass: whole-tile scores over 8 warps (sm_90); the values pass dequantizes its dims again

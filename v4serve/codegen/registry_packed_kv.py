@@ -294,3 +294,23 @@ PACKED_KV_KERNELS += tuple(
     )
     for warpgroups in (1, 2)  # WARPGROUPS 2: the tiles alternate between two warp-specialised warpgroups
 )
+
+# The two-pass scores pass over packed rows in Gluon (ops/sparse_attn_scores_gluon.py, sm_90 only; a
+# sweep variant, `SCORES_KERNEL="gluon"`): the tile's bytes in one round of 16-byte loads, each 64-channel
+# block dequantized, stored and its MMA issued asynchronously while the next converts; Q by cp.async.
+PACKED_KV_KERNELS += (
+    KernelSpec(
+        "sparse_attn.two_pass_scores_fp8kv_gluon_pdl", f"{_OPS}.sparse_attn_scores_gluon:_scores_packed_gluon_kernel",
+        types=dict(q_ptr="*bf16", win_ptr="*u8", cmp_ptr="*u8", idx_ptr="*i32", counts_ptr="*i32", sink_ptr="*fp32",
+                   p_ptr="*bf16", m_ptr="*fp32", l_ptr="*fp32", H="i32", C="i32", n_window="i32",
+                   qk_scale_log2="fp32", **dict.fromkeys(("stride_qt", "stride_qh", "stride_pool", "stride_it",
+                                                          "stride_pt", "stride_ph", "stride_mt", "stride_mj"), "i32")),
+        aligned=("q_ptr", "win_ptr", "cmp_ptr", "idx_ptr", "counts_ptr", "sink_ptr", "p_ptr", "m_ptr", "l_ptr", "H",
+                 "C", "n_window", "stride_qt", "stride_qh", "stride_pool", "stride_it", "stride_pt", "stride_ph",
+                 "stride_mt", "stride_mj"),
+        constexprs=dict(HAS_COUNTS=True, PK_NQ=_FP8["PK_NQ"], PK_TAIL_OFF=_FP8["PK_TAIL_OFF"],
+                        PK_SCALE_OFF=_FP8["PK_SCALE_OFF"], PDL=True),
+        archs=(90,), num_warps=4, num_stages=1,
+        expect=Expect(tensor_cores=True, kv_load_bytes=16, kv_lines=r"codes = codes \+|tail = gl\.load"),
+    ),
+)

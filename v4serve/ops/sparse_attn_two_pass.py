@@ -71,6 +71,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from v4serve.ops._dispatch import compiled_on_cuda
 from v4serve.ops.kv_pack_triton import dequantize_packed, load_packed, load_packed_bytes
 from v4serve.ops.sparse_attn_tiles import bf16_operand_boundary, column_bound, load_rows, row_pointers
+from v4serve.ops.sparse_attn_scores_gluon import scores_gluon_applies, two_pass_scores_gluon
 from v4serve.ops.sparse_attn_values_gluon import two_pass_values_gluon, values_gluon_applies
 
 _PK_PARAMS = ("PK_NQ", "PK_BLOCK", "PK_TAIL_OFF", "PK_SCALE_OFF", "PK_HAS_TAIL", "PK_FP8_CVT")
@@ -458,7 +459,8 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
     value; default False), KV_OPERAND (packed rows, the plain values loop: how a values program feeds
     its dequantized tile to the dot, KV_BOUNDARY / KV_LHS flags; default 0), VALUES_KERNEL ("gluon":
     the values pass over packed rows by sparse_attn_values_gluon.py where it applies, sm_90, over
-    VALUE_WARPGROUPS 1 or 2 warpgroups a program; default the `tl` kernel), and the launch options
+    VALUE_WARPGROUPS 1 or 2 warpgroups a program; default the `tl` kernel), SCORES_KERNEL ("gluon": the
+    scores pass over packed rows by sparse_attn_scores_gluon.py where it applies, sm_90), and the launch options
     of each pass as SCORES / VALUES =
     dict(num_warps=..., num_stages=...). pk: PACKED and the PK_* constexprs
     (kv_pack_triton.packed_constexprs) for packed pools, None / {} for bf16 pools."""
@@ -469,8 +471,9 @@ def sparse_attn_two_pass(qt, win, cmp, it, ct, sink, out, n_window, qk_scale_log
 def two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_counts, pdl, cfg, pk):
     """The scores pass alone (sparse_attn_two_pass's arguments): p [T, H, n_tiles * BLOCK_T] bf16,
     m and l [T, n_tiles, H] fp32, and rows: the dequantized tiles [T, n_tiles * BLOCK_T, D] bf16
-    (cfg UNPACKED_ROWS over packed rows; only the live tiles written) or None."""
-    pk = _launch_pk(pk)
+    (cfg UNPACKED_ROWS over packed rows; only the live tiles written) or None. cfg["SCORES_KERNEL"] ==
+    "gluon": the Gluon kernel over packed pools where it applies (`scores_gluon_applies`)."""
+    packed, pk = pk, _launch_pk(pk)
     T, H, D = qt.shape
     C = it.shape[1]
     block_t, block_h = cfg["BLOCK_T"], cfg["BLOCK_H"]
@@ -483,6 +486,10 @@ def two_pass_scores(qt, win, cmp, it, ct, sink, n_window, qk_scale_log2, has_cou
     p = torch.empty(T, H, n_tiles * block_t, dtype=torch.bfloat16, device=qt.device)
     m = torch.empty(T, n_tiles, H, dtype=torch.float32, device=qt.device)
     l = torch.empty_like(m)
+    if (cfg.get("SCORES_KERNEL") == "gluon" and not store_rows
+            and scores_gluon_applies(qt, packed, block_t, (win, cmp))):
+        two_pass_scores_gluon(qt, win, cmp, it, ct, sink, p, m, l, n_window, qk_scale_log2, has_counts, pdl, packed)
+        return p, m, l, None
     rows = torch.empty(T, n_tiles * block_t, D, dtype=torch.bfloat16, device=qt.device) if store_rows else None
     _scores_kernel[(T, n_tiles, triton.cdiv(H, block_h))](
         qt, win, cmp, it, ct, sink, p, m, l, p if rows is None else rows,
