@@ -287,7 +287,7 @@ PACKED_KV_KERNELS += tuple(
                  "C", "n_window", "stride_pool", "stride_it", "stride_pt", "stride_ph", "stride_mt", "stride_mj",
                  "stride_ot", "stride_oh"),
         constexprs=dict(HAS_COUNTS=True, BLOCK_J=16, PK_NQ=_FP8["PK_NQ"], PK_BLOCK=_FP8["PK_BLOCK"],
-                        PK_TAIL_OFF=_FP8["PK_TAIL_OFF"], PK_SCALE_OFF=_FP8["PK_SCALE_OFF"], STAGES=3, PDL=True,
+                        PK_TAIL_OFF=_FP8["PK_TAIL_OFF"], PK_SCALE_OFF=_FP8["PK_SCALE_OFF"], STAGES=4, PDL=True,
                         WARPGROUPS=warpgroups),
         archs=(90,), num_warps=4, num_stages=1, maxnreg=VALUES_GLUON_MAX_REGS if warpgroups == 2 else None,
         expect=Expect(tensor_cores=True, max_regs=VALUES_GLUON_MAX_REGS),

@@ -19,10 +19,11 @@ not pipeline a load that feeds arithmetic before the dot; here the ring is ours:
   it computes the transposed product out^T [dims, heads] = sum_j f_j kv_j^T p_j^T, so the dequantized
   tile is wgmma's A operand, which wgmma reads from registers (no shared-memory store, no fence), and
   p_j^T is its B operand straight from the cp.async'd p tile;
-- a ring of STAGES shared-memory stages holds tiles j+1 .. j+STAGES-1's bytes (codes [64 columns, 64
-  bytes] + the scale word of each column, or the tail [64 columns, 64 bf16]), their p tiles [64
-  heads, 64 columns] and maxima m_j [64 heads] while tile j converts: the gathers of a tile are issued
-  STAGES - 1 tiles before it is read, and their latency overlaps the conversions and MMAs between.
+- a ring of STAGES (4) shared-memory stages holds the tiles' bytes (codes [64 columns, 64 bytes] + the
+  scale word of each column, or the tail [64 columns, 64 bf16]), their p tiles [64 heads, 64 columns]
+  and maxima m_j [64 heads]: a tile's gathers are issued STAGES - 1 tiles before its wgmma, and their
+  latency overlaps the conversions and MMAs between;
+- tile j's wgmma runs while tile j + 1 converts (it is waited for after that conversion).
 
 Layouts (4 warps = one warpgroup). wgmma's A fragment [64 rows, 64 k] gives thread (warp w, lane 4g
 + t) rows 16w + g and 16w + g + 8 and, in each k16 step, k = 2t, 2t + 1, 2t + 8, 2t + 9. Row r of A
@@ -35,20 +36,21 @@ fragment after the logical reshape [columns, (w, g, u)] -> [(w, u, g), columns]:
 dot operand moves no data. The codes' stages are swizzled in 16-byte chunks by (row // 2) % 4, so the
 four columns a warp's lanes read (2t: even rows, 64 bytes apart) hit four chunks: no bank conflicts.
 
-Per tile j, in a program's loop: request tile j + STAGES - 1 (its idx entries from L1: the prologue
-read the token's idx row whole; codes / tail and scale words of its pool rows, holes zero-filled; its
-p tile and its maxima m_j) into the stage tile j - 1 used; convert tile j from its stage; one m64n64k64
-wgmma (4 k16 steps, p^T from shared memory); acc += 2^(m_j - m) part; then wait until tile j + 1 has
-landed, fence it for the async proxy and pass a barrier (tile j's stage is free for the next
-request). The prologue reads the live tiles' m_j and l_j for the softmax's max m and denominator. With
-PDL (the scores pass launched before this one): the idx row and the first tiles' pool bytes are
-requested before griddepcontrol.wait, p, m and l after it.
+Per tile j, in a program's loop (tile j converted by the iteration before): request tile j + 3 (its idx
+entries from L1: the prologue read the token's idx row whole; codes / tail and scale words of its pool
+rows, holes zero-filled; its p tile and its maxima m_j) into the stage tile j - 1 used; issue tile j's
+m64n64k64 wgmma (4 k16 steps, p^T from shared memory) asynchronously; convert tile j + 1 from its stage
+meanwhile; wait for the wgmma; acc += 2^(m_j - m) part; then wait until tile j + 2 has landed, fence it
+for the async proxy and pass a barrier (tile j's stage is free for the next request). The prologue
+reads the live tiles' m_j and l_j for the softmax's max m and denominator. With PDL (the scores pass
+launched before this one): the idx row and the first tiles' pool bytes are requested before
+griddepcontrol.wait, p, m and l after it.
 
 WARPGROUPS 2 (sweep variant `VALUE_WARPGROUPS=2`): a program's tiles alternate between two warpgroups,
 warp-specialised partitions with a ring each (tiles 0, 2, 4, ... and 1, 3, 5, ...), so each chain of
 dependent tiles is half as long and each scheduler has two warps to issue from; partition 1 hands its
 sum to partition 0 through shared memory (an mbarrier), which adds it and writes the output. 232
-registers a thread (maxnreg; 256 threads), 142 KB of shared memory.
+registers a thread (maxnreg; 256 threads), 182 KB of shared memory (one warpgroup: 168, 83 KB).
 
 Numerics: the same dequantized values and products as the `tl` values pass; each tile's dot sums its 64
 columns in the same k16 steps with the operands' roles swapped (as `KV_OPERAND=KV_LHS`: within fp32
@@ -63,7 +65,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.ampere.async_copy import commit_group, wait_group
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
 
 from v4serve.ops._dispatch import compiled_on_cuda
 from v4serve.ops.gluon_pdl import gdc_wait
@@ -75,7 +78,7 @@ _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 BLOCK_T = gl.constexpr(64)  # columns a tile: the two-pass tile (wgmma's K)
 DIMS = gl.constexpr(64)  # output dims a program: one scale block of codes or the bf16 tail (wgmma's M)
 HEADS = gl.constexpr(64)  # heads a program (wgmma's N)
-STAGES = 3
+STAGES = 4  # tiles i - 1 (being refilled), i (its wgmma), i + 1 (converting), i + 2 (landed or landing)
 MAX_TILES = 32  # the tiles whose softmax stats a program reads at once (sparse_attn_two_pass.VALUES_MAX_TILES)
 # WARPGROUPS 2: registers per thread of the kernel (maxnreg) and of the worker partition
 MAX_REGS = 232
@@ -158,16 +161,20 @@ def _values_loop(PART: gl.constexpr, NP: gl.constexpr, n_own, m, tok, hi, d0, h0
                  shift, ring, lk: gl.constexpr, a_op: gl.constexpr, mma: gl.constexpr, TAIL: gl.constexpr,
                  PK_TAIL_OFF: gl.constexpr, STAGES: gl.constexpr):
     """sum_j f_j kv_j^T p_j^T [64 dims (A's rows), 64 heads] over this partition's n_own tiles (j = PART,
-    PART + NP, ...), f_j = 2^(m_j - m) (m: the softmax's max, in the heads' layout); its first STAGES - 1
-    tiles are requested (and the first has landed) when it starts."""
+    PART + NP, ...), f_j = 2^(m_j - m) (m: the softmax's max, in the heads' layout). Its first STAGES - 1
+    tiles are requested, and the first two have landed, when it starts. Iteration i: request own tile
+    i + STAGES - 1 (into tile i - 1's stage), issue tile i's wgmma (its operand converted the iteration
+    before), convert tile i + 1 while it runs, wait for it, add f_i times it; then tile i + 2 has landed
+    and a barrier closes the iteration."""
     win_ptr, cmp_ptr, idx_ptr, p_ptr, m_ptr = ptrs
     H, n_window = sizes
     stride_it, stride_pool, stride_pt, stride_ph, stride_mt, stride_mj = strides
     codes_s, tail_s, scales_s, p_s, m_s = ring
     acc = gl.zeros([DIMS, HEADS], gl.float32, mma)
     zero = gl.zeros([DIMS, HEADS], gl.float32, mma)
+    a = _tile_operand(0, codes_s, tail_s, scales_s, shift, lk, a_op, TAIL)  # (unused when n_own is 0)
     for i in range(n_own):
-        ahead = i + STAGES - 1  # into the stage own tile i - 1 read (every thread passed its barrier)
+        ahead = i + STAGES - 1
         if ahead < n_own:
             _request_pool(PART + NP * ahead, ahead % STAGES, tok, hi, n_window, d0, win_ptr, cmp_ptr, idx_ptr,
                           stride_it, stride_pool, scale_word, codes_s, tail_s, scales_s, TAIL, PK_TAIL_OFF)
@@ -175,11 +182,16 @@ def _values_loop(PART: gl.constexpr, NP: gl.constexpr, n_own, m, tok, hi, d0, h0
                        stride_mj, p_s, m_s)
         commit_group()  # (an empty group past the last tile keeps the count)
         stage = i % STAGES
-        a = _tile_operand(stage, codes_s, tail_s, scales_s, shift, lk, a_op, TAIL)
-        part = warpgroup_mma(a, p_s.index(stage).permute((1, 0)), zero, use_acc=False)
+        part = warpgroup_mma(a, p_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
         f = gl.exp2(m_s.index(stage).load(gl.SliceLayout(0, mma)) - m)
+        if i + 1 < n_own:
+            a_next = _tile_operand((i + 1) % STAGES, codes_s, tail_s, scales_s, shift, lk, a_op, TAIL)
+        else:
+            a_next = a
+        part, a = warpgroup_mma_wait(num_outstanding=0, deps=(part, a))
         acc = acc + part * f[None, :]
-        wait_group(STAGES - 2)  # own tile i + 1 has landed (this thread's copies) ...
+        a = a_next
+        wait_group(STAGES - 3)  # own tile i + 2 has landed (this thread's copies) ...
         fence_async_shared()  # ... for wgmma's async-proxy reads too
         _barrier()  # every thread's copies (of this partition); tile i's stage free for the next request
     return acc
@@ -219,7 +231,7 @@ def _program(PART: gl.constexpr, NP: gl.constexpr, ptrs, sizes, strides, ring, e
     scale_word = PK_SCALE_OFF + 4 * (group // 4)
     shift = 8 * (group % 4)
     tail = d0 >= PK_NQ  # this program's dims are the bf16 tail
-    # The first own tiles' pool bytes before the wait (the scores pass writes none of them) ...
+    # The first STAGES - 1 own tiles' pool bytes before the wait (the scores pass writes none of them) ...
     for s in gl.static_range(STAGES - 1):
         if s < n_own:
             if tail:
@@ -247,7 +259,7 @@ def _program(PART: gl.constexpr, NP: gl.constexpr, ptrs, sizes, strides, ring, e
         l_tiles = gl.load(l_ptr + ml, mask=ok, other=0.0)
         denom = gl.sum(l_tiles * gl.exp2(m_tiles - m[None, :]), axis=0) + gl.exp2(sink2 - m)
     m = gl.convert_layout(m, gl.SliceLayout(0, mma))
-    wait_group(STAGES - 2)  # own tile 0 has landed
+    wait_group(STAGES - 3)  # own tiles 0 and 1 have landed
     fence_async_shared()
     _barrier()
     loop_ptrs = (win_ptr, cmp_ptr, idx_ptr, p_ptr, m_ptr)
@@ -297,7 +309,7 @@ def _values_packed_gluon_kernel(
     H, C, n_window,
     stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj, stride_ot, stride_oh,
     HAS_COUNTS: gl.constexpr, BLOCK_J: gl.constexpr, PK_NQ: gl.constexpr, PK_BLOCK: gl.constexpr,
-    PK_TAIL_OFF: gl.constexpr, PK_SCALE_OFF: gl.constexpr, STAGES: gl.constexpr = 3, PDL: gl.constexpr = False,
+    PK_TAIL_OFF: gl.constexpr, PK_SCALE_OFF: gl.constexpr, STAGES: gl.constexpr = 4, PDL: gl.constexpr = False,
     WARPGROUPS: gl.constexpr = 1,
 ):
     """Grid (T, D / 64, cdiv(H, 64)); strides in elements (bytes for the pools). BLOCK_J: a power of two
