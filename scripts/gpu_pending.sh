@@ -156,7 +156,7 @@ for stage in "$@"; do
     gluon22)  # session 22: the packed two-pass kernels in Gluon (tests, then the B8 rows and passes with them)
       pytest_group "$log" tests/ops/test_packed_kernels_gpu.py -k gluon
       pytest_group "$log" tests/ops/test_mxfp4_moe_mma.py -k dependent  # (its PDL helpers moved to ops/gluon_pdl.py)
-      for r in 4 128 0; do run 60 "$log" $PY -m v4serve.bench.kernel_configs "fp8kv r$r B8"; done
+      for r in 4 128 0; do run 150 "$log" $PY -m v4serve.bench.kernel_configs "fp8kv r$r B8"; done
       ;;
     chain)  # session 21: the MoE's launches as one chain of dependent launches
       pytest_group "$log" tests/ops/test_mxfp4_moe_mma.py -k dependent

@@ -82,20 +82,18 @@ PACKED_DECODE_B1_CANDIDATES = [
 # transposed dot (out^T = kv^T p^T; wgmma reads A from registers) at 64 dims for 32 or 64 heads. The
 # whole-tile scores pass over 4 warps: one warpgroup of m64n64 wgmma steps, where 8 warps run two
 # m64n32 warpgroups that each read all of Q (the A operand) from shared memory at every k step.
+# Measured in session 16 (`sweeps-b`): none faster than production (best 13.59 against 13.35 µs at r4),
+# so the sweep no longer runs them; their tile-config keys stay in the launcher (VALUE_BLOCK_H=32,
+# KV_OPERAND=1 / 2, BLOCK_DV=64, SCORES=dict(num_warps=4, num_stages=1)) and their GPU tests in
+# tests/ops/test_packed_kernels_gpu.py.
+# Session 22: the two passes in Gluon. Values (ops/sparse_attn_values_gluon.py): the tiles' bytes, p and
+# m_j in a cp.async ring, the dequantized tile as wgmma's register operand of the transposed dot, each
+# tile's MMA behind the next tile's conversion; "2wg": a token's tiles alternating between two
+# warp-specialised warpgroups (a ring each). Scores (ops/sparse_attn_scores_gluon.py): each 64-channel
+# block's MMA issued while the next block dequantizes.
 PACKED_B8_VARIANTS = {
-    "values h32 mma.sync": dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUE_BLOCK_H=32, KV_OPERAND=1),
-    "values kv lhs dv64 h32": dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=64, VALUE_BLOCK_H=32, KV_OPERAND=2),
-    "values kv lhs dv64 h64": dict(DECODE_CONFIG_TWO_PASS_PACKED, BLOCK_DV=64, KV_OPERAND=2),
-    "scores 4 warps": dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES=dict(num_warps=4, num_stages=1)),
-    "scores 4 warps + values h32 mma.sync": dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES=dict(num_warps=4, num_stages=1),
-                                                VALUE_BLOCK_H=32, KV_OPERAND=1),
-    # Session 22: the values pass in Gluon (ops/sparse_attn_values_gluon.py: the tiles' bytes and p in a
-    # cp.async ring, the dequantized tile as wgmma's register operand of the transposed dot)
     "values gluon": dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUES_KERNEL="gluon"),
-    # ... with a token's tiles alternating between two warp-specialised warpgroups (a ring each)
     "values gluon 2wg": dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2),
-    # the scores pass in Gluon (ops/sparse_attn_scores_gluon.py: each 64-channel block's MMA issued while
-    # the next block dequantizes), alone and with either values pass
     "scores gluon": dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES_KERNEL="gluon"),
     "both gluon": dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES_KERNEL="gluon", VALUES_KERNEL="gluon"),
     "both gluon 2wg": dict(DECODE_CONFIG_TWO_PASS_PACKED, SCORES_KERNEL="gluon", VALUES_KERNEL="gluon",
@@ -107,7 +105,7 @@ PACKED_DECODE_B8_CANDIDATES = [
     # the scores pass writes its dequantized tiles as bf16 rows; the values pass is the bf16 loop over them
     dict(DECODE_CONFIG_TWO_PASS_PACKED, UNPACKED_ROWS=True),
     dict(KERNEL="unpack", INNER=DECODE_CONFIG_TWO_PASS),  # every column unpacked first, then the bf16 launch
-    # Session 14 (issue 17): no async-proxy fence per values tile, and one warpgroup in the scores pass
+    # Session 22 (issue 17): the two passes in Gluon
     *PACKED_B8_VARIANTS.values(),
     "bf16 rows",
     None,
@@ -267,7 +265,7 @@ def _pass_times(label, case):
         times += [do_bench_cudagraph(f, rep=30, return_mode="median") * 1e3 for f in (scores, values)]
     print(f"{label:20s} passes: scores {times[0]:.2f} (bf16 rows) / {times[2]:.2f} (packed) / {times[4]:.2f} "
           f"(packed, unpacked_rows) µs, values {times[1]:.2f} / {times[3]:.2f} / {times[5]:.2f} µs", flush=True)
-    for name, cfg in PACKED_B8_VARIANTS.items():  # session 14's variants, each pass alone as above
+    for name, cfg in PACKED_B8_VARIANTS.items():  # session 22's variants, each pass alone as above
         scores = lambda: two_pass_scores(qt, pw, pc, it, ct, sink, n_window, qk, True, pdl, cfg, packed)  # noqa: E731
         p, m, l, _ = scores()
         values = lambda: two_pass_values(pw, pc, it, ct, sink, p, m, l, out, n_window, True, pdl, cfg,  # noqa: E731
