@@ -45,10 +45,11 @@
 #   spec    speculative verify on 30 layers, c1 / c8, k = 3, ~3 min (spec-zipf: Zipf(1) routing)
 #   rows32  the c8 k = 3 verify step under both 17..32-row FP8 rules (sum kernel / last program sums)
 #   gluon22 the packed two-pass kernels in Gluon: their GPU tests, then the fp8kv B8 sweeps (rows and passes)
+#   ncu22   Nsight Compute on those kernels at r4 B8 (ncu_gluon_*.txt: sections + stall samples), ~4 min
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|tests20|tests21|rows21|chain|rows19|rows20|rows20b|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|c64|moe-c64|spec|spec-zipf|rows32|gluon22 ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|tests20|tests21|rows21|chain|rows19|rows20|rows20b|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|c64|moe-c64|spec|spec-zipf|rows32|gluon22|ncu22 ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -157,6 +158,12 @@ for stage in "$@"; do
       pytest_group "$log" tests/ops/test_packed_kernels_gpu.py -k gluon
       pytest_group "$log" tests/ops/test_mxfp4_moe_mma.py -k dependent  # (its PDL helpers moved to ops/gluon_pdl.py)
       for r in 4 128 0; do run 150 "$log" $PY -m v4serve.bench.kernel_configs "fp8kv r$r B8"; done
+      ;;
+    ncu22)  # session 22: Nsight Compute on the Gluon passes at r4 B8 (where their time goes, if they lose)
+      run 500 "$log" scripts/gpu_ncu.sh \
+        'gluon_values|decode fp8kv r4 B8|_values_packed_gluon_kernel|1|{"VALUES_KERNEL": "gluon"}' \
+        'gluon_values_2wg|decode fp8kv r4 B8|_values_packed_gluon_kernel|1|{"VALUES_KERNEL": "gluon", "VALUE_WARPGROUPS": 2}' \
+        'gluon_scores|decode fp8kv r4 B8|_scores_packed_gluon_kernel|1|{"SCORES_KERNEL": "gluon"}'
       ;;
     chain)  # session 21: the MoE's launches as one chain of dependent launches
       pytest_group "$log" tests/ops/test_mxfp4_moe_mma.py -k dependent
