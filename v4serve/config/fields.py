@@ -11,7 +11,7 @@ class ConfigError(ValueError):
     """A config.json field is missing, has the wrong type or contradicts another field."""
 
 
-def _number(value: Any, name: str, kind: type[int] | type[float] = float) -> Any:
+def number_field(value: Any, name: str, kind: type[int] | type[float] = float) -> Any:
     """`value` as a `kind` (int or float), or a ConfigError naming the field. Only JSON numbers pass
     (an int field takes only ints): a string or bool that happens to convert is a typo, not a
     setting, and `float("abc")` would fail with no field name."""
@@ -22,9 +22,9 @@ def _number(value: Any, name: str, kind: type[int] | type[float] = float) -> Any
     return kind(value)
 
 
-def _positive(value: Any, name: str, kind: type[int] | type[float] = float) -> Any:
+def positive_field(value: Any, name: str, kind: type[int] | type[float] = float) -> Any:
     """`value` as a `kind` that is > 0, or a ConfigError naming the field."""
-    number = _number(value, name, kind)
+    number = number_field(value, name, kind)
     if number <= 0:
         raise ConfigError(f"config field `{name}` must be a positive {'integer' if kind is int else 'number'}, "
                           f"got {value!r}")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from v4serve.config.fields import ConfigError, _number, _positive
+from v4serve.config.fields import ConfigError, number_field, positive_field
 from v4serve.config.geometry import CSA, HCA, LAYER_TYPES, MLP_LAYER_TYPES, SLIDING, YarnScaling
 from v4serve.config.quantization import QuantConfig
 from v4serve.config.spellings import read_raw, resolve_fields
@@ -83,15 +83,15 @@ class ModelConfig:
             "max_position_embeddings",
         )
         for name in positive:
-            _positive(getattr(self, name), name, int)
+            positive_field(getattr(self, name), name, int)
         # `swiglu_limit` too: the experts always clamp, there is no "no limit" spelling (a missing
         # field is transformers' default, 10).
         for name in ("routed_scaling_factor", "swiglu_limit", "hc_eps", "rms_norm_eps", "rope_theta",
                      "compress_rope_theta"):
-            _positive(getattr(self, name), name)
+            positive_field(getattr(self, name), name)
         token_ids = (("bos_token_id", self.bos_token_id), *(("eos_token_id", t) for t in self.eos_token_ids))
         for name, value in (("n_shared_experts", self.n_shared_experts), *token_ids):
-            if _number(value, name, int) < 0:
+            if number_field(value, name, int) < 0:
                 raise ConfigError(f"config field `{name}` must be a non-negative integer, got {value!r}")
         n = self.num_hidden_layers
         for name in ("layer_types", "compress_ratios", "mlp_layer_types"):

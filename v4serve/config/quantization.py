@@ -7,12 +7,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from v4serve.config.fields import ConfigError, _positive
+from v4serve.config.fields import ConfigError, positive_field
 
 if TYPE_CHECKING:
     from v4serve.config.model_config import ModelConfig
 
-_QUANT_FIELDS = ("quantization_config", "expert_dtype")
+QUANT_FIELDS = ("quantization_config", "expert_dtype")
 EXPERT_DTYPES = ("fp4", "fp8", "bf16")
 # `quantization=` values (vLLM's argument name): None = what config.json says.
 QUANTIZATION_CHOICES = ("fp8", "fp8-reference", "none")
@@ -49,11 +49,11 @@ class QuantConfig:
             raise ConfigError(f"config field `quantization_config.weight_block_size` must be [bn, bk], "
                               f"got {list(self.weight_block_size)!r}")
         for i, b in enumerate(self.weight_block_size):
-            _positive(b, f"quantization_config.weight_block_size[{i}]", int)
+            positive_field(b, f"quantization_config.weight_block_size[{i}]", int)
         if self.expert_dtype not in EXPERT_DTYPES:
             raise ConfigError(f"config field `expert_dtype` = {self.expert_dtype!r} is not one of {EXPERT_DTYPES}")
         if self.act_block is not None:
-            _positive(self.act_block, "act_block", int)
+            positive_field(self.act_block, "act_block", int)
 
     @classmethod
     def from_raw(cls, raw: dict[str, Any], flat_block: tuple[int, int] = (128, 128)) -> "QuantConfig | None":

@@ -2,7 +2,7 @@
 config.json fields they stand for; read by the V4 spelling (spellings.py) and the V4.1 one (v41.py)."""
 
 # Short names of the reference `inference/config.json` -> our field names.
-_INFERENCE_SHORT_NAMES = {
+INFERENCE_SHORT_NAMES = {
     "vocab_size": "vocab_size",
     "dim": "hidden_size",
     "n_layers": "num_hidden_layers",

@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from v4serve.config.fields import ConfigError, _number, _positive
+from v4serve.config.fields import ConfigError, number_field, positive_field
 from v4serve.config.geometry import CSA, HCA, LAYER_TYPES, SLIDING, YarnScaling
-from v4serve.config.quantization import _QUANT_FIELDS, QuantConfig
-from v4serve.config.short_names import _INFERENCE_SHORT_NAMES
-from v4serve.config.v41 import _is_v41, _v41_merge_flat, _v41_prepare
+from v4serve.config.quantization import QUANT_FIELDS, QuantConfig
+from v4serve.config.short_names import INFERENCE_SHORT_NAMES
+from v4serve.config.v41 import is_v41, v41_merge_flat, v41_prepare
 
 _RATIO_TO_LAYER_TYPE = {0: SLIDING, 4: CSA, 128: HCA}
 
@@ -33,11 +33,11 @@ def read_raw(path: str | Path) -> dict[str, Any]:
     inference = config_file.parent / "inference" / "config.json"
     if not inference.is_file():  # V4.1 checkpoints ship it flat beside config.json
         inference = config_file.parent / "inference_config.json"
-    if inference.is_file() and _is_v41(raw):
-        raw = _v41_merge_flat(raw, json.loads(inference.read_text()))
+    if inference.is_file() and is_v41(raw):
+        raw = v41_merge_flat(raw, json.loads(inference.read_text()))
     elif inference.is_file():
         short = json.loads(inference.read_text())
-        raw = {**{_INFERENCE_SHORT_NAMES[k]: v for k, v in short.items() if k in _INFERENCE_SHORT_NAMES}, **raw}
+        raw = {**{INFERENCE_SHORT_NAMES[k]: v for k, v in short.items() if k in INFERENCE_SHORT_NAMES}, **raw}
     return raw
 
 
@@ -46,8 +46,8 @@ def resolve_fields(raw: dict[str, Any], known: set[str]) -> dict[str, Any]:
     (`known`: its field names; the other keys go to `extra`)."""
     raw = dict(raw)
     v41 = None
-    if _is_v41(raw):  # DeepSeek-V4.1: see v41.py
-        raw, v41 = _v41_prepare(raw)
+    if is_v41(raw):  # DeepSeek-V4.1: see v41.py
+        raw, v41 = v41_prepare(raw)
     model_type = raw.get("model_type", "deepseek_v4")
     if model_type != "deepseek_v4" and v41 is None:
         raise ConfigError(
@@ -60,9 +60,9 @@ def resolve_fields(raw: dict[str, Any], known: set[str]) -> dict[str, Any]:
         return raw[name]
 
     def number(name: str, default: float) -> float:
-        return _number(raw.get(name, default), name)
+        return number_field(raw.get(name, default), name)
 
-    n_layers = _positive(need("num_hidden_layers"), "num_hidden_layers", int)
+    n_layers = positive_field(need("num_hidden_layers"), "num_hidden_layers", int)
     layer_types, ratios = _resolve_layer_types(raw, n_layers) if v41 is None else v41.layer_types(n_layers)
     head_dim = need("head_dim")
     rope_theta, compress_theta, yarn = _resolve_rope(raw)
@@ -105,10 +105,10 @@ def resolve_fields(raw: dict[str, Any], known: set[str]) -> dict[str, Any]:
         eos_token_ids=eos_ids,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         model_type="deepseek_v4" if v41 is None else "deepseek_v41",
-        num_nextn_predict_layers=_number(raw.get("num_nextn_predict_layers", 0) or 0, "num_nextn_predict_layers", int),
+        num_nextn_predict_layers=number_field(raw.get("num_nextn_predict_layers", 0) or 0, "num_nextn_predict_layers", int),
         v41=v41,
         quantization=QuantConfig.from_raw(raw, (32, 32) if v41 is not None else (128, 128)),
-        extra={k: v for k, v in raw.items() if k not in known and k not in _QUANT_FIELDS},
+        extra={k: v for k, v in raw.items() if k not in known and k not in QUANT_FIELDS},
     )
 
 
@@ -145,7 +145,7 @@ def _legacy_compress_ratios(raw: dict[str, Any], n: int) -> tuple[int, ...]:
     ratios = raw["compress_ratios"]
     if not isinstance(ratios, list) or len(ratios) < n:
         raise ConfigError(f"config field `compress_ratios` must have at least {n} entries, got {ratios!r}")
-    ratios = tuple(_number(r, f"compress_ratios[{i}]", int) for i, r in enumerate(ratios[:n]))
+    ratios = tuple(number_field(r, f"compress_ratios[{i}]", int) for i, r in enumerate(ratios[:n]))
     bad = [r for r in ratios if r not in _RATIO_TO_LAYER_TYPE]
     if bad:
         raise ConfigError(f"config field `compress_ratios` has ratios {bad}; legacy configs allow 0, 4 and 128")
@@ -157,7 +157,7 @@ def _compress_rates(raw: dict[str, Any]) -> dict[str, int]:
     rates = raw.get("compress_rates") or {}
     if not isinstance(rates, dict):
         raise ConfigError(f"config field `compress_rates` must map layer types to ratios, got {rates!r}")
-    return {CSA: 4, HCA: 128, **{t: _number(r, f"compress_rates.{t}", int) for t, r in rates.items()}}
+    return {CSA: 4, HCA: 128, **{t: number_field(r, f"compress_rates.{t}", int) for t, r in rates.items()}}
 
 
 def _resolve_mlp_layer_types(raw: dict[str, Any], n: int) -> tuple[str, ...]:
@@ -167,7 +167,7 @@ def _resolve_mlp_layer_types(raw: dict[str, Any], n: int) -> tuple[str, ...]:
         if not isinstance(types, list) or len(types) < n:
             raise ConfigError(f"config field `mlp_layer_types` must list {n} entries, got {types!r}")
         return tuple(types[:n])
-    n_hash = _number(raw.get("num_hash_layers", 3), "num_hash_layers", int)
+    n_hash = number_field(raw.get("num_hash_layers", 3), "num_hash_layers", int)
     if n_hash < 0:
         raise ConfigError(f"config field `num_hash_layers` must be a non-negative integer, got {n_hash}")
     # More hash layers than layers (a model cut with `num_hidden_layers`) routes every layer by hash.
@@ -182,10 +182,10 @@ def _resolve_rope_head_dim(raw: dict[str, Any], head_dim: Any) -> Any:
     factor = raw.get("partial_rotary_factor")
     if factor is None:
         return 64
-    factor = _number(factor, "partial_rotary_factor")
+    factor = number_field(factor, "partial_rotary_factor")
     if not 0 < factor <= 1:
         raise ConfigError(f"config field `partial_rotary_factor` must be in (0, 1], got {factor!r}")
-    return int(_number(head_dim, "head_dim", int) * factor)
+    return int(number_field(head_dim, "head_dim", int) * factor)
 
 
 def _resolve_rope(raw: dict[str, Any]) -> tuple[float, float, YarnScaling | None]:
@@ -194,13 +194,13 @@ def _resolve_rope(raw: dict[str, Any]) -> tuple[float, float, YarnScaling | None
     params = raw.get("rope_parameters") or {}
     if isinstance(params.get("main"), dict) and isinstance(params.get("compress"), dict):
         main, compress = params["main"], params["compress"]
-        rope_theta = _number(main.get("rope_theta", raw.get("rope_theta", 10000.0)), "rope_theta")
-        compress_theta = _number(compress.get("rope_theta", raw.get("compress_rope_theta", 160000.0)),
+        rope_theta = number_field(main.get("rope_theta", raw.get("rope_theta", 10000.0)), "rope_theta")
+        compress_theta = number_field(compress.get("rope_theta", raw.get("compress_rope_theta", 160000.0)),
                                  "compress_rope_theta")
         scaling = compress if compress.get("rope_type", compress.get("type")) == "yarn" else None
     else:
-        rope_theta = _number(raw.get("rope_theta", 10000.0), "rope_theta")
-        compress_theta = _number(raw.get("compress_rope_theta", 160000.0), "compress_rope_theta")
+        rope_theta = number_field(raw.get("rope_theta", 10000.0), "rope_theta")
+        compress_theta = number_field(raw.get("compress_rope_theta", 160000.0), "compress_rope_theta")
         scaling = raw.get("rope_scaling") or (params if params.get("rope_type") == "yarn" else None)
         if scaling is None and raw.get("rope_factor"):
             scaling = {"type": "yarn", "factor": raw["rope_factor"],
@@ -214,14 +214,14 @@ def _resolve_rope(raw: dict[str, Any]) -> tuple[float, float, YarnScaling | None
     original = scaling.get("original_max_position_embeddings")
     if original is None:
         raise ConfigError("config field `rope_scaling.original_max_position_embeddings` is required for YaRN")
-    original = _positive(original, "rope_scaling.original_max_position_embeddings", int)
+    original = positive_field(original, "rope_scaling.original_max_position_embeddings", int)
     factor = scaling.get("factor")
     if factor is None:
-        factor = _positive(raw.get("max_position_embeddings", 1048576), "max_position_embeddings", int) / original
+        factor = positive_field(raw.get("max_position_embeddings", 1048576), "max_position_embeddings", int) / original
     yarn = YarnScaling(
-        factor=_positive(factor, "rope_scaling.factor"),
+        factor=positive_field(factor, "rope_scaling.factor"),
         original_max_position_embeddings=original,
-        beta_fast=_positive(scaling.get("beta_fast", 32), "rope_scaling.beta_fast"),
-        beta_slow=_positive(scaling.get("beta_slow", 1), "rope_scaling.beta_slow"),
+        beta_fast=positive_field(scaling.get("beta_fast", 32), "rope_scaling.beta_fast"),
+        beta_slow=positive_field(scaling.get("beta_slow", 1), "rope_scaling.beta_slow"),
     )
     return rope_theta, compress_theta, yarn

@@ -8,9 +8,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from v4serve.config.fields import ConfigError, _number, _positive
+from v4serve.config.fields import ConfigError, number_field, positive_field
 from v4serve.config.geometry import CSA2, SLIDING
-from v4serve.config.short_names import _INFERENCE_SHORT_NAMES
+from v4serve.config.short_names import INFERENCE_SHORT_NAMES
 
 # A V4.1 config is recognised by `model_type` `deepseek_v41` / `deepseek_v41_text`, by a
 # `text_config`, or by the flat reference names (`kv_source_layers`); its geometry lives under
@@ -27,7 +27,7 @@ from v4serve.config.short_names import _INFERENCE_SHORT_NAMES
 # kv source of L = the last kv source <= L (same ratio); index source = the last index source <= L.
 
 _V41_SHORT_NAMES = {
-    **_INFERENCE_SHORT_NAMES,
+    **INFERENCE_SHORT_NAMES,
     "kv_source_layers": "kv_source_layer_ids",
     "index_source_layers": "index_source_layer_ids",
     "candidate_source_layer": "candidate_source_layer_id",
@@ -122,8 +122,8 @@ class V41Config:
         if c is not None and c not in self.kv_source_layer_ids:
             raise ConfigError(f"config field `candidate_source_layer_id` ({c}) must be a kv source layer")
         if c is not None:
-            _positive(self.candidate_topk_blocks, "candidate_topk_blocks", int)
-            _positive(self.candidate_block_size, "candidate_block_size", int)
+            positive_field(self.candidate_topk_blocks, "candidate_topk_blocks", int)
+            positive_field(self.candidate_block_size, "candidate_block_size", int)
         if len(self.engram_num_embeddings) not in (0, len(self.engram_layer_ids)):
             raise ConfigError("config field `engram_num_embeddings` needs one entry per `engram_layer_ids` entry")
         for s in self.engram_layer_ids:
@@ -132,15 +132,15 @@ class V41Config:
         if self.engram_layer_ids:
             for name in ("engram_max_ngram_size", "engram_n_heads", "engram_head_dim",
                          "engram_compressed_vocab_size"):
-                _positive(getattr(self, name), name, int)
+                positive_field(getattr(self, name), name, int)
 
 
-def _is_v41(raw: dict[str, Any]) -> bool:
+def is_v41(raw: dict[str, Any]) -> bool:
     return ("text_config" in raw or raw.get("model_type") in ("deepseek_v41", "deepseek_v41_text")
             or "kv_source_layers" in raw or "kv_source_layer_ids" in raw)
 
 
-def _v41_merge_flat(raw: dict[str, Any], flat: dict[str, Any]) -> dict[str, Any]:
+def v41_merge_flat(raw: dict[str, Any], flat: dict[str, Any]) -> dict[str, Any]:
     """config.json over the reference's flat config (its short names translated): the HF file wins."""
     merged = _v41_flatten(raw)
     for short, value in flat.items():
@@ -163,7 +163,7 @@ def _v41_flatten(raw: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _v41_prepare(raw: dict[str, Any]) -> tuple[dict[str, Any], V41Config]:
+def v41_prepare(raw: dict[str, Any]) -> tuple[dict[str, Any], V41Config]:
     """The flattened raw config (V4 names) and the V4.1 settings, validated."""
     raw = _v41_flatten(raw)
     raw["model_type"] = "deepseek_v41"
@@ -179,11 +179,11 @@ def _v41_prepare(raw: dict[str, Any]) -> tuple[dict[str, Any], V41Config]:
         value = raw.get(name, default)
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"config field `{name}` must be a list of integers, got {value!r}")
-        return tuple(_number(v, f"{name}[{i}]", int) for i, v in enumerate(value))
+        return tuple(number_field(v, f"{name}[{i}]", int) for i, v in enumerate(value))
 
     def opt_int(name: str, default: Any) -> Any:
         value = raw.get(name, default)
-        return None if value is None else _number(value, name, int)
+        return None if value is None else number_field(value, name, int)
 
     kv_sources = ints("kv_source_layer_ids")
     v41 = V41Config(
@@ -204,7 +204,7 @@ def _v41_prepare(raw: dict[str, Any]) -> tuple[dict[str, Any], V41Config]:
         image_token_id=opt_int("image_token_id", None),
         num_nextn_predict_layers=opt_int("num_nextn_predict_layers", 0),
     )
-    n_layers = _positive(raw.get("num_hidden_layers"), "num_hidden_layers", int)
+    n_layers = positive_field(raw.get("num_hidden_layers"), "num_hidden_layers", int)
     v41.validate(n_layers)
     for name in list(raw):
         if name in {f.name for f in dataclasses.fields(V41Config)}:
