@@ -156,7 +156,7 @@ for stage in "$@"; do
       ;;
     gluon22)  # session 22: the packed two-pass kernels in Gluon (tests, then the B8 rows and passes with them)
       GROUP_LIMIT=300 pytest_group "$log" tests/ops/test_packed_kernels_gpu.py -k gluon  # (cold compiles)
-      pytest_group "$log" tests/ops/test_mxfp4_moe_mma.py -k dependent  # (its PDL helpers moved to ops/gluon_pdl.py)
+      pytest_group "$log" tests/ops/test_mxfp4_moe_mma.py -k dependent  # (its PDL helpers and builtins moved to ops/gluon_builtins.py)
       for r in 4 128 0; do run 150 "$log" $PY -m v4serve.bench.kernel_configs "fp8kv r$r B8"; done
       ;;
     ncu22)  # session 22: Nsight Compute on the Gluon passes at r4 B8 (where their time goes, if they lose)

@@ -60,17 +60,14 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere.async_copy import commit_group, wait_group
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from v4serve.ops._dispatch import compiled_on_cuda, pdl_launch, sm_count
-from v4serve.ops.gluon_pdl import gdc_launch_dependents, gdc_wait
+from v4serve.ops.gluon_builtins import barrier, cp_async, gdc_launch_dependents, gdc_wait
 from v4serve.ops.moe_pick_groups import moe_pick_groups
 from v4serve.ops.mxfp4_decode_triton import NIBBLE_HIGH, NIBBLE_LOW, nibble_pair_ptx
 from v4serve.ops.mxfp4_moe_decode_triton import pick_rows
 
-_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 
 # $0 / $1: the low nibbles of bytes (0, 2) / (1, 3) of the 4 bytes in $4; $2 / $3: the high ones;
@@ -144,7 +141,7 @@ def _step(acc, packed, sb, x_at, x_off, x_ok, xe_s, xo_s, a_op: gl.constexpr, lb
                                       [R, 128]), a_op)
     _x_operands(x_at, x_off, x_ok, xe_s, xo_s)
     fence_async_shared()  # generic-proxy stores, then wgmma's async-proxy reads
-    _barrier()
+    barrier()
     acc = warpgroup_mma(wa, xe_s.permute((1, 0)), acc, is_async=True)
     acc = warpgroup_mma(wb, xo_s.permute((1, 0)), acc, is_async=True)
     return warpgroup_mma_wait(num_outstanding=0, deps=(acc, wa, wb))[0]  # the caller's barrier: X read
@@ -166,9 +163,9 @@ def _k_loop_registers(acc, w_base, s_base, byte_off, s_off, x_row, x_off, x_ok, 
         packed1 = gl.load(w_base + (k0 + BLOCK_K) // 2 + byte_off)
         sb1 = gl.load(s_base + (k0 + BLOCK_K) // 32 + s_off).to(gl.int32)
         acc = _step(acc, packed0, sb0, x_row + k0, x_off, x_ok, xe_s, xo_s, a_op, lb)
-        _barrier()  # both MMAs have read X before the next step's stores
+        barrier()  # both MMAs have read X before the next step's stores
         acc = _step(acc, packed1, sb1, x_row + k0 + BLOCK_K, x_off, x_ok, xe_s, xo_s, a_op, lb)
-        _barrier()
+        barrier()
     return acc
 
 
@@ -197,24 +194,24 @@ def _k_loop_staged(acc, w_steps, s_steps, x_row, x_off, x_ok, xe_s, xo_s, K, a_o
         warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[R, 8])
     n_steps = K // BLOCK_K
     for s in gl.static_range(STAGES - 1):  # the launcher checks n_steps >= STAGES - 1
-        _cp_async(bytes_s.index(s), w_steps + 128 * s)
-        _cp_async(scales_s.index(s), s_steps + 8 * s)
+        cp_async(bytes_s.index(s), w_steps + 128 * s)
+        cp_async(scales_s.index(s), s_steps + 8 * s)
         commit_group()
     if PDL:
         gdc_wait()
     wait_group(STAGES - 2)
-    _barrier()
+    barrier()
     for i in range(n_steps):
         packed = gl.convert_layout(gl.reshape(bytes_s.index(i % STAGES).load(lw), [R, 4, 2, 16]), lb)
         sb = gl.convert_layout(gl.reshape(scales_s.index(i % STAGES).load(ls), [R, 4, 2]), l3).to(gl.int32)
         ahead = i + STAGES - 1
         if ahead < n_steps:
-            _cp_async(bytes_s.index(ahead % STAGES), w_steps + 128 * ahead)
-            _cp_async(scales_s.index(ahead % STAGES), s_steps + 8 * ahead)
+            cp_async(bytes_s.index(ahead % STAGES), w_steps + 128 * ahead)
+            cp_async(scales_s.index(ahead % STAGES), s_steps + 8 * ahead)
         commit_group()  # (an empty group past the last step keeps the count)
         acc = _step(acc, packed, sb, x_row + i * BLOCK_K, x_off, x_ok, xe_s, xo_s, a_op, lb)
         wait_group(STAGES - 2)
-        _barrier()
+        barrier()
     return acc
 
 

@@ -57,9 +57,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-# Triton 3.8 renamed cp.async's builtin (and 3.9 removed the old name), and the partition barrier.
-_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+from v4serve.ops.gluon_builtins import barrier, cp_async
+
 
 WS_HEAD_DIM = 512  # the one head dim this kernel takes (DeepSeek-V4's)
 
@@ -133,7 +132,7 @@ def _producer(ptrs, shape, strides, bufs,
         heads = hblock * BLOCK_H + q_rows
         mbarrier.wait(q_empty, (n_items & 1) ^ 1)
         q_ptrs = q_ptr + tok * stride_qt + heads[:, None] * stride_qh + dims[None, :]
-        _cp_async(q_smem, q_ptrs, mask=(heads < H)[:, None])
+        cp_async(q_smem, q_ptrs, mask=(heads < H)[:, None])
         async_copy.mbarrier_arrive(q_ready, increment_count=False)
         n_items += 1
         for start in range(lo, hi, BLOCK_T):
@@ -144,10 +143,10 @@ def _producer(ptrs, shape, strides, bufs,
             kv_ptrs = base[:, None] + rows.to(gl.int64)[:, None] * stride_pool + dims[None, :]
             stage = n_tiles % KV_STAGES
             mbarrier.wait(kv_empty.index(stage), ((n_tiles // KV_STAGES) & 1) ^ 1)
-            _cp_async(kv_smem.index(stage), kv_ptrs, mask=(rows >= 0)[:, None])
+            cp_async(kv_smem.index(stage), kv_ptrs, mask=(rows >= 0)[:, None])
             # The tile's row ids for the consumers' hole mask (past the bound: zero-filled, masked there).
             idx_cols = start + row_ids
-            _cp_async(rows_smem.index(stage), idx_ptr + tok * stride_it + idx_cols, mask=idx_cols < hi)
+            cp_async(rows_smem.index(stage), idx_ptr + tok * stride_it + idx_cols, mask=idx_cols < hi)
             async_copy.mbarrier_arrive(kv_ready.index(stage), increment_count=False)
             n_tiles += 1
 
@@ -227,7 +226,7 @@ def _consumer(HALF: gl.constexpr, ptrs, shape, strides, bufs, qk_scale_log2,
                 staging = kv_smem.index(last).slice(HALF * DV, DV, dim=1)
                 mbarrier.wait(q_empty, (n_items - 1) & 1)
                 staging.store(o)
-                _barrier()  # the partition's stores are in shared memory before any thread reads
+                barrier()  # the partition's stores are in shared memory before any thread reads
                 o_rows16 = hblock * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, store_layout))
                 o_dims16 = HALF * DV + gl.arange(0, DV, layout=gl.SliceLayout(0, store_layout))
                 gl.store(out_ptr + tok * stride_ot + o_rows16[:, None] * stride_oh + o_dims16[None, :],

@@ -35,30 +35,16 @@ fp32 summation order of the `tl` kernel (the k16 steps' internal order is the ha
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.ampere.async_copy import commit_group, wait_group
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from v4serve.ops._dispatch import compiled_on_cuda
-from v4serve.ops.gluon_pdl import gdc_launch_dependents
-
-# Triton 3.8 renamed cp.async's builtin (and 3.9 removed the old name), and the partition barrier.
-_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+from v4serve.ops.gluon_builtins import barrier, cp_async, gdc_launch_dependents
+from v4serve.ops.packed_rows_gluon import e4m3_scaled_bf16, tile_rows, v4_rows_apply
 
 BLOCK_T = gl.constexpr(64)  # columns a program (wgmma's N)
 HEADS = gl.constexpr(64)  # heads a program (wgmma's M)
 D = gl.constexpr(512)  # the head dim (DeepSeek-V4's)
 BLOCK = gl.constexpr(64)  # channels a scale block (and the bf16 tail's width)
-
-
-@gluon.jit
-def _dequantized_block(codes, words, b: gl.constexpr):
-    """bf16 [64 rows, 64] of code block b: e4m3 `codes` (uint8 [64, 64]) times 2^(byte b % 4 of `words`
-    [b // 4] - 127), exactly: the hardware conversion to fp32, one bf16 pack and one bf16x2 multiply."""
-    sb = (words >> (8 * (b % 4))) & 0xFF
-    scale = (sb << 7).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    return codes.to(gl.float8e4nv, bitcast=True).to(gl.float32).to(gl.bfloat16) * scale[:, None]
 
 
 @gluon.jit
@@ -92,15 +78,12 @@ def _scores_packed_gluon_kernel(
         ql: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
         qh = h0 + gl.arange(0, HEADS, layout=gl.SliceLayout(1, ql))
         qd = gl.arange(0, D, layout=gl.SliceLayout(0, ql))
-        _cp_async(q_s, q_ptr + stride_qt * tok + qh[:, None] * stride_qh + qd[None, :], mask=(qh < H)[:, None])
+        cp_async(q_s, q_ptr + stride_qt * tok + qh[:, None] * stride_qh + qd[None, :], mask=(qh < H)[:, None])
         commit_group()
         # 2. the tile's bytes in one round: a thread holds 16 contiguous bytes of two rows a block
         cl: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # [64 rows, 64 channels]
-        cols = tile * BLOCK_T + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, cl))
-        rows = gl.load(idx_ptr + stride_it * tok + cols, mask=cols < hi, other=-1)
-        live = rows >= 0
-        # NOTE: the hint keeps the loads 16 bytes wide (the select loses the pointers' alignment).
-        at = gl.multiple_of(gl.where(cols < n_window, win_ptr, cmp_ptr), 16) + rows.to(gl.int64) * stride_pool
+        at, live = tile_rows(tile, gl.SliceLayout(1, cl), tok, hi, n_window, win_ptr, cmp_ptr, idx_ptr, stride_it,
+                             stride_pool)
         ch = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, cl))
         words_at = (at + PK_SCALE_OFF).to(gl.pointer_type(gl.int32))
         w_lo = gl.load(words_at, mask=live, other=0)  # scale bytes of blocks 0..3
@@ -120,14 +103,14 @@ def _scores_packed_gluon_kernel(
             if b >= NB:
                 vals = tail
             elif b < 4:
-                vals = _dequantized_block(codes[b], w_lo, b)
+                vals = e4m3_scaled_bf16(codes[b], w_lo, 8 * (b % 4))
             else:
-                vals = _dequantized_block(codes[b], w_hi, b)
+                vals = e4m3_scaled_bf16(codes[b], w_hi, 8 * (b % 4))
             k_s[b].store(vals)
             if b == 0:  # this thread's Q copies (here, not earlier: the tile's loads are issued first)
                 wait_group(0)
             fence_async_shared()
-            _barrier()  # (every thread's Q copies and block b visible to the MMA)
+            barrier()  # (every thread's Q copies and block b visible to the MMA)
             s = warpgroup_mma(q_s.slice(BLOCK * b, BLOCK, dim=1), k_s[b].permute((1, 0)), s, use_acc=b > 0,
                               is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
@@ -146,17 +129,10 @@ def _scores_packed_gluon_kernel(
 
 
 def scores_gluon_applies(qt: torch.Tensor, pk: dict, block_t: int, pools) -> bool:
-    """This kernel serves the launch: compiled CUDA on sm_90 (not the interpreter), D = 512 and
-    `fp8_e8m0_b64_rope64` rows (7 e4m3 code blocks of 64 channels, a bf16 tail of 64; `pk`:
-    packed_constexprs), the two-pass tile of 64 columns, 16-byte aligned q rows, pools and row strides."""
-    if not pk or pk.get("PK_FP4", False) or not compiled_on_cuda(qt.device):
-        return False
-    return (torch.cuda.get_device_capability(qt.device) == (9, 0) and qt.shape[-1] == D.value
-            and pk["PK_HAS_TAIL"] and pk["PK_BLOCK"] == BLOCK.value and pk["PK_NQ"] == D.value - BLOCK.value
-            and pk["PK_SCALE_OFF"] - pk["PK_TAIL_OFF"] == 2 * BLOCK.value and pk["PK_TAIL_OFF"] % 16 == 0
-            and pk["PK_SCALE_OFF"] % 8 == 0 and block_t == BLOCK_T.value
-            and qt.stride(-1) == 1 and qt.stride(1) % 8 == 0 and qt.data_ptr() % 16 == 0
-            and all(pool.data_ptr() % 16 == 0 and pool.stride(-2) % 16 == 0 for pool in pools))
+    """This kernel serves the launch: the two-pass Gluon kernels' rule (packed_rows_gluon.v4_rows_apply)
+    at D = 512, with 16-byte aligned q rows."""
+    return (qt.shape[-1] == D.value and qt.stride(-1) == 1 and qt.stride(1) % 8 == 0 and qt.data_ptr() % 16 == 0
+            and v4_rows_apply(qt.device, pk, qt.shape[-1], block_t, pools))
 
 
 def two_pass_scores_gluon(qt, win, cmp, it, ct, sink, p, m, l, n_window, qk_scale_log2, has_counts, pdl, pk):

@@ -63,17 +63,12 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.ampere.async_copy import commit_group, wait_group
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
 
-from v4serve.ops._dispatch import compiled_on_cuda
-from v4serve.ops.gluon_pdl import gdc_wait
-
-# Triton 3.8 renamed cp.async's builtin (and 3.9 removed the old name), and the partition barrier.
-_cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+from v4serve.ops.gluon_builtins import barrier, cp_async, gdc_wait
+from v4serve.ops.packed_rows_gluon import e4m3_scaled_bf16, tile_rows, v4_rows_apply
 
 BLOCK_T = gl.constexpr(64)  # columns a tile: the two-pass tile (wgmma's K)
 DIMS = gl.constexpr(64)  # output dims a program: one scale block of codes or the bf16 tail (wgmma's M)
@@ -86,37 +81,26 @@ WORKER_REGS = gl.constexpr(232)
 
 
 @gluon.jit
-def _tile_rows(j, layout: gl.constexpr, tok, hi, n_window, win_ptr, cmp_ptr, idx_ptr, stride_it, stride_pool):
-    """(pointers to the pool rows of tile j's columns, which are live) in `layout` ([64] columns): the
-    window pool below n_window, the compressed pool above; holes and columns >= hi not live."""
-    cols = j * BLOCK_T + gl.arange(0, BLOCK_T, layout=layout)
-    rows = gl.load(idx_ptr + stride_it * tok + cols, mask=cols < hi, other=-1)
-    # NOTE: the hint keeps the copies 16 bytes wide (the select loses the pointers' alignment).
-    base = gl.multiple_of(gl.where(cols < n_window, win_ptr, cmp_ptr), 16)
-    return base + rows.to(gl.int64) * stride_pool, rows >= 0
-
-
-@gluon.jit
 def _request_pool(j, stage, tok, hi, n_window, d0, win_ptr, cmp_ptr, idx_ptr, stride_it, stride_pool, scale_word,
                   codes_s, tail_s, scales_s, TAIL: gl.constexpr, PK_TAIL_OFF: gl.constexpr):
     """cp.async tile j's pool bytes into `stage`: the tail [64 columns, 64 bf16] (TAIL), else the codes
     [64 columns, 64 bytes] at channel d0 and each column's scale word (byte offset scale_word)."""
     if TAIL:
         cl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 8 bf16 (16 bytes) a copy
-        at, live = _tile_rows(j, gl.SliceLayout(1, cl), tok, hi, n_window, win_ptr, cmp_ptr, idx_ptr, stride_it,
+        at, live = tile_rows(j, gl.SliceLayout(1, cl), tok, hi, n_window, win_ptr, cmp_ptr, idx_ptr, stride_it,
                               stride_pool)
         ch = gl.arange(0, DIMS, layout=gl.SliceLayout(0, cl))
-        _cp_async(tail_s.index(stage), (at + PK_TAIL_OFF).to(gl.pointer_type(gl.bfloat16))[:, None] + ch[None, :],
+        cp_async(tail_s.index(stage), (at + PK_TAIL_OFF).to(gl.pointer_type(gl.bfloat16))[:, None] + ch[None, :],
                   mask=live[:, None])
     else:
         cl: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])  # 16 codes (16 bytes) a copy
-        at, live = _tile_rows(j, gl.SliceLayout(1, cl), tok, hi, n_window, win_ptr, cmp_ptr, idx_ptr, stride_it,
+        at, live = tile_rows(j, gl.SliceLayout(1, cl), tok, hi, n_window, win_ptr, cmp_ptr, idx_ptr, stride_it,
                               stride_pool)
         ch = d0 + gl.arange(0, DIMS, layout=gl.SliceLayout(0, cl))
-        _cp_async(codes_s.index(stage), at[:, None] + ch[None, :], mask=live[:, None])
+        cp_async(codes_s.index(stage), at[:, None] + ch[None, :], mask=live[:, None])
         wl: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # a 4-byte copy a column
-        at, live = _tile_rows(j, wl, tok, hi, n_window, win_ptr, cmp_ptr, idx_ptr, stride_it, stride_pool)
-        _cp_async(scales_s.index(stage), (at + scale_word).to(gl.pointer_type(gl.int32)), mask=live)
+        at, live = tile_rows(j, wl, tok, hi, n_window, win_ptr, cmp_ptr, idx_ptr, stride_it, stride_pool)
+        cp_async(scales_s.index(stage), (at + scale_word).to(gl.pointer_type(gl.int32)), mask=live)
 
 
 @gluon.jit
@@ -126,11 +110,11 @@ def _request_p(j, stage, tok, h0, H, p_ptr, m_ptr, stride_pt, stride_ph, stride_
     pl: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # 8 bf16 (16 bytes) a copy
     heads = h0 + gl.arange(0, HEADS, layout=gl.SliceLayout(1, pl))
     cols = j * BLOCK_T + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, pl))
-    _cp_async(p_s.index(stage), p_ptr + stride_pt * tok + heads[:, None] * stride_ph + cols[None, :],
+    cp_async(p_s.index(stage), p_ptr + stride_pt * tok + heads[:, None] * stride_ph + cols[None, :],
               mask=(heads < H)[:, None])
     ml: gl.constexpr = gl.BlockedLayout([4], [32], [4], [0])  # 4 fp32 (16 bytes) a copy
     heads = h0 + gl.arange(0, HEADS, layout=ml)
-    _cp_async(m_s.index(stage), m_ptr + stride_mt * tok + j * stride_mj + heads, mask=heads < H)
+    cp_async(m_s.index(stage), m_ptr + stride_mt * tok + j * stride_mj + heads, mask=heads < H)
 
 
 @gluon.jit
@@ -144,15 +128,12 @@ def _dot_operand(vals, a_op: gl.constexpr):
 @gluon.jit
 def _tile_operand(stage, codes_s, tail_s, scales_s, shift, lk: gl.constexpr, a_op: gl.constexpr, TAIL: gl.constexpr):
     """Tile `stage`'s kv^T as wgmma's A operand: the bf16 tail as it is, else the e4m3 codes times their
-    column's scale 2^(b - 127) (b: byte `shift` / 8 of the scale word), exactly (kv_pack_triton's
-    `_e4m3_scaled_cvt_bf16`: the hardware conversion, then one bf16x2 multiply a pair)."""
+    column's scale (the scale word's byte at bit `shift`), exactly."""
     if TAIL:
         vals = tail_s.index(stage).load(lk)
     else:
-        words = scales_s.index(stage).load(gl.SliceLayout(1, lk))
-        scale = (((words >> shift) & 0xFF) << 7).to(gl.int16).to(gl.bfloat16, bitcast=True)
-        codes = codes_s.index(stage).load(lk)
-        vals = codes.to(gl.float8e4nv, bitcast=True).to(gl.float32).to(gl.bfloat16) * scale[:, None]
+        vals = e4m3_scaled_bf16(codes_s.index(stage).load(lk), scales_s.index(stage).load(gl.SliceLayout(1, lk)),
+                                shift)
     return _dot_operand(vals, a_op)
 
 
@@ -193,7 +174,7 @@ def _values_loop(PART: gl.constexpr, NP: gl.constexpr, n_own, m, tok, hi, d0, h0
         a = a_next
         wait_group(STAGES - 3)  # own tile i + 2 has landed (this thread's copies) ...
         fence_async_shared()  # ... for wgmma's async-proxy reads too
-        _barrier()  # every thread's copies (of this partition); tile i's stage free for the next request
+        barrier()  # every thread's copies (of this partition); tile i's stage free for the next request
     return acc
 
 
@@ -261,7 +242,7 @@ def _program(PART: gl.constexpr, NP: gl.constexpr, ptrs, sizes, strides, ring, e
     m = gl.convert_layout(m, gl.SliceLayout(0, mma))
     wait_group(STAGES - 3)  # own tiles 0 and 1 have landed
     fence_async_shared()
-    _barrier()
+    barrier()
     loop_ptrs = (win_ptr, cmp_ptr, idx_ptr, p_ptr, m_ptr)
     loop_strides = (stride_it, stride_pool, stride_pt, stride_ph, stride_mt, stride_mj)
     if tail:
@@ -274,7 +255,7 @@ def _program(PART: gl.constexpr, NP: gl.constexpr, ptrs, sizes, strides, ring, e
         partial, done = exchange
         if PART == 1:  # hand the sum over to partition 0
             partial.store(acc)
-            _barrier()  # every warp's share stored before the arrival
+            barrier()  # every warp's share stored before the arrival
             mbarrier.arrive(done)
         else:
             mbarrier.wait(done, 0)
@@ -339,17 +320,9 @@ def _values_packed_gluon_kernel(
 
 
 def values_gluon_applies(out: torch.Tensor, pk: dict, block_t: int, n_tiles: int, pools) -> bool:
-    """This kernel serves the launch: compiled CUDA on sm_90 (not the interpreter), `fp8_e8m0_b64_rope64`
-    rows (e4m3 codes in 64-channel scale blocks, a bf16 tail of 64 channels; `pk`: packed_constexprs),
-    the two-pass tile of 64 columns, at most MAX_TILES tiles, 16-byte aligned pools and row strides."""
-    if not pk or pk.get("PK_FP4", False) or not compiled_on_cuda(out.device):
-        return False
-    D = out.shape[-1]
-    return (torch.cuda.get_device_capability(out.device) == (9, 0) and pk["PK_HAS_TAIL"]
-            and pk["PK_BLOCK"] == DIMS.value and pk["PK_NQ"] % DIMS.value == 0 and D == pk["PK_NQ"] + DIMS.value
-            and pk["PK_SCALE_OFF"] - pk["PK_TAIL_OFF"] == 2 * DIMS.value and pk["PK_TAIL_OFF"] % 16 == 0
-            and block_t == BLOCK_T.value and n_tiles <= MAX_TILES
-            and all(pool.data_ptr() % 16 == 0 and pool.stride(-2) % 16 == 0 for pool in pools))
+    """This kernel serves the launch: the two-pass Gluon kernels' rule (packed_rows_gluon.v4_rows_apply)
+    and at most MAX_TILES tiles."""
+    return n_tiles <= MAX_TILES and v4_rows_apply(out.device, pk, out.shape[-1], block_t, pools)
 
 
 def two_pass_values_gluon(win, cmp, it, ct, sink, p, m, l, out, n_window, has_counts, pdl, pk, warpgroups=1):
