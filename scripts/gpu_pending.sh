@@ -46,10 +46,12 @@
 #   rows32  the c8 k = 3 verify step under both 17..32-row FP8 rules (sum kernel / last program sums)
 #   gluon22 the packed two-pass kernels in Gluon: their GPU tests, then the fp8kv B8 sweeps (rows and passes)
 #   ncu22   Nsight Compute on those kernels at r4 B8 (ncu_gluon_*.txt: sections + stall samples), ~4 min
+#   draft23 the MTP drafts' FP8 head (speculative_config draft_head "fp8"): its GPU test, then the
+#           k = 3 step at c1 / c8 with the lm head vs the FP8 copy (30 layers; TPOT at 2.8 with fp8), ~5 min
 # Files under $OUT: pending_<stage>.log (+ .json where the tool writes one); at most 8 come back.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, PYTHONPATH (with .gpu_deps), PY, gpu_env_line
-(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|tests20|tests21|rows21|chain|rows19|rows20|rows20b|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|c64|moe-c64|spec|spec-zipf|rows32|gluon22|ncu22 ..." >&2; exit 2; }
+(($#)) || { echo "usage: $0 bind|tests|tests13|tests14a|tests14b|tests16|tests16b|tests17|tests18|tests18b|tests19|tests20|tests21|rows21|chain|rows19|rows20|rows20b|rows18|moe-staged|topk|topk-live|rows|rows16|sweeps-a|sweeps-b|v41|flash|flash-tc|flash-gemv|flash-prefetch|flash-profile|flash-long|flash-long-profile|moe-ab|c64|moe-c64|spec|spec-zipf|rows32|gluon22|ncu22|draft23 ..." >&2; exit 2; }
 summary=()
 
 run() {  # run LIMIT LOG COMMAND...: the command under its time limit, appended to LOG
@@ -272,6 +274,12 @@ for name, m in net.named_modules():
         --spec-profile --concurrency 8 --cuda-graph-sizes 8 --spec-k 3 --spec-lengths 2.8 --spec-e2e-k 3 \
         --spec-rows32 sum-kernel sum-last sum-kernel --output-len 32 --max-model-len 4096 \
         --json-out "$OUT/pending_rows32.json"
+      ;;
+    draft23)  # session 23: the drafts' head in FP8 (half the bytes of the 3 draft steps' lm head reads)
+      pytest_group "$log" tests/engine/test_gpu_spec_decode.py -k eager_run
+      run 400 "$log" $PY -m v4serve.bench.engine --hf-overrides '{"num_hidden_layers": 30}' --spec-verify \
+        --concurrency 1 8 --cuda-graph-sizes 1 8 --spec-k 3 --spec-lengths 2.8 --spec-e2e-k 3 \
+        --spec-draft-head shared fp8 --output-len 32 --max-model-len 4096 --json-out "$OUT/pending_draft23.json"
       ;;
     *) echo "unknown stage $stage" >&2 ;;
   esac

@@ -103,14 +103,35 @@ def test_rows32_rule_sets_the_17_to_32_row_fp8_choice_only_while_open():
     assert choice(32) == before_32  # restored on the way out of an error too
 
 
+def test_draft_head_choice_sets_the_lm_head_aside_and_restores_it():
+    from types import SimpleNamespace
+
+    from v4serve.bench.spec_decode import draft_head_choice
+
+    head = object()
+    model = SimpleNamespace(draft_head=head)
+    with draft_head_choice(model, "shared"):
+        assert model.draft_head is None
+    with draft_head_choice(model, "fp8"):
+        assert model.draft_head is head
+    with pytest.raises(RuntimeError), draft_head_choice(model, "shared"):
+        raise RuntimeError("a failed capture")
+    assert model.draft_head is head
+    with pytest.raises(ValueError, match="draft_head"):
+        with draft_head_choice(SimpleNamespace(draft_head=None), "fp8"):
+            pass
+
+
 def test_spec_verify_step_costs_once_per_rows32_rule(capsys, tmp_path):
     args = ["--json-out", str(tmp_path / "spec.json"), "--model", "tiny", "--hf-overrides", "{}", "--spec-verify", "--spec-k", "1", "--spec-e2e-k", "1",
             "--spec-lengths", "2.0", "--concurrency", "1", "--output-len", "2", "--max-model-len", "512",
-            "--spec-rows32", "production", "sum-last"]
+            "--spec-rows32", "production", "sum-last", "--spec-draft-head", "shared", "fp8"]
     assert bench_engine.main(args) == 0
     out = capsys.readouterr().out.strip().splitlines()
     (mode,) = json.loads(out[-1])["speculative"]
-    assert [row["rows32_rule"] for row in mode["step_costs"]] == ["production", "sum-last"]
+    assert [(row["rows32_rule"], row["draft_head"]) for row in mode["step_costs"]] == [
+        ("production", "shared"), ("production", "fp8"), ("sum-last", "shared"), ("sum-last", "fp8")]
+    assert mode["end_to_end"] and all(row["draft_head"] == "fp8" for row in mode["end_to_end"])
     assert all(row["plain_ms"] > 0 and [r["k"] for r in row["k"]] == [1] for row in mode["step_costs"])
     assert any("17..32-row FP8 linears: sum-last" in line for line in out)
     assert json.loads((tmp_path / "spec.json").read_text())["speculative"] == [mode]

@@ -100,17 +100,17 @@ def test_gpu_speculative_greedy_equals_plain(kv_cache_dtype, k):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("k", [1, 3])
-def test_gpu_verify_graphs_match_their_eager_run(k):
+@pytest.mark.parametrize("k,draft_head", [(1, "shared"), (3, "shared"), (3, "fp8")])
+def test_gpu_verify_graphs_match_their_eager_run(k, draft_head):
     """The speculative steps replayed as CUDA graphs (verify; commit + MTP draft) against the same
     steps run eagerly (cuda_graphs=False): the same drafts after every step, the same tokens, the
-    plain engine's tokens."""
+    plain engine's tokens; with the FP8 draft head too (its Triton decode kernels in the graph)."""
     common = dict(model="tiny", device="cuda", dtype="float32", max_num_seqs=4, progress=False)
     plain = _run(Engine(EngineArgs(**common)))
     runs = {}
     for graphs in (True, False):
-        engine = Engine(EngineArgs(**common, cuda_graphs=graphs,
-                                   speculative_config={"method": "mtp", "num_speculative_tokens": k}))
+        engine = Engine(EngineArgs(**common, cuda_graphs=graphs, speculative_config={
+            "method": "mtp", "num_speculative_tokens": k, "draft_head": draft_head}))
         assert engine.spec.verify_runner.uses_cuda_graphs == graphs
         for i, (p, s) in enumerate(zip(PROMPTS, PARAMS)):
             engine.add_request(str(i), p, s)

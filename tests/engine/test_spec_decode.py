@@ -37,8 +37,9 @@ def _run(engine: Engine, prompts=PROMPTS, params=PARAMS) -> dict[str, tuple]:
     return finished
 
 
-def _spec_engine(k: int, **overrides) -> Engine:
-    return Engine(EngineArgs(**{**ARGS, **overrides}, speculative_config={"method": "mtp", "num_speculative_tokens": k}))
+def _spec_engine(k: int, speculative_config_extra=None, **overrides) -> Engine:
+    config = {"method": "mtp", "num_speculative_tokens": k, **(speculative_config_extra or {})}
+    return Engine(EngineArgs(**{**ARGS, **overrides}, speculative_config=config))
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,17 @@ def test_mtp_greedy_equals_plain(plain, k):
     m = engine.spec.metrics
     assert m.num_drafts > 0 and m.num_draft_tokens > 0 and len(m.accepted_per_position) == k
     assert engine.spec.continuations > 0  # steps launched from their predecessor's results on the device
+
+
+def test_fp8_draft_head_keeps_the_output(plain):
+    """draft_head "fp8": the drafts read the FP8 copy of the lm head (every draft step calls it), the
+    output is still the plain engine's token for token (verification reads the lm head)."""
+    engine = _spec_engine(3, speculative_config_extra={"draft_head": "fp8"})
+    head = engine.runner.model.draft_head
+    calls = []
+    head.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+    assert _run(engine) == plain
+    assert engine.spec.metrics.num_drafts > 0 and len(calls) >= engine.spec.metrics.num_drafts // 3
 
 
 def test_forced_correct_draft_accepts_everything(plain):
@@ -142,10 +154,13 @@ def test_preemption_with_speculation():
 def test_speculative_config_is_checked():
     assert SpeculativeConfig.from_dict(None) is None
     assert SpeculativeConfig.from_dict({"method": "mtp", "num_speculative_tokens": 2}).num_speculative_tokens == 2
+    assert SpeculativeConfig.from_dict({"method": "mtp", "num_speculative_tokens": 2}).draft_head == "shared"
+    assert SpeculativeConfig.from_dict({"method": "mtp", "num_speculative_tokens": 2, "draft_head": "fp8"}).draft_head == "fp8"
     for bad, field in (({"method": "eagle", "num_speculative_tokens": 2}, "method"),
                        ({"method": "mtp", "num_speculative_tokens": 0}, "num_speculative_tokens"),
                        ({"method": "mtp"}, "num_speculative_tokens"),
-                       ({"method": "mtp", "num_speculative_tokens": 2, "draft": 1}, "unknown")):
+                       ({"method": "mtp", "num_speculative_tokens": 2, "draft": 1}, "unknown"),
+                       ({"method": "mtp", "num_speculative_tokens": 2, "draft_head": "fp4"}, "draft_head")):
         with pytest.raises(ValueError, match=field):
             SpeculativeConfig.from_dict(bad)
 

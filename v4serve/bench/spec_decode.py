@@ -56,9 +56,25 @@ PROMPT_LEN = 128
 
 
 def spec_engine_args(args) -> tuple[dict, list[int]]:
-    """(speculative_config, cuda_graph_sizes) of the benchmark's engine."""
+    """(speculative_config, cuda_graph_sizes) of the benchmark's engine (with the FP8 draft head
+    when any row times it; the "shared" rows then set it aside: `draft_head_choice`)."""
     k = max(max(args.spec_k), args.spec_e2e_k)
-    return {"method": "mtp", "num_speculative_tokens": k}, sorted(set(args.concurrency))
+    head = "fp8" if "fp8" in args.spec_draft_head else "shared"
+    return {"method": "mtp", "num_speculative_tokens": k, "draft_head": head}, sorted(set(args.concurrency))
+
+
+@contextlib.contextmanager
+def draft_head_choice(model, name: str):
+    """While open, the MTP drafts read the lm head ("shared") or the model's FP8 draft head ("fp8");
+    graphs captured inside keep the choice."""
+    kept = model.draft_head
+    if name == "fp8" and kept is None:
+        raise ValueError("the fp8 draft head rows need an engine built with draft_head \"fp8\"")
+    model.draft_head = kept if name == "fp8" else None
+    try:
+        yield
+    finally:
+        model.draft_head = kept
 
 
 @contextlib.contextmanager
@@ -229,11 +245,13 @@ def run_spec_rows(engine: Engine, args, with_end_to_end: bool = True) -> dict:
     profile = args.spec_profile and engine.cache.device.type == "cuda"  # CUDA kernels only
     costs = []
     for rule in args.spec_rows32:
-        with rows32_rule(rule):
-            costs += [{"rows32_rule": rule, **row}
-                      for row in step_costs(engine, sorted(set(args.concurrency)), args.spec_k, profile=profile)]
+        for head in args.spec_draft_head:
+            with rows32_rule(rule), draft_head_choice(engine.model, head):
+                costs += [{"rows32_rule": rule, "draft_head": head, **row}
+                          for row in step_costs(engine, sorted(set(args.concurrency)), args.spec_k, profile=profile)]
     for row in costs:
-        print(f"c={row['concurrency']} (17..32-row FP8 linears: {row['rows32_rule']}): plain decode step "
+        print(f"c={row['concurrency']} (17..32-row FP8 linears: {row['rows32_rule']}; draft head: "
+              f"{row['draft_head']}): plain decode step "
               f"{row['plain_ms']:.3f} ms "
               f"({'CUDA graph' if row['plain_graph'] else 'eager'})", flush=True)
         for r in row["k"]:
@@ -247,7 +265,9 @@ def run_spec_rows(engine: Engine, args, with_end_to_end: bool = True) -> dict:
     e2e = []
     lengths = [L for L in args.spec_lengths if L <= args.spec_e2e_k + 1]
     for c in sorted(set(args.concurrency)) if with_end_to_end else ():
-        rows = end_to_end(engine, c, args.spec_e2e_k, lengths, args.output_len)
+        with draft_head_choice(engine.model, args.spec_draft_head[-1]):
+            rows = [{"draft_head": args.spec_draft_head[-1], **row}
+                    for row in end_to_end(engine, c, args.spec_e2e_k, lengths, args.output_len)]
         for row in rows:
             print("e2e", row, flush=True)
         e2e += rows

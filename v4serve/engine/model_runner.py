@@ -100,7 +100,8 @@ class ModelRunner:
                                              args.progress and (group is None or group.rank == 0),
                                              args.quantization, args.cpu_offload_gb, reserve,
                                              mtp=self.speculative is not None and self.speculative.method == "mtp",
-                                             shard=shard, tensor_core_decode=args.tensor_core_decode)
+                                             shard=shard, tensor_core_decode=args.tensor_core_decode,
+                                             draft_head=self.speculative.draft_head if self.speculative else "shared")
         self.model.fuse_projections()
         self.model.bind_kernels(args.kernels)
         for offload in offloads_of(self.model):  # before the decode graphs capture the pass schedule

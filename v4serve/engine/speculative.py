@@ -70,12 +70,19 @@ def check_request(params) -> None:
     if bad:
         raise ValueError(f"speculative decoding (speculative_config) does not support {', '.join(bad)} yet")
 MAX_SPECULATIVE_TOKENS = 16
+# The head the MTP drafts read: "shared", the target's lm head (as the checkpoint has it); "fp8", an
+# FP8 block-scaled copy of it made at load (e4m3 codes, ue8m0 scales per 128 x 128, weight-only
+# numerics): half the bytes a draft step reads. The output does not depend on it (verification runs
+# the target's head); a draft may differ where its logits nearly tie.
+DRAFT_HEADS = ("shared", "fp8")
+FIELDS = ("method", "num_speculative_tokens", "draft_head")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     method: str
     num_speculative_tokens: int
+    draft_head: str = "shared"
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> "SpeculativeConfig | None":
@@ -84,9 +91,9 @@ class SpeculativeConfig:
         if not isinstance(raw, dict):
             raise ValueError(f"speculative_config must be a dict such as {{\"method\": \"mtp\", "
                              f"\"num_speculative_tokens\": 3}}, got {raw!r}")
-        unknown = sorted(set(raw) - {"method", "num_speculative_tokens"})
+        unknown = sorted(set(raw) - set(FIELDS))
         if unknown:
-            raise ValueError(f"speculative_config: unknown field(s) {unknown} (known: method, num_speculative_tokens)")
+            raise ValueError(f"speculative_config: unknown field(s) {unknown} (known: {', '.join(FIELDS)})")
         method = raw.get("method", "mtp")
         if method not in METHODS:
             raise ValueError(f"speculative_config.method must be one of {list(METHODS)}, got {method!r}")
@@ -94,7 +101,10 @@ class SpeculativeConfig:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"speculative_config.num_speculative_tokens must be an integer in "
                              f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
-        return cls(method, k)
+        head = raw.get("draft_head", "shared")
+        if head not in DRAFT_HEADS:
+            raise ValueError(f"speculative_config.draft_head must be one of {list(DRAFT_HEADS)}, got {head!r}")
+        return cls(method, k, head)
 
 
 @dataclass

@@ -38,6 +38,8 @@ from v4serve.model.moe import MoE
 from v4serve.model.norm import RMSNorm
 from v4serve.model.rope import RopeTables
 from v4serve.model.step_plan import StepPlan, plan_step
+
+FP8_DRAFT_HEAD_BLOCK = (128, 128)  # the official FP8 linears' blocks
 from v4serve.ops.hc_collapse import hc_collapse
 
 
@@ -147,6 +149,7 @@ class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
                                      for i in range(config.num_nextn_predict_layers))
         self._rope: RopeTables | None = None  # fp32 frequency tables, built on the weights' device
         self.ngrams: NgramHasher | None = None  # Engram's hashing, set by `set_token_map`
+        self.draft_head: nn.Module | None = None  # the MTP drafts' own head (`add_fp8_draft_head`), else lm_head
 
     @property
     def engram_tables(self) -> int:
@@ -169,6 +172,15 @@ class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
             layer.mlp.fuse_projections()
         if self.plan.fp32_head:  # V4.1's head runs in fp32: keep its weight in fp32 only (no bf16 copy beside it)
             self.lm_head.weight = nn.Parameter(self.lm_head.weight.detach().float(), requires_grad=False)
+
+    def add_fp8_draft_head(self) -> None:
+        """Give the MTP drafts an FP8 block-scaled copy of the lm head (speculative_config
+        draft_head="fp8"): e4m3 codes with ue8m0 scales per FP8_DRAFT_HEAD_BLOCK, quantized from the
+        loaded head (`FP8Linear.quantized_from`), weight-only numerics. Verification keeps the lm head."""
+        from v4serve.model.quantized import FP8Linear
+
+        self.draft_head = FP8Linear.quantized_from(self.lm_head.weight.detach(), FP8_DRAFT_HEAD_BLOCK)
+        self.draft_head.impl = self.impl
 
     def rope(self) -> RopeTables:
         device = self.lm_head.weight.device
@@ -234,4 +246,5 @@ class DeepseekV4ForCausalLM(UsesKernels, nn.Module):
         step = plan_step(batch, self.rope())
         streams = layer(self.model.embed_tokens(batch.token_ids), main_streams, batch, cache.view(0), step, keep)
         picked = streams if batch.is_decode else streams[batch.logits_indices]
-        return self._logits(layer.head_input(picked, batch)), streams
+        h = layer.head_input(picked, batch)
+        return (self._logits(h) if self.draft_head is None else self.draft_head(h).float()), streams

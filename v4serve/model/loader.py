@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 
 from v4serve.config import ModelConfig, apply_quantization_override
-from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
+from v4serve.model.deepseek_v4 import FP8_DRAFT_HEAD_BLOCK, DeepseekV4ForCausalLM
 from v4serve.model.engram import ENGRAM_TABLE_BUFFERS, Engram, engram_tables_in_host_memory
 from v4serve.model.engram_hash import modulo_token_map
 from v4serve.model.quantized import EXPERT_TENSORS, MXFP4Experts
@@ -19,6 +19,7 @@ from v4serve.model.quantized_offload import ExpertOffload
 from v4serve.model.quantized_placement import plan_placement
 from v4serve.model.weights import Target, copy_weights, scan_checkpoint
 from v4serve.ops.mxfp4_moe_decode import TENSOR_CORE_DECODE
+from v4serve.ops.weight_formats import fp8_weight_bytes
 from v4serve.presets import PRESET_SEED, PRESETS, is_preset, preset_config
 
 # Parameters the reference keeps in fp32 whatever the model dtype (mHC, sinks, compressor and
@@ -48,7 +49,7 @@ def build_model(
     model: str, device: torch.device | str, dtype: torch.dtype, overrides: dict[str, Any] | None = None,
     progress: bool = True, quantization: str | None = None, cpu_offload_gb: float | str = 0,
     reserve_bytes: int = 0, mtp: bool = False, shard: Callable[[DeepseekV4ForCausalLM], dict] | None = None,
-    tensor_core_decode: bool | None = None,
+    tensor_core_decode: bool | None = None, draft_head: str = "shared",
 ) -> tuple[DeepseekV4ForCausalLM, ModelConfig]:
     """The model with weights: random (fixed seed) for presets, loaded for checkpoints.
 
@@ -58,7 +59,9 @@ def build_model(
     `device` (or, for offloaded experts, in pinned host memory) and filled. A failure after
     allocation frees what was allocated before it propagates. The quantized modules are
     `UsesKernels`: `bind_kernels` picks their implementation with the rest. `mtp`: with the
-    checkpoint's MTP layers (speculative decoding's draft; quantized like the decoder layers).
+    checkpoint's MTP layers (speculative decoding's draft; quantized like the decoder layers);
+    `draft_head="fp8"`: their own FP8 copy of the lm head, made once the weights are in (its bytes
+    are kept free when placing offloaded experts).
 
     `shard` (`parallel/shard.py`) cuts the meta model to one tensor-parallel rank's part after the
     quantized modules are installed; it returns the cuts, through which only this rank's weights
@@ -72,6 +75,8 @@ def build_model(
     config = resolve_config(model, overrides, quantization)
     if config.v41 is not None and mtp:
         raise ValueError("speculative decoding with MTP: DeepSeek-V4.1's DSpark draft stages are not supported")
+    if draft_head != "shared" and (not mtp or shard is not None):
+        raise ValueError(f"draft_head={draft_head!r} needs the MTP layers (mtp=True) on one rank")
     if shard is not None:
         from v4serve.parallel.shard import refuse_unsupported
         refuse_unsupported(cpu_offload_gb)
@@ -97,6 +102,8 @@ def build_model(
     else:
         scan = scan_checkpoint(net, Path(model), config,
                                lambda plan: install(net, plan, config.quantization, config), shard=shard)
+    if draft_head == "fp8":
+        reserve_bytes += fp8_weight_bytes(config.vocab_size, config.hidden_size, FP8_DRAFT_HEAD_BLOCK)
     placement = plan_placement(net, config, cpu_offload_gb, device, reserve_bytes)
     offloads = {}
     try:
@@ -117,6 +124,8 @@ def build_model(
         else:
             cut = {"params": dict(net.named_parameters()) | dict(net.named_buffers())} if shard is not None else {}
             copy_weights(scan, _writer(net, offloads), device, progress=progress, **cut)
+        if draft_head == "fp8":
+            net.add_fp8_draft_head()
     except BaseException:
         net.to_empty(device="meta")
         for name in offloads:

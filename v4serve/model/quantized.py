@@ -44,7 +44,7 @@ from v4serve.ops.mxfp4_grouped_matmul import mxfp4_grouped_matmul
 from v4serve.ops.mxfp4_moe_decode import combine_counters_size, direct_applies, mxfp4_experts, mxfp4_experts_pass
 from v4serve.ops.mxfp4_moe_mma_triton import mma_config, mma_scales_exact
 from v4serve.ops.swiglu import clamped_swiglu
-from v4serve.ops.weight_formats import MXFP4_BLOCK, dequantize_fp8_blocks, fp8_scale_shape
+from v4serve.ops.weight_formats import MXFP4_BLOCK, dequantize_fp8_blocks, fp8_scale_shape, quantize_fp8_blocks
 
 MX_BLOCK = MXFP4_BLOCK  # elements along K per MXFP4 scale
 EXPERT_TENSORS = ("gate_up_proj", "gate_up_proj_scale_inv", "down_proj", "down_proj_scale_inv")
@@ -77,6 +77,20 @@ class FP8Linear(UsesKernels, nn.Module):
             torch.empty(fp8_scale_shape(out_features, in_features, self.block), dtype=torch.float32), requires_grad=False
         )
         self.arrivals = None  # split counters of the decode kernels (`split_counters`), not state
+
+    @classmethod
+    def quantized_from(cls, weight: torch.Tensor, block: tuple[int, int], rows_per_chunk: int = 8192) -> "FP8Linear":
+        """The module of `quantize_fp8_blocks(weight, block)` (ue8m0 scales) on weight's device,
+        quantized a chunk of whole row blocks at a time (the same blocks; temporaries of a chunk's size)."""
+        n, k = weight.shape
+        with torch.device(weight.device):
+            module = cls(k, n, block)
+        step = max(1, rows_per_chunk // block[0]) * block[0]
+        for first in range(0, n, step):
+            codes, scale = quantize_fp8_blocks(weight[first:first + step], block)
+            module.weight[first:first + step] = codes
+            module.weight_scale_inv[first // block[0]:first // block[0] + scale.shape[0]] = scale
+        return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp8_linear(x, self.weight, self.weight_scale_inv, block=self.block, act_block=self.act_block,

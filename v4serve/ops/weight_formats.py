@@ -96,6 +96,12 @@ def fp8_scale_shape(n: int, k: int, block: tuple[int, int]) -> tuple[int, int]:
     return (-(-n // block[0]), -(-k // block[1]))
 
 
+def fp8_weight_bytes(n: int, k: int, block: tuple[int, int]) -> int:
+    """Bytes of an FP8 block-scaled [N, K] weight: one e4m3 byte an element, one fp32 scale a block."""
+    sn, sk = fp8_scale_shape(n, k, block)
+    return n * k + 4 * sn * sk
+
+
 def check_fp8_weight(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> None:
     """Errors that name the bad field of an FP8 block-scaled weight."""
     if len(block) != 2 or min(block) < 1:
