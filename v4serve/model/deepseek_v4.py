@@ -38,9 +38,9 @@ from v4serve.model.moe import MoE
 from v4serve.model.norm import RMSNorm
 from v4serve.model.rope import RopeTables
 from v4serve.model.step_plan import StepPlan, plan_step
-
-FP8_DRAFT_HEAD_BLOCK = (128, 128)  # the official FP8 linears' blocks
 from v4serve.ops.hc_collapse import hc_collapse
+
+FP8_DRAFT_HEAD_BLOCK = (128, 128)  # the MTP drafts' FP8 head (`add_fp8_draft_head`): the official FP8 blocks
 
 
 class PendingExpand(NamedTuple):
