@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from v4serve.engine import Engine, EngineArgs, SamplingParams
-from v4serve.engine.speculative import DraftItem, SpeculativeConfig
+from v4serve.engine.mtp_drafter import DraftItem
+from v4serve.engine.spec_config import SpeculativeConfig
 
 torch.set_num_threads(1)
 
@@ -168,7 +169,7 @@ def test_speculative_config_is_checked():
 def test_speculative_config_flag_and_metrics_exposition():
     import argparse
 
-    from v4serve.engine.speculative import SpecDecodeMetrics
+    from v4serve.engine.spec_metrics import SpecDecodeMetrics
     from v4serve.engine_flags import add_engine_args, engine_kwargs
     from v4serve.server.engine_loop import EngineSnapshot
     from v4serve.server.metrics import Metrics

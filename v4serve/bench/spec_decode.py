@@ -45,7 +45,7 @@ from v4serve.bench.engine import measure_tpot
 from v4serve.bench.forced_draft import ForcedAcceptance
 from v4serve.engine import Engine, SamplingParams
 from v4serve.engine.decode_runner import DecodeRunner
-from v4serve.engine.speculative import SpecDecodeMetrics
+from v4serve.engine.spec_metrics import SpecDecodeMetrics
 from v4serve.ops import fp8_linear_triton
 
 # W8A16 linears at 17..32 rows (fp8_linear_triton.W8A16_ROWS32_OTHERWISE): the rules the step costs compare

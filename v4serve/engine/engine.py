@@ -134,7 +134,7 @@ class Engine:
         if bad:
             raise ValueError(f"logit_bias: token ids must be in [0, {vocab}), got {bad[:5]}")
         if self.spec is not None:
-            from v4serve.engine.speculative import check_request
+            from v4serve.engine.spec_config import check_request
 
             check_request(params)
         grammar = None if params.structured_outputs is None else self.structured.matcher(params.structured_outputs)

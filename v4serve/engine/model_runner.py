@@ -87,7 +87,7 @@ class ModelRunner:
         self.cache_format, self.cache_format_note = resolve_cache_format(config, args.kv_cache_dtype, device.type)
         if self.cache_format_note:
             logger.warning(self.cache_format_note)
-        from v4serve.engine.speculative import SpeculativeConfig
+        from v4serve.engine.spec_config import SpeculativeConfig
 
         self.speculative = SpeculativeConfig.from_dict(args.speculative_config)
         if self.speculative is not None and args.tensor_parallel_size > 1:

@@ -28,7 +28,7 @@ class Request:
     group: str | None = None  # the API request this sequence belongs to (None: its own group)
     seed: int = 0  # the sampler's noise key (the params' seed, or one the engine drew)
     grammar: Any = None  # structured outputs: the request's xgrammar GrammarMatcher
-    spec_generator: Any = None  # speculative decoding's draws (engine/speculative.py), seeded from `seed`
+    spec_generator: Any = None  # speculative decoding's draws (engine/spec_decode.py generator_of), seeded from `seed`
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[PositionLogprobs] = field(default_factory=list)
     prompt_logprobs: list[PositionLogprobs | None] = field(default_factory=list)

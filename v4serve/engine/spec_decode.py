@@ -22,7 +22,16 @@ from __future__ import annotations
 
 import torch
 
+from v4serve.engine.request import Request
 from v4serve.engine.sampler import shape_for_draw
+
+
+def generator_of(request: Request, device: torch.device) -> torch.Generator:
+    """The request's generator for draft draws and rejection sampling, seeded from its `seed`
+    (the engine's sampler draws from a counter; speculative draws keep their own order)."""
+    if request.spec_generator is None:
+        request.spec_generator = torch.Generator(device=device).manual_seed(request.seed % 2**63)
+    return request.spec_generator
 
 
 def accept_greedy(target_logits: torch.Tensor, drafts: list[int]) -> list[int]:
@@ -74,5 +83,5 @@ def processed_probs(logits: torch.Tensor, params) -> torch.Tensor:
     """fp32 probabilities [N, V] that a sampled request draws from, every row under the same
     `params`: softmax of the sampler's own shaping (`sampler.shape_for_draw`: temperature, min_p,
     top-k, top-p). Logit bias, penalties, min_tokens masks and grammars are refused together with
-    speculative decoding (`speculative.check_request`), so nothing else shapes the rows."""
+    speculative decoding (`spec_config.check_request`), so nothing else shapes the rows."""
     return torch.softmax(shape_for_draw(logits.float(), [params] * logits.shape[0]), dim=-1)

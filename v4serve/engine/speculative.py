@@ -1,7 +1,8 @@
 """Speculative decoding: a draft proposes k tokens per sequence, one target step verifies them.
 
-`SpeculativeConfig` is vLLM's `speculative_config` ({"method": "mtp", "num_speculative_tokens": k}).
-`SpeculativeStepper.step()` replaces the engine's step when it is set.
+`SpeculativeStepper.step()` replaces the engine's step when `speculative_config` is set
+(`engine/spec_config.py`); the draft is `engine/mtp_drafter.py`'s, the acceptance rules
+`engine/spec_decode.py`'s, the counters `engine/spec_metrics.py`'s.
 
 A step in which every scheduled sequence decodes (the steady state) runs on the device
 (`engine/verify_runner.py`, two CUDA graphs on CUDA): verify, acceptance (on the device when
@@ -35,187 +36,22 @@ Metrics follow vLLM's spec-decode counters (`SpecDecodeMetrics`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from v4serve.cache import CacheGeometry, OutOfPages, PagedKVCache, SequenceChunk
+from v4serve.cache import OutOfPages, SequenceChunk
 from v4serve.cache.rollback import SlotSnapshot
+from v4serve.engine.mtp_drafter import Drafter, DraftItem, MTPDrafter
 from v4serve.engine.outputs import RequestOutput
 from v4serve.engine.request import Request, Status
 from v4serve.engine.request_output import request_output
 from v4serve.engine.scheduler import ScheduledChunk
-from v4serve.engine.spec_decode import accept_greedy, accept_sampled, greedy_tokens, processed_probs
+from v4serve.engine.spec_config import SpeculativeConfig
+from v4serve.engine.spec_decode import accept_greedy, accept_sampled, generator_of, greedy_tokens, processed_probs
+from v4serve.engine.spec_metrics import SpecDecodeMetrics
 from v4serve.engine.verify_runner import NO_LIMIT
-
-METHODS = ("mtp",)
-
-
-def generator_of(request: Request, device: torch.device) -> torch.Generator:
-    """The request's generator for draft draws and rejection sampling, seeded from its `seed`
-    (the engine's sampler draws from a counter; speculative draws keep their own order)."""
-    if request.spec_generator is None:
-        request.spec_generator = torch.Generator(device=device).manual_seed(request.seed % 2**63)
-    return request.spec_generator
-
-
-def check_request(params) -> None:
-    """Sampling fields speculative decoding does not combine exactly yet: refused by name (a 400)."""
-    bad = [name for name, on in (
-        ("structured_outputs", params.structured_outputs is not None),
-        ("presence_penalty", params.presence_penalty != 0), ("frequency_penalty", params.frequency_penalty != 0),
-        ("repetition_penalty", params.repetition_penalty != 1), ("logit_bias", bool(params.logit_bias)),
-        ("min_tokens", params.min_tokens > 0)) if on]
-    if bad:
-        raise ValueError(f"speculative decoding (speculative_config) does not support {', '.join(bad)} yet")
-MAX_SPECULATIVE_TOKENS = 16
-# The head the MTP drafts read: "shared", the target's lm head (as the checkpoint has it); "fp8", an
-# FP8 block-scaled copy of it made at load (e4m3 codes, ue8m0 scales per 128 x 128, weight-only
-# numerics): half the bytes a draft step reads. The output does not depend on it (verification runs
-# the target's head); a draft may differ where its logits nearly tie.
-DRAFT_HEADS = ("shared", "fp8")
-FIELDS = ("method", "num_speculative_tokens", "draft_head")
-
-
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    method: str
-    num_speculative_tokens: int
-    draft_head: str = "shared"
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any] | None) -> "SpeculativeConfig | None":
-        if raw is None:
-            return None
-        if not isinstance(raw, dict):
-            raise ValueError(f"speculative_config must be a dict such as {{\"method\": \"mtp\", "
-                             f"\"num_speculative_tokens\": 3}}, got {raw!r}")
-        unknown = sorted(set(raw) - set(FIELDS))
-        if unknown:
-            raise ValueError(f"speculative_config: unknown field(s) {unknown} (known: {', '.join(FIELDS)})")
-        method = raw.get("method", "mtp")
-        if method not in METHODS:
-            raise ValueError(f"speculative_config.method must be one of {list(METHODS)}, got {method!r}")
-        k = raw.get("num_speculative_tokens")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise ValueError(f"speculative_config.num_speculative_tokens must be an integer in "
-                             f"[1, {MAX_SPECULATIVE_TOKENS}], got {k!r}")
-        head = raw.get("draft_head", "shared")
-        if head not in DRAFT_HEADS:
-            raise ValueError(f"speculative_config.draft_head must be one of {list(DRAFT_HEADS)}, got {head!r}")
-        return cls(method, k, head)
-
-
-@dataclass
-class SpecDecodeMetrics:
-    """vLLM's counters: drafts (verify steps of a sequence with >= 1 draft), draft tokens, accepted
-    tokens, and accepted tokens by draft position. Mean acceptance length = 1 + accepted / drafts."""
-
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: list[int] = field(default_factory=list)
-
-    def record(self, drafted: int, accepted: int) -> None:
-        if drafted == 0:
-            return
-        self.num_drafts += 1
-        self.num_draft_tokens += drafted
-        self.num_accepted_tokens += accepted
-        while len(self.accepted_per_position) < drafted:
-            self.accepted_per_position.append(0)
-        for i in range(accepted):
-            self.accepted_per_position[i] += 1
-
-    def copy(self) -> "SpecDecodeMetrics":
-        return SpecDecodeMetrics(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
-                                 list(self.accepted_per_position))
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
-
-
-@dataclass
-class DraftItem:
-    """One chunk's committed positions [start, start + n) for the draft: the target's final
-    streams there [n, hc, D] (None for a draft that does not read them), the tokens that follow
-    each position (`next_tokens`, n of them) and whether the sequence wants drafts now."""
-
-    request: Request
-    start: int
-    next_tokens: list[int]
-    streams: torch.Tensor | None
-    wants_drafts: bool
-
-
-class Drafter(Protocol):
-    def propose(self, items: list[DraftItem], k: int) -> list[tuple[list[int], torch.Tensor | None]]:
-        """For each item: its drafts (<= k tokens; any for items not wanting drafts) and the draft
-        probabilities [len, V] they were drawn from (None: deterministic drafts)."""
-
-
-class MTPDrafter:
-    """The model's MTP layer as the draft, with its own window-only cache (one layer; slots are
-    the target cache's). Each step it runs over every committed position (prompt chunks too, so
-    its window holds the whole recent history), then drafts recursively: draft j + 1 reads the
-    layer's own output streams of draft j in place of the target's."""
-
-    def __init__(self, model, target: PagedKVCache):
-        from v4serve.model.mtp import mtp_model_plan
-
-        self.model = model
-        geometry = CacheGeometry.from_plan(mtp_model_plan(target.plan), target.page_size)
-        self.cache = PagedKVCache(geometry, num_pages=1, max_seqs=target.max_seqs,
-                                  max_step_tokens=target.max_step_tokens, max_pages_per_seq=1,
-                                  dtype=target.dtype, device=target.device,
-                                  ring_extra=target.ring_size - target.page_size)
-
-    def _run(self, chunks: list[SequenceChunk], tokens: list[int], streams: torch.Tensor, rows: list[int]):
-        batch = self.cache.build_batch(chunks, tokens, rows)
-        return self.model.forward_mtp(streams, batch, self.cache)
-
-    def propose(self, items: list[DraftItem], k: int) -> list[tuple[list[int], torch.Tensor | None]]:
-        chunks, tokens, rows, wanting = [], [], [], []
-        for i, item in enumerate(items):
-            offset = len(tokens)
-            chunks.append(SequenceChunk(item.request.slot, item.start, len(item.next_tokens), offset))
-            tokens.extend(item.next_tokens)
-            if item.wants_drafts:
-                rows.append(len(tokens) - 1)
-                wanting.append(i)
-        out: list[tuple[list[int], torch.Tensor | None]] = [([], None) for _ in items]
-        if not chunks:
-            return out
-        logits, streams = self._run(chunks, tokens, torch.cat([it.streams for it in items]), rows or [0])
-        if not wanting:
-            return out
-        drafts = [[] for _ in wanting]
-        probs = [[] for _ in wanting]
-        last = streams[torch.tensor(rows, device=streams.device)]
-        for j in range(k):
-            picked = self._pick(logits, [items[i].request for i in wanting], drafts, probs)
-            if j == k - 1:
-                break
-            step_chunks = [SequenceChunk(items[i].request.slot, items[i].start + len(items[i].next_tokens) + j, 1, b)
-                           for b, i in enumerate(wanting)]
-            logits, last = self._run(step_chunks, picked, last, list(range(len(wanting))))
-        for b, i in enumerate(wanting):
-            sampled = not items[i].request.params.greedy
-            out[i] = (drafts[b], torch.stack(probs[b]) if sampled else None)
-        return out
-
-    @staticmethod
-    def _pick(logits: torch.Tensor, requests: list[Request], drafts: list[list[int]], probs: list[list]) -> list[int]:
-        picked = torch.argmax(logits, dim=-1).tolist()
-        for b, request in enumerate(requests):
-            if not request.params.greedy:
-                q = processed_probs(logits[b:b + 1], request.params)[0]
-                picked[b] = int(torch.multinomial(q, 1, generator=generator_of(request, q.device))[0])
-                probs[b].append(q)
-            drafts[b].append(picked[b])
-        return picked
 
 
 def _tokens_left(request: Request) -> int:

@@ -43,7 +43,7 @@ class EngineSnapshot:
     kv_bytes_per_page: int = 0  # bytes of the paged tiers per page
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
     prefix_cache_hits: int = 0  # of which found cached
-    spec_decode: Any = None  # a copy of the engine's SpecDecodeMetrics when speculating (engine/speculative.py)
+    spec_decode: Any = None  # a copy of the engine's SpecDecodeMetrics when speculating (engine/spec_metrics.py)
 
 
 @dataclass
