@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
 from v4serve.model.loader import resolve_config
-from v4serve.model.weights import official_expert_target
+from v4serve.model.official_names import official_expert_target
 from v4serve.parallel.shard import ShardSpec, shard_model
 
 

@@ -14,7 +14,7 @@ with its own `hc_head` collapse and the head in the model dtype (V4), or with a 
 last block's ffn pre and the head in fp32 (V4.1).
 
 Module and parameter names follow transformers' `DeepseekV4ForCausalLM`, so a transformers
-checkpoint loads by name; `weights.py` maps the official V4 checkpoint's names onto them and
+checkpoint loads by name; `official_names.py` maps the official V4 checkpoint's names onto them and
 `v41_weights.py` the official V4.1 checkpoint's.
 """
 

@@ -17,7 +17,8 @@ from v4serve.model.quantized import EXPERT_TENSORS, MXFP4Experts
 from v4serve.model.quantized_install import install, official_plan
 from v4serve.model.quantized_offload import ExpertOffload
 from v4serve.model.quantized_placement import plan_placement
-from v4serve.model.weights import Target, copy_weights, scan_checkpoint
+from v4serve.model.official_names import Target
+from v4serve.model.weights import copy_weights, scan_checkpoint
 from v4serve.ops.mxfp4_moe_decode import TENSOR_CORE_DECODE
 from v4serve.ops.weight_formats import fp8_weight_bytes
 from v4serve.presets import PRESET_SEED, PRESETS, is_preset, preset_config

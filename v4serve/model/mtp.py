@@ -17,7 +17,7 @@ Parameter names: `mtp.N.{e_proj,h_proj,enorm,hnorm,norm}.weight`, `mtp.N.hc_head
 and the block's tensors under `mtp.N.` in our (transformers-style) decoder-layer names
 (`mtp.N.self_attn.q_a_proj.weight`, `mtp.N.mlp.experts.gate_up_proj`, ...: `MTPLayer` is a
 `DecoderLayer` with the MTP parts added). The official
-checkpoint's `mtp.N.<layer suffix>` / `mtp.N.hc_head_fn` map onto them (`weights.py`).
+checkpoint's `mtp.N.<layer suffix>` / `mtp.N.hc_head_fn` map onto them (`official_names.py`).
 """
 
 from __future__ import annotations

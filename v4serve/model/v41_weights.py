@@ -21,7 +21,8 @@ from v4serve.model.deepseek_v4 import DeepseekV4ForCausalLM
 from v4serve.model.engram import engram_tables_in_host_memory
 from v4serve.model.engram_hash import compressed_token_map
 from v4serve.model.v41_quant import act_quant, dequant_fp8_blocks, dequant_mxfp4, quantize_linear_inputs
-from v4serve.model.weights import WeightsError, checkpoint_files, compact_names
+from v4serve.model.safetensors_files import WeightsError, checkpoint_files
+from v4serve.model.weights import compact_names
 
 V41_TOP_NAMES = {
     "embed.weight": "model.embed_tokens.weight",

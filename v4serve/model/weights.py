@@ -2,26 +2,25 @@
 
 Our module tree uses transformers' names (`model.layers.N.self_attn.q_a_proj.weight`, fused
 `mlp.experts.gate_up_proj`, ...). The official checkpoint's names (`layers.N.attn.wq_a.weight`,
-per-expert `layers.N.ffn.experts.E.w1.weight`, ...) are mapped onto them by ONE declared table,
-`OFFICIAL_NAMES`, plus the per-expert rule `official_expert_target`.
+per-expert `layers.N.ffn.experts.E.w1.weight`, ...) are mapped onto them by the declared tables
+and the per-expert rule of `official_names.py`.
 
 Quantized tensors: an F8_E4M3 weight's scale is `X.scale` (official, F8_E8M0 or F32) or
 `X.weight_scale_inv` (transformers); a packed e2m1 expert weight (I8 / U8 / F4) has `X.scale`
 (F8_E8M0, [N, K/32]) or, fused, `...experts.gate_up_proj_scale_inv`. A scale may sit in any
 shard. Our scale parameters are named weight parameter + `_scale_inv` (model/quantized.py).
 
-Loading is two passes. `scan_checkpoint` reads only the shard headers (`read_header`: the byte
-layout is in its docstring), decides from the dtypes which modules are quantized and installs
-them on the meta model, then checks every tensor: truncated data, unknown dtypes, FP8 tensors
-under unknown names or for parameters kept in high precision, missing scales, scale shapes (ceil
-of the blocks), missing / unexpected / wrongly shaped tensors: all reported together in one
-`WeightsError`, every name listed, names that differ only in layer / expert indices merged into
-one line. Only then is memory allocated, and `copy_weights` copies one tensor at a time.
+Loading is two passes. `scan_checkpoint` reads only the shard headers (`safetensors_files.py`:
+the byte layout is in `read_header`'s docstring), decides from the dtypes which modules are
+quantized and installs them on the meta model, then checks every tensor: truncated data, unknown
+dtypes, FP8 tensors under unknown names or for parameters kept in high precision, missing scales,
+scale shapes (ceil of the blocks), missing / unexpected / wrongly shaped tensors: all reported
+together in one `WeightsError`, every name listed, names that differ only in layer / expert
+indices merged into one line. Only then is memory allocated, and `copy_weights` copies one tensor at a time.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,167 +31,14 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from v4serve.config import ModelConfig
+from v4serve.model.official_names import Target, official_target
+from v4serve.model.safetensors_files import Entry, WeightsError, checkpoint_files, read_header
 
-# Official suffix under `layers.N.` -> transformers suffix under `model.layers.N.`.
-OFFICIAL_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "hc_attn_fn": "attn_hc.fn",
-    "hc_attn_base": "attn_hc.base",
-    "hc_attn_scale": "attn_hc.scale",
-    "hc_ffn_fn": "ffn_hc.fn",
-    "hc_ffn_base": "ffn_hc.base",
-    "hc_ffn_scale": "ffn_hc.scale",
-    "attn.wq_a.weight": "self_attn.q_a_proj.weight",
-    "attn.q_norm.weight": "self_attn.q_a_norm.weight",
-    "attn.wq_b.weight": "self_attn.q_b_proj.weight",
-    "attn.wkv.weight": "self_attn.kv_proj.weight",
-    "attn.kv_norm.weight": "self_attn.kv_norm.weight",
-    "attn.norm.weight": "self_attn.kv_norm.weight",  # how transformers' save_pretrained spells it
-    "attn.wo_a.weight": "self_attn.o_a_proj.weight",
-    "attn.wo_b.weight": "self_attn.o_b_proj.weight",
-    "attn.attn_sink": "self_attn.sinks",
-    "attn.compressor.wkv.weight": "self_attn.compressor.kv_proj.weight",
-    "attn.compressor.wgate.weight": "self_attn.compressor.gate_proj.weight",
-    "attn.compressor.ape": "self_attn.compressor.position_bias",
-    "attn.compressor.norm.weight": "self_attn.compressor.kv_norm.weight",
-    "attn.indexer.wq_b.weight": "self_attn.compressor.indexer.q_b_proj.weight",
-    "attn.indexer.weights_proj.weight": "self_attn.compressor.indexer.scorer.weights_proj.weight",
-    "attn.indexer.compressor.wkv.weight": "self_attn.compressor.indexer.kv_proj.weight",
-    "attn.indexer.compressor.wgate.weight": "self_attn.compressor.indexer.gate_proj.weight",
-    "attn.indexer.compressor.ape": "self_attn.compressor.indexer.position_bias",
-    "attn.indexer.compressor.norm.weight": "self_attn.compressor.indexer.kv_norm.weight",
-    "ffn.gate.weight": "mlp.gate.weight",
-    "ffn.gate.bias": "mlp.gate.e_score_correction_bias",
-    "ffn.gate.tid2eid": "mlp.gate.tid2eid",
-    "ffn.shared_experts.w1.weight": "mlp.shared_experts.gate_proj.weight",
-    "ffn.shared_experts.w3.weight": "mlp.shared_experts.up_proj.weight",
-    "ffn.shared_experts.w2.weight": "mlp.shared_experts.down_proj.weight",
-}
-OFFICIAL_TOP_NAMES = {
-    "embed.weight": "model.embed_tokens.weight",
-    "head.weight": "lm_head.weight",
-    "norm.weight": "model.norm.weight",
-    "hc_head_fn": "model.hc_head.hc_fn",
-    "hc_head_base": "model.hc_head.hc_base",
-    "hc_head_scale": "model.hc_head.hc_scale",
-}
-# The MTP layer's own tensors under `mtp.N.` (its block's tensors use the layer names above).
-OFFICIAL_MTP_NAMES = {
-    "e_proj.weight": "e_proj.weight", "h_proj.weight": "h_proj.weight", "enorm.weight": "enorm.weight",
-    "hnorm.weight": "hnorm.weight", "norm.weight": "norm.weight", "hc_head_fn": "hc_head.hc_fn",
-    "hc_head_base": "hc_head.hc_base", "hc_head_scale": "hc_head.hc_scale",
-}
-_OFFICIAL_MTP = re.compile(r"^mtp\.(\d+)\.(.+)$")
 _MTP_SHARED = re.compile(r"^(model\.)?mtp\.\d+\.(embed|head|embed_tokens|lm_head)\.weight$")  # the main model's
-_OFFICIAL_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
-_OFFICIAL_EXPERT = re.compile(r"^layers\.(\d+)\.ffn\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
 # The MTP layers' tensors are skipped unless the model was built with them (speculative decoding).
 _IGNORED = re.compile(r"^(model\.)?mtp\.")
 # A whole dotted component of digits in a tensor name: a layer or an expert index.
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.)")
-
-
-class WeightsError(ValueError):
-    """The checkpoint does not match the model: every problem is listed."""
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where a checkpoint tensor goes: a parameter, or a slice `[expert, rows]` of a fused one."""
-
-    name: str
-    expert: int | None = None
-    rows: slice | None = None
-
-
-def official_expert_target(layer: int, expert: int, which: str, intermediate: int,
-                           block: str = "model.layers.{}") -> Target:
-    """w1 (gate) and w3 (up) are the two halves of the fused `gate_up_proj`; w2 is `down_proj`."""
-    prefix = block.format(layer) + ".mlp.experts."
-    if which == "w2":
-        return Target(prefix + "down_proj", expert)
-    half = slice(0, intermediate) if which == "w1" else slice(intermediate, 2 * intermediate)
-    return Target(prefix + "gate_up_proj", expert, half)
-
-
-def official_target(name: str, config: ModelConfig) -> Target | None:
-    """Map an official checkpoint name onto our parameter; None if it is not an official name.
-    transformers' `save_pretrained` writes official per-layer names under a `model.` prefix."""
-    name = name.removeprefix("model.")
-    m = _OFFICIAL_MTP.match(name)
-    if m:  # an MTP layer: its own tensors, or a decoder block's under official or our names
-        rest = m[2]
-        expert = _OFFICIAL_EXPERT.match("layers.0." + rest)
-        if expert:
-            return official_expert_target(int(m[1]), int(expert[2]), expert[3], config.moe_intermediate_size, "mtp.{}")
-        return Target(f"mtp.{m[1]}." + OFFICIAL_MTP_NAMES.get(rest, OFFICIAL_LAYER_NAMES.get(rest, rest)))
-    if name in OFFICIAL_TOP_NAMES:
-        return Target(OFFICIAL_TOP_NAMES[name])
-    m = _OFFICIAL_EXPERT.match(name)
-    if m:
-        return official_expert_target(int(m[1]), int(m[2]), m[3], config.moe_intermediate_size)
-    m = _OFFICIAL_LAYER.match(name)
-    if m and m[2] in OFFICIAL_LAYER_NAMES:
-        return Target(f"model.layers.{m[1]}.{OFFICIAL_LAYER_NAMES[m[2]]}")
-    return None
-
-
-def checkpoint_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        missing = [s for s in shards if not (path / s).is_file()]
-        if missing:
-            raise WeightsError(f"{index} names shards that do not exist: {missing}")
-        return [path / s for s in shards]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no .safetensors files in {path}")
-    return files
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One tensor of a shard, from the header alone (nothing is read)."""
-
-    key: str
-    file: Path
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-    truncated: bool  # the shard ends before this tensor's data does
-
-
-def read_header(file: Path) -> tuple[list[Entry], str | None]:
-    """A safetensors header: bytes 0..7 = little-endian u64 n; bytes 8..8+n = JSON
-    {key: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}; the data of a
-    tensor lies at 8 + n + begin .. 8 + n + end. Returns the entries and a problem with the file
-    itself (None when the header is whole)."""
-    size = file.stat().st_size
-    with open(file, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            return [], f"{file.name}: {size} bytes, shorter than a safetensors header"
-        n = int.from_bytes(head, "little")
-        if 8 + n > size:
-            return [], f"{file.name}: the header ({n} bytes) runs past the end of the file ({size} bytes)"
-        try:
-            header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return [], f"{file.name}: unreadable header ({e})"
-    entries = []
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        begin, stop = info["data_offsets"]
-        shape = tuple(info["shape"])
-        if info["dtype"] == "F4" and shape:  # 4-bit elements in the header; we count the packed bytes
-            shape = (*shape[:-1], shape[-1] // 2)
-        entries.append(Entry(key, file, info["dtype"], shape, stop - begin, 8 + n + stop > size))
-    return entries, None
-
-
 # Checkpoint dtypes by role.
 _PLAIN = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "BOOL"}
 _FP8 = "F8_E4M3"
