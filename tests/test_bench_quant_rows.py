@@ -13,7 +13,9 @@ def test_rows_are_listed():
     rows = {n: spec for n, spec in shapes.all_shapes().items() if spec[0] in ("fp8_linear", "mxfp4_moe")}
     assert {f"fp8 linear {mdl} wq_b M{m}" for mdl in ("flash", "pro") for m in (1, 8, 64, 2048)} <= set(rows)
     assert {f"mxfp4 moe {mdl} {c}" for mdl in ("flash", "pro") for c in ("c1", "c8", "c64", "prefill S2048")} <= set(rows)
-    assert len(rows) == 2 * 6 * (4 + 2) + 2 * 4
+    assert {f"fp8 linear w8a16 {mdl} draft_head M{m}" for mdl in ("flash", "pro") for m in (1, 8)} <= set(rows)
+    assert rows["fp8 linear w8a16 flash draft_head M8"] == ("fp8_linear", (129280, 4096, 8, None))
+    assert len(rows) == 2 * 6 * (4 + 2) + 2 * 2 + 2 * 4
 
 
 @pytest.mark.parametrize("act_block", [128, None])

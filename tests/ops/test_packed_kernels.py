@@ -501,3 +501,19 @@ def test_compaction_kernels_have_no_capture_breaking_op():
         unpack_referenced_rows(win, cmp, cols, n_window, fmt, D, counts=counts, max_rows=50, impl="triton")
     with pytest.raises(CaptureViolation), NoCaptureBreakingOps():
         unpack_referenced_rows(win, cmp, cols, n_window, fmt, D, counts=counts, max_rows=50, impl="torch")
+
+
+def test_gluon_scores_pass_takes_only_q_strides_triton_marks_aligned(monkeypatch):
+    """The Gluon scores pass's Q cp.async compiles only where Triton can prove 16-byte alignment: both
+    strides multiples of 16 elements (an integer argument is marked aligned only at % 16). The
+    format / device half of the rule is set aside here (it says no on the CPU)."""
+    import v4serve.ops.sparse_attn_scores_gluon as scores_gluon
+
+    monkeypatch.setattr(scores_gluon, "v4_rows_apply", lambda *args: True)
+    base = torch.empty(2 * 2 * 8 * 520, dtype=torch.bfloat16)
+    applies = lambda stride: scores_gluon.scores_gluon_applies(  # noqa: E731
+        base.as_strided((2, 8, 512), stride), {}, 64, ())
+    assert applies((8 * 512, 512, 1))
+    assert not applies((8 * 520, 520, 1))  # rows 16-byte aligned (520 = 8 * 65), not marked aligned
+    assert not applies((8 * 512 + 8, 512, 1))
+    assert not applies((8 * 512, 512, 2))

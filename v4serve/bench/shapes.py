@@ -200,6 +200,8 @@ FP8_PROJECTIONS = {
     "pro": {"wq_a": (1536, 7168), "wq_b": (65536, 1536), "wkv": (512, 7168), "wo_b": (7168, 16384),
             "shared_w1": (3072, 7168), "shared_w2": (7168, 3072)},
 }
+# The MTP drafts' FP8 copy of the lm head (speculative_config draft_head "fp8"): (vocab, hidden).
+FP8_DRAFT_HEADS = {"flash": (129280, 4096), "pro": (129280, 7168)}
 MOE_GEOMETRY = {"flash": (256, 4096, 2048), "pro": (384, 7168, 3072)}
 MOE_TOP_K = 6
 
@@ -253,6 +255,9 @@ def quant_weight_shapes():
                 shapes[f"fp8 linear {model} {proj} M{m}"] = ("fp8_linear", (n, k, m, 128))
             for m in (1, 2048):  # weight-only numerics (bf16 MMA on dequantized tiles)
                 shapes[f"fp8 linear w8a16 {model} {proj} M{m}"] = ("fp8_linear", (n, k, m, None))
+    for model, (n, k) in FP8_DRAFT_HEADS.items():
+        for m in (1, 8):  # a draft step at c1 / c8 (weight-only numerics, as the module runs it)
+            shapes[f"fp8 linear w8a16 {model} draft_head M{m}"] = ("fp8_linear", (n, k, m, None))
     for model in MOE_GEOMETRY:
         for c in (1, 8, 64):
             shapes[f"mxfp4 moe {model} c{c}"] = ("mxfp4_moe", (model, c))

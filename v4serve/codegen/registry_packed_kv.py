@@ -274,7 +274,7 @@ PACKED_KV_KERNELS: tuple[KernelSpec, ...] = (
 )
 
 # The two-pass values pass over packed rows in Gluon (ops/sparse_attn_values_gluon.py, sm_90 only; a
-# sweep variant, `VALUES_KERNEL="gluon"`): tiles' codes / tail and p in a cp.async ring of 3 stages, the
+# sweep variant, `VALUES_KERNEL="gluon"`): tiles' codes / tail and p in a cp.async ring of 4 stages (3 tiles ahead), the
 # dequantized tile as wgmma's register A operand of the transposed dot; PDL as production launches it.
 PACKED_KV_KERNELS += tuple(
     KernelSpec(

@@ -130,9 +130,11 @@ def _scores_packed_gluon_kernel(
 
 def scores_gluon_applies(qt: torch.Tensor, pk: dict, block_t: int, pools) -> bool:
     """This kernel serves the launch: the two-pass Gluon kernels' rule (packed_rows_gluon.v4_rows_apply)
-    at D = 512, with 16-byte aligned q rows."""
-    return (qt.shape[-1] == D.value and qt.stride(-1) == 1 and qt.stride(1) % 8 == 0 and qt.data_ptr() % 16 == 0
-            and v4_rows_apply(qt.device, pk, qt.shape[-1], block_t, pools))
+    at D = 512, with 16-byte aligned q rows whose strides are multiples of 16 elements (Triton takes an
+    integer argument as aligned only at % 16: at other strides Q's cp.async cannot prove its 16-byte
+    alignment and does not compile)."""
+    return (qt.shape[-1] == D.value and qt.stride(-1) == 1 and qt.stride(0) % 16 == 0 and qt.stride(1) % 16 == 0
+            and qt.data_ptr() % 16 == 0 and v4_rows_apply(qt.device, pk, qt.shape[-1], block_t, pools))
 
 
 def two_pass_scores_gluon(qt, win, cmp, it, ct, sink, p, m, l, n_window, qk_scale_log2, has_counts, pdl, pk):

@@ -184,6 +184,7 @@ def _program(PART: gl.constexpr, NP: gl.constexpr, ptrs, sizes, strides, ring, e
              PK_TAIL_OFF: gl.constexpr, PK_SCALE_OFF: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr):
     """One warpgroup's share of a program: tiles PART, PART + NP, ... of the token. Partition 0 writes
     the output (with NP = 2, after adding partition 1's sum from `exchange`: (buffer, mbarrier))."""
+    gl.static_assert(STAGES >= 3, "the ring refills tile i - 1's stage while tile i + 1 converts: 3 stages at least")
     win_ptr, cmp_ptr, idx_ptr, counts_ptr, sink_ptr, p_ptr, m_ptr, l_ptr, out_ptr = ptrs
     H, C, n_window = sizes
     stride_pool, stride_it, stride_pt, stride_ph, stride_mt, stride_mj, stride_ot, stride_oh = strides
