@@ -38,10 +38,14 @@ four columns a warp's lanes read (2t: even rows, 64 bytes apart) hit four chunks
 
 Per tile j, in a program's loop (tile j converted by the iteration before): request tile j + 3 (its idx
 entries from L1: the prologue read the token's idx row whole; codes / tail and scale words of its pool
-rows, holes zero-filled; its p tile and its maxima m_j) into the stage tile j - 1 used; issue tile j's
-m64n64k64 wgmma (4 k16 steps, p^T from shared memory) asynchronously; convert tile j + 1 from its stage
-meanwhile; wait for the wgmma; acc += 2^(m_j - m) part; then wait until tile j + 2 has landed, fence it
-for the async proxy and pass a barrier (tile j's stage is free for the next request). The prologue
+rows, holes zero-filled; its p tile and its maxima m_j) into the stage tile j - 1 used; pass a barrier;
+issue tile j's m64n64k64 wgmma (4 k16 steps, p^T from shared memory) asynchronously; convert tile j + 1
+from its stage meanwhile; wait for the wgmma; acc += 2^(m_j - m) part; then wait until tile j + 2 has
+landed, pass a barrier (every thread's copies landed, tile j's stage free for the next request) and
+fence them for the async proxy (ordered before the wgmma that reads them by the next barrier). Two
+barriers a tile: Triton's membar pass sees a ring as one buffer, and with this order it adds none (a
+barrier after cp.async's wait is one it would add itself; the one before the loop keeps it from adding
+one before every refill: tile 0's operand is read before the loop). The prologue
 reads the live tiles' m_j and l_j for the softmax's max m and denominator. With PDL (the scores pass
 launched before this one): the idx row and the first tiles' pool bytes are requested before
 griddepcontrol.wait, p, m and l after it.
@@ -154,6 +158,9 @@ def _values_loop(PART: gl.constexpr, NP: gl.constexpr, n_own, m, tok, hi, d0, h0
     acc = gl.zeros([DIMS, HEADS], gl.float32, mma)
     zero = gl.zeros([DIMS, HEADS], gl.float32, mma)
     a = _tile_operand(0, codes_s, tail_s, scales_s, shift, lk, a_op, TAIL)  # (unused when n_own is 0)
+    # Tile 0's reads done before the loop's first refill: with this barrier the loop enters with no
+    # shared-memory read pending, so the membar pass puts none before every iteration's refill.
+    barrier()
     for i in range(n_own):
         ahead = i + STAGES - 1
         if ahead < n_own:
@@ -162,6 +169,7 @@ def _values_loop(PART: gl.constexpr, NP: gl.constexpr, n_own, m, tok, hi, d0, h0
             _request_p(PART + NP * ahead, ahead % STAGES, tok, h0, H, p_ptr, m_ptr, stride_pt, stride_ph, stride_mt,
                        stride_mj, p_s, m_s)
         commit_group()  # (an empty group past the last tile keeps the count)
+        barrier()  # every thread's proxy fence (below) of the landed tiles before the wgmma reads them
         stage = i % STAGES
         part = warpgroup_mma(a, p_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
         f = gl.exp2(m_s.index(stage).load(gl.SliceLayout(0, mma)) - m)
@@ -173,8 +181,8 @@ def _values_loop(PART: gl.constexpr, NP: gl.constexpr, n_own, m, tok, hi, d0, h0
         acc = acc + part * f[None, :]
         a = a_next
         wait_group(STAGES - 3)  # own tile i + 2 has landed (this thread's copies) ...
-        fence_async_shared()  # ... for wgmma's async-proxy reads too
-        barrier()  # every thread's copies (of this partition); tile i's stage free for the next request
+        barrier()  # ... every thread's (of this partition); tile i's stage and tile i + 1's reads done
+        fence_async_shared()  # ... and ordered before wgmma's async-proxy reads (behind the next barrier)
     return acc
 
 
@@ -241,9 +249,9 @@ def _program(PART: gl.constexpr, NP: gl.constexpr, ptrs, sizes, strides, ring, e
         l_tiles = gl.load(l_ptr + ml, mask=ok, other=0.0)
         denom = gl.sum(l_tiles * gl.exp2(m_tiles - m[None, :]), axis=0) + gl.exp2(sink2 - m)
     m = gl.convert_layout(m, gl.SliceLayout(0, mma))
-    wait_group(STAGES - 3)  # own tiles 0 and 1 have landed
+    wait_group(STAGES - 3)  # own tiles 0 and 1 have landed: every thread's (the barrier), and ordered
+    barrier()  # before wgmma's async-proxy reads (the fence; the loop's barrier comes before the wgmma)
     fence_async_shared()
-    barrier()
     loop_ptrs = (win_ptr, cmp_ptr, idx_ptr, p_ptr, m_ptr)
     loop_strides = (stride_it, stride_pool, stride_pt, stride_ph, stride_mt, stride_mj)
     if tail:
