@@ -38,8 +38,9 @@ class EngineArgs:
     num_prefix_snapshots: int | None = None  # prefix snapshot slots (None: from prefix_snapshot_fraction, at least max_num_seqs)
     overlap_decode: bool = True  # launch decode step N+1 before reading step N's tokens
     seed: int = 0
-    # Speculative decoding, as vLLM spells it: {"method": "mtp", "num_speculative_tokens": k}
-    # (the checkpoint's MTP layer drafts k tokens, the model verifies them in one step; runs eagerly).
+    # Speculative decoding, as vLLM spells it: {"method": "mtp", "num_speculative_tokens": k} (the
+    # checkpoint's MTP layer drafts k tokens, the model verifies them in one step); also "draft_head":
+    # "fp8" for the drafts' own FP8 copy of the lm head (engine/spec_config.py).
     speculative_config: dict[str, Any] | None = None
     tensor_parallel_size: int = 1  # processes (GPUs), one per rank, started by v4serve; the model is split across them
     enable_expert_parallel: bool = False  # with tensor_parallel_size > 1: split routed experts by expert, not by channel
