@@ -39,7 +39,7 @@ CHOICES = {
 }
 TYPES = {"kv_cache_memory": parse_size, "cpu_offload_gb": parse_cpu_offload_gb}  # "2GiB"; a number or "auto"
 HELP = {
-    "model": "preset name (tiny, deepseek-v4-flash, deepseek-v4-pro) or checkpoint folder",
+    "model": "preset name (tiny, deepseek-v4-flash, deepseek-v4-pro, deepseek-v4.1-flash) or checkpoint folder",
     "seed": "seed of the random numbers of requests that set no seed of their own",
     "hf_overrides": 'JSON object of config.json fields to override, e.g. \'{"num_hidden_layers": 8}\'',
     "kv_cache_memory": "bytes for the KV cache (all tiers), e.g. 2GiB, solved into pages "

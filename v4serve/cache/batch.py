@@ -64,7 +64,8 @@ class ForwardBatch:
     route_rows: torch.Tensor | None = None
     # Speculative verify steps (`PagedKVCache.build_verify_batch`): the tokens form this many
     # groups of one token per sequence (group-major), folded into the compressors group by group;
-    # `checkpoints` keeps each sequence's compressor states after every group (a StateCheckpoints).
+    # `checkpoints` journals the compressor sub-rows each group overwrites (a StateCheckpoints: an
+    # undo log, cache/state_checkpoints.py).
     verify_groups: int = 1
     checkpoints: object | None = None
     # V4.1: what index layers publish for the layers after them in this step ("topk": [T, k] int32

@@ -97,7 +97,8 @@ class Engine:
         return self.runner.decode_runner
 
     def banner(self) -> list[str]:
-        """Start-up lines: `KV cache size: N tokens`, `Maximum concurrency ...`, every tier's bytes."""
+        """Start-up lines: the KV cache dtype, `KV cache size: N tokens`, `Maximum concurrency ...`,
+        every tier's bytes, prefix caching, the memory map (`ModelRunner.banner`)."""
         return self.runner.banner()
 
     # ------------------------------------------------------------------ requests

@@ -180,7 +180,8 @@ class ModelRunner:
         return self.workers.guard(what) if self.workers is not None else contextlib.nullcontext()
 
     def banner(self) -> list[str]:
-        """The start-up lines: what fits (vLLM's words), then every tier's bytes."""
+        """The start-up lines: the KV cache dtype, what fits (vLLM's words), every tier's bytes, prefix
+        caching (on, or why off), the memory map of the weights."""
         note = f" ({self.cache_format_note})" if self.cache_format_note else ""
         b = self.kv_budget
         prefix = (f"Prefix caching: off ({self.prefix_caching_note})" if self.prefix_caching_note else

@@ -1,5 +1,5 @@
-"""Engine side of weight placement: the `--cpu-offload-gb` / `--quantization` flags, the KV
-budget that `cpu_offload_gb="auto"` keeps free, the start-up memory map, and placement by
+"""Engine side of weight placement: parsing `--cpu-offload-gb`, the KV budget that
+`cpu_offload_gb="auto"` keeps free, the start-up memory map, and placement by
 measured use (`calibrate_placement`: a calibration run, then the most used experts resident).
 
 The mechanism (which experts are resident, device slots, fetch, eviction) is

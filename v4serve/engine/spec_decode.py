@@ -11,7 +11,8 @@ last committed token). What is emitted:
   accept it with probability min(1, p_i(d) / q_i(d)); at the first rejection emit a token drawn from
   norm(max(0, p_i - q_i)) and stop; when all k are accepted emit a bonus token drawn from p_k. Every
   emitted token is then distributed exactly as the target's p (both p and q are the distributions
-  after temperature / top-k / top-p, `sampler.processed_probs`). A draft given as a single token
+  after temperature / min_p / top-k / top-p: `processed_probs` below, over `sampler.shape_for_draw`).
+  A draft given as a single token
   (no q: a deterministic draft) is q = one-hot(d).
 
 Draws use a generator of the request's own (seeded from `Request.seed`), in a fixed order (one

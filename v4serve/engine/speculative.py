@@ -7,8 +7,9 @@
 A step in which every scheduled sequence decodes (the steady state) runs on the device
 (`engine/verify_runner.py`, two CUDA graphs on CUDA): verify, acceptance (on the device when
 every request is greedy, capped per sequence where fewer than k drafts may be kept: near
-max_tokens, or a draft that gave fewer; the drafts are padded to k), rollback by restoring saved
-compressor states (`cache/state_checkpoints.py`; window rings of W + k rows need none) and the MTP
+max_tokens, or a draft that gave fewer; the drafts are padded to k), rollback by undoing the
+rejected groups' compressor writes from a journal (`cache/state_checkpoints.py`; window rings of
+W + k rows need none) and the MTP
 draft, with one read of the packed results per step. When every request is greedy, without
 logprobs, drafted by the MTP graph, and nothing waits, a step is left in flight and the next call
 launches its successor from its results on the device (a continuation, as the plain engine's

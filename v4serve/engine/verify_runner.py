@@ -5,11 +5,12 @@ that also prefill).
 A step of S sequences, each with its last token t and k drafts d_1..d_k, is two graphs:
 
 1. **verify**: the target over the S (k + 1) tokens at positions start .. start + k
-   (`PagedKVCache.build_verify_batch`: group-major rows, through the decode kernels), saving
-   every compressor state after each group (`cache/state_checkpoints.py`); then on the device the
-   target's greedy token at every row (`best` [S, k + 1]), its logprob, and the greedy acceptance
-   (`accepted` [S]: the longest prefix of drafts equal to `best`).
-2. **commit + draft**: each sequence's compressor states set to those after its accepted prefix;
+   (`PagedKVCache.build_verify_batch`: group-major rows, through the decode kernels), journaling,
+   before each group, the compressor sub-rows it overwrites (an undo log, `cache/state_checkpoints.py`);
+   then on the device the target's greedy token at every row (`best` [S, k + 1]), its logprob, and
+   the greedy acceptance (`accepted` [S]: the longest prefix of drafts equal to `best`).
+2. **commit + draft**: each sequence's compressor states set back to those after its accepted prefix
+   (the journal's entries of the rejected groups undone, last first);
    then the MTP layer (when it drafts) over the same k + 1 positions, fed the target's final
    streams and the tokens that follow them (`best`: the accepted drafts, then the target's own
    token at the first rejection): every row writes its KV, and the row at the last kept position

@@ -150,7 +150,7 @@ class MXFP4Experts(UsesKernels, nn.Module):
         self.gate_up_proj_scale_inv = nn.Parameter(torch.empty(e, 2 * i, d // MX_BLOCK, **u8), requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(e, d, i // 2, **u8), requires_grad=False)
         self.down_proj_scale_inv = nn.Parameter(torch.empty(e, d, i // MX_BLOCK, **u8), requires_grad=False)
-        self.offload = None  # an ExpertOffload (engine/offload.py) when some experts live in host memory
+        self.offload = None  # an ExpertOffload (model/quantized_offload.py) when some experts live in host memory
         # V4.1's expert numerics (its reference's, as `RoutedExperts`): what each GEMM sees of its
         # input (`v41_quant.act_quant`; None: as is), and the routing weight applied to the fp32
         # SwiGLU output before the down projection. Set by the loader (`quantized_install.install`).

@@ -6,7 +6,9 @@ cannot honour, is refused (400 naming it), never ignored; `user` is accepted (an
 the operator's logs, OpenAI's meaning).
 Every string of the body is valid Unicode and the nesting is bounded (json_body.py); `tools`
 are checked as JSON Schemas (tool_schemas.py).
-Checks that need the prompt (its length against the context) happen later, in `sampling`.
+Checks that need the prompt (its length against the context) happen later, in
+`serving.check_prompt` / `serving.sampling_params` (and `ServingContext.tokenize`'s early length
+refusal).
 """
 
 from __future__ import annotations
