@@ -34,3 +34,22 @@ def fp8_linear_case(m, n, k, block, seed=0, device="cpu"):
     weight, scale = quantize_fp8_blocks(w, block, "ue8m0")
     x = (torch.randn(m, k, generator=gen, device=device) * torch.logspace(-3, 2, k, device=device)).bfloat16()
     return x, weight, scale
+
+
+# Issue 17's B8 variants of the two-pass decode over packed rows (kernel_configs 'fp8kv', not
+# production), shared by the CPU tests (bits in the interpreter; the Gluon ones check that their
+# launches fall back to the `tl` passes there) and the GPU tests. Session 14: values programs of 32
+# heads on mma.sync (the tile through the bf16 operand boundary: no async-proxy fence a tile), the
+# tile as the left operand of the transposed dot (out^T = kv^T p^T: wgmma reads it from registers)
+# at 64 dims a program for 32 or 64 heads, the whole-tile scores pass over 4 warps (one warpgroup).
+# Session 22: the values pass and the scores pass in Gluon (sm_90 only).
+PACKED_B8_VARIANTS = {
+    "values h32 mma.sync": dict(VALUE_BLOCK_H=32, KV_OPERAND=1),
+    "values kv lhs dv64 h32": dict(BLOCK_DV=64, VALUE_BLOCK_H=32, KV_OPERAND=2),
+    "values kv lhs dv64 h64": dict(BLOCK_DV=64, KV_OPERAND=2),
+    "scores 4 warps": dict(SCORES=dict(num_warps=4, num_stages=1)),
+    "values gluon": dict(VALUES_KERNEL="gluon"),
+    "values gluon 2wg": dict(VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2),
+    "scores gluon": dict(SCORES_KERNEL="gluon"),
+    "both gluon 2wg": dict(SCORES_KERNEL="gluon", VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2),
+}

@@ -5,7 +5,7 @@ against the torch reference bytes."""
 
 import pytest
 import torch
-from cases import rel_err, sparse_attn_inputs
+from cases import PACKED_B8_VARIANTS, rel_err, sparse_attn_inputs
 
 from v4serve.ops.compress_decode import compress_decode
 from v4serve.ops.kv_pack import pack_rows, store_rows, unpack_rows
@@ -233,25 +233,9 @@ def test_values_programs_over_codes_or_tail_have_the_bits_of_the_bf16_kernel(tai
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
 
 
-# Issue 17's B8 variants (kernel_configs 'fp8kv'): values programs of 32 heads (mma.sync on sm_90, the
-# tile through the bf16 operand boundary: no async-proxy fence a tile), the tile as the left operand of
-# the transposed dot (out^T = kv^T p^T: wgmma reads it from registers) at 64 dims a program for 32 or 64
-# heads, and the whole-tile scores pass over 4 warps (one warpgroup). The boundary is off in the
-# interpreter (no inline asm); the launcher drops it there.
-B8_VARIANTS = {
-    "values h32 mma.sync": dict(VALUE_BLOCK_H=32, KV_OPERAND=1),
-    "values kv lhs dv64 h32": dict(BLOCK_DV=64, VALUE_BLOCK_H=32, KV_OPERAND=2),
-    "values kv lhs dv64 h64": dict(BLOCK_DV=64, KV_OPERAND=2),
-    "scores 4 warps": dict(SCORES=dict(num_warps=4, num_stages=1)),
-    # the Gluon values and scores passes (sm_90 only: Gluon does not run in the interpreter, so these check
-    # that the variants' launches fall back to the `tl` passes wherever the Gluon kernels do not apply)
-    "values gluon": dict(VALUES_KERNEL="gluon"),
-    "values gluon 2wg": dict(VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2),
-    "scores gluon": dict(SCORES_KERNEL="gluon"),
-}
-
-
-@pytest.mark.parametrize("variant", list(B8_VARIANTS))
+# Issue 17's B8 variants (cases.PACKED_B8_VARIANTS): the bf16 operand boundary is off in the
+# interpreter (no inline asm), the launcher drops it there; the Gluon passes fall back to the `tl` ones.
+@pytest.mark.parametrize("variant", list(PACKED_B8_VARIANTS))
 def test_b8_variants_have_the_bits_of_the_bf16_kernel_over_unpacked_rows(variant):
     """Each B8 variant over packed rows against production's tiles over the rows unpacked by the torch
     reference. Integer-valued q and rows (every partial sum of S and of P V exact in fp32, so neither
@@ -273,7 +257,7 @@ def test_b8_variants_have_the_bits_of_the_bf16_kernel_over_unpacked_rows(variant
     assert (idx < 0).any() and (counts < 300).any() and int(counts.max()) + n_window > 4 * 64
     tiles = DECODE_CONFIG_TWO_PASS_PACKED
     out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 1 / 64, counts, row_format=row_format(fmt),
-                                   tile_config=dict(tiles, **B8_VARIANTS[variant]))
+                                   tile_config=dict(tiles, **PACKED_B8_VARIANTS[variant]))
     ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 1 / 64, counts, tile_config=dict(tiles))
     assert ref[..., :64].abs().amax() > 0 and ref[..., 64:].abs().amax() > 0
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
@@ -292,7 +276,7 @@ def test_b8_values_variants_on_real_values_are_the_bf16_kernel_within_summation_
     uw, uc = unpack_rows(pw, fmt, D, impl="torch"), unpack_rows(pc, fmt, D, impl="torch")
     tiles = DECODE_CONFIG_TWO_PASS_PACKED
     ref = sparse_attn_paged_triton(q, uw, uc, idx, n_window, sink, 0.1, counts, tile_config=dict(tiles))
-    for name, variant in B8_VARIANTS.items():
+    for name, variant in PACKED_B8_VARIANTS.items():
         if "values" in name:
             out = sparse_attn_paged_triton(q, pw, pc, idx, n_window, sink, 0.1, counts, row_format=row_format(fmt),
                                            tile_config=dict(tiles, **variant))

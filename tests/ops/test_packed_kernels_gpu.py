@@ -24,7 +24,7 @@ FreeToken PR shapes by name), index keys fp4_e8m0_b32. Per attention shape:
 
 import pytest
 import torch
-from cases import rel_err
+from cases import PACKED_B8_VARIANTS, rel_err
 
 from v4serve.bench.shapes import all_shapes, indexer_case, sparse_decode_case, sparse_prefill_case
 from v4serve.ops.indexer import index_scores
@@ -110,21 +110,11 @@ def test_packed_decode_is_the_bf16_kernel_when_scores_are_exact(name):
 # kernel_configs' candidates over packed rows at B >= 2 (not production): PREFETCH (the two-pass
 # values pass loads the next step's bytes one step ahead), values programs reading codes or the tail
 # only (TAIL_PROGRAMS: measured slower in session 12, off in production), the values pass over 8
-# warps and over 64 dims a program.
-# Session 14 (issue 17): values programs of 32 heads on mma.sync, the tile as the transposed dot's left
-# operand (32 / 64 heads, 64 dims), the whole-tile scores pass over 4 warps.
+# warps and over 64 dims a program; then issue 17's B8 variants (cases.PACKED_B8_VARIANTS).
 VARIANT_TILES = {"PREFETCH": dict(PREFETCH=True), "tail programs": dict(TAIL_PROGRAMS=True),
                  "values 8 warps": dict(VALUES=dict(num_warps=8, num_stages=3)),
                  "values 64 dims": dict(BLOCK_DV=64, VALUES=dict(num_warps=8, num_stages=3)),
-                 "values h32 mma.sync": dict(VALUE_BLOCK_H=32, KV_OPERAND=1),
-                 "values kv lhs dv64 h32": dict(BLOCK_DV=64, VALUE_BLOCK_H=32, KV_OPERAND=2),
-                 "values kv lhs dv64 h64": dict(BLOCK_DV=64, KV_OPERAND=2),
-                 "scores 4 warps": dict(SCORES=dict(num_warps=4, num_stages=1)),
-                 # Session 22: the values pass in Gluon (a cp.async ring, the tile as wgmma's register operand)
-                 "values gluon": dict(VALUES_KERNEL="gluon"),
-                 "values gluon 2wg": dict(VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2),
-                 "scores gluon": dict(SCORES_KERNEL="gluon"),
-                 "both gluon 2wg": dict(SCORES_KERNEL="gluon", VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2)}
+                 **PACKED_B8_VARIANTS}
 VARIANTS = [(name, variant) for name in DECODE_SHAPES for variant in VARIANT_TILES if "B1" not in name]
 
 
