@@ -147,10 +147,10 @@ def _values_loop(PART: gl.constexpr, NP: gl.constexpr, n_own, m, tok, hi, d0, h0
                  PK_TAIL_OFF: gl.constexpr, STAGES: gl.constexpr):
     """sum_j f_j kv_j^T p_j^T [64 dims (A's rows), 64 heads] over this partition's n_own tiles (j = PART,
     PART + NP, ...), f_j = 2^(m_j - m) (m: the softmax's max, in the heads' layout). Its first STAGES - 1
-    tiles are requested, and the first two have landed, when it starts. Iteration i: request own tile
-    i + STAGES - 1 (into tile i - 1's stage), issue tile i's wgmma (its operand converted the iteration
-    before), convert tile i + 1 while it runs, wait for it, add f_i times it; then tile i + 2 has landed
-    and a barrier closes the iteration."""
+    tiles are requested, and the first two have landed and are fenced, when it starts. Iteration i:
+    request own tile i + STAGES - 1 (into tile i - 1's stage), a barrier, issue tile i's wgmma (its
+    operand converted the iteration before), convert tile i + 1 while it runs, wait for it, add f_i
+    times it; then wait for tile i + 2, a barrier, and fence it for the async proxy."""
     win_ptr, cmp_ptr, idx_ptr, p_ptr, m_ptr = ptrs
     H, n_window = sizes
     stride_it, stride_pool, stride_pt, stride_ph, stride_mt, stride_mj = strides
