@@ -79,6 +79,20 @@ def test_banner_says_what_fits():
     assert "Maximum concurrency for 1000 tokens per request: 3.12x" in lines
     for tier in ("compressed rows", "index keys", "window ring", "compressor state"):
         assert re.search(rf"^\s+{tier}\s+[\d.]+ bytes/(token|sequence)", text, re.M), tier
+    assert not any(line.startswith("Speculative decoding") for line in lines)
+
+
+def test_banner_says_how_it_speculates():
+    config = {"method": "mtp", "num_speculative_tokens": 2}
+    shared = LLM("tiny", device="cpu", max_model_len=256, progress=False, speculative_config=config)
+    assert ("Speculative decoding: mtp, 2 draft tokens a step; the drafts read the lm head"
+            in shared.engine.banner())
+    fp8 = LLM("tiny", device="cpu", max_model_len=256, progress=False,
+              speculative_config={**config, "draft_head": "fp8"})
+    head = fp8.engine.runner.model.draft_head
+    mib = (head.weight.nbytes + head.weight_scale_inv.nbytes) / 2**20
+    assert (f"Speculative decoding: mtp, 2 draft tokens a step; the drafts read an FP8 copy of the lm head, "
+            f"{mib:.1f} MiB" in fp8.engine.banner())
 
 
 def test_generate_prints_the_banner_to_stderr(capsys):

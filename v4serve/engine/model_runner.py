@@ -181,14 +181,24 @@ class ModelRunner:
 
     def banner(self) -> list[str]:
         """The start-up lines: the KV cache dtype, what fits (vLLM's words), every tier's bytes, prefix
-        caching (on, or why off), the memory map of the weights."""
+        caching (on, or why off), speculative decoding (when on), the memory map of the weights."""
         note = f" ({self.cache_format_note})" if self.cache_format_note else ""
         b = self.kv_budget
         prefix = (f"Prefix caching: off ({self.prefix_caching_note})" if self.prefix_caching_note else
                   f"Prefix caching: on ({b.snapshot_slots} snapshot slots of {b.snapshot_slot_bytes} bytes, "
                   f"{b.snapshot_bytes / 2**20:.1f} MiB)")
         return [f"KV cache dtype: {self.cache_format.name}{note}", *b.describe(self.max_model_len), prefix,
-                *memory_map(self.model, b.total_bytes, self.cache.device)]
+                *self._speculative_lines(), *memory_map(self.model, b.total_bytes, self.cache.device)]
+
+    def _speculative_lines(self) -> list[str]:
+        spec = self.speculative
+        if spec is None:
+            return []
+        head = self.model.draft_head
+        head_note = ("the lm head" if head is None else
+                     f"an FP8 copy of the lm head, {(head.weight.nbytes + head.weight_scale_inv.nbytes) / 2**20:.1f} MiB")
+        return [f"Speculative decoding: {spec.method}, {spec.num_speculative_tokens} draft tokens a step; "
+                f"the drafts read {head_note}"]
 
     def speculative_bytes(self, args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype) -> int:
         """Bytes speculative decoding adds beside the KV budget: the verify steps' saved compressor
