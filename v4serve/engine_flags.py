@@ -44,6 +44,9 @@ HELP = {
     "hf_overrides": 'JSON object of config.json fields to override, e.g. \'{"num_hidden_layers": 8}\'',
     "kv_cache_memory": "bytes for the KV cache (all tiers), e.g. 2GiB, solved into pages "
                        "(None: free GPU memory on cuda, full length on cpu)",
+    "gpu_memory_utilization": "share of the GPU's total memory this engine may use, weights, KV cache and "
+                              "activations, e.g. 0.9 (vLLM's; default: all of its free memory); --kv-cache-memory "
+                              "or --num-kv-pages, when given, size the KV cache instead",
     "max_num_seqs": "most sequences running at once (the decode batch)",
     "max_num_batched_tokens": "most tokens computed per step (the prefill chunk budget)",
     "cuda_graph_sizes": "decode batch sizes captured as CUDA graphs (None: 1 2 4 ... max-num-seqs)",

@@ -102,3 +102,71 @@ def test_generate_prints_the_banner_to_stderr(capsys):
     captured = capsys.readouterr()
     assert "KV cache size: " in captured.err and "Maximum concurrency for 256 tokens per request: " in captured.err
     assert "KV cache size" not in captured.out
+
+
+GIB = 2**30
+
+
+def _cuda_budget(monkeypatch, free, total, **args):
+    """The runner's KV budget on a pretend CUDA device with `free` of `total` bytes free after the model."""
+    from v4serve.engine import EngineArgs
+    from v4serve.engine.model_runner import kv_budget
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, total))
+    geometry = CacheGeometry.from_config(preset_config("tiny"), CACHE_FORMATS["bf16"], packed=False)
+    return kv_budget(EngineArgs("tiny", **args), geometry, torch.bfloat16, torch.device("cuda"), 10**9, 512)
+
+
+def _within_a_page(budget, memory) -> bool:
+    return memory - budget.bytes_per_token * budget.page_size < budget.total_bytes <= memory
+
+
+def test_gpu_memory_utilization_caps_what_the_engine_takes(monkeypatch):
+    """vLLM's rule: u x total memory less what is in use; the same headroom (15% of the free memory)
+    for activations as without it; u = 1 is the default's budget; kv_cache_memory wins."""
+    free, total = 80 * GIB, 100 * GIB
+    default = _cuda_budget(monkeypatch, free, total)
+    assert _within_a_page(default, 0.85 * free)
+    assert _cuda_budget(monkeypatch, free, total, gpu_memory_utilization=1.0).num_pages == default.num_pages
+    half = _cuda_budget(monkeypatch, free, total, gpu_memory_utilization=0.5)  # 50 - 20 in use - 12 headroom
+    assert _within_a_page(half, 18 * GIB)
+    given = _cuda_budget(monkeypatch, free, total, gpu_memory_utilization=0.5, kv_cache_memory=GIB)
+    assert _within_a_page(given, GIB)
+
+
+def test_gpu_memory_utilization_too_small_names_itself(monkeypatch):
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization 0\.3: 30\.00 GiB of the GPU's 100\.00 GiB, "
+                                         r"20\.00 GiB in use"):
+        _cuda_budget(monkeypatch, 80 * GIB, 100 * GIB, gpu_memory_utilization=0.3)
+    from v4serve.engine import EngineArgs
+
+    for bad in (0, 1.5, -0.1, True, "0.9"):
+        with pytest.raises(ValueError, match="gpu_memory_utilization must be a number in"):
+            EngineArgs("tiny", gpu_memory_utilization=bad)
+
+
+def test_auto_offload_places_experts_within_the_utilization(monkeypatch):
+    from v4serve.engine import EngineArgs
+    from v4serve.engine.model_runner import ModelRunner
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 * GIB, 100 * GIB))
+    cuda = torch.device("cuda")
+    assert ModelRunner._device_bytes(EngineArgs("tiny"), cuda) is None
+    assert ModelRunner._device_bytes(EngineArgs("tiny", gpu_memory_utilization=0.9), cuda) == 70 * GIB
+    assert ModelRunner._device_bytes(EngineArgs("tiny", gpu_memory_utilization=0.9), torch.device("cpu")) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_memory_utilization_on_the_device():
+    """On the GPU: an engine built with u = 0.5 keeps its KV cache within u x total memory; the budget
+    rule itself, read from the device (the tiny model's cache is capped by its sequences' pages
+    long before), is below u x total less what is in use, and grows with u."""
+    from v4serve.cache.budget import default_kv_memory
+
+    llm = LLM("tiny", device="cuda", progress=False, cuda_graphs=False, gpu_memory_utilization=0.5)
+    free, total = torch.cuda.mem_get_info()
+    assert llm.engine.kv_budget.total_bytes <= 0.5 * total
+    low, source = default_kv_memory(torch.device("cuda"), 0.3)
+    assert source.startswith("gpu_memory_utilization 0.3") and low <= 0.3 * total - (total - free)
+    assert low < default_kv_memory(torch.device("cuda"), 0.6)[0] <= default_kv_memory(torch.device("cuda"))[0]

@@ -160,12 +160,13 @@ def solve_kv_budget(
     max_pages_per_seq: int,
     max_step_tokens: int,
     snapshots: SnapshotSizing | None = None,
+    source: str = "kv_cache_memory",
 ) -> KVBudget:
     """Pages that `memory_bytes` buys after the fixed costs of `max_num_seqs` sequences (and of
     the prefix snapshots, when `snapshots` is given: prefix caching on).
 
     Never more pages than `max_num_seqs` full-length sequences can use. Raises ValueError when
-    the budget does not cover the fixed costs plus one page."""
+    the budget does not cover the fixed costs plus one page, naming `source` (where the budget came from)."""
     per_token, per_seq, staging_per_token, reserved = tier_costs(geometry, kv_dtype)
     slot_bytes = snapshot_slot_bytes(geometry, kv_dtype) if snapshots is not None else 0
     slots = snapshots.slots(memory_bytes, slot_bytes) if snapshots is not None else 0
@@ -176,7 +177,7 @@ def solve_kv_budget(
     num_pages = min(num_pages, max_num_seqs * max_pages_per_seq)
     if num_pages < 1:
         raise ValueError(
-            f"kv_cache_memory: {memory_bytes} bytes do not cover the fixed KV costs ({fixed} bytes for "
+            f"{source}: {memory_bytes} bytes do not cover the fixed KV costs ({fixed} bytes for "
             f"{max_num_seqs} sequences{f' and {slots} prefix snapshots' if slots else ''}) plus one page "
             f"({page_bytes:.0f} bytes)"
         )
@@ -200,10 +201,27 @@ def budget_for_pages(
                     max_step_tokens * staging_per_token, reserved, slots, slot_bytes)
 
 
-def free_gpu_memory(device: torch.device) -> int:
-    """Bytes of the device's free memory the KV cache may use."""
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(free * GPU_MEMORY_FRACTION)
+def memory_allowance(device: torch.device, utilization: float | None = None) -> int:
+    """Bytes this engine may still allocate on the device: all of its free memory, or with
+    `gpu_memory_utilization` u (vLLM's rule), u x its total memory less all memory in use on it
+    (this engine's weights so far, other processes)."""
+    free, total = torch.cuda.mem_get_info(device)
+    return free if utilization is None else min(free, int(utilization * total) - (total - free))
+
+
+def default_kv_memory(device: torch.device, utilization: float | None = None) -> tuple[int, str]:
+    """(bytes, where they come from) of the KV cache when no budget is given, once the weights are
+    on the device: `memory_allowance` less a headroom of 1 - GPU_MEMORY_FRACTION of the free memory
+    (activations, CUDA graphs, workspaces); with utilization None, GPU_MEMORY_FRACTION of the free memory."""
+    free, total = torch.cuda.mem_get_info(device)
+    allowance = memory_allowance(device, utilization)
+    memory = allowance - int(free * (1 - GPU_MEMORY_FRACTION))
+    gib = 2**30
+    if utilization is None:
+        return memory, f"free GPU memory ({GPU_MEMORY_FRACTION:.0%} of {free / gib:.2f} GiB free after loading the model)"
+    return memory, (f"gpu_memory_utilization {utilization}: {utilization * total / gib:.2f} GiB of the GPU's "
+                    f"{total / gib:.2f} GiB, {(total - free) / gib:.2f} GiB in use after loading the model, "
+                    f"{free * (1 - GPU_MEMORY_FRACTION) / gib:.2f} GiB kept for activations")
 
 
 def parse_size(text: str | int) -> int:

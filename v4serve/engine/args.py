@@ -26,6 +26,9 @@ class EngineArgs:
     max_num_batched_tokens: int = 512
     num_kv_pages: int | None = None  # default: from kv_cache_memory, else free GPU memory, else full length
     kv_cache_memory: int | None = None  # bytes for the KV cache (all tiers); solved into pages
+    # Share of the GPU's total memory this engine may use: weights, KV cache, activations (vLLM's
+    # name). None: all of its free memory. kv_cache_memory / num_kv_pages, when given, size the cache.
+    gpu_memory_utilization: float | None = None
     hf_overrides: dict[str, Any] | None = None
     kernels: str = "auto"  # "auto": Triton kernels on CUDA, torch references on CPU; or "torch" / "triton"
     cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (on CUDA)
@@ -50,6 +53,11 @@ class EngineArgs:
     offload_prefetch: bool = False  # offloaded layers: each layer guesses the next one's picks with its router and prefetches them (model/expert_prefetch.py)
     offload_overlap: bool = True  # offloaded layers on CUDA: resident experts computed in their own pass while the missing ones are fetched (off: one pass fewer)
     tensor_core_decode: bool | None = None  # MXFP4 experts at decode on tensor cores (where every scale byte <= 128) or the GEMV (None: ops/mxfp4_moe_decode.TENSOR_CORE_DECODE, production's rule)
+
+    def __post_init__(self):
+        u = self.gpu_memory_utilization
+        if u is not None and (isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1):
+            raise ValueError(f"gpu_memory_utilization must be a number in (0, 1], got {u!r}")
 
 
 def resolve_device(device: str | None) -> torch.device:

@@ -24,7 +24,7 @@ import torch
 from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
 from v4serve.cache.kv_cache import prefix_caching_refusal
 from v4serve.cache.state_checkpoints import checkpoint_bytes
-from v4serve.cache.budget import KVBudget, SnapshotSizing, budget_for_pages, free_gpu_memory, solve_kv_budget
+from v4serve.cache.budget import KVBudget, SnapshotSizing, budget_for_pages, default_kv_memory, memory_allowance, solve_kv_budget
 from v4serve.engine.args import EngineArgs, resolve_dtype
 from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.formats import CacheFormat
@@ -42,14 +42,17 @@ logger = logging.getLogger(__name__)
 def kv_budget(args: EngineArgs, geometry: CacheGeometry, dtype: torch.dtype, device: torch.device,
               pages_per_seq: int, step_tokens: int | None = None, snapshots: SnapshotSizing | None = None,
               reserved: int = 0) -> KVBudget:
-    """Pages: given, or solved from the byte budget (given, or free GPU memory), or full length.
+    """Pages: given, or solved from the byte budget (given, or free GPU memory: all of it or as
+    `gpu_memory_utilization` allows, `cache/budget.default_kv_memory`), or full length.
     `step_tokens`: the cache's staging rows (default max_num_batched_tokens). `snapshots`: prefix
     caching's snapshot pool (None: prefix caching off). `reserved`: bytes of free GPU memory kept
     for other buffers of the cache's (speculative decoding's saved states)."""
     shape = (args.max_num_seqs, pages_per_seq, step_tokens or args.max_num_batched_tokens)
-    if args.num_kv_pages is None and (args.kv_cache_memory is not None or device.type == "cuda"):
-        memory = args.kv_cache_memory if args.kv_cache_memory is not None else free_gpu_memory(device) - reserved
-        return solve_kv_budget(geometry, dtype, memory, *shape, snapshots=snapshots)
+    if args.num_kv_pages is None and args.kv_cache_memory is not None:
+        return solve_kv_budget(geometry, dtype, args.kv_cache_memory, *shape, snapshots=snapshots)
+    if args.num_kv_pages is None and device.type == "cuda":
+        memory, source = default_kv_memory(device, args.gpu_memory_utilization)
+        return solve_kv_budget(geometry, dtype, memory - reserved, *shape, snapshots=snapshots, source=source)
     return budget_for_pages(geometry, dtype, args.num_kv_pages or args.max_num_seqs * pages_per_seq, *shape,
                             snapshots=snapshots)
 
@@ -101,7 +104,8 @@ class ModelRunner:
                                              args.quantization, args.cpu_offload_gb, reserve,
                                              mtp=self.speculative is not None and self.speculative.method == "mtp",
                                              shard=shard, tensor_core_decode=args.tensor_core_decode,
-                                             draft_head=self.speculative.draft_head if self.speculative else "shared")
+                                             draft_head=self.speculative.draft_head if self.speculative else "shared",
+                                             device_bytes=self._device_bytes(args, device))
         self.model.fuse_projections()
         self.model.bind_kernels(args.kernels)
         for offload in offloads_of(self.model):  # before the decode graphs capture the pass schedule
@@ -175,6 +179,14 @@ class ModelRunner:
         self.capture_seconds = time.perf_counter() - t0  # decode graphs (and the kernels they compile)
         if self.workers is not None:
             self.workers.record(self.cache)
+
+    @staticmethod
+    def _device_bytes(args: EngineArgs, device: torch.device) -> int | None:
+        """What the model may take of the device when `cpu_offload_gb="auto"` places experts: None
+        (its free memory) unless `gpu_memory_utilization` caps it."""
+        if args.gpu_memory_utilization is None or device.type != "cuda":
+            return None
+        return memory_allowance(device, args.gpu_memory_utilization)
 
     def _guard(self, what: str):
         return self.workers.guard(what) if self.workers is not None else contextlib.nullcontext()

@@ -50,7 +50,7 @@ def build_model(
     model: str, device: torch.device | str, dtype: torch.dtype, overrides: dict[str, Any] | None = None,
     progress: bool = True, quantization: str | None = None, cpu_offload_gb: float | str = 0,
     reserve_bytes: int = 0, mtp: bool = False, shard: Callable[[DeepseekV4ForCausalLM], dict] | None = None,
-    tensor_core_decode: bool | None = None, draft_head: str = "shared",
+    tensor_core_decode: bool | None = None, draft_head: str = "shared", device_bytes: int | None = None,
 ) -> tuple[DeepseekV4ForCausalLM, ModelConfig]:
     """The model with weights: random (fixed seed) for presets, loaded for checkpoints.
 
@@ -62,7 +62,8 @@ def build_model(
     `UsesKernels`: `bind_kernels` picks their implementation with the rest. `mtp`: with the
     checkpoint's MTP layers (speculative decoding's draft; quantized like the decoder layers);
     `draft_head="fp8"`: their own FP8 copy of the lm head, made once the weights are in (its bytes
-    are kept free when placing offloaded experts).
+    are kept free when placing offloaded experts). `device_bytes`: what the model may take of the
+    device when placing offloaded experts (None: its free memory; see `gpu_memory_utilization`).
 
     `shard` (`parallel/shard.py`) cuts the meta model to one tensor-parallel rank's part after the
     quantized modules are installed; it returns the cuts, through which only this rank's weights
@@ -105,7 +106,7 @@ def build_model(
                                lambda plan: install(net, plan, config.quantization, config), shard=shard)
     if draft_head == "fp8":
         reserve_bytes += fp8_weight_bytes(config.vocab_size, config.hidden_size, FP8_DRAFT_HEAD_BLOCK)
-    placement = plan_placement(net, config, cpu_offload_gb, device, reserve_bytes)
+    placement = plan_placement(net, config, cpu_offload_gb, device, reserve_bytes, free_bytes=device_bytes)
     offloads = {}
     try:
         for name, host in placement.host_experts.items():
