@@ -277,7 +277,7 @@ for name, m in net.named_modules():
       ;;
     draft23)  # session 23: the drafts' head in FP8 (half the bytes of the 3 draft steps' lm head reads)
       pytest_group "$log" tests/engine/test_gpu_spec_decode.py -k eager_run
-      pytest_group "$log" tests/engine/test_kv_cache_size.py  # gpu_memory_utilization on the device
+      pytest_group "$log" tests/engine/test_kv_cache_size.py "tests/engine/test_gpu_decode.py::test_enforce_eager_captures_nothing"
       run 120 "$log" $PY -m v4serve.bench.kernels --only 'draft_head'
       run 400 "$log" $PY -m v4serve.bench.engine --hf-overrides '{"num_hidden_layers": 30}' --spec-verify \
         --concurrency 1 8 --cuda-graph-sizes 1 8 --spec-k 3 --spec-lengths 2.8 --spec-e2e-k 3 \

@@ -106,12 +106,14 @@ def test_generate_and_serve_take_every_engine_arg():
     for parser in (gen, srv):
         assert fields <= {a.dest for a in parser._actions}
     argv = ["--kernels", "torch", "--seed", "7", "--no-overlap-decode", "--cuda-graph-sizes", "1", "4",
-            "--kv-cache-memory", "1GiB", "--hf-overrides", '{"num_hidden_layers": 2}']
+            "--kv-cache-memory", "1GiB", "--hf-overrides", '{"num_hidden_layers": 2}', "--enforce-eager",
+            "--gpu-memory-utilization", "0.9"]
     served = engine_args(srv.parse_args(argv))
     generated = EngineArgs(**engine_kwargs(gen.parse_args(argv)))
     for args in (served, generated):
         assert (args.kernels, args.seed, args.overlap_decode, args.cuda_graph_sizes) == ("torch", 7, False, (1, 4))
         assert args.kv_cache_memory == 2**30 and args.hf_overrides == {"num_hidden_layers": 2}
+        assert args.enforce_eager is True and args.gpu_memory_utilization == 0.9
     defaults = EngineArgs(**engine_kwargs(gen.parse_args([])))
     reference = EngineArgs(model="tiny")
     assert all(getattr(defaults, f) == getattr(reference, f) for f in fields)

@@ -29,3 +29,15 @@ def test_graph_replay_matches_eager_decoding(kernels, kv_cache_dtype):
         la = [next(iter(p.values())).logprob for p in a.outputs[0].logprobs]
         lb = [next(iter(p.values())).logprob for p in b.outputs[0].logprobs]
         assert max(abs(x - y) for x, y in zip(la, lb)) < 1e-2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_enforce_eager_captures_nothing():
+    """vLLM's enforce_eager: no decode graphs (the same as cuda_graphs=False), the same tokens."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outs = {}
+    for eager in (False, True):
+        llm = LLM("tiny", device="cuda", max_num_seqs=2, enforce_eager=eager, progress=False)
+        assert llm.engine.decode_runner.uses_cuda_graphs == (not eager)
+        outs[eager] = llm.generate(prompt_token_ids=[[5, 6, 7]], sampling_params=params)[0].outputs[0].token_ids
+    assert outs[True] == outs[False]

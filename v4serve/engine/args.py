@@ -32,6 +32,7 @@ class EngineArgs:
     hf_overrides: dict[str, Any] | None = None
     kernels: str = "auto"  # "auto": Triton kernels on CUDA, torch references on CPU; or "torch" / "triton"
     cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (on CUDA)
+    enforce_eager: bool = False  # vLLM's name: no CUDA graphs, every step eager (cuda_graphs=False)
     cuda_graph_sizes: tuple[int, ...] | None = None  # decode batch sizes captured (default 1, 2, 4, ..., max_num_seqs)
     # Reuse the KV pages of a cached prompt prefix (`cache/prefix_cache.py`; bit-exact hits, prefill
     # chunks end on page boundaries). None = on where supported; off, with a log line, with

@@ -169,7 +169,7 @@ class ModelRunner:
         # Offloaded experts are planned and fetched on the device (model/quantized_offload.py), V4.1's
         # selection runs on the device and its Engram rows are read from pinned host memory by a kernel
         # (ops/engram_lookup.py): captured like the rest (tests/engine/test_v41_decode_capture.py).
-        self.graphs_wanted = device.type == "cuda" and args.cuda_graphs
+        self.graphs_wanted = device.type == "cuda" and args.cuda_graphs and not args.enforce_eager
         self.graph_sizes = None if args.cuda_graph_sizes is None else tuple(args.cuda_graph_sizes)
         self.decode_runner = DecodeRunner(
             self.model, self.cache, args.max_num_seqs,
