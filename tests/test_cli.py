@@ -107,7 +107,7 @@ def test_generate_and_serve_take_every_engine_arg():
         assert fields <= {a.dest for a in parser._actions}
     argv = ["--kernels", "torch", "--seed", "7", "--no-overlap-decode", "--cuda-graph-sizes", "1", "4",
             "--kv-cache-memory", "1GiB", "--hf-overrides", '{"num_hidden_layers": 2}', "--enforce-eager",
-            "--gpu-memory-utilization", "0.9"]
+            "--gpu-memory-utilization", "0.9", "--trust-remote-code"]
     served = engine_args(srv.parse_args(argv))
     generated = EngineArgs(**engine_kwargs(gen.parse_args(argv)))
     for args in (served, generated):

@@ -75,6 +75,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         kwargs: dict[str, Any] = {"default": default, "help": help_text.replace("%", "%%"), "dest": f.name}
         kwargs.update(_type_kwargs(f.name, hints[f.name]))
         group.add_argument("--" + f.name.replace("_", "-"), **kwargs)
+    # vLLM command lines for DeepSeek checkpoints carry it; there is no checkpoint code to trust here.
+    group.add_argument("--trust-remote-code", action="store_true",
+                       help="accepted for vLLM command lines: v4serve runs no code from a checkpoint (the model "
+                            "is built in), so it changes nothing")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
