@@ -42,6 +42,18 @@ def test_flags_parse():
                                            ["authorization"], True)
 
 
+def test_the_model_as_vllm_serve_takes_it():
+    """`v4serve serve MODEL ...` (vLLM's positional) is --model; given both ways it must agree."""
+    from v4serve.server.serve import engine_args
+
+    assert engine_args(_parse("/ckpt/DeepSeek-V4-Flash", "--max-num-seqs", "4")).model == "/ckpt/DeepSeek-V4-Flash"
+    assert engine_args(_parse("tiny", "--model", "tiny")).model == "tiny"
+    assert engine_args(_parse("--model", "deepseek-v4-flash")).model == "deepseek-v4-flash"
+    assert engine_args(_parse()).model == "tiny"
+    with pytest.raises(SystemExit):
+        _parse("/ckpt/a", "--model", "/ckpt/b")
+
+
 def test_api_key_flag_wins_over_the_environment():
     env = {"V4SERVE_API_KEY": "from-env"}
     assert api_keys(_parse("--api-key", "from-flag"), environ=env) == ["from-flag"]

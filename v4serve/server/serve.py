@@ -19,7 +19,7 @@ from typing import Callable
 
 from v4serve.cache.budget import parse_size
 from v4serve.engine import Engine, EngineArgs
-from v4serve.engine_flags import add_engine_args, engine_kwargs
+from v4serve.engine_flags import DEFAULT_MODEL, add_engine_args, engine_kwargs
 from v4serve.server.auth import API_KEY_ENV
 from v4serve.server.cors import add_cors_args, cors_config
 from v4serve.server.limits import MAX_SEQS_PER_REQUEST, RequestLimits
@@ -33,6 +33,9 @@ SWITCH_INTERVAL_S = 0.001
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     """The server's own flags, then every engine flag (derived from EngineArgs, as `generate`'s)."""
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="the model as vLLM's `vllm serve MODEL` takes it (a preset or checkpoint folder; the same "
+                        "as --model, given first)")
     p.add_argument("--served-model-name", default=None, help="the name clients use (None: --model)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
@@ -73,6 +76,10 @@ def api_keys(args: argparse.Namespace, environ=os.environ) -> list[str] | None:
 
 
 def check_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.model_tag is not None:  # `v4serve serve MODEL`, vLLM's spelling
+        if args.model not in (DEFAULT_MODEL, args.model_tag):
+            parser.error(f"the model is given twice: {args.model_tag!r} and --model {args.model!r}")
+        args.model = args.model_tag
     if args.max_seqs_per_request < 1:
         parser.error(f"--max-seqs-per-request must be >= 1, got {args.max_seqs_per_request}")
     if args.max_queued_requests is not None and args.max_queued_requests < 1:
