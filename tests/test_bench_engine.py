@@ -93,12 +93,12 @@ def test_rows32_rule_sets_the_17_to_32_row_fp8_choice_only_while_open():
         return w8a16_decode_choice(4096, 4096, (128, 128), torch.device("cpu"), m=m)
 
     before_16, before_32 = choice(16), choice(32)
-    assert before_32 == {"KERNEL": "tiles", "SUM_LAST": False}
-    with rows32_rule("sum-last"):
-        assert choice(32) == {"KERNEL": "tiles", "SUM_LAST": True}
+    assert before_32 == {"KERNEL": "tiles", "SUM_LAST": True}  # production since session 23
+    with rows32_rule("sum-kernel"):
+        assert choice(32) == {"KERNEL": "tiles", "SUM_LAST": False}
         assert choice(16) == before_16  # the 1..16-row rule is not touched
     assert choice(32) == before_32
-    with pytest.raises(RuntimeError), rows32_rule("sum-last"):
+    with pytest.raises(RuntimeError), rows32_rule("sum-kernel"):
         raise RuntimeError("a failed capture")
     assert choice(32) == before_32  # restored on the way out of an error too
 

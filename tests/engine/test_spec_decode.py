@@ -155,7 +155,7 @@ def test_preemption_with_speculation():
 def test_speculative_config_is_checked():
     assert SpeculativeConfig.from_dict(None) is None
     assert SpeculativeConfig.from_dict({"method": "mtp", "num_speculative_tokens": 2}).num_speculative_tokens == 2
-    assert SpeculativeConfig.from_dict({"method": "mtp", "num_speculative_tokens": 2}).draft_head == "shared"
+    assert SpeculativeConfig.from_dict({"method": "mtp", "num_speculative_tokens": 2}).draft_head == "auto"
     assert SpeculativeConfig.from_dict({"method": "mtp", "num_speculative_tokens": 2, "draft_head": "fp8"}).draft_head == "fp8"
     for bad, field in (({"method": "eagle", "num_speculative_tokens": 2}, "method"),
                        ({"method": "mtp", "num_speculative_tokens": 0}, "num_speculative_tokens"),
@@ -164,6 +164,19 @@ def test_speculative_config_is_checked():
                        ({"method": "mtp", "num_speculative_tokens": 2, "draft_head": "fp4"}, "draft_head")):
         with pytest.raises(ValueError, match=field):
             SpeculativeConfig.from_dict(bad)
+
+
+def test_the_draft_head_is_fp8_on_cuda_unless_asked():
+    import torch as t
+
+    from v4serve.engine.spec_config import resolve_draft_head
+
+    config = lambda head=None: SpeculativeConfig.from_dict(  # noqa: E731
+        {"method": "mtp", "num_speculative_tokens": 1, **({"draft_head": head} if head else {})})
+    cpu, cuda = t.device("cpu"), t.device("cuda")
+    assert resolve_draft_head(config(), cuda) == "fp8" and resolve_draft_head(config(), cpu) == "shared"
+    assert resolve_draft_head(config("shared"), cuda) == "shared" and resolve_draft_head(config("fp8"), cpu) == "fp8"
+    assert resolve_draft_head(None, cuda) == "shared"
 
 
 def test_speculative_config_flag_and_metrics_exposition():

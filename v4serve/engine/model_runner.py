@@ -90,7 +90,7 @@ class ModelRunner:
         self.cache_format, self.cache_format_note = resolve_cache_format(config, args.kv_cache_dtype, device.type)
         if self.cache_format_note:
             logger.warning(self.cache_format_note)
-        from v4serve.engine.spec_config import SpeculativeConfig
+        from v4serve.engine.spec_config import SpeculativeConfig, resolve_draft_head
 
         self.speculative = SpeculativeConfig.from_dict(args.speculative_config)
         if self.speculative is not None and args.tensor_parallel_size > 1:
@@ -104,7 +104,7 @@ class ModelRunner:
                                              args.quantization, args.cpu_offload_gb, reserve,
                                              mtp=self.speculative is not None and self.speculative.method == "mtp",
                                              shard=shard, tensor_core_decode=args.tensor_core_decode,
-                                             draft_head=self.speculative.draft_head if self.speculative else "shared",
+                                             draft_head=resolve_draft_head(self.speculative, device),
                                              device_bytes=self._device_bytes(args, device))
         self.model.fuse_projections()
         self.model.bind_kernels(args.kernels)

@@ -98,12 +98,14 @@ W8A16_DECODE_OTHERWISE = dict(KERNEL="tiles", SUM_LAST=True)
 # 48 KB), with the K split of the 1-16-row path, so a verify row gets the plain step's bits; bound in
 # docs/performance.md "Session 14: FP8 W8A16 at 17..32 rows" (at most ~19 µs; 16 puts wq_b back on
 # the prefill tiles). W8A16_ROWS32_RULE / _OTHERWISE: the kernel at 17..32 rows by steps a program,
-# as W8A16_DECODE_RULE; today's (the tiles, the sum kernel) until the GPU sweep
-# `kernel_configs 'fp8 decode rows'` says which tile row wins (its configs are the rule's values).
+# as W8A16_DECODE_RULE: the tiles with the K split summed by the last program of each tile (no sum
+# launch; the 1..16-row path's sum order, so the same bits). H200, 30-layer Flash c8 k = 3 verify step
+# (session 23, `bench engine --spec-rows32`, one run): 24.51 / 24.59 ms with a sum launch, 24.40 with
+# the last program summing (344 sum launches a step fewer).
 W8A16_DECODE_ALWAYS_M = 32
 W8A16_ROWS32_MAX_M = 32
 W8A16_ROWS32_RULE: dict[int, dict] = {}
-W8A16_ROWS32_OTHERWISE = dict(KERNEL="tiles", SUM_LAST=False)
+W8A16_ROWS32_OTHERWISE = dict(KERNEL="tiles", SUM_LAST=True)
 
 
 @triton.jit
