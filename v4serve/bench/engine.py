@@ -343,9 +343,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="with --spec-verify: the step costs once per rule of the FP8 linears at 17..32 rows "
                              "(a c8 k = 3 verify step): production's, the K split summed by a second launch, or by "
                              "the last program of each tile (bench/spec_decode.py ROWS32_RULES)")
-    parser.add_argument("--spec-draft-head", nargs="+", choices=["shared", "fp8"], default=["shared"],
+    parser.add_argument("--spec-draft-head", nargs="+", choices=["shared", "fp8"], default=["fp8"],
                         help="with --spec-verify: the step costs once per head the MTP drafts read (the lm head, "
-                             "or its FP8 copy: speculative_config draft_head); the end-to-end rows use the last")
+                             "or its FP8 copy, production's on CUDA: speculative_config draft_head); the "
+                             "end-to-end rows use the last")
     parser.add_argument("--spec-profile", action="store_true",
                         help="with --spec-verify: the kernels whose time grows most from a plain step to a verify step")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
