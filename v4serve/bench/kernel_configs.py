@@ -90,7 +90,9 @@ PACKED_DECODE_B1_CANDIDATES = [
 # m_j in a cp.async ring, the dequantized tile as wgmma's register operand of the transposed dot, each
 # tile's MMA behind the next tile's conversion; "2wg": a token's tiles alternating between two
 # warp-specialised warpgroups (a ring each). Scores (ops/sparse_attn_scores_gluon.py): each 64-channel
-# block's MMA issued while the next block dequantizes.
+# block's MMA issued while the next block dequantizes. Measured (session 23, H200, r4 B8): correct, but
+# slower than production (values gluon 16.4, 2wg 13.8, scores gluon 13.4 against 13.1-13.4 µs); kept as
+# the sweep's variants for the next redesign (docs/performance.md "Session 23: measured").
 PACKED_B8_VARIANTS = {
     "values gluon": dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUES_KERNEL="gluon"),
     "values gluon 2wg": dict(DECODE_CONFIG_TWO_PASS_PACKED, VALUES_KERNEL="gluon", VALUE_WARPGROUPS=2),

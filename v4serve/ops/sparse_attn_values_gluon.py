@@ -6,7 +6,10 @@ math of sparse_attn_two_pass.py's values pass (read its docstring first),
 
 for `fp8_e8m0_b64_rope64` rows (DeepSeek-V4's main and window rows at D 512: e4m3 codes of channels
 0..447 in bytes 0..447, the bf16 RoPE channels 448..511 in bytes 448..575, the ue8m0 scale of channels
-[64 g, 64 g + 64) in byte 576 + g; kv_pack_triton.py), with the tile's bytes brought in by cp.async.
+[64 g, 64 g + 64) in byte 576 + g; kv_pack_triton.py), with the tile's bytes brought in by cp.async. A sweep variant, not production: measured on the H200
+(session 23) it is correct but slower than the `tl` pass (r4 B8 values pass 11.8 µs, 9.2 with two
+warpgroups, against 8.3): its 64 programs at B8 leave half the SMs idle and too few warps to hide the
+tile chain's latency (docs/performance.md "Session 23: measured").
 
 Why a second values kernel. The `tl` values pass loads a tile's packed bytes into registers,
 dequantizes them, stores the bf16 tile to shared memory (wgmma's B operand), fences it for the async
