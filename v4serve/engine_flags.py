@@ -55,8 +55,8 @@ HELP = {
     "cpu_offload_gb": "GiB of routed experts kept in pinned host memory and fetched per step into a device expert "
                       "cache, or 'auto' (fill the GPU first, keep the KV budget, offload the rest)",
     "speculative_config": 'JSON object, e.g. \'{"method": "mtp", "num_speculative_tokens": 3}\': the checkpoint\'s MTP '
-                          'layer drafts k tokens a step, one target step verifies them (add "draft_head": "fp8" for '
-                          'the drafts\' FP8 copy of the lm head)',
+                          'layer drafts k tokens a step, one target step verifies them ("draft_head": "auto", the '
+                          'default, drafts with an FP8 copy of the lm head on CUDA; "shared" with the lm head)',
 }
 
 

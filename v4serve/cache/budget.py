@@ -201,12 +201,15 @@ def budget_for_pages(
                     max_step_tokens * staging_per_token, reserved, slots, slot_bytes)
 
 
+def _allowance(free: int, total: int, utilization: float | None) -> int:
+    return free if utilization is None else min(free, int(utilization * total) - (total - free))
+
+
 def memory_allowance(device: torch.device, utilization: float | None = None) -> int:
     """Bytes this engine may still allocate on the device: all of its free memory, or with
     `gpu_memory_utilization` u (vLLM's rule), u x its total memory less all memory in use on it
     (this engine's weights so far, other processes)."""
-    free, total = torch.cuda.mem_get_info(device)
-    return free if utilization is None else min(free, int(utilization * total) - (total - free))
+    return _allowance(*torch.cuda.mem_get_info(device), utilization)
 
 
 def default_kv_memory(device: torch.device, utilization: float | None = None) -> tuple[int, str]:
@@ -214,8 +217,7 @@ def default_kv_memory(device: torch.device, utilization: float | None = None) ->
     on the device: `memory_allowance` less a headroom of 1 - GPU_MEMORY_FRACTION of the free memory
     (activations, CUDA graphs, workspaces); with utilization None, GPU_MEMORY_FRACTION of the free memory."""
     free, total = torch.cuda.mem_get_info(device)
-    allowance = memory_allowance(device, utilization)
-    memory = allowance - int(free * (1 - GPU_MEMORY_FRACTION))
+    memory = _allowance(free, total, utilization) - int(free * (1 - GPU_MEMORY_FRACTION))
     gib = 2**30
     if utilization is None:
         return memory, f"free GPU memory ({GPU_MEMORY_FRACTION:.0%} of {free / gib:.2f} GiB free after loading the model)"

@@ -44,7 +44,7 @@ class EngineArgs:
     seed: int = 0
     # Speculative decoding, as vLLM spells it: {"method": "mtp", "num_speculative_tokens": k} (the
     # checkpoint's MTP layer drafts k tokens, the model verifies them in one step); also "draft_head":
-    # "fp8" for the drafts' own FP8 copy of the lm head (engine/spec_config.py).
+    # "auto" (an FP8 copy of the lm head for the drafts on CUDA) | "fp8" | "shared" (engine/spec_config.py).
     speculative_config: dict[str, Any] | None = None
     tensor_parallel_size: int = 1  # processes (GPUs), one per rank, started by v4serve; the model is split across them
     enable_expert_parallel: bool = False  # with tensor_parallel_size > 1: split routed experts by expert, not by channel

@@ -24,7 +24,8 @@ import torch
 from v4serve.cache import CacheGeometry, PagedKVCache, SequenceChunk
 from v4serve.cache.kv_cache import prefix_caching_refusal
 from v4serve.cache.state_checkpoints import checkpoint_bytes
-from v4serve.cache.budget import KVBudget, SnapshotSizing, budget_for_pages, default_kv_memory, memory_allowance, solve_kv_budget
+from v4serve.cache.budget import (KVBudget, SnapshotSizing, budget_for_pages, default_kv_memory, memory_allowance,
+                                  solve_kv_budget)
 from v4serve.engine.args import EngineArgs, resolve_dtype
 from v4serve.engine.decode_runner import DecodeRunner
 from v4serve.formats import CacheFormat
@@ -32,6 +33,7 @@ from v4serve.engine.offload import kv_reserve_bytes, memory_map
 from v4serve.layer_plan import ModelPlan, layer_plans, resolve_cache_format
 from v4serve.model.expert_prefetch import link_layer_ahead_prefetch
 from v4serve.model.loader import build_model, offloads_of, resolve_config
+from v4serve.model.quantized_placement import module_bytes
 from v4serve.parallel.group import Group
 from v4serve.parallel.launch import Workers
 from v4serve.parallel.shard import refuse_unsupported, shard_model
@@ -207,8 +209,7 @@ class ModelRunner:
         if spec is None:
             return []
         head = self.model.draft_head
-        head_note = ("the lm head" if head is None else
-                     f"an FP8 copy of the lm head, {(head.weight.nbytes + head.weight_scale_inv.nbytes) / 2**20:.1f} MiB")
+        head_note = "the lm head" if head is None else f"an FP8 copy of the lm head, {module_bytes(head) / 2**20:.1f} MiB"
         return [f"Speculative decoding: {spec.method}, {spec.num_speculative_tokens} draft tokens a step; "
                 f"the drafts read {head_note}"]
 
